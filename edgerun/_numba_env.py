@@ -1,0 +1,21 @@
+"""Numba compiler switches, applied before numba is first imported.
+
+Numba turns LLVM's SLP vectorizer off by default and its loop vectorizer
+vectorizes across GGUF blocks with gathers; measured on Zen 4, SLP on and
+loop-vectorize off gave 4-7x on our block kernels (../shared/PERF_NOTES.md).
+These switches are not part of Numba's cache key, so our kernels get a cache
+directory of their own. A user's explicit setting always wins.
+"""
+
+import os
+import sys
+
+
+def configure() -> None:
+    if "numba" in sys.modules:
+        return  # too late to change compiler flags; kernels still run correctly
+    os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
+    os.environ.setdefault("NUMBA_LOOP_VECTORIZE", "0")
+    if "NUMBA_CACHE_DIR" not in os.environ:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "edgerun", "numba")

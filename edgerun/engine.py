@@ -1,0 +1,152 @@
+"""Generator: prefill, decode loop, streaming text, stop rules and timing stats."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgerun.errors import ContextOverflowError, InvalidArgumentError
+from edgerun.kvcache import KVCache
+from edgerun.model import Transformer
+from edgerun.sampling import Sampler, SamplingParams
+from edgerun.tokenizer import StreamDecoder, Tokenizer
+
+PREFILL_CHUNK = 256  # tokens per forward call: bounds the attention score buffer
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens reused from the KV cache
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generate_seconds: float = 0.0
+    finish_reason: str = ""  # "stop" (EOS or stop string), "length", "cancelled"
+
+    @property
+    def prompt_tps(self) -> float:
+        computed = self.prompt_tokens - self.cached_tokens
+        return computed / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def generate_tps(self) -> float:
+        return self.generated_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
+
+
+@dataclass
+class StopMatcher:
+    """Holds text back while it could still turn into a stop string."""
+
+    stops: Sequence[str]
+    pending: str = ""
+    hit: bool = field(default=False)
+
+    def feed(self, text: str) -> str:
+        """Add text; return what is safe to emit now."""
+        self.pending += text
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out
+        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.hit = True
+            out, self.pending = self.pending[:cut], ""
+            return out
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.pending)), hold, -1):
+                if self.pending.endswith(s[:k]):
+                    hold = k
+                    break
+        if hold:
+            out, self.pending = self.pending[:-hold], self.pending[-hold:]
+        else:
+            out, self.pending = self.pending, ""
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class Generator:
+    """Runs a Transformer over one KV cache, reusing the cached prefix of each prompt."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, n_ctx: int) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cache = KVCache(model.spec, n_ctx)
+        self.stats = GenerationStats()
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Make the cache hold exactly `ids`; return the last position's logits."""
+        ids = list(ids)
+        if not ids:
+            raise InvalidArgumentError("the prompt is empty: nothing to condition on")
+        if len(ids) > self.cache.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(ids)} tokens but the context window is "
+                f"{self.cache.n_ctx}; use a larger context (-c / n_ctx) or a shorter prompt"
+            )
+        reuse = min(self.cache.common_prefix(ids), len(ids) - 1)
+        self.cache.truncate(reuse)
+        logits = None
+        for i in range(reuse, len(ids), PREFILL_CHUNK):
+            logits = self.model.forward(ids[i : i + PREFILL_CHUNK], self.cache)
+        return logits
+
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        max_tokens: int = 256,
+        stop: Sequence[str] = (),
+        stop_ids: Sequence[int] | None = None,
+    ) -> Iterator[str]:
+        """Yield text pieces as they are decoded. Stats land in self.stats."""
+        if max_tokens < 0:
+            raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+        stats = self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        stats.cached_tokens = min(self.cache.common_prefix(list(prompt_ids)), len(prompt_ids) - 1)
+        t0 = time.perf_counter()
+        logits = self.prefill(prompt_ids)
+        stats.prompt_seconds = time.perf_counter() - t0
+        eos = set(self.tokenizer.eos_ids if stop_ids is None else stop_ids)
+        sampler = Sampler(params)
+        decoder = StreamDecoder(self.tokenizer)
+        matcher = StopMatcher(list(stop))
+        history = list(prompt_ids)
+        t1 = time.perf_counter()
+        stats.finish_reason = "length"
+        try:
+            for _ in range(max_tokens):
+                tok = sampler(logits, history)
+                if tok in eos:
+                    stats.finish_reason = "stop"
+                    break
+                stats.generated_tokens += 1
+                history.append(tok)
+                text = matcher.feed(decoder.push(tok))
+                if text:
+                    yield text
+                if matcher.hit:
+                    stats.finish_reason = "stop"
+                    break
+                if stats.generated_tokens == max_tokens:
+                    break
+                if self.cache.room() == 0:
+                    break  # context full: finish_reason stays "length"
+                logits = self.model.forward([tok], self.cache)
+                stats.generate_seconds = time.perf_counter() - t1
+            if not matcher.hit:
+                tail = matcher.feed(decoder.flush()) + matcher.flush()
+                if tail:
+                    yield tail
+        except GeneratorExit:
+            stats.finish_reason = "cancelled"
+            raise
+        finally:
+            stats.generate_seconds = time.perf_counter() - t1

@@ -1,0 +1,1 @@
+"""Model file readers and writers."""

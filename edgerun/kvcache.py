@@ -1,0 +1,67 @@
+"""Preallocated KV cache with prefix reuse.
+
+Policy on overflow: the engine refuses a prompt that does not fit (a clear
+ContextOverflowError) and ends generation with finish_reason "length" when
+the window fills; nothing is silently dropped here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgerun.arch.spec import ModelSpec
+from edgerun.errors import ContextOverflowError
+
+
+class KVCache:
+    """Keys and values for every layer: float32 [layers, kv_heads, n_ctx, head_dim]."""
+
+    def __init__(self, spec: ModelSpec, n_ctx: int) -> None:
+        if n_ctx <= 0:
+            raise ContextOverflowError(f"context size must be positive, got {n_ctx}")
+        shape = (spec.n_layers, spec.n_kv_heads, n_ctx, spec.head_dim)
+        self.k = np.zeros(shape, dtype=np.float32)
+        self.v = np.zeros(shape, dtype=np.float32)
+        self.n_ctx = n_ctx
+        self.tokens: list[int] = []  # ids whose keys/values are stored, in order
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def room(self) -> int:
+        return self.n_ctx - self.length
+
+    def check_fits(self, n_new: int) -> None:
+        if self.length + n_new > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.length + n_new} tokens do not fit in the context window of "
+                f"{self.n_ctx} (already used {self.length}, adding {n_new}); "
+                "use a larger context (-c / n_ctx) or a shorter prompt"
+            )
+
+    def store(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """k, v [n, kv_heads, head_dim] for positions start .. start + n - 1."""
+        n = k.shape[0]
+        self.k[layer, :, start : start + n] = k.transpose(1, 0, 2)
+        self.v[layer, :, start : start + n] = v.transpose(1, 0, 2)
+
+    def common_prefix(self, ids: list[int]) -> int:
+        """How many leading ids are already cached (reusable without recompute)."""
+        n = 0
+        for a, b in zip(self.tokens, ids):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def truncate(self, n: int) -> None:
+        """Forget everything after the first n tokens."""
+        del self.tokens[n:]
+
+    def clear(self) -> None:
+        self.tokens.clear()

@@ -1,0 +1,126 @@
+"""Transformer forward pass for the Llama family, driven by a ModelSpec.
+
+Every numeric step is an ops/ kernel; weights come only through the
+WeightStore, so where they live (mmap, flash, GPU) is not this module's care.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgerun.arch.spec import ModelSpec
+from edgerun.errors import ModelFormatError
+from edgerun.kvcache import KVCache
+from edgerun.ops.activations import glu
+from edgerun.ops.attention import attention
+from edgerun.ops.norm import rmsnorm
+from edgerun.ops.qmatvec import embedding_rows, matmul, matvec
+from edgerun.ops.rope import rope_inplace, rope_tables
+from edgerun.quant.formats import QuantTensor
+from edgerun.weights import WeightStore
+
+
+def _project(w: QuantTensor, x: np.ndarray) -> np.ndarray:
+    """x [n, cols] -> [n, rows]; one-token decode takes the matvec kernel."""
+    if x.shape[0] == 1:
+        return matvec(w, x[0]).reshape(1, -1)
+    return matmul(w, x)
+
+
+class _Layer:
+    __slots__ = ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down")
+
+
+class Transformer:
+    """A decoder-only transformer bound to its weights."""
+
+    def __init__(self, spec: ModelSpec, store: WeightStore, source: str = "model") -> None:
+        self.spec = spec
+        self.store = store
+        g = spec.global_tensors
+        self.token_embd = store.matrix(g["token_embd"])
+        self.output_norm = store.vector(g["output_norm"])
+        self.output = store.matrix(g["output"]) if store.has(g["output"]) else self.token_embd
+        self.layers: list[_Layer] = []
+        for i in range(spec.n_layers):
+            layer = _Layer()
+            layer.attn_norm = store.vector(spec.layer_tensor("attn_norm", i))
+            layer.ffn_norm = store.vector(spec.layer_tensor("ffn_norm", i))
+            for slot, role in (
+                ("q", "attn_q"),
+                ("k", "attn_k"),
+                ("v", "attn_v"),
+                ("o", "attn_output"),
+                ("gate", "ffn_gate"),
+                ("up", "ffn_up"),
+                ("down", "ffn_down"),
+            ):
+                setattr(layer, slot, store.matrix(spec.layer_tensor(role, i)))
+            self._check_shapes(layer, i, source)
+            self.layers.append(layer)
+        if self.token_embd.shape != (spec.vocab_size, spec.d_model):
+            raise ModelFormatError(
+                f"{source}: token_embd has shape {self.token_embd.shape}, expected "
+                f"{(spec.vocab_size, spec.d_model)}"
+            )
+        self._rope_cache: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    def _check_shapes(self, layer: _Layer, i: int, source: str) -> None:
+        s = self.spec
+        want = {
+            "q": (s.q_dim, s.d_model),
+            "k": (s.kv_dim, s.d_model),
+            "v": (s.kv_dim, s.d_model),
+            "o": (s.d_model, s.q_dim),
+            "gate": (s.d_ff, s.d_model),
+            "up": (s.d_ff, s.d_model),
+            "down": (s.d_model, s.d_ff),
+        }
+        for slot, shape in want.items():
+            t: QuantTensor = getattr(layer, slot)
+            if t.shape != shape:
+                raise ModelFormatError(
+                    f"{source}: tensor '{t.name}' (layer {i}) has shape {t.shape}, expected {shape}"
+                )
+
+    def _rope(self, n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._rope_cache is None or self._rope_cache[0] < n_ctx:
+            cos, sin = rope_tables(n_ctx, self.spec.rope_dim, self.spec.rope_base)
+            self._rope_cache = (n_ctx, cos, sin)
+        return self._rope_cache[1], self._rope_cache[2]
+
+    def forward(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        """Run `tokens` after what `cache` holds; append them to the cache.
+
+        Returns logits float32 [len(tokens), vocab] if all_logits else [vocab]
+        for the last token.
+        """
+        s = self.spec
+        n = len(tokens)
+        cache.check_fits(n)
+        start = cache.length
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= s.vocab_size):
+            raise ValueError(f"token id out of range [0, {s.vocab_size})")
+        positions = np.arange(start, start + n, dtype=np.int64)
+        cos, sin = self._rope(cache.n_ctx)
+        neox = s.rope_style == "neox"
+        h = embedding_rows(self.token_embd, ids)
+        for li, layer in enumerate(self.layers):
+            x = rmsnorm(h, layer.attn_norm, s.norm_eps)
+            q = _project(layer.q, x).reshape(n, s.n_heads, s.head_dim)
+            k = _project(layer.k, x).reshape(n, s.n_kv_heads, s.head_dim)
+            v = _project(layer.v, x).reshape(n, s.n_kv_heads, s.head_dim)
+            rope_inplace(q, positions, cos, sin, neox)
+            rope_inplace(k, positions, cos, sin, neox)
+            cache.store(li, start, k, v)
+            att = attention(q, cache.k[li], cache.v[li], start)
+            h += _project(layer.o, att)
+            x = rmsnorm(h, layer.ffn_norm, s.norm_eps)
+            a = glu(_project(layer.gate, x), _project(layer.up, x), s.activation)
+            h += _project(layer.down, a)
+        cache.tokens.extend(int(t) for t in tokens)
+        if all_logits:
+            return _project(self.output, rmsnorm(h, self.output_norm, s.norm_eps))
+        last = rmsnorm(h[-1:], self.output_norm, s.norm_eps)
+        return matvec(self.output, last[0])

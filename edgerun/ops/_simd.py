@@ -1,0 +1,85 @@
+"""Small Numba intrinsics shared by the block kernels (portable: any LLVM target).
+
+- `h2f(u16)`: exact IEEE fp16 -> fp32 (LLVM `fpext half`; vcvtph2ps on x86 with F16C,
+  fcvt on ARM).
+- `bf2f(u16)`: bfloat16 -> fp32 (a shift and a bit cast).
+- `stack16()`: a pointer to 16 float32 on the stack; wrap it with `numba.carray` to get
+  16 lane accumulators that LLVM promotes to registers (SROA), with no heap allocation.
+"""
+
+from __future__ import annotations
+
+from edgerun import _numba_env
+
+_numba_env.configure()
+
+from llvmlite import ir  # noqa: E402
+from numba import types  # noqa: E402
+from numba.core import cgutils  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+
+
+def _to_i16(builder, v):
+    w = v.type.width
+    if w > 16:
+        return builder.trunc(v, _I16)
+    if w < 16:
+        return builder.zext(v, _I16)
+    return v
+
+
+@intrinsic
+def h2f(typingctx, v):
+    """fp16 bits (any integer type; the low 16 bits are used) -> float32, exact."""
+    if not isinstance(v, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        h = builder.bitcast(_to_i16(builder, args[0]), ir.HalfType())
+        return builder.fpext(h, ir.FloatType())
+
+    return types.float32(v), codegen
+
+
+@intrinsic
+def bf2f(typingctx, v):
+    """bfloat16 bits (any integer type; the low 16 bits are used) -> float32, exact."""
+    if not isinstance(v, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        u = builder.zext(_to_i16(builder, args[0]), _I32)
+        u = builder.shl(u, ir.Constant(_I32, 16))
+        return builder.bitcast(u, ir.FloatType())
+
+    return types.float32(v), codegen
+
+
+@intrinsic
+def stack16(typingctx):
+    """Pointer to 16 uninitialised float32 in the function's entry block (stack)."""
+
+    def codegen(context, builder, sig, args):
+        return cgutils.alloca_once(builder, ir.FloatType(), size=ir.Constant(ir.IntType(64), 16))
+
+    return types.CPointer(types.float32)(), codegen
+
+
+@intrinsic
+def u2f(typingctx, v):
+    """Reinterpret the low 32 bits of an integer as a float32."""
+    if not isinstance(v, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a = args[0]
+        if a.type.width > 32:
+            a = builder.trunc(a, _I32)
+        elif a.type.width < 32:
+            a = builder.zext(a, _I32)
+        return builder.bitcast(a, ir.FloatType())
+
+    return types.float32(v), codegen

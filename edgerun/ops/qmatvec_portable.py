@@ -1,0 +1,441 @@
+"""Portable block kernels: plain Numba float32 code that runs on any CPU (x86, ARM).
+
+Every kernel works on the raw GGUF block bytes, one output row per `prange`
+iteration, and follows the measured recipe of PERF_NOTES.md:
+
+- the block scale is factored out of the inner loop (d * sum(q * x) + m * sum(x)), with
+  the per-block sums of x computed once per call;
+- 16 lane accumulators on the stack (`stack16`), one horizontal sum per row, which the
+  SLP vectorizer turns into 512/256/128-bit vector code;
+- all arithmetic in float32 (a float32 op with a Python int would go to float64).
+
+Kernel kinds (`KIND_*`) are small ints so that one compiled matmul / row-dequantizer
+serves every format (one branch per row, outside the hot loop).
+"""
+
+from __future__ import annotations
+
+from edgerun import _numba_env
+
+_numba_env.configure()
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from numba import njit, prange  # noqa: E402
+
+from edgerun.ops._simd import bf2f, h2f, stack16, u2f  # noqa: E402
+from edgerun.quant.formats import QuantType  # noqa: E402
+
+F0 = np.float32(0.0)
+
+
+@njit(inline="always")
+def _f16at(a, i):
+    return h2f(np.uint16(a[i]) | (np.uint16(a[i + 1]) << np.uint16(8)))
+
+
+@njit(inline="always")
+def _hsum16(acc):
+    t = F0
+    for l in range(16):
+        t += acc[l]
+    return t
+
+
+@njit(cache=True)
+def block_sums(x, size):
+    """float32 sums of x over consecutive blocks of `size` elements."""
+    nb = x.shape[0] // size
+    xs = np.empty(nb, np.float32)
+    for b in range(nb):
+        s = F0
+        for j in range(size):
+            s += x[b * size + j]
+        xs[b] = s
+    return xs
+
+
+# --------------------------------------------------------------------------- matvec
+@njit(parallel=True, cache=True)
+def mv_f32(w, x, out):
+    rows, cols = w.shape
+    n16 = cols // 16
+    for r in prange(rows):
+        row = w[r]
+        acc = numba.carray(stack16(), 16)
+        for l in range(16):
+            acc[l] = F0
+        for b in range(n16):
+            wb = row[b * 16 : b * 16 + 16]
+            xb = x[b * 16 : b * 16 + 16]
+            for l in range(16):
+                acc[l] += wb[l] * xb[l]
+        t = _hsum16(acc)
+        for j in range(n16 * 16, cols):
+            t += row[j] * x[j]
+        out[r] = t
+
+
+@njit(parallel=True, cache=True)
+def mv_f16(w, x, out, bf):
+    """w: uint16 [rows, cols] of fp16 (bf=False) or bfloat16 (bf=True) bits."""
+    rows, cols = w.shape
+    n16 = cols // 16
+    for r in prange(rows):
+        row = w[r]
+        acc = numba.carray(stack16(), 16)
+        for l in range(16):
+            acc[l] = F0
+        if bf:
+            for b in range(n16):
+                wb = row[b * 16 : b * 16 + 16]
+                xb = x[b * 16 : b * 16 + 16]
+                for l in range(16):
+                    acc[l] += bf2f(wb[l]) * xb[l]
+        else:
+            for b in range(n16):
+                wb = row[b * 16 : b * 16 + 16]
+                xb = x[b * 16 : b * 16 + 16]
+                for l in range(16):
+                    acc[l] += h2f(wb[l]) * xb[l]
+        t = _hsum16(acc)
+        for j in range(n16 * 16, cols):
+            t += (bf2f(row[j]) if bf else h2f(row[j])) * x[j]
+        out[r] = t
+
+
+@njit(parallel=True, cache=True)
+def mv_q8_0(data, x, out):
+    rows = data.shape[0]
+    nb = x.shape[0] // 32
+    for r in prange(rows):
+        row = data[r]
+        acc = numba.carray(stack16(), 16)
+        for l in range(16):
+            acc[l] = F0
+        for b in range(nb):
+            blk = row[b * 34 : b * 34 + 34]
+            xb = x[b * 32 : b * 32 + 32]
+            d = _f16at(blk, 0)
+            q = blk[2:34]
+            for l in range(16):
+                acc[l] += d * (
+                    np.float32(np.int8(q[l])) * xb[l] + np.float32(np.int8(q[16 + l])) * xb[16 + l]
+                )
+        out[r] = _hsum16(acc)
+
+
+@njit(parallel=True, cache=True)
+def mv_q4_0(data, x, out):
+    rows = data.shape[0]
+    nb = x.shape[0] // 32
+    xs = block_sums(x, 32)
+    for r in prange(rows):
+        row = data[r]
+        acc = numba.carray(stack16(), 16)
+        for l in range(16):
+            acc[l] = F0
+        dsum = F0
+        for b in range(nb):
+            blk = row[b * 18 : b * 18 + 18]
+            xb = x[b * 32 : b * 32 + 32]
+            d = _f16at(blk, 0)
+            q = blk[2:18]
+            for l in range(16):
+                acc[l] += d * (np.float32(q[l] & 15) * xb[l] + np.float32(q[l] >> 4) * xb[16 + l])
+            dsum += d * xs[b]
+        out[r] = _hsum16(acc) - np.float32(8.0) * dsum
+
+
+@njit(parallel=True, cache=True)
+def mv_q4_1(data, x, out):
+    rows = data.shape[0]
+    nb = x.shape[0] // 32
+    xs = block_sums(x, 32)
+    for r in prange(rows):
+        row = data[r]
+        acc = numba.carray(stack16(), 16)
+        for l in range(16):
+            acc[l] = F0
+        msum = F0
+        for b in range(nb):
+            blk = row[b * 20 : b * 20 + 20]
+            xb = x[b * 32 : b * 32 + 32]
+            d = _f16at(blk, 0)
+            m = _f16at(blk, 2)
+            q = blk[4:20]
+            for l in range(16):
+                acc[l] += d * (np.float32(q[l] & 15) * xb[l] + np.float32(q[l] >> 4) * xb[16 + l])
+            msum += m * xs[b]
+        out[r] = _hsum16(acc) + msum
+
+
+@njit(parallel=True, cache=True)
+def mv_q5_0(data, x, out):
+    rows = data.shape[0]
+    nb = x.shape[0] // 32
+    xs = block_sums(x, 32)
+    for r in prange(rows):
+        row = data[r]
+        acc = numba.carray(stack16(), 16)
+        for l in range(16):
+            acc[l] = F0
+        dsum = F0
+        for b in range(nb):
+            blk = row[b * 22 : b * 22 + 22]
+            xb = x[b * 32 : b * 32 + 32]
+            d = _f16at(blk, 0)
+            qh = (
+                np.uint32(blk[2])
+                | (np.uint32(blk[3]) << np.uint32(8))
+                | (np.uint32(blk[4]) << np.uint32(16))
+                | (np.uint32(blk[5]) << np.uint32(24))
+            )
+            q = blk[6:22]
+            for l in range(16):
+                lo = np.uint32(q[l] & 15) | (((qh >> np.uint32(l)) & np.uint32(1)) << np.uint32(4))
+                hi = np.uint32(q[l] >> 4) | (
+                    ((qh >> np.uint32(l + 16)) & np.uint32(1)) << np.uint32(4)
+                )
+                acc[l] += d * (np.float32(lo) * xb[l] + np.float32(hi) * xb[16 + l])
+            dsum += d * xs[b]
+        out[r] = _hsum16(acc) - np.float32(16.0) * dsum
+
+
+@njit(inline="always")
+def _q4k_sm(s, j):
+    """6-bit (scale, min) j of a Q4_K super-block; s = its 12 scale bytes."""
+    if j < 4:
+        return s[j] & 63, s[j + 4] & 63
+    return (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4)
+
+
+@njit(parallel=True, cache=True)
+def mv_q4_k(data, x, out):
+    rows = data.shape[0]
+    nb = x.shape[0] // 256
+    xs = block_sums(x, 32)
+    for r in prange(rows):
+        row = data[r]
+        acc = numba.carray(stack16(), 16)
+        for l in range(16):
+            acc[l] = F0
+        msum = F0
+        for b in range(nb):
+            blk = row[b * 144 : b * 144 + 144]
+            d = _f16at(blk, 0)
+            dmin = _f16at(blk, 2)
+            s = blk[4:16]
+            for g in range(4):
+                sc1, m1 = _q4k_sm(s, 2 * g)
+                sc2, m2 = _q4k_sm(s, 2 * g + 1)
+                d1 = d * np.float32(sc1)
+                d2 = d * np.float32(sc2)
+                q = blk[16 + 32 * g : 48 + 32 * g]
+                x0 = x[b * 256 + 64 * g : b * 256 + 64 * g + 32]
+                x1 = x[b * 256 + 64 * g + 32 : b * 256 + 64 * g + 64]
+                for l in range(16):
+                    acc[l] += d1 * (
+                        np.float32(q[l] & 15) * x0[l] + np.float32(q[16 + l] & 15) * x0[16 + l]
+                    ) + d2 * (np.float32(q[l] >> 4) * x1[l] + np.float32(q[16 + l] >> 4) * x1[16 + l])
+                msum += dmin * (
+                    np.float32(m1) * xs[8 * b + 2 * g] + np.float32(m2) * xs[8 * b + 2 * g + 1]
+                )
+        out[r] = _hsum16(acc) - msum
+
+
+@njit(parallel=True, cache=True)
+def mv_q6_k(data, x, out):
+    rows = data.shape[0]
+    nb = x.shape[0] // 256
+    for r in prange(rows):
+        row = data[r]
+        acc = numba.carray(stack16(), 16)
+        for l in range(16):
+            acc[l] = F0
+        for b in range(nb):
+            blk = row[b * 210 : b * 210 + 210]
+            d = _f16at(blk, 208)
+            for h in range(2):
+                ql = blk[h * 64 : h * 64 + 64]
+                qh = blk[128 + h * 32 : 128 + h * 32 + 32]
+                for s in range(4):
+                    da = d * np.float32(np.int8(blk[192 + h * 8 + 2 * s]))
+                    db = d * np.float32(np.int8(blk[193 + h * 8 + 2 * s]))
+                    qls = ql[(s & 1) * 32 : (s & 1) * 32 + 32]
+                    sh = 4 * (s >> 1)
+                    xo = b * 256 + h * 128 + s * 32
+                    xb = x[xo : xo + 32]
+                    for l in range(16):
+                        qa = np.int32((qls[l] >> sh) & 15) | (np.int32((qh[l] >> (2 * s)) & 3) << 4)
+                        qb = np.int32((qls[16 + l] >> sh) & 15) | (
+                            np.int32((qh[16 + l] >> (2 * s)) & 3) << 4
+                        )
+                        acc[l] += da * (np.float32(qa - 32) * xb[l]) + db * (
+                            np.float32(qb - 32) * xb[16 + l]
+                        )
+        out[r] = _hsum16(acc)
+
+
+# ------------------------------------------------ row dequantizer (bit-exact with reference)
+KIND_F32 = 0
+KIND_F16 = 1
+KIND_BF16 = 2
+KIND_Q8_0 = 3
+KIND_Q4_0 = 4
+KIND_Q4_1 = 5
+KIND_Q5_0 = 6
+KIND_Q4_K = 7
+KIND_Q6_K = 8
+
+KIND_OF: dict[QuantType, int] = {
+    QuantType.F32: KIND_F32,
+    QuantType.F16: KIND_F16,
+    QuantType.BF16: KIND_BF16,
+    QuantType.Q8_0: KIND_Q8_0,
+    QuantType.Q4_0: KIND_Q4_0,
+    QuantType.Q4_1: KIND_Q4_1,
+    QuantType.Q5_0: KIND_Q5_0,
+    QuantType.Q4_K: KIND_Q4_K,
+    QuantType.Q6_K: KIND_Q6_K,
+}
+
+
+@njit(cache=True)
+def deq_row(kind, row, dst):
+    """Dequantize one row of raw bytes into dst (float32 [cols]), same float ops as reference."""
+    cols = dst.shape[0]
+    if kind == KIND_F32:
+        for j in range(cols):
+            dst[j] = _bitsf32(row, 4 * j)
+    elif kind == KIND_F16:
+        for j in range(cols):
+            dst[j] = _f16at(row, 2 * j)
+    elif kind == KIND_BF16:
+        for j in range(cols):
+            dst[j] = bf2f(np.uint16(row[2 * j]) | (np.uint16(row[2 * j + 1]) << np.uint16(8)))
+    elif kind == KIND_Q8_0:
+        for b in range(cols // 32):
+            blk = row[b * 34 : b * 34 + 34]
+            o = dst[b * 32 : b * 32 + 32]
+            d = _f16at(blk, 0)
+            for j in range(32):
+                o[j] = np.float32(np.int8(blk[2 + j])) * d
+    elif kind == KIND_Q4_0:
+        for b in range(cols // 32):
+            blk = row[b * 18 : b * 18 + 18]
+            o = dst[b * 32 : b * 32 + 32]
+            d = _f16at(blk, 0)
+            for j in range(16):
+                o[j] = d * np.float32(np.int32(blk[2 + j] & 15) - 8)
+                o[16 + j] = d * np.float32(np.int32(blk[2 + j] >> 4) - 8)
+    elif kind == KIND_Q4_1:
+        for b in range(cols // 32):
+            blk = row[b * 20 : b * 20 + 20]
+            o = dst[b * 32 : b * 32 + 32]
+            d = _f16at(blk, 0)
+            m = _f16at(blk, 2)
+            for j in range(16):
+                o[j] = d * np.float32(blk[4 + j] & 15) + m
+                o[16 + j] = d * np.float32(blk[4 + j] >> 4) + m
+    elif kind == KIND_Q5_0:
+        for b in range(cols // 32):
+            blk = row[b * 22 : b * 22 + 22]
+            o = dst[b * 32 : b * 32 + 32]
+            d = _f16at(blk, 0)
+            qh = (
+                np.uint32(blk[2])
+                | (np.uint32(blk[3]) << np.uint32(8))
+                | (np.uint32(blk[4]) << np.uint32(16))
+                | (np.uint32(blk[5]) << np.uint32(24))
+            )
+            for j in range(16):
+                lo = np.int32(blk[6 + j] & 15) | np.int32(((qh >> np.uint32(j)) & 1) << 4)
+                hi = np.int32(blk[6 + j] >> 4) | np.int32(((qh >> np.uint32(j + 16)) & 1) << 4)
+                o[j] = d * np.float32(lo - 16)
+                o[16 + j] = d * np.float32(hi - 16)
+    elif kind == KIND_Q4_K:
+        for b in range(cols // 256):
+            blk = row[b * 144 : b * 144 + 144]
+            d = _f16at(blk, 0)
+            dmin = _f16at(blk, 2)
+            s = blk[4:16]
+            for g in range(4):
+                sc1, m1 = _q4k_sm(s, 2 * g)
+                sc2, m2 = _q4k_sm(s, 2 * g + 1)
+                d1 = d * np.float32(sc1)
+                d2 = d * np.float32(sc2)
+                dm1 = dmin * np.float32(m1)
+                dm2 = dmin * np.float32(m2)
+                q = blk[16 + 32 * g : 48 + 32 * g]
+                o = dst[b * 256 + 64 * g : b * 256 + 64 * g + 64]
+                for j in range(32):
+                    o[j] = d1 * np.float32(q[j] & 15) - dm1
+                    o[32 + j] = d2 * np.float32(q[j] >> 4) - dm2
+    elif kind == KIND_Q6_K:
+        for b in range(cols // 256):
+            blk = row[b * 210 : b * 210 + 210]
+            d = _f16at(blk, 208)
+            for h in range(2):
+                for s in range(4):
+                    sh = 4 * (s >> 1)
+                    o = dst[b * 256 + h * 128 + s * 32 : b * 256 + h * 128 + s * 32 + 32]
+                    for j in range(32):
+                        qlv = np.int32((blk[h * 64 + (s & 1) * 32 + j] >> sh) & 15)
+                        qhv = np.int32((blk[128 + h * 32 + j] >> (2 * s)) & 3)
+                        ds = d * np.float32(np.int8(blk[192 + h * 8 + 2 * s + j // 16]))
+                        o[j] = ds * np.float32((qlv | (qhv << 4)) - 32)
+
+
+@njit(inline="always")
+def _bitsf32(row, i):
+    u = (
+        np.uint32(row[i])
+        | (np.uint32(row[i + 1]) << np.uint32(8))
+        | (np.uint32(row[i + 2]) << np.uint32(16))
+        | (np.uint32(row[i + 3]) << np.uint32(24))
+    )
+    return u2f(u)
+
+
+@njit(parallel=True, cache=True)
+def embedding_rows_kernel(kind, data, ids, out):
+    for i in prange(ids.shape[0]):
+        deq_row(kind, data[ids[i]], out[i])
+
+
+# --------------------------------------------------------------------------- matmul
+@njit(inline="always")
+def _dot16(a, b):
+    n = a.shape[0]
+    acc = numba.carray(stack16(), 16)
+    for l in range(16):
+        acc[l] = F0
+    n16 = n // 16
+    for c in range(n16):
+        ac = a[c * 16 : c * 16 + 16]
+        bc = b[c * 16 : c * 16 + 16]
+        for l in range(16):
+            acc[l] += ac[l] * bc[l]
+    t = _hsum16(acc)
+    for j in range(n16 * 16, n):
+        t += a[j] * b[j]
+    return t
+
+
+@njit(parallel=True, cache=True)
+def mm_kernel(kind, data, X, out, rb):
+    """out[t, r] = sum_j W[r, j] X[t, j]; rows in chunks of rb, each dequantized once."""
+    rows = data.shape[0]
+    n, cols = X.shape
+    nchunks = (rows + rb - 1) // rb
+    for c in prange(nchunks):
+        r0 = c * rb
+        r1 = min(rows, r0 + rb)
+        buf = np.empty((rb, cols), np.float32)
+        for r in range(r0, r1):
+            deq_row(kind, data[r], buf[r - r0])
+        for t in range(n):
+            xt = X[t]
+            for r in range(r0, r1):
+                out[t, r] = _dot16(buf[r - r0], xt)

@@ -1,0 +1,61 @@
+"""Rotary position embedding, interleaved-pair (llama.cpp NORM) or NeoX layout."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+
+def rope_tables(n_ctx: int, rope_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables [n_ctx, rope_dim // 2], computed in float64 then rounded once."""
+    inv_freq = 1.0 / (base ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim))
+    ang = np.arange(n_ctx, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def rope_reference(
+    x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool
+) -> np.ndarray:
+    """x [n, heads, head_dim] -> rotated copy."""
+    x = x.astype(np.float64).copy()
+    half = cos.shape[1]
+    c = cos[positions][:, None, :].astype(np.float64)
+    s = sin[positions][:, None, :].astype(np.float64)
+    if neox:
+        a, b = x[..., :half].copy(), x[..., half : 2 * half].copy()
+        x[..., :half] = a * c - b * s
+        x[..., half : 2 * half] = a * s + b * c
+    else:
+        a, b = x[..., 0 : 2 * half : 2].copy(), x[..., 1 : 2 * half : 2].copy()
+        x[..., 0 : 2 * half : 2] = a * c - b * s
+        x[..., 1 : 2 * half : 2] = a * s + b * c
+    return x.astype(np.float32)
+
+
+@njit(cache=True, parallel=True)
+def _rope_inplace(x, positions, cos, sin, neox):
+    n, heads, _ = x.shape
+    half = cos.shape[1]
+    for t in prange(n):
+        p = positions[t]
+        for h in range(heads):
+            for j in range(half):
+                c = cos[p, j]
+                s = sin[p, j]
+                if neox:
+                    i0 = j
+                    i1 = j + half
+                else:
+                    i0 = 2 * j
+                    i1 = 2 * j + 1
+                a = x[t, h, i0]
+                b = x[t, h, i1]
+                x[t, h, i0] = a * c - b * s
+                x[t, h, i1] = a * s + b * c
+
+
+def rope_inplace(
+    x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool
+) -> None:
+    """Rotate x [n, heads, head_dim] in place; positions int64 [n]."""
+    _rope_inplace(x, positions, cos, sin, neox)
