@@ -34,8 +34,13 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
     # As transformers does: jinja's own tojson escapes HTML characters, which templates do not want.
     return json.dumps(
         x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
@@ -69,7 +74,8 @@ def _environment() -> Any:
     class _StrictSandbox(ImmutableSandboxedEnvironment):
         def unsafe_undefined(self, obj: Any, attribute: Any) -> Any:
             raise SecurityError(
-                f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is not allowed"
+                f"access to attribute {attribute!r} of a {type(obj).__name__!r} object "
+                "is not allowed"
             )
 
     env = _StrictSandbox(
@@ -121,7 +127,9 @@ def render_chat(
     if not isinstance(template, str):
         raise ChatTemplateError(f"a chat template must be a str, got {type(template).__name__}")
     if not isinstance(messages, list | tuple) or not all(isinstance(m, dict) for m in messages):
-        raise ChatTemplateError("messages must be a list of dicts like {'role': ..., 'content': ...}")
+        raise ChatTemplateError(
+            "messages must be a list of dicts like {'role': ..., 'content': ...}"
+        )
 
     from jinja2.exceptions import SecurityError, TemplateError
 
@@ -135,7 +143,9 @@ def render_chat(
             **extra,
         )
     except SecurityError as e:
-        raise ChatTemplateError(f"the chat template tried something unsafe and was stopped: {e}") from None
+        raise ChatTemplateError(
+            f"the chat template tried something unsafe and was stopped: {e}"
+        ) from None
     except TemplateError as e:
         # raise_exception() in a template lands here with the template's own message.
         raise ChatTemplateError(f"the chat template rejected the conversation: {e}") from None

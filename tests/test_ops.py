@@ -1,0 +1,80 @@
+"""Small kernels held to their numpy references on random and edge shapes."""
+
+import numpy as np
+import pytest
+
+from edgerun.ops.activations import glu, glu_reference
+from edgerun.ops.attention import attention, attention_reference
+from edgerun.ops.norm import rmsnorm, rmsnorm_reference
+from edgerun.ops.rope import rope_inplace, rope_reference, rope_tables
+
+rng = np.random.default_rng(0)
+
+
+@pytest.mark.parametrize("shape", [(1, 8), (3, 576), (17, 64), (5,)])
+def test_rmsnorm(shape):
+    x = rng.standard_normal(shape).astype(np.float32) * 3
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    np.testing.assert_allclose(
+        rmsnorm(x, w, 1e-5), rmsnorm_reference(x, w, 1e-5), rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("n,heads,hd,rope_dim", [(1, 1, 2, 2), (5, 3, 64, 64), (4, 2, 64, 32)])
+def test_rope(neox, n, heads, hd, rope_dim):
+    cos, sin = rope_tables(64, rope_dim, 10000.0)
+    x = rng.standard_normal((n, heads, hd)).astype(np.float32)
+    pos = rng.integers(0, 64, n).astype(np.int64)
+    ref = rope_reference(x, pos, cos, sin, neox)
+    rope_inplace(x, pos, cos, sin, neox)
+    np.testing.assert_allclose(x, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_rope_position_zero_is_identity():
+    cos, sin = rope_tables(8, 16, 10000.0)
+    x = rng.standard_normal((1, 2, 16)).astype(np.float32)
+    y = x.copy()
+    rope_inplace(y, np.zeros(1, np.int64), cos, sin, False)
+    np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
+def test_glu(kind):
+    g = rng.standard_normal((3, 100)).astype(np.float32) * 4
+    u = rng.standard_normal((3, 100)).astype(np.float32)
+    np.testing.assert_allclose(glu(g, u, kind), glu_reference(g, u, kind), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "n,start,hq,hkv,hd,window",
+    [
+        (1, 0, 1, 1, 8, 0),
+        (1, 9, 9, 3, 64, 0),
+        (7, 0, 4, 1, 16, 0),
+        (5, 3, 4, 2, 32, 0),
+        (6, 10, 4, 2, 16, 4),
+    ],
+)
+def test_attention(n, start, hq, hkv, hd, window):
+    L = start + n
+    q = rng.standard_normal((n, hq, hd)).astype(np.float32)
+    k = rng.standard_normal((hkv, L + 3, hd)).astype(np.float32)
+    v = rng.standard_normal((hkv, L + 3, hd)).astype(np.float32)
+    out = attention(q, k, v, start, window)
+    np.testing.assert_allclose(
+        out, attention_reference(q, k, v, start, window), rtol=1e-4, atol=1e-5
+    )
+
+
+def test_attention_is_causal():
+    q = rng.standard_normal((3, 2, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 3, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 3, 8)).astype(np.float32)
+    a = attention(q, k, v, 0)
+    k2, v2 = k.copy(), v.copy()
+    k2[:, 2] += 5.0
+    v2[:, 2] += 5.0
+    b = attention(q, k2, v2, 0)
+    np.testing.assert_array_equal(a[:2], b[:2])  # earlier queries never see a later key
+    assert not np.allclose(a[2], b[2])
