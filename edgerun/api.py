@@ -21,17 +21,11 @@ from edgerun.formats.gguf import read_gguf
 from edgerun.kvcache import KVCache
 from edgerun.model import Transformer
 from edgerun.sampling import SamplingParams
+from edgerun.sysinfo import default_threads
 from edgerun.tokenizer import Tokenizer, tokenizer_from_gguf_metadata
 from edgerun.weights import ResidentStore
 
 DEFAULT_CTX = 2048
-
-
-def default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
 
 
 def resolve_model(model: str | os.PathLike | None, auto_pull: bool | None = None) -> Path:

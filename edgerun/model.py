@@ -28,7 +28,24 @@ def _project(w: QuantTensor, x: np.ndarray) -> np.ndarray:
 
 
 class _Layer:
-    __slots__ = ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down")
+    __slots__ = (
+        "attn_norm",
+        "q",
+        "k",
+        "v",
+        "o",
+        "ffn_norm",
+        "gate",
+        "up",
+        "down",
+        "q_bias",
+        "k_bias",
+        "v_bias",
+        "q_norm",
+        "k_norm",
+        "post_attn_norm",
+        "post_ffn_norm",
+    )
 
 
 class Transformer:
@@ -56,6 +73,17 @@ class Transformer:
                 ("down", "ffn_down"),
             ):
                 setattr(layer, slot, store.matrix(spec.layer_tensor(role, i)))
+            optional = {
+                "q_bias": ("attn_q_bias", spec.attn_bias),
+                "k_bias": ("attn_k_bias", spec.attn_bias),
+                "v_bias": ("attn_v_bias", spec.attn_bias),
+                "q_norm": ("attn_q_norm", spec.qk_norm),
+                "k_norm": ("attn_k_norm", spec.qk_norm),
+                "post_attn_norm": ("post_attention_norm", spec.post_norms),
+                "post_ffn_norm": ("post_ffw_norm", spec.post_norms),
+            }
+            for slot, (role, wanted) in optional.items():
+                setattr(layer, slot, store.vector(spec.layer_tensor(role, i)) if wanted else None)
             self._check_shapes(layer, i, source)
             self.layers.append(layer)
         if self.token_embd.shape != (spec.vocab_size, spec.d_model):
@@ -63,7 +91,7 @@ class Transformer:
                 f"{source}: token_embd has shape {self.token_embd.shape}, expected "
                 f"{(spec.vocab_size, spec.d_model)}"
             )
-        self._rope_cache: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._rope_cache: dict[float, tuple[int, np.ndarray, np.ndarray]] = {}
 
     def _check_shapes(self, layer: _Layer, i: int, source: str) -> None:
         s = self.spec
@@ -83,11 +111,12 @@ class Transformer:
                     f"{source}: tensor '{t.name}' (layer {i}) has shape {t.shape}, expected {shape}"
                 )
 
-    def _rope(self, n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
-        if self._rope_cache is None or self._rope_cache[0] < n_ctx:
-            cos, sin = rope_tables(n_ctx, self.spec.rope_dim, self.spec.rope_base)
-            self._rope_cache = (n_ctx, cos, sin)
-        return self._rope_cache[1], self._rope_cache[2]
+    def _rope(self, n_ctx: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+        cached = self._rope_cache.get(base)
+        if cached is None or cached[0] < n_ctx:
+            cos, sin = rope_tables(n_ctx, self.spec.rope_dim, base)
+            cached = self._rope_cache[base] = (n_ctx, cos, sin)
+        return cached[1], cached[2]
 
     def forward(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Run `tokens` after what `cache` holds; append them to the cache.
@@ -103,24 +132,47 @@ class Transformer:
         if ids.size and (ids.min() < 0 or ids.max() >= s.vocab_size):
             raise ValueError(f"token id out of range [0, {s.vocab_size})")
         positions = np.arange(start, start + n, dtype=np.int64)
-        cos, sin = self._rope(cache.n_ctx)
         neox = s.rope_style == "neox"
+        eps = s.norm_eps
         h = embedding_rows(self.token_embd, ids)
+        if s.embed_scale != 1.0:
+            h *= np.float32(s.embed_scale)
         for li, layer in enumerate(self.layers):
-            x = rmsnorm(h, layer.attn_norm, s.norm_eps)
-            q = _project(layer.q, x).reshape(n, s.n_heads, s.head_dim)
-            k = _project(layer.k, x).reshape(n, s.n_kv_heads, s.head_dim)
-            v = _project(layer.v, x).reshape(n, s.n_kv_heads, s.head_dim)
+            cos, sin = self._rope(cache.n_ctx, s.rope_base_of(li))
+            x = rmsnorm(h, layer.attn_norm, eps)
+            q = _project(layer.q, x)
+            k = _project(layer.k, x)
+            v = _project(layer.v, x)
+            if layer.q_bias is not None:
+                q += layer.q_bias
+                k += layer.k_bias
+                v += layer.v_bias
+            q = q.reshape(n, s.n_heads, s.head_dim)
+            k = k.reshape(n, s.n_kv_heads, s.head_dim)
+            v = v.reshape(n, s.n_kv_heads, s.head_dim)
+            if layer.q_norm is not None:
+                q = rmsnorm(q, layer.q_norm, eps)
+                k = rmsnorm(k, layer.k_norm, eps)
             rope_inplace(q, positions, cos, sin, neox)
             rope_inplace(k, positions, cos, sin, neox)
             cache.store(li, start, k, v)
-            att = attention(q, cache.k[li], cache.v[li], start)
-            h += _project(layer.o, att)
-            x = rmsnorm(h, layer.ffn_norm, s.norm_eps)
-            a = glu(_project(layer.gate, x), _project(layer.up, x), s.activation)
-            h += _project(layer.down, a)
+            att = _project(layer.o, attention(q, cache.k[li], cache.v[li], start, s.window(li)))
+            if layer.post_attn_norm is not None:
+                att = rmsnorm(att, layer.post_attn_norm, eps)
+            h += att
+            x = rmsnorm(h, layer.ffn_norm, eps)
+            f = _project(
+                layer.down, glu(_project(layer.gate, x), _project(layer.up, x), s.activation)
+            )
+            if layer.post_ffn_norm is not None:
+                f = rmsnorm(f, layer.post_ffn_norm, eps)
+            h += f
         cache.tokens.extend(int(t) for t in tokens)
         if all_logits:
-            return _project(self.output, rmsnorm(h, self.output_norm, s.norm_eps))
-        last = rmsnorm(h[-1:], self.output_norm, s.norm_eps)
-        return matvec(self.output, last[0])
+            logits = _project(self.output, rmsnorm(h, self.output_norm, eps))
+        else:
+            logits = matvec(self.output, rmsnorm(h[-1:], self.output_norm, eps)[0])
+        if s.final_logit_softcap > 0:
+            cap = np.float32(s.final_logit_softcap)
+            logits = np.tanh(logits / cap) * cap
+        return logits

@@ -13,10 +13,11 @@ import importlib.util
 import os
 import subprocess
 import sys
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 from edgerun.errors import ModelFormatError, ModelNotFoundError
 

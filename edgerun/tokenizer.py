@@ -1,26 +1,32 @@
 """Tokenizers built from GGUF metadata, behind one interface.
 
-A GGUF file carries no ``tokenizer.json``: the vocabulary, merges, token types and special ids
-live in its metadata under llama.cpp's key names (``tokenizer.ggml.*``). This module turns that
+A GGUF file carries no ``tokenizer.json``: the vocabulary, merges, scores, token types and special
+ids live in its metadata under llama.cpp's key names (``tokenizer.ggml.*``). This module turns that
 metadata (a plain ``dict`` of GGUF key -> python value) into a :class:`Tokenizer`.
 
-Supported today: ``tokenizer.ggml.model = "gpt2"`` (byte-level BPE), with the pre-tokenizer that
-``tokenizer.ggml.pre`` names (``gpt2``/``default``, ``smollm`` and the StarCoder family,
-``qwen2``, ``llama-bpe``/``llama3``). SentencePiece (``"llama"``) is not implemented yet and raises
-:class:`~edgerun.errors.UnsupportedError`.
+Supported: ``tokenizer.ggml.model = "gpt2"`` (byte-level BPE, :class:`BPETokenizer`), with the
+pre-tokenizer that ``tokenizer.ggml.pre`` names (``gpt2``/``default``, ``smollm`` and the
+StarCoder family, ``qwen2``, ``llama-bpe``/``llama3``); and ``"llama"`` (SentencePiece,
+:class:`SentencePieceTokenizer`: Llama 1/2, Mistral, Gemma, ...), which can also load a
+``tokenizer.model`` file directly.
 
-Encoding uses the ``tokenizers`` library (a BPE model built from vocab + merges); decoding and
-:meth:`Tokenizer.token_bytes` are done here, from a per-token byte table, so that
-``decode(ids) == b"".join(token_bytes(i) for i in ids).decode("utf-8", "replace")`` exactly, and
-:class:`StreamDecoder` can emit text incrementally with the same result.
+Encoding uses the ``tokenizers`` library (a BPE model built from vocab + merges) or the
+``sentencepiece`` library (a ModelProto built from pieces + scores + types; written by hand here,
+so protobuf is not needed). Decoding and :meth:`Tokenizer.token_bytes` are done here, from a
+per-token byte table, so that ``decode(ids) == b"".join(token_bytes(i) for i in ids).decode(
+"utf-8", "replace")`` (SentencePiece with a dummy prefix also drops the first piece's leading
+space), and :class:`StreamDecoder` can emit text incrementally with the same result.
 """
 
 from __future__ import annotations
 
 import codecs
+import os
 import re
+import struct
 import threading
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -35,7 +41,10 @@ __all__ = [
     "TOKEN_TYPE_BYTE",
     "Tokenizer",
     "BPETokenizer",
+    "SentencePieceTokenizer",
+    "SentencePieceSpec",
     "StreamDecoder",
+    "sentencepiece_spec_to_metadata",
     "tokenizer_from_gguf_metadata",
 ]
 
@@ -239,8 +248,16 @@ class Tokenizer:
         """EOS as text ("" when the model has none), e.g. for chat templates."""
         return "" if self.eos_id is None else self.token_text(self.eos_id)
 
-    def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
-        return StreamDecoder(self, skip_special=skip_special)
+    def stream_decoder(
+        self, skip_special: bool = False, strip_leading_space: bool = False
+    ) -> StreamDecoder:
+        return StreamDecoder(
+            self, skip_special=skip_special, strip_leading_space=strip_leading_space
+        )
+
+    def _strips_leading_space(self, id: int) -> bool:
+        """Whether :meth:`decode` drops the first byte (a space) of ``id`` when it comes first."""
+        return False
 
     def __repr__(self) -> str:
         return (
@@ -457,6 +474,571 @@ class BPETokenizer(Tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------
+# SentencePiece
+# ---------------------------------------------------------------------------------------------
+
+# sentencepiece's ModelProto, written and read by hand: the schema is small and stable, and doing
+# it here keeps protobuf out of the runtime dependencies. Field numbers are those of
+# sentencepiece_model.proto (ModelProto, SentencePiece, TrainerSpec, NormalizerSpec).
+_SPM_UNIGRAM = 1
+_SPM_BPE = 2
+_SPM_MODEL_TYPES = {"unigram": _SPM_UNIGRAM, "bpe": _SPM_BPE, "word": 3, "char": 4}
+
+_SPACE = "\u2581"  # "▁", SentencePiece's spelling of a space
+
+
+def _pb_varint(n: int) -> bytes:
+    if n < 0:
+        n += 1 << 64  # int32/int64 negatives: ten-byte two's complement
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _pb_field_varint(field: int, n: int) -> bytes:
+    return _pb_varint(field << 3) + _pb_varint(int(n))
+
+
+def _pb_field_bytes(field: int, data: bytes) -> bytes:
+    return _pb_varint((field << 3) | 2) + _pb_varint(len(data)) + data
+
+
+def _pb_field_float(field: int, x: float) -> bytes:
+    return _pb_varint((field << 3) | 5) + struct.pack("<f", x)
+
+
+def _pb_parse(data: bytes) -> list[tuple[int, int, Any]]:
+    """One protobuf message's fields as ``(field, wire type, value)``; raises ValueError."""
+    out = []
+    i, n = 0, len(data)
+
+    def varint() -> int:
+        nonlocal i
+        r = shift = 0
+        while True:
+            if i >= n or shift > 63:
+                raise ValueError("truncated varint")
+            c = data[i]
+            i += 1
+            r |= (c & 0x7F) << shift
+            shift += 7
+            if c < 0x80:
+                return r
+
+    while i < n:
+        key = varint()
+        fnum, wire = key >> 3, key & 7
+        if wire == 0:
+            value: Any = varint()
+        elif wire == 1:
+            value = data[i : i + 8]
+            i += 8
+        elif wire == 2:
+            size = varint()
+            value = data[i : i + size]
+            i += size
+        elif wire == 5:
+            value = data[i : i + 4]
+            i += 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        if i > n:
+            raise ValueError("truncated field")
+        out.append((fnum, wire, value))
+    return out
+
+
+def _pb_int32(v: int) -> int:
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+@dataclass
+class SentencePieceSpec:
+    """What a SentencePiece model is made of: the pieces, their scores and types, and the few
+    trainer/normalizer settings that change how text is encoded. :func:`to_model_proto` writes it
+    as the serialized ModelProto ``sentencepiece`` loads; :func:`from_model_proto` reads one.
+
+    ``types`` uses SentencePiece's numbering, which is also GGUF's ``tokenizer.ggml.token_type``
+    (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte).
+    """
+
+    pieces: list[str]
+    scores: list[float]
+    types: list[int]
+    model_type: int = _SPM_BPE
+    byte_fallback: bool = False
+    add_dummy_prefix: bool = True
+    remove_extra_whitespaces: bool = False
+    escape_whitespaces: bool = True
+    treat_whitespace_as_suffix: bool = False
+    normalizer_name: str = "identity"
+    precompiled_charsmap: bytes = b""
+    unk_surface: str | None = None
+    # Special ids as a .model file's trainer_spec states them (-1: none).
+    unk_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    pad_id: int = -1
+    # A denormalizer, kept verbatim from a .model file (rare; None: none).
+    denormalizer: bytes | None = field(default=None, repr=False)
+
+    def to_model_proto(self) -> bytes:
+        parts = []
+        pack = struct.Struct("<f").pack
+        short = [bytes((i,)) for i in range(128)]  # one-byte varints
+        for piece, score, ty in zip(self.pieces, self.scores, self.types):
+            # SentencePiece message: 1 piece (string), 2 score (float), 3 type (enum).
+            p = piece.encode("utf-8")
+            body = b"".join(
+                (
+                    b"\x0a",
+                    short[len(p)] if len(p) < 128 else _pb_varint(len(p)),
+                    p,
+                    b"\x15",
+                    pack(score),
+                    b"" if ty == TOKEN_TYPE_NORMAL else _pb_field_varint(3, ty),
+                )
+            )
+            n = len(body)
+            parts.append(b"\x0a" + (short[n] if n < 128 else _pb_varint(n)) + body)
+        trainer = (
+            _pb_field_varint(3, self.model_type)
+            + _pb_field_varint(4, len(self.pieces))
+            + _pb_field_varint(24, self.treat_whitespace_as_suffix)
+            + _pb_field_varint(35, self.byte_fallback)
+            + _pb_field_varint(40, self.unk_id)
+            + _pb_field_varint(41, self.bos_id)
+            + _pb_field_varint(42, self.eos_id)
+            + _pb_field_varint(43, self.pad_id)
+        )
+        if self.unk_surface is not None:
+            trainer += _pb_field_bytes(44, self.unk_surface.encode("utf-8"))
+        parts.append(_pb_field_bytes(2, trainer))
+        normalizer = (
+            _pb_field_bytes(1, self.normalizer_name.encode("utf-8"))
+            + (_pb_field_bytes(2, self.precompiled_charsmap) if self.precompiled_charsmap else b"")
+            + _pb_field_varint(3, self.add_dummy_prefix)
+            + _pb_field_varint(4, self.remove_extra_whitespaces)
+            + _pb_field_varint(5, self.escape_whitespaces)
+        )
+        parts.append(_pb_field_bytes(3, normalizer))
+        if self.denormalizer is not None:
+            parts.append(_pb_field_bytes(5, self.denormalizer))
+        return b"".join(parts)
+
+    @classmethod
+    def from_model_proto(cls, data: bytes) -> SentencePieceSpec:
+        """Read a serialized ModelProto (the contents of a ``tokenizer.model`` file)."""
+        try:
+            top = _pb_parse(data)
+            pieces, scores, types = [], [], []
+            spec = cls(pieces, scores, types, model_type=_SPM_UNIGRAM)
+            # Proto defaults, which a file leaves out: a default NormalizerSpec is NFKC with a
+            # dummy prefix and whitespace clean-up; sentencepiece applies the same.
+            spec.add_dummy_prefix = True
+            spec.remove_extra_whitespaces = True
+            spec.normalizer_name = ""
+            for f, wire, value in top:
+                if f == 1 and wire == 2:
+                    piece, score, ty = "", 0.0, TOKEN_TYPE_NORMAL
+                    for pf, pw, pv in _pb_parse(value):
+                        if pf == 1 and pw == 2:
+                            piece = bytes(pv).decode("utf-8")
+                        elif pf == 2 and pw == 5:
+                            score = struct.unpack("<f", pv)[0]
+                        elif pf == 3 and pw == 0:
+                            ty = int(pv)
+                    pieces.append(piece)
+                    scores.append(score)
+                    types.append(ty)
+                elif f == 2 and wire == 2:
+                    for tf, tw, tv in _pb_parse(value):
+                        if tw == 0:
+                            if tf == 3:
+                                spec.model_type = int(tv)
+                            elif tf == 24:
+                                spec.treat_whitespace_as_suffix = bool(tv)
+                            elif tf == 35:
+                                spec.byte_fallback = bool(tv)
+                            elif tf in (40, 41, 42, 43):
+                                setattr(
+                                    spec,
+                                    {40: "unk_id", 41: "bos_id", 42: "eos_id", 43: "pad_id"}[tf],
+                                    _pb_int32(tv),
+                                )
+                        elif tf == 44 and tw == 2:
+                            spec.unk_surface = bytes(tv).decode("utf-8")
+                elif f == 3 and wire == 2:
+                    for nf, nw, nv in _pb_parse(value):
+                        if nf == 1 and nw == 2:
+                            spec.normalizer_name = bytes(nv).decode("utf-8")
+                        elif nf == 2 and nw == 2:
+                            spec.precompiled_charsmap = bytes(nv)
+                        elif nf == 3 and nw == 0:
+                            spec.add_dummy_prefix = bool(nv)
+                        elif nf == 4 and nw == 0:
+                            spec.remove_extra_whitespaces = bool(nv)
+                        elif nf == 5 and nw == 0:
+                            spec.escape_whitespaces = bool(nv)
+                elif f == 5 and wire == 2:
+                    spec.denormalizer = bytes(value)
+        except (ValueError, UnicodeDecodeError, struct.error) as e:
+            raise ModelFormatError(
+                f"not a valid SentencePiece model ({e}); expected the serialized ModelProto of a "
+                "tokenizer.model file"
+            ) from e
+        if not pieces:
+            raise ModelFormatError(
+                "the SentencePiece model has no pieces; expected the serialized ModelProto of a "
+                "tokenizer.model file"
+            )
+        return spec
+
+
+def _literal_regex(strings: Iterable[str]) -> re.Pattern[str] | None:
+    """A regex matching any of ``strings``, leftmost-longest (as tokenizers' added-token matcher
+    does), built as a trie so that thousands of alternatives cost little per text position."""
+    strings = sorted({s for s in strings if s})
+    if not strings:
+        return None
+    long = sorted((s for s in strings if len(s) > 200), key=len, reverse=True)
+    trie: dict[str, Any] = {}
+    for s in strings:
+        if len(s) > 200:
+            continue
+        node = trie
+        for ch in s:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + build(child) for ch, child in node.items() if ch]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        # Greedy "?": the longer continuations are tried before ending here.
+        return f"(?:{body})?" if "" in node else body
+
+    pattern = "|".join([*(re.escape(s) for s in long), *([build(trie)] if trie else [])])
+    return re.compile(pattern)
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """SentencePiece (``tokenizer.ggml.model = "llama"``): Llama 1/2, Mistral, Gemma, Phi-3, ...
+
+    Encoding is done by the ``sentencepiece`` library, on a ModelProto built from the GGUF's
+    ``tokenizer.ggml.tokens``, ``tokenizer.ggml.scores`` and ``tokenizer.ggml.token_type`` (BPE
+    over the scores, as llama.cpp's SPM tokenizer does; byte fallback when the vocabulary has the
+    ``<0xNN>`` byte tokens; identity normalization, spaces escaped as ``▁``; a dummy prefix space
+    when ``tokenizer.ggml.add_space_prefix`` says so, true by default as in llama.cpp).
+    :meth:`from_file` loads a Hugging Face / original ``tokenizer.model`` through the same code.
+
+    Special tokens: control tokens (``<bos>``, ``<start_of_turn>``, ...) are never produced from
+    text by SentencePiece; with ``parse_special=True`` their strings in the text are cut out and
+    become their ids first (leftmost-longest), and each piece of text between them is encoded on
+    its own (so with a dummy prefix each gets its ``▁``, as llama.cpp does). User-defined tokens
+    are matched whole by SentencePiece itself, always (inside the escaped text: with a dummy
+    prefix, text that starts with one gets a ``▁`` token first, where llama.cpp, which cuts them
+    out beforehand, gives none; vocabularies without a dummy prefix, such as Gemma's, agree).
+
+    Decoding: a normal or user-defined token is its text with ``▁`` as a space, a byte token
+    ``<0xNN>`` the byte itself, a control or unknown token its text (dropped with
+    ``skip_special``). With a dummy prefix, :meth:`decode` drops the space that starts the first
+    piece, as SentencePiece and transformers do; :class:`StreamDecoder` keeps it unless asked
+    (``strip_leading_space=True``), since a generated continuation's first space is real text.
+    """
+
+    def __init__(
+        self,
+        meta: dict[str, Any],
+        *,
+        spec: SentencePieceSpec | None = None,
+    ) -> None:
+        """Build from GGUF metadata. ``spec``, when given, supplies the SentencePiece model
+        settings (normalizer, model type) that a GGUF does not carry; :meth:`from_file` passes
+        the file's own."""
+        super().__init__()
+        tokens = meta.get("tokenizer.ggml.tokens")
+        if not tokens:
+            raise ModelFormatError(
+                "GGUF metadata has no 'tokenizer.ggml.tokens'; the file carries no vocabulary"
+            )
+        tokens = [str(t) for t in tokens]
+        n = len(tokens)
+        types = meta.get("tokenizer.ggml.token_type")
+        types = [TOKEN_TYPE_NORMAL] * n if types is None else [int(t) for t in types]
+        scores = meta.get("tokenizer.ggml.scores")
+        scores = [0.0] * n if scores is None else [float(s) for s in scores]
+        for key, arr in (("token_type", types), ("scores", scores)):
+            if len(arr) != n:
+                raise ModelFormatError(
+                    f"GGUF metadata 'tokenizer.ggml.{key}' has {len(arr)} entries but "
+                    f"'tokenizer.ggml.tokens' has {n}"
+                )
+
+        def _id(key: str) -> int | None:
+            v = _as_int(meta.get(key), key)
+            if v is None or v < 0:  # -1: none (a .model file's pad_id, for one)
+                return None
+            if v >= n:
+                raise ModelFormatError(
+                    f"GGUF metadata {key!r} = {v} is outside the vocabulary of {n} tokens"
+                )
+            return v
+
+        self.vocab_size = n
+        self.bos_id = _id("tokenizer.ggml.bos_token_id")
+        self.eos_id = _id("tokenizer.ggml.eos_token_id")
+        self.pad_id = _id("tokenizer.ggml.padding_token_id")
+        unk_id = _id("tokenizer.ggml.unknown_token_id")
+        if unk_id is None:
+            unk_id = next((i for i, ty in enumerate(types) if ty == TOKEN_TYPE_UNKNOWN), 0)
+        self.unk_id = unk_id
+
+        escape = spec.escape_whitespaces if spec is not None else True
+        # The model the library runs. Types are normalized to what SentencePiece accepts: exactly
+        # one unknown piece (Gemma files label <unk> a control token), byte pieces only when
+        # spelled <0xNN>, no empty or repeated pieces (those become unused placeholders, which
+        # text never produces; the first of a repeated spelling keeps it).
+        sp_types: list[int] = []
+        sp_pieces: list[str] = []
+        seen: set[str] = set()
+        for i, (text, ty) in enumerate(zip(tokens, types)):
+            if i == unk_id:
+                ty = TOKEN_TYPE_UNKNOWN
+            elif ty == TOKEN_TYPE_UNKNOWN:
+                ty = TOKEN_TYPE_CONTROL
+            elif ty == TOKEN_TYPE_BYTE and not _BYTE_TOKEN.match(text):
+                ty = TOKEN_TYPE_NORMAL
+            elif ty not in (
+                TOKEN_TYPE_NORMAL,
+                TOKEN_TYPE_CONTROL,
+                TOKEN_TYPE_USER_DEFINED,
+                TOKEN_TYPE_UNUSED,
+                TOKEN_TYPE_BYTE,
+            ):
+                ty = TOKEN_TYPE_NORMAL  # 0, "undefined" in llama.cpp
+            piece = text
+            if ty == TOKEN_TYPE_USER_DEFINED and escape:
+                # GGUF stores user-defined pieces as raw text ("  " for two spaces); SentencePiece
+                # matches them in the escaped text ("▁▁").
+                piece = piece.replace(" ", _SPACE)
+            if not piece or piece in seen:
+                piece = f"<edgerun-placeholder-{i}>"
+                ty = TOKEN_TYPE_UNUSED if ty != TOKEN_TYPE_UNKNOWN else ty
+            seen.add(piece)
+            sp_pieces.append(piece)
+            sp_types.append(ty)
+        self.token_types = sp_types
+        self._tokens = tokens
+
+        if spec is None:
+            add_prefix = meta.get("tokenizer.ggml.add_space_prefix")
+            spec = SentencePieceSpec(
+                pieces=sp_pieces,
+                scores=scores,
+                types=sp_types,
+                model_type=_SPM_BPE,
+                byte_fallback=TOKEN_TYPE_BYTE in sp_types,
+                add_dummy_prefix=True if add_prefix is None else bool(add_prefix),
+                remove_extra_whitespaces=False,
+                escape_whitespaces=True,
+            )
+        else:
+            spec = replace(spec, pieces=sp_pieces, scores=scores, types=sp_types)
+            spec.byte_fallback = spec.byte_fallback and TOKEN_TYPE_BYTE in sp_types
+        spec.unk_id = unk_id
+        spec.bos_id = -1 if self.bos_id is None else self.bos_id
+        spec.eos_id = -1 if self.eos_id is None else self.eos_id
+        spec.pad_id = -1 if self.pad_id is None else self.pad_id
+        self.spec = spec
+        self.add_space_prefix = spec.add_dummy_prefix
+        self.model_proto = spec.to_model_proto()
+
+        import sentencepiece
+
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_proto=self.model_proto)
+        except (RuntimeError, OSError) as e:
+            raise ModelFormatError(
+                f"the SentencePiece vocabulary could not be loaded ({e}); the GGUF tokenizer "
+                "metadata is inconsistent"
+            ) from e
+
+        # Per-token bytes, the decoding table.
+        table: list[bytes] = []
+        for text, ty in zip(tokens, sp_types):
+            if ty == TOKEN_TYPE_BYTE:
+                table.append(bytes([int(text[3:5], 16)]))
+            elif ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN):
+                table.append(text.encode("utf-8"))
+            else:
+                table.append(text.replace(_SPACE, " ").encode("utf-8"))
+        self._token_bytes = table
+        # decode() drops the first piece's leading space where SentencePiece does.
+        self._strip_first_space = (
+            spec.add_dummy_prefix or spec.remove_extra_whitespaces
+        ) and not spec.treat_whitespace_as_suffix
+        self._byte_ids = frozenset(i for i, ty in enumerate(sp_types) if ty == TOKEN_TYPE_BYTE)
+
+        # Strings parsed as special tokens (control and unknown), leftmost-longest.
+        special_text: dict[str, int] = {}
+        for i, (text, ty) in enumerate(zip(tokens, sp_types)):
+            if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN) and text:
+                special_text.setdefault(text, i)
+        self._special_text = special_text
+        self._special_re = _literal_regex(special_text)
+
+        # eos_ids / special_ids, as for BPE.
+        eos = {self.eos_id} if self.eos_id is not None else set()
+        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            v = _id(key)
+            if v is not None:
+                eos.add(v)
+        for text in _END_OF_TURN_TEXTS:
+            i = special_text.get(text)
+            if i is not None:
+                eos.add(i)
+        self.eos_ids = frozenset(eos)
+        special = {
+            i for i, ty in enumerate(sp_types) if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN)
+        }
+        special |= {i for i in (self.bos_id, self.eos_id) if i is not None}
+        self.special_ids = frozenset(special)
+
+        add_bos = meta.get("tokenizer.ggml.add_bos_token")
+        # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise.
+        self.add_bos = bool(add_bos) if add_bos is not None else True
+        template = meta.get("tokenizer.chat_template")
+        self.chat_template = str(template) if template else None
+
+    # -- construction from a tokenizer.model --------------------------------------------------
+
+    @classmethod
+    def from_file(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        add_bos: bool | None = None,
+        chat_template: str | None = None,
+    ) -> SentencePieceTokenizer:
+        """Load a SentencePiece ``tokenizer.model`` file (Hugging Face repos, original releases).
+
+        The file's pieces, types and normalizer settings are kept as they are. ``add_bos``
+        defaults to true when the model has a BOS piece (as Llama and Gemma want).
+        """
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise InvalidArgumentError(f"cannot read SentencePiece model {str(path)!r}: {e}") from e
+        return cls.from_model_proto(data, add_bos=add_bos, chat_template=chat_template)
+
+    @classmethod
+    def from_model_proto(
+        cls,
+        data: bytes,
+        *,
+        add_bos: bool | None = None,
+        chat_template: str | None = None,
+    ) -> SentencePieceTokenizer:
+        """As :meth:`from_file`, from the serialized ModelProto's bytes."""
+        spec = SentencePieceSpec.from_model_proto(bytes(data))
+        meta = sentencepiece_spec_to_metadata(spec)
+        if add_bos is not None:
+            meta["tokenizer.ggml.add_bos_token"] = bool(add_bos)
+        elif meta.get("tokenizer.ggml.bos_token_id") is None:
+            meta["tokenizer.ggml.add_bos_token"] = False
+        if chat_template:
+            meta["tokenizer.chat_template"] = chat_template
+        return cls(meta, spec=spec)
+
+    # -- encoding -------------------------------------------------------------------------------
+
+    def _encode_text(self, text: str) -> list[int]:
+        return self._sp.encode(text, out_type=int) if text else []
+
+    def encode(
+        self, text: str, add_bos: bool | None = None, parse_special: bool = True
+    ) -> list[int]:
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"encode() takes a str, got {type(text).__name__}")
+        if not parse_special or self._special_re is None:
+            return self._with_bos(self._encode_text(text), add_bos)
+        ids: list[int] = []
+        pos = 0
+        for m in self._special_re.finditer(text):
+            ids += self._encode_text(text[pos : m.start()])
+            ids.append(self._special_text[m.group()])
+            pos = m.end()
+        ids += self._encode_text(text[pos:])
+        return self._with_bos(ids, add_bos)
+
+    def encode_batch(
+        self, texts: Sequence[str], add_bos: bool | None = None, parse_special: bool = True
+    ) -> list[list[int]]:
+        return [self.encode(t, add_bos=add_bos, parse_special=parse_special) for t in texts]
+
+    # -- decoding -------------------------------------------------------------------------------
+
+    def _strips_leading_space(self, id: int) -> bool:
+        return (
+            self._strip_first_space
+            and id not in self._byte_ids
+            and id not in self.special_ids
+            and self._token_bytes[id][:1] == b" "
+        )
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        if not self._strip_first_space:
+            return super().decode(ids, skip_special)
+        ids = [int(i) for i in ids]
+        skip = self.special_ids if skip_special else ()
+        first = next((i for i in ids if i not in skip), None)
+        text = super().decode(ids, skip_special)
+        if first is not None and self._strips_leading_space(first):
+            text = text[1:]
+        return text
+
+    def id_to_token(self, id: int) -> str:
+        """The token as the vocabulary spells it (``▁`` for a space in normal tokens)."""
+        self.token_bytes(id)  # range check
+        return self._tokens[id]
+
+
+def sentencepiece_spec_to_metadata(spec: SentencePieceSpec) -> dict[str, Any]:
+    """GGUF-style tokenizer metadata for a SentencePiece model, as llama.cpp's converter writes
+    it (user-defined pieces keep ``▁``: :class:`SentencePieceTokenizer` accepts both)."""
+    n = len(spec.pieces)
+
+    def ok(i: int) -> int | None:
+        return i if 0 <= i < n else None
+
+    unk = ok(spec.unk_id)
+    if unk is None or spec.types[unk] != TOKEN_TYPE_UNKNOWN:
+        unk = next((i for i, ty in enumerate(spec.types) if ty == TOKEN_TYPE_UNKNOWN), unk)
+    meta: dict[str, Any] = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": list(spec.pieces),
+        "tokenizer.ggml.scores": list(spec.scores),
+        "tokenizer.ggml.token_type": list(spec.types),
+        "tokenizer.ggml.add_space_prefix": spec.add_dummy_prefix,
+        "tokenizer.ggml.unknown_token_id": unk,
+        "tokenizer.ggml.bos_token_id": ok(spec.bos_id),
+        "tokenizer.ggml.eos_token_id": ok(spec.eos_id),
+        "tokenizer.ggml.padding_token_id": ok(spec.pad_id),
+    }
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+# ---------------------------------------------------------------------------------------------
 # Factory
 # ---------------------------------------------------------------------------------------------
 
@@ -471,15 +1053,16 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any]) -> Tokenizer:
     model = str(model)
     if model == "gpt2":
         return BPETokenizer(meta)
+    if model == "llama":
+        return SentencePieceTokenizer(meta)
     what = {
-        "llama": "SentencePiece (Llama/Mistral/Gemma-style) tokenizers are not implemented yet",
         "t5": "Unigram (T5-style) tokenizers are not supported",
         "bert": "WordPiece (BERT-style) tokenizers are not supported",
         "rwkv": "RWKV tokenizers are not supported",
     }.get(model, "this tokenizer type is not supported")
     raise UnsupportedError(
         f"GGUF metadata 'tokenizer.ggml.model' = {model!r}: {what}. "
-        "edgerun currently supports byte-level BPE ('gpt2') vocabularies only."
+        "edgerun supports byte-level BPE ('gpt2') and SentencePiece ('llama') vocabularies."
     )
 
 
@@ -494,19 +1077,30 @@ class StreamDecoder:
     ``push(id)`` returns the text that became complete with this token (often "", when a
     multi-byte character is still incomplete); ``flush()`` returns what is left at the end (an
     incomplete tail becomes U+FFFD there, as :meth:`Tokenizer.decode` would do). The concatenation
-    of everything returned equals ``tokenizer.decode(ids, skip_special)``.
+    of everything returned equals ``tokenizer.decode(ids, skip_special)``, except that a
+    SentencePiece model with a dummy prefix keeps the first piece's leading space unless
+    ``strip_leading_space`` is true (a generated continuation's first space is real text).
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, skip_special: bool = False, strip_leading_space: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special = skip_special
+        self.strip_leading_space = strip_leading_space
+        self._first = True
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, id: int) -> str:
         id = int(id)
         if self.skip_special and id in self.tokenizer.special_ids:
             return ""
-        return self._dec.decode(self.tokenizer.token_bytes(id), final=False)
+        data = self.tokenizer.token_bytes(id)
+        if self._first:
+            self._first = False
+            if self.strip_leading_space and self.tokenizer._strips_leading_space(id):
+                data = data[1:]
+        return self._dec.decode(data, final=False)
 
     def push_many(self, ids: Iterable[int]) -> str:
         return "".join(self.push(i) for i in ids)
@@ -514,6 +1108,7 @@ class StreamDecoder:
     def flush(self) -> str:
         out = self._dec.decode(b"", final=True)
         self._dec.reset()
+        self._first = True
         return out
 
     @property

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgerun.arch import gemma3, llama, qwen2
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ModelFormatError, UnsupportedError
 
-_PLANNED = {"gemma3": "Gemma 3", "qwen2": "Qwen 2 / 2.5"}
+FAMILIES = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3}
 
 
 def spec_from_gguf(meta: dict[str, Any], source: str = "model") -> ModelSpec:
@@ -19,16 +20,12 @@ def spec_from_gguf(meta: dict[str, Any], source: str = "model") -> ModelSpec:
     arch = meta.get("general.architecture")
     if arch is None:
         raise ModelFormatError(f"{source}: metadata has no 'general.architecture' field")
-    if arch == "llama":
-        from edgerun.arch import llama
-
-        return llama.spec_from_gguf(meta, source)
-    if arch in _PLANNED:
+    family = FAMILIES.get(arch)
+    if family is None:
         raise UnsupportedError(
-            f"{source}: architecture '{arch}' ({_PLANNED[arch]}) is not supported yet; "
-            "supported: llama"
+            f"{source}: architecture '{arch}' is not supported; supported: {', '.join(FAMILIES)}"
         )
-    raise UnsupportedError(f"{source}: unknown architecture '{arch}'; supported: llama")
+    return family.spec_from_gguf(meta, source)
 
 
 __all__ = ["ModelSpec", "spec_from_gguf"]

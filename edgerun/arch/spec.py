@@ -18,6 +18,14 @@ LAYER_TENSORS = {
     "ffn_gate": "blk.{i}.ffn_gate.weight",
     "ffn_up": "blk.{i}.ffn_up.weight",
     "ffn_down": "blk.{i}.ffn_down.weight",
+    # optional, used when the spec's switches ask for them
+    "attn_q_bias": "blk.{i}.attn_q.bias",
+    "attn_k_bias": "blk.{i}.attn_k.bias",
+    "attn_v_bias": "blk.{i}.attn_v.bias",
+    "attn_q_norm": "blk.{i}.attn_q_norm.weight",
+    "attn_k_norm": "blk.{i}.attn_k_norm.weight",
+    "post_attention_norm": "blk.{i}.post_attention_norm.weight",
+    "post_ffw_norm": "blk.{i}.post_ffw_norm.weight",
 }
 GLOBAL_TENSORS = {
     "token_embd": "token_embd.weight",
@@ -46,13 +54,27 @@ class ModelSpec:
     # "interleaved": rotate (x[2i], x[2i+1]) (llama.cpp's NORM; GGUF permutes
     # llama q/k weights for it); "neox": rotate (x[i], x[i + d/2]).
     rope_style: str = "interleaved"
-    activation: str = "silu"
-    tied_embeddings: bool = False
+    activation: str = "silu"  # gated FFN: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    attn_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Gemma 3)
+    post_norms: bool = False  # norm the attention / FFN outputs before the residual add
+    embed_scale: float = 1.0  # token embeddings are multiplied by this (Gemma: sqrt(d))
+    final_logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap) when > 0
+    # per layer: sliding attention window in tokens (0 = global) and RoPE base;
+    # empty means every layer is global with rope_base
+    layer_windows: tuple[int, ...] = ()
+    layer_rope_bases: tuple[float, ...] = ()
     layer_tensors: dict[str, str] = field(default_factory=lambda: dict(LAYER_TENSORS))
     global_tensors: dict[str, str] = field(default_factory=lambda: dict(GLOBAL_TENSORS))
 
     def layer_tensor(self, role: str, i: int) -> str:
         return self.layer_tensors[role].format(i=i)
+
+    def window(self, i: int) -> int:
+        return self.layer_windows[i] if self.layer_windows else 0
+
+    def rope_base_of(self, i: int) -> float:
+        return self.layer_rope_bases[i] if self.layer_rope_bases else self.rope_base
 
     @property
     def q_dim(self) -> int:
@@ -61,6 +83,37 @@ class ModelSpec:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+
+def common_fields(meta: dict[str, Any], a: str, source: str) -> dict[str, Any]:
+    """Hyperparameters every family stores under the same '<arch>.' keys."""
+    n_heads = require(meta, f"{a}.attention.head_count", source)
+    d_model = require(meta, f"{a}.embedding_length", source)
+    n_kv = int(meta.get(f"{a}.attention.head_count_kv", n_heads))
+    head_dim = int(meta.get(f"{a}.attention.key_length", d_model // n_heads))
+    if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:
+        raise ModelFormatError(
+            f"{source}: head_count {n_heads} must be a positive multiple of head_count_kv {n_kv}"
+        )
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = int(meta.get(f"{a}.vocab_size", len(tokens) if tokens else 0))
+    if vocab <= 0:
+        raise ModelFormatError(f"{source}: cannot tell the vocabulary size")
+    return dict(
+        arch=a,
+        name=str(meta.get("general.name", a)),
+        n_layers=require(meta, f"{a}.block_count", source),
+        d_model=d_model,
+        d_ff=require(meta, f"{a}.feed_forward_length", source),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        context_length=int(meta.get(f"{a}.context_length", 2048)),
+        norm_eps=require(meta, f"{a}.attention.layer_norm_rms_epsilon", source, float),
+        rope_base=float(meta.get(f"{a}.rope.freq_base", 10000.0)),
+        rope_dim=int(meta.get(f"{a}.rope.dimension_count", head_dim)),
+    )
 
 
 def require(meta: dict[str, Any], key: str, source: str, kind: type = int) -> Any:

@@ -1,0 +1,36 @@
+"""Gemma 3: GeGLU, q/k norms, pre+post norms, sqrt(d)-scaled embeddings,
+sliding-window layers with a global layer every `SWA_PERIOD`-th.
+
+GGUF converters store Gemma's (1 + w) norm gains already offset, so they are
+used as plain gains. Local (sliding) layers use RoPE base 10000; global layers
+use the file's freq_base (as llama.cpp and transformers do).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from edgerun.arch.spec import ModelSpec, common_fields
+
+SWA_PERIOD = 6  # layers i with i % 6 == 5 are global
+LOCAL_ROPE_BASE = 10000.0
+
+
+def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
+    a = "gemma3"
+    fields = common_fields(meta, a, source)
+    n = fields["n_layers"]
+    window = int(meta.get(f"{a}.attention.sliding_window", 0))
+    is_global = [i % SWA_PERIOD == SWA_PERIOD - 1 for i in range(n)]
+    return ModelSpec(
+        **fields,
+        rope_style="neox",
+        activation="gelu_tanh",
+        qk_norm=True,
+        post_norms=True,
+        embed_scale=math.sqrt(fields["d_model"]),
+        final_logit_softcap=float(meta.get(f"{a}.final_logit_softcapping", 0.0) or 0.0),
+        layer_windows=tuple(0 if g else window for g in is_global),
+        layer_rope_bases=tuple(fields["rope_base"] if g else LOCAL_ROPE_BASE for g in is_global),
+    )

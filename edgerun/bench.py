@@ -1,0 +1,172 @@
+"""`edgerun bench`: llama-bench style prefill (pp) and decode (tg) throughput.
+
+Load and first-run JIT/cache time are reported apart from the timed runs.
+Each test is repeated; the table gives the median and half the min-max spread.
+A roofline line relates decode speed to the machine's measured memory
+bandwidth: weight bytes read per token x tok/s / bandwidth.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from numba import njit, prange
+
+from edgerun.api import Model, _set_threads
+from edgerun.kvcache import KVCache
+from edgerun.sysinfo import peak_rss_bytes
+
+
+@dataclass
+class BenchRow:
+    threads: int
+    test: str
+    samples: list[float] = field(default_factory=list)  # tok/s per repetition
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> float:
+        return (max(self.samples) - min(self.samples)) / 2
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def _stream_sum(a):
+    chunks = a.shape[0]
+    acc = np.zeros(chunks, dtype=np.float32)
+    for c in prange(chunks):
+        row = a[c]
+        s = np.float32(0.0)
+        for i in range(row.shape[0]):
+            s += row[i]
+        acc[c] = s
+    return acc.sum()
+
+
+def measure_bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> float:
+    """Streaming-read bandwidth in bytes/s with `threads` threads (median of repeats)."""
+    _set_threads(threads)
+    a = np.ones((64, mbytes * 2**20 // 256), dtype=np.float32)
+    _stream_sum(a)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _stream_sum(a)
+        times.append(time.perf_counter() - t0)
+    return a.nbytes / statistics.median(times)
+
+
+def weight_bytes_per_token(model: Model) -> int:
+    """Bytes of weights a decode step streams: every layer matrix plus the output head."""
+    tr = model.transformer
+    total = tr.output.nbytes
+    for layer in tr.layers:
+        total += sum(getattr(layer, s).nbytes for s in ("q", "k", "v", "o", "gate", "up", "down"))
+    return total
+
+
+def _time_prefill(model: Model, n: int, rng: np.random.Generator) -> float:
+    ids = rng.integers(0, model.spec.vocab_size, n).tolist()
+    cache = KVCache(model.spec, n)
+    t0 = time.perf_counter()
+    for i in range(0, n, 256):
+        model.transformer.forward(ids[i : i + 256], cache)
+    return n / (time.perf_counter() - t0)
+
+
+def _time_decode(model: Model, n: int, rng: np.random.Generator) -> float:
+    cache = KVCache(model.spec, n + 1)
+    tok = int(rng.integers(0, model.spec.vocab_size))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        logits = model.transformer.forward([tok], cache)
+        tok = int(np.argmax(logits))
+    return n / (time.perf_counter() - t0)
+
+
+def run(
+    model: Model,
+    n_prompt: int = 128,
+    n_gen: int = 128,
+    threads: list[int] | None = None,
+    repeats: int = 5,
+    bandwidth: bool = True,
+) -> dict:
+    """Run the pp/tg sweep and return a JSON-able report."""
+    threads = threads or [model.threads]
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    _set_threads(threads[0])
+    _time_prefill(model, min(n_prompt, 16) or 1, rng)  # JIT compile or cache load
+    _time_decode(model, 2, rng)
+    first_run = time.perf_counter() - t0
+    rows: list[BenchRow] = []
+    for t in threads:
+        _set_threads(t)
+        _time_decode(model, 4, rng)  # warm the thread pool and caches
+        if n_prompt:
+            row = BenchRow(t, f"pp{n_prompt}")
+            row.samples = [_time_prefill(model, n_prompt, rng) for _ in range(repeats)]
+            rows.append(row)
+        if n_gen:
+            row = BenchRow(t, f"tg{n_gen}")
+            row.samples = [_time_decode(model, n_gen, rng) for _ in range(repeats)]
+            rows.append(row)
+    wbytes = weight_bytes_per_token(model)
+    peak_rss = peak_rss_bytes()  # before the bandwidth probe's buffer
+    bw = {t: measure_bandwidth(t) for t in threads} if bandwidth else {}
+    _set_threads(model.threads)
+    formats = Counter()
+    for name in model.file.tensor_names():
+        t = model.file.tensor(name)
+        formats[t.qtype.name] += t.rows * t.cols
+    n_params = sum(formats.values())
+    return {
+        "model": model.path.name,
+        "size_bytes": model.file.file_size,
+        "params": n_params,
+        "quant": "/".join(f for f, _ in formats.most_common()),
+        "load_seconds": model.load_seconds,
+        "peak_rss_bytes": peak_rss,
+        "first_run_seconds": first_run,
+        "weight_bytes_per_token": wbytes,
+        "bandwidth_bytes_per_s": {str(t): b for t, b in bw.items()},
+        "rows": [
+            {**asdict(r), "median": r.median, "spread": r.spread} for r in rows
+        ],
+    }
+
+
+def format_table(rep: dict) -> str:
+    lines = [
+        "| model | size | params | quant | threads | test | t/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rep["rows"]:
+        lines.append(
+            f"| {rep['model']} | {rep['size_bytes'] / 2**20:.1f} MiB | "
+            f"{rep['params'] / 1e6:.1f} M | {rep['quant']} | {r['threads']} | {r['test']} | "
+            f"{r['median']:.1f} ± {r['spread']:.1f} |"
+        )
+    lines.append("")
+    lines.append(
+        f"load {rep['load_seconds']:.2f} s; first run (JIT compile / cache load) "
+        f"{rep['first_run_seconds']:.2f} s; peak RSS {rep.get('peak_rss_bytes', 0) / 2**20:.0f} MiB"
+    )
+    wb = rep["weight_bytes_per_token"]
+    for r in rep["rows"]:
+        bw = rep["bandwidth_bytes_per_s"].get(str(r["threads"]))
+        if r["test"].startswith("tg") and bw:
+            used = wb * r["median"]
+            lines.append(
+                f"roofline ({r['threads']} threads): {wb / 1e6:.1f} MB weights/token x "
+                f"{r['median']:.1f} tok/s = {used / 1e9:.1f} GB/s of {bw / 1e9:.1f} GB/s measured "
+                f"({100 * used / bw:.0f}%; bound {bw / wb:.0f} tok/s)"
+            )
+    return "\n".join(lines)
