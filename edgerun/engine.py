@@ -93,10 +93,12 @@ class Generator:
             )
         reuse = min(self.cache.common_prefix(ids), len(ids) - 1)
         self.cache.truncate(reuse)
-        logits = None
-        for i in range(reuse, len(ids), PREFILL_CHUNK):
-            logits = self.model.forward(ids[i : i + PREFILL_CHUNK], self.cache)
-        return logits
+        # The last prompt token always goes through the one-token decode path, so
+        # its logits do not depend on how much of the prompt was cached: batched and
+        # single-token kernels round differently, and a seed must give the same text.
+        for i in range(reuse, len(ids) - 1, PREFILL_CHUNK):
+            self.model.forward(ids[i : min(i + PREFILL_CHUNK, len(ids) - 1)], self.cache)
+        return self.model.forward(ids[-1:], self.cache)
 
     def stream(
         self,

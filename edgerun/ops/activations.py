@@ -19,38 +19,59 @@ def glu_reference(g: np.ndarray, u: np.ndarray, kind: str) -> np.ndarray:
     return (a * u).astype(np.float32)
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def _silu_mul_row(g, u, out):
+    for j in range(g.shape[0]):
+        x = g[j]
+        out[j] = x / (np.float32(1.0) + np.exp(-x)) * u[j]
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _gelu_tanh_mul_row(g, u, out):
+    k = np.float32(math.sqrt(2.0 / math.pi))
+    for j in range(g.shape[0]):
+        x = g[j]
+        t = np.tanh(k * (x + np.float32(0.044715) * x * x * x))
+        out[j] = np.float32(0.5) * x * (np.float32(1.0) + t) * u[j]
+
+
 @njit(cache=True, parallel=True, fastmath=True)
 def _silu_mul(g, u, out):
-    n, d = g.shape
-    for i in prange(n):
-        for j in range(d):
-            x = g[i, j]
-            out[i, j] = x / (np.float32(1.0) + np.exp(-x)) * u[i, j]
+    for i in prange(g.shape[0]):
+        _silu_mul_row(g[i], u[i], out[i])
+
+
+@njit(cache=True, fastmath=True)
+def _silu_mul_serial(g, u, out):
+    for i in range(g.shape[0]):
+        _silu_mul_row(g[i], u[i], out[i])
 
 
 @njit(cache=True, parallel=True, fastmath=True)
 def _gelu_tanh_mul(g, u, out):
-    n, d = g.shape
-    k = np.float32(math.sqrt(2.0 / math.pi))
-    for i in prange(n):
-        for j in range(d):
-            x = g[i, j]
-            out[i, j] = (
-                np.float32(0.5)
-                * x
-                * (np.float32(1.0) + np.tanh(k * (x + np.float32(0.044715) * x * x * x)))
-                * u[i, j]
-            )
+    for i in prange(g.shape[0]):
+        _gelu_tanh_mul_row(g[i], u[i], out[i])
+
+
+@njit(cache=True, fastmath=True)
+def _gelu_tanh_mul_serial(g, u, out):
+    for i in range(g.shape[0]):
+        _gelu_tanh_mul_row(g[i], u[i], out[i])
+
+
+_KERNELS = {
+    "silu": (_silu_mul, _silu_mul_serial),
+    "gelu_tanh": (_gelu_tanh_mul, _gelu_tanh_mul_serial),
+}
+PARALLEL_MIN = 1 << 15  # elements below which the serial kernel is faster
 
 
 def glu(g: np.ndarray, u: np.ndarray, kind: str, out: np.ndarray | None = None) -> np.ndarray:
     """act(g) * u for g, u [n, d]."""
     if out is None:
         out = np.empty_like(g)
-    if kind == "silu":
-        _silu_mul(g, u, out)
-    elif kind == "gelu_tanh":
-        _gelu_tanh_mul(g, u, out)
-    else:
+    kernels = _KERNELS.get(kind)
+    if kernels is None:
         raise ValueError(f"unknown activation {kind!r}")
+    kernels[0 if g.size >= PARALLEL_MIN else 1](g, u, out)
     return out

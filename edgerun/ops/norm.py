@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+PARALLEL_MIN = 1 << 15  # elements below which the serial kernel is faster
+
 
 def rmsnorm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     x64 = x.astype(np.float64)
@@ -12,16 +14,27 @@ def rmsnorm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x64 * inv * w).astype(np.float32)
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def _rmsnorm_row(x, w, eps, out):
+    d = x.shape[0]
+    s = 0.0
+    for j in range(d):
+        s += x[j] * x[j]
+    inv = np.float32(1.0 / np.sqrt(s / d + eps))
+    for j in range(d):
+        out[j] = x[j] * inv * w[j]
+
+
 @njit(cache=True, parallel=True, fastmath=True)
 def _rmsnorm(x, w, eps, out):
-    n, d = x.shape
-    for i in prange(n):
-        s = 0.0
-        for j in range(d):
-            s += x[i, j] * x[i, j]
-        inv = np.float32(1.0 / np.sqrt(s / d + eps))
-        for j in range(d):
-            out[i, j] = x[i, j] * inv * w[j]
+    for i in prange(x.shape[0]):
+        _rmsnorm_row(x[i], w, eps, out[i])
+
+
+@njit(cache=True, fastmath=True)
+def _rmsnorm_serial(x, w, eps, out):
+    for i in range(x.shape[0]):
+        _rmsnorm_row(x[i], w, eps, out[i])
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
@@ -29,5 +42,7 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray | None = N
     x2 = x.reshape(-1, x.shape[-1])
     if out is None:
         out = np.empty_like(x2)
-    _rmsnorm(x2, w, np.float64(eps), out.reshape(x2.shape))
+    # a parallel region costs microseconds; one token's norm is smaller than that
+    kernel = _rmsnorm if x2.size >= PARALLEL_MIN else _rmsnorm_serial
+    kernel(x2, w, np.float64(eps), out.reshape(x2.shape))
     return out.reshape(x.shape)

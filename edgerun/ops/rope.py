@@ -32,30 +32,41 @@ def rope_reference(
     return x.astype(np.float32)
 
 
+@njit(cache=True, inline="always")
+def _rope_token(x, p, cos, sin, neox):
+    heads = x.shape[0]
+    half = cos.shape[1]
+    for h in range(heads):
+        for j in range(half):
+            c = cos[p, j]
+            s = sin[p, j]
+            if neox:
+                i0 = j
+                i1 = j + half
+            else:
+                i0 = 2 * j
+                i1 = 2 * j + 1
+            a = x[h, i0]
+            b = x[h, i1]
+            x[h, i0] = a * c - b * s
+            x[h, i1] = a * s + b * c
+
+
 @njit(cache=True, parallel=True)
 def _rope_inplace(x, positions, cos, sin, neox):
-    n, heads, _ = x.shape
-    half = cos.shape[1]
-    for t in prange(n):
-        p = positions[t]
-        for h in range(heads):
-            for j in range(half):
-                c = cos[p, j]
-                s = sin[p, j]
-                if neox:
-                    i0 = j
-                    i1 = j + half
-                else:
-                    i0 = 2 * j
-                    i1 = 2 * j + 1
-                a = x[t, h, i0]
-                b = x[t, h, i1]
-                x[t, h, i0] = a * c - b * s
-                x[t, h, i1] = a * s + b * c
+    for t in prange(x.shape[0]):
+        _rope_token(x[t], positions[t], cos, sin, neox)
+
+
+@njit(cache=True)
+def _rope_inplace_serial(x, positions, cos, sin, neox):
+    for t in range(x.shape[0]):
+        _rope_token(x[t], positions[t], cos, sin, neox)
 
 
 def rope_inplace(
     x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool
 ) -> None:
     """Rotate x [n, heads, head_dim] in place; positions int64 [n]."""
-    _rope_inplace(x, positions, cos, sin, neox)
+    kernel = _rope_inplace if x.shape[0] > 1 else _rope_inplace_serial
+    kernel(x, positions, cos, sin, neox)

@@ -1,0 +1,116 @@
+"""edgerun vs llama.cpp (llama-cpp-python) on the same GGUF, same threads.
+
+Runs alternate (edgerun pp, llama.cpp pp, edgerun tg, llama.cpp tg, ...) so
+both engines see the same machine noise; the ratio is the median of per-pair
+ratios. llama-cpp-python is a benchmark-only dependency:
+
+    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36
+
+Usage: python benchmarks/vs_llamacpp.py [-m MODEL] [-p 128] [-n 128] [-t 1,2] [-r 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36'
+
+
+def _llama_pp(llm, ids):
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    return len(ids) / (time.perf_counter() - t0)
+
+
+def _llama_tg(llm, first, n):
+    llm.reset()
+    tok = first
+    t0 = time.perf_counter()
+    for _ in range(n):
+        llm.eval([tok])
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    return n / (time.perf_counter() - t0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", default=None)
+    ap.add_argument("-p", "--n-prompt", type=int, default=128)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-t", "--threads", default="1,2")
+    ap.add_argument("-r", "--repetitions", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if importlib.util.find_spec("llama_cpp") is None:
+        print(f"llama-cpp-python is not installed; to compare against llama.cpp run:\n  {INSTALL}")
+        return 0
+    from llama_cpp import Llama
+
+    import edgerun
+    from edgerun.api import _set_threads
+    from edgerun.bench import _time_decode, _time_prefill
+
+    threads = [int(t) for t in args.threads.split(",")]
+    model = edgerun.load(args.model, n_ctx=max(args.n_prompt, args.n_gen) + 1)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, model.spec.vocab_size, args.n_prompt).tolist()
+    results = []
+    for t in threads:
+        llm = Llama(
+            str(model.path),
+            n_ctx=max(args.n_prompt, args.n_gen) + 8,
+            n_threads=t,
+            n_threads_batch=t,
+            n_batch=512,
+            verbose=False,
+            logits_all=False,
+        )
+        _set_threads(t)
+        _time_prefill(model, 16, rng)  # warm-up both engines
+        _time_decode(model, 4, rng)
+        _llama_pp(llm, ids[:16])
+        _llama_tg(llm, ids[0], 4)
+        pairs = {"pp": [], "tg": []}
+        for _ in range(args.repetitions):
+            e = _time_prefill(model, args.n_prompt, rng)
+            ll = _llama_pp(llm, ids)
+            pairs["pp"].append((e, ll))
+            e = _time_decode(model, args.n_gen, rng)
+            ll = _llama_tg(llm, ids[0], args.n_gen)
+            pairs["tg"].append((e, ll))
+        for test, n in (("pp", args.n_prompt), ("tg", args.n_gen)):
+            ps = pairs[test]
+            results.append(
+                {
+                    "threads": t,
+                    "test": f"{test}{n}",
+                    "edgerun_tps": statistics.median(p[0] for p in ps),
+                    "llamacpp_tps": statistics.median(p[1] for p in ps),
+                    "ratio": statistics.median(p[0] / p[1] for p in ps),
+                }
+            )
+        del llm
+    if args.json:
+        print(json.dumps({"model": model.path.name, "results": results}, indent=2))
+        return 0
+    print(f"model: {model.path.name}   (median of {args.repetitions} alternating pairs)")
+    print("| threads | test | edgerun t/s | llama.cpp t/s | edgerun / llama.cpp |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r['threads']} | {r['test']} | {r['edgerun_tps']:.1f} | {r['llamacpp_tps']:.1f} | "
+            f"{r['ratio']:.2f}x |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
