@@ -19,3 +19,14 @@ def configure() -> None:
     if "NUMBA_CACHE_DIR" not in os.environ:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "edgerun", "numba")
+
+
+def kernel_cache_is_cold() -> bool:
+    """True when no compiled kernel is cached yet (the first run compiles for a minute)."""
+    cache = os.environ.get("NUMBA_CACHE_DIR")
+    if not cache or not os.path.isdir(cache):
+        return True
+    for _root, _dirs, files in os.walk(cache):
+        if any(f.endswith(".nbi") for f in files):
+            return False
+    return True

