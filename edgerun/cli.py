@@ -121,8 +121,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read()
     model = edgerun.load(args.model, n_ctx=args.ctx, threads=args.threads)
     if _numba_env.kernel_cache_is_cold():
-        print("edgerun: first run: compiling kernels (a minute or so; cached afterwards)",
-              file=sys.stderr, flush=True)
+        print(
+            "edgerun: first run: compiling kernels (a minute or so; cached afterwards)",
+            file=sys.stderr,
+            flush=True,
+        )
     sampling = dict(
         max_tokens=args.max_tokens,
         temperature=args.temp,

@@ -1,0 +1,172 @@
+"""Chat settings and conversations saved on disk as JSON (one file per conversation)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class ChatSettings:
+    """Sampling settings and the system prompt; saved with each conversation."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    max_tokens: int = 512
+    seed: int | None = None
+    system: str = ""
+
+    def sampling(self) -> dict[str, Any]:
+        """Keyword arguments for Model.chat / Model.generate."""
+        return dict(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty,
+            seed=self.seed,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> ChatSettings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
+
+
+def _new_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+@dataclass
+class Conversation:
+    """A chat: its messages ({"role", "content"} plus optional "stats") and settings."""
+
+    id: str = field(default_factory=_new_id)
+    title: str = ""
+    model: str = ""
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    settings: ChatSettings = field(default_factory=ChatSettings)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The messages as the model sees them: system prompt first, no extra keys."""
+        out = []
+        if self.settings.system.strip():
+            out.append({"role": "system", "content": self.settings.system})
+        out.extend({"role": m["role"], "content": m["content"]} for m in self.messages)
+        return out
+
+    def auto_title(self) -> str:
+        for m in self.messages:
+            if m["role"] == "user" and m["content"].strip():
+                line = m["content"].strip().splitlines()[0]
+                return line[:60] + ("…" if len(line) > 60 else "")
+        return "New chat"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["version"] = FORMAT_VERSION
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Conversation:
+        msgs = [
+            m
+            for m in data.get("messages", [])
+            if isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
+        ]
+        return cls(
+            id=str(data.get("id") or _new_id()),
+            title=str(data.get("title") or ""),
+            model=str(data.get("model") or ""),
+            created=float(data.get("created") or time.time()),
+            updated=float(data.get("updated") or time.time()),
+            settings=ChatSettings.from_dict(data.get("settings")),
+            messages=msgs,
+        )
+
+    def to_markdown(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.created))
+        lines = [f"# {self.title or self.auto_title()}", "", f"*{self.model} · {when}*", ""]
+        if self.settings.system.strip():
+            lines += ["**System:**", "", self.settings.system.strip(), ""]
+        for m in self.messages:
+            who = {"user": "You", "assistant": "Assistant"}.get(m["role"], m["role"])
+            lines += [f"## {who}", "", m["content"].strip(), ""]
+        return "\n".join(lines)
+
+
+def default_dir() -> Path:
+    """Where conversations live: the platform's user data dir, .../edgerun/conversations."""
+    try:
+        import platformdirs
+
+        base = Path(platformdirs.user_data_dir("edgerun", appauthor=False))
+    except ImportError:  # pragma: no cover - platformdirs comes with textual
+        xdg = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+        base = Path(xdg) / "edgerun"
+    return base / "conversations"
+
+
+class ConversationStore:
+    """A folder of <id>.json conversations (and <id>.md exports beside them)."""
+
+    def __init__(self, directory: str | os.PathLike | None = None) -> None:
+        self.dir = Path(directory) if directory is not None else default_dir()
+
+    def path(self, conv: Conversation) -> Path:
+        return self.dir / f"{conv.id}.json"
+
+    def save(self, conv: Conversation) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        conv.updated = time.time()
+        conv.title = conv.auto_title()
+        path = self.path(conv)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(conv.to_dict(), indent=2, ensure_ascii=False), "utf-8")
+        os.replace(tmp, path)
+        return path
+
+    def delete(self, conv: Conversation) -> None:
+        self.path(conv).unlink(missing_ok=True)
+
+    def load(self, path_or_id: str | os.PathLike) -> Conversation:
+        p = Path(path_or_id)
+        if not p.suffix:
+            p = self.dir / f"{p.name}.json"
+        return Conversation.from_dict(json.loads(p.read_text("utf-8")))
+
+    def list(self) -> list[Conversation]:
+        """Saved conversations, most recently updated first (unreadable files skipped)."""
+        if not self.dir.is_dir():
+            return []
+        out = []
+        for p in self.dir.glob("*.json"):
+            try:
+                out.append(self.load(p))
+            except (OSError, ValueError, TypeError):
+                continue
+        out.sort(key=lambda c: c.updated, reverse=True)
+        return out
+
+    def latest(self) -> Conversation | None:
+        convs = self.list()
+        return convs[0] if convs else None
+
+    def export_markdown(self, conv: Conversation) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"{conv.id}.md"
+        path.write_text(conv.to_markdown(), "utf-8")
+        return path
