@@ -6,9 +6,11 @@
 
 Weights are cycled through enough copies to exceed the last-level cache, as in a real
 decode where every matrix streams from DRAM once per token. Times are medians of
-repeats (the machine is shared and noisy). GB/s counts weight bytes only. "vs ref" is
-the speed-up over the numpy reference (dequantize + float64 matmul); "vs f32" over a
-BLAS float32 matvec on an already dequantized matrix (4-8x more bytes to read).
+repeats (the machine is shared and noisy; with other processes on the 2 cores the
+2-thread numbers can be 10x off: libgomp's barrier waits for a descheduled thread).
+GB/s counts weight bytes only. "vs ref" is the speed-up over the numpy reference
+(dequantize + float64 matmul); "vs f32" over a BLAS float32 matvec on an already
+dequantized matrix (4-8x more bytes to read).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from edgerun.ops import qmatvec as qm  # noqa: E402
-from edgerun.quant.formats import QuantTensor, QuantType  # noqa: E402
+from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType  # noqa: E402
 from edgerun.quant.reference import dequantize, random_blocks  # noqa: E402
 
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]
@@ -37,19 +39,23 @@ FORMATS = ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q4_0", "F16", "BF16", "F32"]
 LLC_BYTES = 64 << 20  # cycle through at least this many weight bytes
 
 
-def _median_time(fn, repeats: int, inner: int) -> float:
+def _times(fn, repeats: int, inner: int) -> np.ndarray:
     ts = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for i in range(inner):
             fn(i)
         ts.append((time.perf_counter() - t0) / inner)
-    return float(np.median(ts))
+    return np.array(ts)
+
+
+def _median_time(fn, repeats: int, inner: int) -> float:
+    return float(np.median(_times(fn, repeats, inner)))
 
 
 def _copies(q: QuantType, rows: int, cols: int, rng) -> list[QuantTensor]:
     one = random_blocks(q, rows, cols, rng)
-    k = max(1, min(16, -(-LLC_BYTES // one.nbytes)))
+    k = max(1, min(256, -(-LLC_BYTES // one.nbytes)))
     return [QuantTensor(f"w{i}", q, (rows, cols), one if i == 0 else one.copy()) for i in range(k)]
 
 
@@ -61,9 +67,11 @@ def bench_formats(args) -> None:
     )
     for fname in args.formats:
         q = QuantType[fname]
+        elems = BLOCK_LAYOUT[q][0]
         for rows, cols in SHAPES:
-            if rows * cols > 10_000_000 and q in (QuantType.F32,) and args.quick:
+            if rows * cols > 10_000_000 and args.quick:
                 continue
+            cols = -(-cols // elems) * elems  # K-quants: 576 -> 768 (a multiple of 256)
             ws = _copies(q, rows, cols, rng)
             nbytes = ws[0].nbytes
             x = rng.standard_normal(cols).astype(np.float32)
@@ -72,9 +80,9 @@ def bench_formats(args) -> None:
             outm = np.empty((args.n, rows), np.float32)
             # references: numpy dequantize + float64 matmul, and BLAS f32 on dense weights
             numba.set_num_threads(max(args.threads))
-            t_ref = _median_time(lambda i: qm.matvec_reference(ws[0], x), 3, 1)
+            t_ref = _median_time(lambda i, w=ws[0], x=x: qm.matvec_reference(w, x), 3, 1)
             wf = dequantize(q, ws[0].data)
-            t_f32 = _median_time(lambda i: wf @ x, 5, 3)
+            t_f32 = _median_time(lambda i, wf=wf, x=x: wf @ x, 5, 3)
             del wf
             for path in args.paths:
                 if path not in qm.available_paths():
@@ -86,10 +94,12 @@ def bench_formats(args) -> None:
                     qm.matmul(ws[0], X, outm)
                     inner = max(len(ws), int(2e-3 / max(nbytes / 20e9, 1e-7)))
                     t = _median_time(
-                        lambda i: qm.matvec(ws[i % len(ws)], x, out), args.repeats, inner
+                        lambda i, ws=ws, x=x, out=out: qm.matvec(ws[i % len(ws)], x, out),
+                        args.repeats,
+                        inner,
                     )
                     tm = _median_time(
-                        lambda i: qm.matmul(ws[i % len(ws)], X, outm),
+                        lambda i, ws=ws, X=X, outm=outm: qm.matmul(ws[i % len(ws)], X, outm),
                         max(3, args.repeats // 3),
                         max(1, min(len(ws), inner // 8)),
                     )
@@ -126,20 +136,30 @@ def bench_decode(args) -> None:
         raw = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
         return QuantTensor(name, QuantType(int(t.tensor_type)), (rows, cols), raw)
 
-    seq = []
+    groups = []  # matrices sharing one x, in model order
     for i in range(30):
-        for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up"):
-            seq.append(qt(f"blk.{i}.{part}.weight"))
-        seq.append(qt(f"blk.{i}.ffn_down.weight"))
-    seq.append(qt("token_embd.weight"))  # tied output head
+        groups.append([qt(f"blk.{i}.attn_{p}.weight") for p in ("q", "k", "v")])
+        groups.append([qt(f"blk.{i}.attn_output.weight")])
+        groups.append([qt(f"blk.{i}.ffn_{p}.weight") for p in ("gate", "up")])
+        groups.append([qt(f"blk.{i}.ffn_down.weight")])
+    groups.append([qt("token_embd.weight")])  # tied output head
+    seq = [w for g in groups for w in g]
     total = sum(w.nbytes for w in seq)
     rng = np.random.default_rng(0)
     xs = {c: rng.standard_normal(c).astype(np.float32) for c in (576, 1536)}
     outs = [np.empty(w.rows, np.float32) for w in seq]
+    gouts = [[np.empty(w.rows, np.float32) for w in g] for g in groups]
 
     def step(_):
         for w, o in zip(seq, outs, strict=True):
             qm.matvec(w, xs[w.cols], o)
+
+    def step_fused(_):
+        for g, o in zip(groups, gouts, strict=True):
+            if len(g) == 1:
+                qm.matvec(g[0], xs[g[0].cols], o[0])
+            else:
+                qm.matvec_many(g, xs[g[0].cols], o)
 
     print(f"\ndecode step: {len(seq)} matvecs, {total / 1e6:.1f} MB of weights per token")
     for path in args.paths:
@@ -149,11 +169,15 @@ def bench_decode(args) -> None:
         for nt in args.threads:
             numba.set_num_threads(nt)
             step(0)
-            t = _median_time(step, args.repeats, 3)
+            step_fused(0)
+            ts = _times(step, args.repeats, 3)
+            tfs = _times(step_fused, args.repeats, 3)
+            t, tf = float(np.median(ts)), float(np.median(tfs))
             head = _median_time(lambda i: qm.matvec(seq[-1], xs[576], outs[-1]), args.repeats, 3)
             print(
-                f"  {path:8} {nt} thr: {t * 1e3:7.2f} ms/token ({total / t / 1e9:5.1f} GB/s, "
-                f"matvec-only bound {1 / t:6.0f} tok/s); head {head * 1e3:.2f} ms"
+                f"  {path:8} {nt} thr: {t * 1e3:6.2f} ms/token ({total / t / 1e9:4.1f} GB/s), "
+                f"fused qkv+gate/up {tf * 1e3:6.2f} ms ({1 / tf:4.0f} tok/s matvec-only), "
+                f"best {tfs.min() * 1e3:5.2f} ms; head {head * 1e3:.2f} ms"
             )
     qm.set_kernel_path("auto")
 
@@ -170,7 +194,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="skip the slowest cases")
     args = ap.parse_args()
     print(
-        f"kernel paths available: {qm.available_paths()}; numba threads max {numba.config.NUMBA_NUM_THREADS}"
+        f"kernel paths available: {qm.available_paths()}; "
+        f"numba threads max {numba.config.NUMBA_NUM_THREADS}"
     )
     if not args.decode_only:
         bench_formats(args)

@@ -21,8 +21,8 @@ from edgerun.quant.reference import dequantize, random_blocks
 
 ALL = list(QuantType)
 # relative (2-norm) error allowed vs the exact float64 reference, per kernel path; the
-# vnni path quantizes x to int8 blocks of 32 (like llama.cpp's q8_0 activations)
-TOL = {"portable": 2e-5, "vnni": 2e-2}
+# vnni path quantizes x to two-level int8 blocks of 32 (~15 bits, within max|x|/32512)
+TOL = {"portable": 2e-5, "vnni": 2e-4}
 # ... and vs the reference applied to the int8-quantized x the vnni path really uses
 TOL_QX = 2e-5
 
@@ -53,12 +53,20 @@ def _check(y, w, x, path):
     ref = qm.matvec_reference(w, x) if x.ndim == 1 else qm.matmul_reference(w, x)
     assert y.dtype == np.float32 and y.shape == ref.shape
     assert np.isfinite(y).all()
-    tol = TOL[path] if qm.quantizes_activations(w.qtype) else TOL["portable"]
-    assert _relerr(y, ref) < tol, (path, w.qtype.name, _relerr(y, ref))
-    if qm.quantizes_activations(w.qtype):
-        xq = qm.quantize_x_reference(x)
-        refq = qm.matvec_reference(w, xq) if x.ndim == 1 else qm.matmul_reference(w, xq)
-        assert _relerr(y, refq) < TOL_QX, (path, w.qtype.name, _relerr(y, refq))
+    if not qm.quantizes_activations(w.qtype):
+        assert _relerr(y, ref) < TOL["portable"], (path, w.qtype.name, _relerr(y, ref))
+        return
+    # int8 activations: y is W @ xq up to float rounding ...
+    xq = qm.quantize_x_reference(x)
+    refq = qm.matvec_reference(w, xq) if x.ndim == 1 else qm.matmul_reference(w, xq)
+    assert _relerr(y, refq) < TOL_QX, (path, w.qtype.name, _relerr(y, refq))
+    # ... and within the error bound of quantizing x: |W| @ |x - xq|
+    wabs = np.abs(dequantize(w.qtype, w.data).astype(np.float64))
+    dx = np.abs(x.astype(np.float64) - xq)
+    bound = dx @ wabs.T
+    err = np.abs(y.astype(np.float64) - ref)
+    assert (err <= 1.01 * bound + 1e-5 * np.abs(ref).max()).all(), (path, w.qtype.name)
+    assert _relerr(y, ref) < TOL[path] or y.size < 8, (path, w.qtype.name, _relerr(y, ref))
 
 
 SHAPES = [(1, 1), (7, 1), (7, 3), (64, 2), (33, 5)]  # (rows, blocks per row)
@@ -85,7 +93,7 @@ def test_matmul(path, q, n, rows, nblocks):
     # each token's row equals the matvec of that token (same kernels, same rounding order
     # is not required, only the same tolerance)
     for t in (0, n - 1):
-        tol = TOL[path] if qm.quantizes_activations(w.qtype) else TOL["portable"]
+        tol = TOL_QX if qm.quantizes_activations(w.qtype) else TOL["portable"]
         assert _relerr(y[t], qm.matvec(w, x[t]).astype(np.float64)) < 2 * tol
 
 
@@ -190,3 +198,121 @@ def test_real_smollm2_head_and_embedding(smollm2, path):
     assert np.array_equal(emb.view(np.uint32), np.asarray(want, np.float32).view(np.uint32))
     x = emb[3] * 3.0  # an embedding-like activation
     _check(qm.matvec(w, x), w, x, path)
+
+
+@pytest.mark.parametrize("q", [QuantType.Q4_1, QuantType.Q8_0, QuantType.Q4_K, QuantType.F32])
+def test_matvec_many_matches_matvec(path, q):
+    cols = _cols_for(q, 2)
+    ws = [_tensor(q, r, cols, seed=r) for r in (5, 3, 1, 7)]  # 4 matrices: a group of 3 + 1
+    ws.append(_tensor(QuantType.Q4_0 if q != QuantType.Q4_0 else QuantType.Q8_0, 2, cols, 9))
+    x = np.random.default_rng(3).standard_normal(cols).astype(np.float32)
+    outs = [np.full(w.rows, np.nan, np.float32) for w in ws]
+    got = qm.matvec_many(ws, x, outs)
+    assert all(g is o for g, o in zip(got, outs, strict=True))
+    for w, g in zip(ws, got, strict=True):
+        np.testing.assert_array_equal(g, qm.matvec(w, x))
+        _check(g, w, x, path)
+    assert [g.shape for g in qm.matvec_many(ws[:2], x)] == [(5,), (3,)]
+    assert qm.matvec_many([], x) == []
+    with pytest.raises(InvalidArgumentError):
+        qm.matvec_many(ws, x, outs[:2])
+    with pytest.raises(InvalidArgumentError):
+        qm.matvec_many([ws[0], _tensor(q, 2, 2 * cols, 1)], x)
+
+
+def test_layouts_of_data_are_accepted(path):
+    # a non-contiguous view and a flat byte buffer give the same result as the plain array
+    rng = np.random.default_rng(11)
+    raw = random_blocks(QuantType.Q4_0, 6, 64, rng)
+    x = rng.standard_normal(64).astype(np.float32)
+    want = qm.matvec(QuantTensor("a", QuantType.Q4_0, (6, 64), raw), x)
+    big = np.zeros((6, 2 * raw.shape[1]), np.uint8)
+    big[:, ::2] = raw
+    strided = QuantTensor("b", QuantType.Q4_0, (6, 64), big[:, ::2])
+    flat = QuantTensor("c", QuantType.Q4_0, (6, 64), raw.reshape(-1))
+    np.testing.assert_array_equal(qm.matvec(strided, x), want)
+    np.testing.assert_array_equal(qm.matvec(flat, x), want)
+    # an F32 vector stored as float32 (as gguf gives norms) is a 1-row matrix
+    v = rng.standard_normal(64).astype(np.float32)
+    np.testing.assert_allclose(
+        qm.matvec(QuantTensor("n", QuantType.F32, (1, 64), v), x), [v @ x], rtol=1e-5
+    )
+    with pytest.raises(InvalidArgumentError):
+        qm.matvec(QuantTensor("d", QuantType.Q4_0, (6, 64), raw[:, :-2]), x)
+
+
+def test_env_var_forces_portable():
+    import subprocess
+    import sys
+
+    code = "from edgerun.ops import qmatvec as q; print(q.kernel_path())"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, EDGERUN_KERNELS="portable")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+
+    def run():
+        return subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=root
+        )
+
+    out = run()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "portable"
+    env["EDGERUN_KERNELS"] = "auto"
+    assert run().stdout.strip() == qm.available_paths()[-1]
+
+
+@pytest.mark.skipif("vnni" not in qm.available_paths(), reason="CPU without AVX-512 VNNI")
+def test_vnni_kernel_emits_vpdpbusd():
+    from numba import njit
+
+    from edgerun.ops import qmatvec_vnni as v
+
+    fresh = njit(parallel=True)(v.mv_q4_1.py_func)  # uncached: inspect_asm needs a compile
+    e, e0 = np.empty((0, 1), np.uint8), np.empty(0, np.float32)
+    w = random_blocks(QuantType.Q4_1, 4, 64, np.random.default_rng(0))
+    fresh(w, e, e, np.ones(64, np.float32), np.empty(4, np.float32), e0, e0)
+    asm = "".join(fresh.inspect_asm().values())
+    assert "vpdpbusd" in asm and "zmm" in asm
+
+
+def test_register_kernels_plumbing():
+    # a format registered from outside gets its own kernels (checked here by temporarily
+    # routing Q4_0's portable kernels through recording stand-ins)
+    from edgerun.quant import reference
+
+    q = QuantType.Q4_0
+    saved = (qm._MV_PORTABLE[q], dict(qm._MM_EXTRA), dict(qm._EMB_EXTRA), qm.kernel_path())
+    calls = []
+
+    def mv(d, x, o):
+        calls.append("mv")
+        o[:] = 1.0
+
+    def mm(d, X, o):
+        calls.append("mm")
+        o[:] = 2.0
+
+    def emb(d, ids, o):
+        calls.append("emb")
+        o[:] = 3.0
+
+    w = _tensor(q, 3, 64, seed=0)
+    try:
+        qm.set_kernel_path("portable")
+        qm.register_kernels(q, mv, mm, emb)
+        assert (qm.matvec(w, np.ones(64, np.float32)) == 1.0).all()
+        assert (qm.matmul(w, np.ones((2, 64), np.float32)) == 2.0).all()
+        assert (qm.embedding_rows(w, np.array([1])) == 3.0).all()
+        assert calls == ["mv", "mm", "emb"]
+        reference.register_dequantizer(q, lambda b: np.zeros((b.shape[0], 32), np.float32))
+        assert not dequantize(q, w.data).any()
+    finally:
+        reference._EXTRA.pop(q, None)
+        qm._MV_PORTABLE[q] = saved[0]
+        qm._MM_EXTRA.clear()
+        qm._MM_EXTRA.update(saved[1])
+        qm._EMB_EXTRA.clear()
+        qm._EMB_EXTRA.update(saved[2])
+        qm.set_kernel_path(saved[3])
+    assert dequantize(q, w.data).any()

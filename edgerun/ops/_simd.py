@@ -83,3 +83,24 @@ def u2f(typingctx, v):
         return builder.bitcast(a, ir.FloatType())
 
     return types.float32(v), codegen
+
+
+def has_vnni() -> bool:
+    """True when the host CPU runs the VNNI kernels (AVX-512 F/BW/VL + VNNI)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    need = ("avx512f", "avx512bw", "avx512vl", "avx512vnni")
+    try:
+        import llvmlite.binding as llvm
+
+        feats = llvm.get_host_cpu_features()
+        return all(feats.get(f, False) for f in need)
+    except Exception:  # pragma: no cover - fall back to the kernel's view of the CPU
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = f.read()
+        except OSError:
+            return False
+        return all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))

@@ -2,14 +2,23 @@
 
 Public API (the model code calls only these):
 
-- `matvec(w, x, out=None)`        y[rows] = W @ x              (decode)
-- `matmul(w, x, out=None)`        Y[n, rows] = X[n, cols] @ W.T (prefill)
-- `embedding_rows(w, ids)`        float32 [len(ids), cols] rows of W, dequantized
+- `matvec(w, x, out=None)`           y[rows] = W @ x                (decode)
+- `matvec_many(ws, x, outs=None)`    [W @ x for W in ws]: matrices sharing x (Q/K/V,
+                                     gate/up) in one kernel call where possible
+- `matmul(w, x, out=None)`           Y[n, rows] = X[n, cols] @ W.T   (prefill)
+- `embedding_rows(w, ids)`           float32 [len(ids), cols] rows of W, dequantized
 - `matvec_reference`, `matmul_reference`: numpy references (dequantize + float64 matmul)
 
 The kernels never build a float copy of the matrix: each output row is computed
 from the row's blocks. The number of threads is whatever the caller set with
 `numba.set_num_threads`.
+
+Kernel paths: "portable" (float32 Numba code, any CPU) and, on x86 CPUs with
+AVX-512 VNNI, "vnni" (x quantized once per call to two-level int8 blocks of 32 -- q1 plus
+a rounded residual q2, ~15 bits, so results match float32 to ~1e-5 -- and integer dot
+products with vpdpbusd; F32/F16/BF16 weights stay on the float kernels). The fastest
+available path is the default; `EDGERUN_KERNELS=portable` in the environment or
+`set_kernel_path("portable")` forces the portable one.
 """
 
 from __future__ import annotations
@@ -18,10 +27,14 @@ from edgerun import _numba_env
 
 _numba_env.configure()
 
+import os  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 from edgerun.errors import InvalidArgumentError  # noqa: E402
 from edgerun.ops import qmatvec_portable as _p  # noqa: E402
+from edgerun.ops._simd import has_vnni  # noqa: E402
 from edgerun.quant.formats import QuantTensor, QuantType, row_bytes  # noqa: E402
 from edgerun.quant.reference import dequantize  # noqa: E402
 
@@ -29,22 +42,91 @@ __all__ = [
     "available_paths",
     "embedding_rows",
     "kernel_path",
-    "set_kernel_path",
     "matmul",
     "matmul_reference",
     "matvec",
+    "matvec_many",
     "matvec_reference",
     "quantize_x_reference",
     "quantizes_activations",
+    "register_kernels",
+    "set_kernel_path",
 ]
 
 _MM_ROW_BLOCK = 16
+_INT8_FORMATS = frozenset(
+    (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q5_0, QuantType.Q8_0, QuantType.Q4_K, QuantType.Q6_K)
+)
+_NO_ROWS = np.empty((0, 1), np.uint8)
+_NO_OUT = np.empty(0, np.float32)
+
+
+# ------------------------------------------------------------------ kernel tables
+def _f32(d, x, o):
+    _p.mv_f32(d.view(np.float32), x, o)
+
+
+def _f16(d, x, o):
+    _p.mv_f16(d.view(np.uint16), x, o, False)
+
+
+def _bf16(d, x, o):
+    _p.mv_f16(d.view(np.uint16), x, o, True)
+
+
+def _q5_0(d, x, o):
+    _p.mv_q5_0(d, x, o, _p.Q5_HBITS)
+
+
+_MV_PORTABLE = {
+    QuantType.F32: _f32,
+    QuantType.F16: _f16,
+    QuantType.BF16: _bf16,
+    QuantType.Q8_0: _p.mv_q8_0,
+    QuantType.Q4_0: _p.mv_q4_0,
+    QuantType.Q4_1: _p.mv_q4_1,
+    QuantType.Q5_0: _q5_0,
+    QuantType.Q4_K: _p.mv_q4_k,
+    QuantType.Q6_K: _p.mv_q6_k,
+}
+
+# vnni: matvec kernels take three (data, out) slots: (d0, d1, d2, x, o0, o1, o2)
+_MV3_VNNI: dict = {}
+_MM_VNNI: dict = {}
+PATHS: tuple[str, ...] = ("portable",)
+if has_vnni():
+    from edgerun.ops import qmatvec_vnni as _v
+
+    PATHS = ("portable", "vnni")
+    _MV3_VNNI = {
+        QuantType.Q4_0: _v.mv_q4_0,
+        QuantType.Q4_1: _v.mv_q4_1,
+        QuantType.Q5_0: _v.mv_q5_0,
+        QuantType.Q8_0: _v.mv_q8_0,
+        QuantType.Q4_K: _v.mv_q4_k,
+        QuantType.Q6_K: _v.mv_q6_k,
+    }
+    _MM_VNNI = {q: _p.KIND_OF[q] for q in _INT8_FORMATS}
+
+# kernels of formats defined outside this module (see register_kernels)
+_MM_EXTRA: dict = {}
+_EMB_EXTRA: dict = {}
+
+_path = PATHS[-1]
+_mv3: dict = _MV3_VNNI  # the int8 3-slot kernels of the current path (empty: portable)
+
+
+def register_kernels(qtype, matvec, matmul, embedding_rows) -> None:
+    """Plug in the kernels of a block format this module does not know (e.g. edgerun's
+    own low-bit formats). Each takes raw uint8 blocks [rows, row_bytes]:
+    matvec(data, x, out), matmul(data, X, out), embedding_rows(data, ids, out).
+    They run on every kernel path (they are the format's portable kernels)."""
+    _MV_PORTABLE[qtype] = matvec
+    _MM_EXTRA[qtype] = matmul
+    _EMB_EXTRA[qtype] = embedding_rows
+
 
 # ----------------------------------------------------------------- kernel path selection
-PATHS = ("portable",)
-_path = "portable"
-
-
 def available_paths() -> tuple[str, ...]:
     """Kernel paths this CPU can run: always "portable", plus "vnni" on AVX-512 VNNI."""
     return PATHS
@@ -57,7 +139,7 @@ def kernel_path() -> str:
 
 def set_kernel_path(path: str = "auto") -> str:
     """Select "portable", "vnni" or "auto" (the fastest this CPU supports); returns the choice."""
-    global _path
+    global _path, _mv3
     if path == "auto":
         path = PATHS[-1]
     if path not in PATHS:
@@ -65,24 +147,67 @@ def set_kernel_path(path: str = "auto") -> str:
             f"kernel path {path!r} is not available on this CPU; choose one of {PATHS} or 'auto'"
         )
     _path = path
+    _mv3 = _MV3_VNNI if path == "vnni" else {}
     return _path
 
 
+def quantizes_activations(qtype: QuantType) -> bool:
+    """Whether the current path quantizes x to int8 blocks for this weight format."""
+    return _path == "vnni" and qtype in _INT8_FORMATS
+
+
+_env = os.environ.get("EDGERUN_KERNELS", "auto").strip().lower() or "auto"
+set_kernel_path(_env if _env in ("auto", *PATHS) else "auto")  # vnni asked on a non-VNNI CPU
+
+
+# ------------------------------------------------------------------------- helpers
 def _raw(w: QuantTensor) -> np.ndarray:
+    """w.data as C-contiguous uint8 [rows, row_bytes] (a view whenever possible)."""
     rows, cols = w.shape
     data = w.data
     if data.dtype != np.uint8:
-        data = data.view(np.uint8)
+        data = np.ascontiguousarray(data).view(np.uint8)
     nbytes = row_bytes(w.qtype, cols)
     if data.ndim != 2 or data.shape != (rows, nbytes):
+        if data.size != rows * nbytes:
+            raise InvalidArgumentError(
+                f"{w.name}: data has {data.size} bytes, {w.qtype.name} {w.shape} needs "
+                f"{rows * nbytes}"
+            )
         data = data.reshape(rows, nbytes)
     if not data.flags.c_contiguous:
         data = np.ascontiguousarray(data)
     return data
 
 
+def _data(w: QuantTensor) -> np.ndarray:
+    d = w.data
+    # fast path: the common case of a contiguous uint8 [rows, row_bytes] view
+    if (
+        d.dtype == np.uint8
+        and d.ndim == 2
+        and d.shape[0] == w.shape[0]
+        and d.flags.c_contiguous
+        and d.shape[1] == _row_bytes(w.qtype, w.shape[1])
+    ):
+        return d
+    return _raw(w)
+
+
+_RB_CACHE: dict[tuple[int, int], int] = {}
+
+
+def _row_bytes(qtype: QuantType, cols: int) -> int:
+    key = (qtype, cols)
+    n = _RB_CACHE.get(key)
+    if n is None:
+        n = _RB_CACHE[key] = row_bytes(qtype, cols)
+    return n
+
+
 def _vec(x: np.ndarray, cols: int, name: str) -> np.ndarray:
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
     if x.shape != (cols,):
         raise InvalidArgumentError(f"matvec of {name}: x has shape {x.shape}, expected ({cols},)")
     return x
@@ -99,63 +224,69 @@ def _out(out: np.ndarray | None, shape: tuple[int, ...], name: str) -> np.ndarra
     return out
 
 
-def quantizes_activations(qtype: QuantType) -> bool:
-    """Whether the current path quantizes x to int8 blocks for this weight format."""
-    return _path != "portable" and qtype in _INT8_FORMATS
-
-
-_INT8_FORMATS: frozenset[QuantType] = frozenset()
-
-
-def quantize_x_reference(x: np.ndarray) -> np.ndarray:
-    """What the int8 paths compute with instead of x: x rounded to Q8 blocks of 32.
-
-    Per block: d = max|x| / 127, q = rint(x * (1/d)), returns q * d (float32). The last
-    axis must be a multiple of 32.
-    """
-    x = np.asarray(x, dtype=np.float32)
-    b = x.reshape(*x.shape[:-1], -1, 32)
-    d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127.0)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d == 0, np.float32(0.0), np.float32(1.0) / d).astype(np.float32)
-    q = np.rint(b * inv)
-    return (q * d).astype(np.float32).reshape(x.shape)
-
-
+# ---------------------------------------------------------------------------- API
 def matvec(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """y = W @ x for a quantized W [rows, cols] and float32 x [cols] -> float32 [rows]."""
     rows, cols = w.shape
     x = _vec(x, cols, w.name)
     out = _out(out, (rows,), w.name)
-    data = _raw(w)
-    q = w.qtype
-    if q == QuantType.Q4_1:
-        _p.mv_q4_1(data, x, out)
-    elif q == QuantType.Q8_0:
-        _p.mv_q8_0(data, x, out)
-    elif q == QuantType.Q4_K:
-        _p.mv_q4_k(data, x, out)
-    elif q == QuantType.Q6_K:
-        _p.mv_q6_k(data, x, out)
-    elif q == QuantType.Q5_0:
-        _p.mv_q5_0(data, x, out)
-    elif q == QuantType.Q4_0:
-        _p.mv_q4_0(data, x, out)
-    elif q == QuantType.F32:
-        _p.mv_f32(data.view(np.float32), x, out)
-    elif q == QuantType.F16:
-        _p.mv_f16(data.view(np.uint16), x, out, False)
-    elif q == QuantType.BF16:
-        _p.mv_f16(data.view(np.uint16), x, out, True)
-    else:  # pragma: no cover - QuantType has no other members
-        raise InvalidArgumentError(f"matvec: unsupported format {q!r}")
+    k = _mv3.get(w.qtype)
+    if k is not None:
+        k(_data(w), _NO_ROWS, _NO_ROWS, x, out, _NO_OUT, _NO_OUT)
+    else:
+        _MV_PORTABLE[w.qtype](_data(w), x, out)
     return out
+
+
+def matvec_many(
+    ws: Sequence[QuantTensor], x: np.ndarray, outs: Sequence[np.ndarray] | None = None
+) -> list[np.ndarray]:
+    """[W @ x for W in ws] for matrices that share x (e.g. Q, K, V or gate, up).
+
+    On the vnni path, consecutive matrices of one format go through one kernel call
+    (up to three at a time): x is quantized once and the threads are started once.
+    Results are identical to separate `matvec` calls.
+    """
+    n = len(ws)
+    if outs is not None and len(outs) != n:
+        raise InvalidArgumentError(f"matvec_many: {n} matrices but {len(outs)} outputs")
+    if n == 0:
+        return []
+    w0 = ws[0]
+    cols = w0.shape[1]
+    x = _vec(x, cols, w0.name)
+    res = []
+    for i in range(n):
+        w = ws[i]
+        if w.shape[1] != cols:
+            raise InvalidArgumentError(
+                f"matvec_many: {w.name} has {w.shape[1]} columns, {w0.name} has {cols}"
+            )
+        res.append(_out(None if outs is None else outs[i], (w.shape[0],), w.name))
+    i = 0
+    while i < n:
+        q = ws[i].qtype
+        k = _mv3.get(q)
+        if k is None:
+            _MV_PORTABLE[q](_data(ws[i]), x, res[i])
+            i += 1
+        elif i + 2 < n and ws[i + 1].qtype == q and ws[i + 2].qtype == q:
+            k(_data(ws[i]), _data(ws[i + 1]), _data(ws[i + 2]), x, res[i], res[i + 1], res[i + 2])
+            i += 3
+        elif i + 1 < n and ws[i + 1].qtype == q:
+            k(_data(ws[i]), _data(ws[i + 1]), _NO_ROWS, x, res[i], res[i + 1], _NO_OUT)
+            i += 2
+        else:
+            k(_data(ws[i]), _NO_ROWS, _NO_ROWS, x, res[i], _NO_OUT, _NO_OUT)
+            i += 1
+    return res
 
 
 def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Y = X @ W.T for float32 X [n, cols] -> float32 [n, rows] (prefill)."""
     rows, cols = w.shape
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != cols:
         raise InvalidArgumentError(
             f"matmul of {w.name}: x has shape {x.shape}, expected (n, {cols})"
@@ -167,7 +298,12 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
     if n == 1:
         matvec(w, x[0], out[0])
         return out
-    _p.mm_kernel(_p.KIND_OF[w.qtype], _raw(w), x, out, _MM_ROW_BLOCK)
+    if _path == "vnni" and w.qtype in _MM_VNNI:
+        _v.mm_int8(_MM_VNNI[w.qtype], _data(w), x, out)
+    elif w.qtype in _MM_EXTRA:
+        _MM_EXTRA[w.qtype](_data(w), x, out)
+    else:
+        _p.mm_kernel(_p.KIND_OF[w.qtype], _data(w), x, out, _MM_ROW_BLOCK)
     return out
 
 
@@ -182,8 +318,30 @@ def embedding_rows(w: QuantTensor, ids: np.ndarray) -> np.ndarray:
         )
     out = np.empty((ids.shape[0], cols), np.float32)
     if ids.size:
-        _p.embedding_rows_kernel(_p.KIND_OF[w.qtype], _raw(w), ids, out)
+        if w.qtype in _EMB_EXTRA:
+            _EMB_EXTRA[w.qtype](_data(w), ids, out)
+        else:
+            _p.embedding_rows_kernel(_p.KIND_OF[w.qtype], _data(w), ids, out)
     return out
+
+
+# ---------------------------------------------------------------------- references
+def quantize_x_reference(x: np.ndarray) -> np.ndarray:
+    """What the int8 paths compute with instead of x (two-level int8 blocks of 32).
+
+    Per block: dx = max|x| / 127, q1 = rint(x / dx), q2 = rint((x - q1 dx) * 128 / dx);
+    returns (128 q1 + q2) * dx / 128 (float32), within dx / 256 of x. The last axis must
+    be a multiple of 32.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127.0)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0.0), np.float32(1.0) / d).astype(np.float32)
+    q1 = np.rint(b * inv)
+    q2 = np.rint((b - q1 * d) * (inv * np.float32(128.0)))
+    q = q1.astype(np.float64) * 128 + q2
+    return (q * (d.astype(np.float64) / 128)).astype(np.float32).reshape(x.shape)
 
 
 def matvec_reference(w: QuantTensor, x: np.ndarray) -> np.ndarray:

@@ -170,8 +170,14 @@ def mv_q4_1(data, x, out):
         out[r] = _hsum16(acc) + msum
 
 
+# Q5_0 high bits as floats: Q5_HBITS[byte, k] = 16.0 * bit k of byte (8 KiB, L1-resident);
+# a table lookup per 8 lanes instead of a variable shift per lane, which SLP won't vectorize.
+Q5_HBITS = ((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1).astype(np.float32) * 16
+
+
 @njit(parallel=True, cache=True)
-def mv_q5_0(data, x, out):
+def mv_q5_0(data, x, out, hb):
+    """hb: Q5_HBITS."""
     rows = data.shape[0]
     nb = x.shape[0] // 32
     xs = block_sums(x, 32)
@@ -185,19 +191,21 @@ def mv_q5_0(data, x, out):
             blk = row[b * 22 : b * 22 + 22]
             xb = x[b * 32 : b * 32 + 32]
             d = _f16at(blk, 0)
-            qh = (
-                np.uint32(blk[2])
-                | (np.uint32(blk[3]) << np.uint32(8))
-                | (np.uint32(blk[4]) << np.uint32(16))
-                | (np.uint32(blk[5]) << np.uint32(24))
-            )
+            h0 = hb[blk[2]]  # elements 0..7
+            h1 = hb[blk[3]]  # 8..15
+            h2 = hb[blk[4]]  # 16..23
+            h3 = hb[blk[5]]  # 24..31
             q = blk[6:22]
-            for l in range(16):
-                lo = np.uint32(q[l] & 15) | (((qh >> np.uint32(l)) & np.uint32(1)) << np.uint32(4))
-                hi = np.uint32(q[l] >> 4) | (
-                    ((qh >> np.uint32(l + 16)) & np.uint32(1)) << np.uint32(4)
+            for l in range(8):
+                acc[l] += d * (
+                    (np.float32(q[l] & 15) + h0[l]) * xb[l]
+                    + (np.float32(q[l] >> 4) + h2[l]) * xb[16 + l]
                 )
-                acc[l] += d * (np.float32(lo) * xb[l] + np.float32(hi) * xb[16 + l])
+            for l in range(8):
+                acc[8 + l] += d * (
+                    (np.float32(q[8 + l] & 15) + h1[l]) * xb[8 + l]
+                    + (np.float32(q[8 + l] >> 4) + h3[l]) * xb[24 + l]
+                )
             dsum += d * xs[b]
         out[r] = _hsum16(acc) - np.float32(16.0) * dsum
 
@@ -212,6 +220,8 @@ def _q4k_sm(s, j):
 
 @njit(parallel=True, cache=True)
 def mv_q4_k(data, x, out):
+    # lanes over 16 bytes of a 32-byte group: low nibble -> sub-block 2g, high -> 2g+1
+    # (one byte load per lane: two loads per lane stop LLVM's SLP vectorizer)
     rows = data.shape[0]
     nb = x.shape[0] // 256
     xs = block_sums(x, 32)
@@ -231,19 +241,34 @@ def mv_q4_k(data, x, out):
                 sc2, m2 = _q4k_sm(s, 2 * g + 1)
                 d1 = d * np.float32(sc1)
                 d2 = d * np.float32(sc2)
-                q = blk[16 + 32 * g : 48 + 32 * g]
-                x0 = x[b * 256 + 64 * g : b * 256 + 64 * g + 32]
-                x1 = x[b * 256 + 64 * g + 32 : b * 256 + 64 * g + 64]
-                for l in range(16):
-                    acc[l] += d1 * (
-                        np.float32(q[l] & 15) * x0[l] + np.float32(q[16 + l] & 15) * x0[16 + l]
-                    ) + d2 * (
-                        np.float32(q[l] >> 4) * x1[l] + np.float32(q[16 + l] >> 4) * x1[16 + l]
-                    )
                 msum += dmin * (
                     np.float32(m1) * xs[8 * b + 2 * g] + np.float32(m2) * xs[8 * b + 2 * g + 1]
                 )
+                for k in range(2):
+                    q = blk[16 + 32 * g + 16 * k : 32 + 32 * g + 16 * k]
+                    xo = b * 256 + 64 * g + 16 * k
+                    xa = x[xo : xo + 16]
+                    xb = x[xo + 32 : xo + 48]
+                    for l in range(16):
+                        acc[l] += d1 * (np.float32(q[l] & 15) * xa[l]) + d2 * (
+                            np.float32(q[l] >> 4) * xb[l]
+                        )
         out[r] = _hsum16(acc) - msum
+
+
+@njit(inline="always")
+def _q6_group(acc, ql, qh, xb, ds, s):
+    """16 elements of chunk s (0..3) of a Q6_K half: constant shifts per s."""
+    for l in range(16):
+        if s == 0:
+            v = (ql[l] & 15) | ((qh[l] & 3) << 4)
+        elif s == 1:
+            v = (ql[l] & 15) | ((qh[l] & 12) << 2)
+        elif s == 2:
+            v = (ql[l] >> 4) | (qh[l] & 48)
+        else:
+            v = (ql[l] >> 4) | ((qh[l] >> 6) << 4)
+        acc[l] += ds * (np.float32(np.int32(v) - 32) * xb[l])
 
 
 @njit(parallel=True, cache=True)
@@ -259,23 +284,22 @@ def mv_q6_k(data, x, out):
             blk = row[b * 210 : b * 210 + 210]
             d = _f16at(blk, 208)
             for h in range(2):
-                ql = blk[h * 64 : h * 64 + 64]
-                qh = blk[128 + h * 32 : 128 + h * 32 + 32]
-                for s in range(4):
-                    da = d * np.float32(np.int8(blk[192 + h * 8 + 2 * s]))
-                    db = d * np.float32(np.int8(blk[193 + h * 8 + 2 * s]))
-                    qls = ql[(s & 1) * 32 : (s & 1) * 32 + 32]
-                    sh = 4 * (s >> 1)
-                    xo = b * 256 + h * 128 + s * 32
-                    xb = x[xo : xo + 32]
-                    for l in range(16):
-                        qa = np.int32((qls[l] >> sh) & 15) | (np.int32((qh[l] >> (2 * s)) & 3) << 4)
-                        qb = np.int32((qls[16 + l] >> sh) & 15) | (
-                            np.int32((qh[16 + l] >> (2 * s)) & 3) << 4
-                        )
-                        acc[l] += da * (np.float32(qa - 32) * xb[l]) + db * (
-                            np.float32(qb - 32) * xb[16 + l]
-                        )
+                for k in range(2):
+                    qh = blk[128 + h * 32 + 16 * k : 144 + h * 32 + 16 * k]
+                    for s in range(4):
+                        qo = h * 64 + (s & 1) * 32 + 16 * k
+                        ql = blk[qo : qo + 16]
+                        ds = d * np.float32(np.int8(blk[192 + 8 * h + 2 * s + k]))
+                        xo = b * 256 + h * 128 + 32 * s + 16 * k
+                        xb = x[xo : xo + 16]
+                        if s == 0:
+                            _q6_group(acc, ql, qh, xb, ds, 0)
+                        elif s == 1:
+                            _q6_group(acc, ql, qh, xb, ds, 1)
+                        elif s == 2:
+                            _q6_group(acc, ql, qh, xb, ds, 2)
+                        else:
+                            _q6_group(acc, ql, qh, xb, ds, 3)
         out[r] = _hsum16(acc)
 
 

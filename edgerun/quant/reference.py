@@ -26,7 +26,16 @@ import numpy as np
 
 from edgerun.quant.formats import BLOCK_LAYOUT, QuantType
 
-__all__ = ["dequantize", "q4k_scale_min", "random_blocks"]
+__all__ = ["dequantize", "q4k_scale_min", "random_blocks", "register_dequantizer"]
+
+# dequantizers of formats defined elsewhere: qtype -> fn(blocks uint8 [n, bytes_per_block])
+# returning float32 [n, elems_per_block]
+_EXTRA: dict = {}
+
+
+def register_dequantizer(qtype, fn) -> None:
+    """Plug in the reference dequantizer of a block format this module does not know."""
+    _EXTRA[qtype] = fn
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -51,6 +60,8 @@ def q4k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _deq_blocks(qtype: QuantType, blocks: np.ndarray) -> np.ndarray:
     """[n_blocks, bytes_per_block] uint8 -> [n_blocks, elems_per_block] float32."""
     n = blocks.shape[0]
+    if qtype in _EXTRA:
+        return np.asarray(_EXTRA[qtype](blocks), np.float32)
     if qtype == QuantType.Q8_0:
         d = _f16(blocks[:, 0:2])
         q = blocks[:, 2:34].view(np.int8).astype(np.float32)
