@@ -14,7 +14,7 @@ from edgerun.kvcache import KVCache
 from edgerun.ops.activations import glu
 from edgerun.ops.attention import attention
 from edgerun.ops.norm import rmsnorm
-from edgerun.ops.qmatvec import embedding_rows, matmul, matvec
+from edgerun.ops.qmatvec import embedding_rows, matmul, matvec, matvec_many
 from edgerun.ops.rope import rope_inplace, rope_tables
 from edgerun.quant.formats import QuantTensor
 from edgerun.weights import WeightStore
@@ -25,6 +25,13 @@ def _project(w: QuantTensor, x: np.ndarray) -> np.ndarray:
     if x.shape[0] == 1:
         return matvec(w, x[0]).reshape(1, -1)
     return matmul(w, x)
+
+
+def _project_many(ws: tuple[QuantTensor, ...], x: np.ndarray) -> list[np.ndarray]:
+    """Several projections of the same x; in decode one kernel call quantizes x once."""
+    if x.shape[0] == 1:
+        return [y.reshape(1, -1) for y in matvec_many(ws, x[0])]
+    return [matmul(w, x) for w in ws]
 
 
 class _Layer:
@@ -140,9 +147,7 @@ class Transformer:
         for li, layer in enumerate(self.layers):
             cos, sin = self._rope(cache.n_ctx, s.rope_base_of(li))
             x = rmsnorm(h, layer.attn_norm, eps)
-            q = _project(layer.q, x)
-            k = _project(layer.k, x)
-            v = _project(layer.v, x)
+            q, k, v = _project_many((layer.q, layer.k, layer.v), x)
             if layer.q_bias is not None:
                 q += layer.q_bias
                 k += layer.k_bias
@@ -161,9 +166,8 @@ class Transformer:
                 att = rmsnorm(att, layer.post_attn_norm, eps)
             h += att
             x = rmsnorm(h, layer.ffn_norm, eps)
-            f = _project(
-                layer.down, glu(_project(layer.gate, x), _project(layer.up, x), s.activation)
-            )
+            gate, up = _project_many((layer.gate, layer.up), x)
+            f = _project(layer.down, glu(gate, up, s.activation))
             if layer.post_ffn_norm is not None:
                 f = rmsnorm(f, layer.post_ffn_norm, eps)
             h += f
