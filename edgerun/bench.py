@@ -8,6 +8,7 @@ bandwidth: weight bytes read per token x tok/s / bandwidth.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections import Counter
@@ -18,6 +19,7 @@ from numba import njit, prange
 
 from edgerun.api import Model, _set_threads
 from edgerun.kvcache import KVCache
+from edgerun.ops.qmatvec import kernel_path
 from edgerun.sysinfo import peak_rss_bytes
 
 
@@ -132,14 +134,14 @@ def run(
         "size_bytes": model.file.file_size,
         "params": n_params,
         "quant": "/".join(f for f, _ in formats.most_common()),
+        "kernel_path": kernel_path(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
         "load_seconds": model.load_seconds,
         "peak_rss_bytes": peak_rss,
         "first_run_seconds": first_run,
         "weight_bytes_per_token": wbytes,
         "bandwidth_bytes_per_s": {str(t): b for t, b in bw.items()},
-        "rows": [
-            {**asdict(r), "median": r.median, "spread": r.spread} for r in rows
-        ],
+        "rows": [{**asdict(r), "median": r.median, "spread": r.spread} for r in rows],
     }
 
 
@@ -157,7 +159,8 @@ def format_table(rep: dict) -> str:
     lines.append("")
     lines.append(
         f"load {rep['load_seconds']:.2f} s; first run (JIT compile / cache load) "
-        f"{rep['first_run_seconds']:.2f} s; peak RSS {rep.get('peak_rss_bytes', 0) / 2**20:.0f} MiB"
+        f"{rep['first_run_seconds']:.2f} s; kernels {rep['kernel_path']}, OpenMP wait "
+        f"{rep['omp_wait_policy']}; peak RSS {rep.get('peak_rss_bytes', 0) / 2**20:.0f} MiB"
     )
     wb = rep["weight_bytes_per_token"]
     for r in rep["rows"]:
