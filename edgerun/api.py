@@ -29,7 +29,7 @@ DEFAULT_CTX = 2048
 
 
 def resolve_model(model: str | os.PathLike | None, auto_pull: bool | None = None) -> Path:
-    """A registry name, an alias or a file path -> the GGUF path on disk.
+    """A registry name, an alias or a path (GGUF file or edgerun pack directory) -> the path.
 
     auto_pull None means: install the default model on first use, never others.
     """
@@ -76,10 +76,17 @@ class Model:
     def __init__(self, path: Path, n_ctx: int = DEFAULT_CTX, threads: int | None = None) -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
-        self.file = read_gguf(self.path)
-        meta = self.file.metadata
-        self.spec = spec_from_gguf(meta, str(self.path))
-        self.tokenizer: Tokenizer = tokenizer_from_gguf_metadata(meta)
+        if self.path.is_dir():  # an edgerun pack (edgerun convert)
+            from edgerun.formats.pack import read_pack
+
+            self.file = read_pack(self.path)
+            self.spec = self.file.spec
+            self.tokenizer: Tokenizer = self.file.tokenizer()
+        else:
+            self.file = read_gguf(self.path)
+            meta = self.file.metadata
+            self.spec = spec_from_gguf(meta, str(self.path))
+            self.tokenizer = tokenizer_from_gguf_metadata(meta)
         self.store = ResidentStore(self.file, str(self.path))
         self.transformer = Transformer(self.spec, self.store, str(self.path))
         if n_ctx <= 0:

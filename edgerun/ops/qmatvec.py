@@ -354,3 +354,9 @@ def matmul_reference(w: QuantTensor, x: np.ndarray) -> np.ndarray:
     """numpy reference: dequantize the whole matrix, float64 product -> float32 [n, rows]."""
     wf = dequantize(w.qtype, _raw(w)).astype(np.float64)
     return (np.asarray(x, dtype=np.float64) @ wf.T).astype(np.float32)
+
+
+# edgerun's own low-bit formats (Q3_G64, Q2_G64) plug in through register_kernels
+from edgerun.ops import qmatvec_lowbit as _lowbit  # noqa: E402
+
+_lowbit.register(register_kernels)

@@ -24,6 +24,9 @@ class QuantType(IntEnum):
     Q4_K = 12
     Q6_K = 14
     BF16 = 30
+    # edgerun's own low-bit formats (not GGML ids): see edgerun.quant.lowbit
+    Q3_G64 = 200
+    Q2_G64 = 201
 
 
 # elements per block, bytes per block
@@ -37,6 +40,8 @@ BLOCK_LAYOUT: dict[QuantType, tuple[int, int]] = {
     QuantType.Q5_0: (32, 22),
     QuantType.Q4_K: (256, 144),
     QuantType.Q6_K: (256, 210),
+    QuantType.Q3_G64: (64, 28),
+    QuantType.Q2_G64: (64, 20),
 }
 
 

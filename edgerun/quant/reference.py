@@ -143,6 +143,8 @@ _F16_OFFSETS: dict[QuantType, tuple[int, ...]] = {
     QuantType.Q5_0: (0,),
     QuantType.Q4_K: (0, 2),
     QuantType.Q6_K: (208,),
+    QuantType.Q3_G64: (0, 2),
+    QuantType.Q2_G64: (0, 2),
 }
 
 
@@ -170,3 +172,9 @@ def random_blocks(
             s = -s * np.float16(8)  # a min: negative offset of the order of 8 * d
         raw[:, :, off : off + 2] = s.view(np.uint8).reshape(rows, nb, 2)
     return raw.reshape(rows, nb * nbytes)
+
+
+# edgerun's own low-bit formats (Q3_G64, Q2_G64) plug in through register_dequantizer
+from edgerun.quant import lowbit as _lowbit  # noqa: E402
+
+_lowbit.register_dequantizers(register_dequantizer)

@@ -1,0 +1,467 @@
+"""The edgerun pack: a directory that `edgerun convert` writes and `edgerun.load` reads.
+
+Layout (format version 1)::
+
+    <pack>/edgerun.json          metadata (below)
+    <pack>/model.safetensors     tensors (or model-00001-of-0000N.safetensors shards)
+    <pack>/tokenizer.model       only for SentencePiece tokenizers converted from a
+                                 Hugging Face checkpoint (the original file, verbatim)
+
+Tensors are plain safetensors entries: 2-D weights in a block format are dtype U8 with
+shape [rows, row_bytes] (the raw GGML-layout blocks the kernels read); float tensors are
+F32 / F16 / BF16 with their element shape (norm gains: F32 [n]). Every tensor starts at
+a 64-byte aligned file offset; safetensors allows no holes between tensors, so the gaps
+are filled by padding entries named `__pad__.<n>` (U8), which readers ignore. Any
+safetensors tool can open the files.
+
+edgerun.json::
+
+    {"format": "edgerun-pack", "version": 1,
+     "spec": {ModelSpec fields},
+     "tokenizer": {"kind": "gguf", "metadata": {"tokenizer.ggml.*": ...,
+                                                "tokenizer.chat_template": ...}}
+               or {"kind": "sentencepiece", "file": "tokenizer.model",
+                   "add_bos": bool|null, "chat_template": str|null},
+     "quantization": {"recipe": ..., "imatrix": ..., "types": {...}, ...},
+     "source": {"path": ..., "format": "gguf"|"hf", "sha256": ...},
+     "tensors": {name: {"qtype": "Q4_K", "shape": [rows, cols], "file": "model.safetensors"}}}
+
+Reading maps each safetensors file once and hands out numpy views (zero copy):
+`safetensors.safe_open(..., framework="numpy").get_tensor` returns a copy (measured: the
+array owns a writeable buffer), so the reader parses the documented header itself (u64
+little-endian header length, JSON header, data) and tests hold its views to
+safetensors' own result.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from dataclasses import MISSING
+from dataclasses import fields as dc_fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgerun.arch.spec import ModelSpec
+from edgerun.errors import ModelFormatError, ModelNotFoundError, UnsupportedError
+from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType, row_bytes
+
+__all__ = [
+    "PACK_FORMAT",
+    "PACK_VERSION",
+    "META_FILE",
+    "PackError",
+    "PackVersionError",
+    "PackFile",
+    "PackWriter",
+    "is_pack",
+    "read_pack",
+    "spec_to_json",
+    "spec_from_json",
+]
+
+PACK_FORMAT = "edgerun-pack"
+PACK_VERSION = 1
+META_FILE = "edgerun.json"
+ALIGN = 64
+SHARD_BYTES = 2 << 30
+_FLOAT_DTYPES = {QuantType.F32: "F32", QuantType.F16: "F16", QuantType.BF16: "BF16"}
+_ST_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2, "U8": 1}
+
+
+class PackError(ModelFormatError):
+    """A pack directory that is incomplete or corrupt; the message names file and field."""
+
+
+class PackVersionError(PackError, UnsupportedError):
+    """A pack written by a newer (or unknown) edgerun pack format version."""
+
+
+def is_pack(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return p.is_dir() and (p / META_FILE).is_file()
+
+
+# ------------------------------------------------------------------------------ spec
+def spec_to_json(spec: ModelSpec) -> dict[str, Any]:
+    out = {}
+    for f in dc_fields(spec):
+        v = getattr(spec, f.name)
+        out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def spec_from_json(d: Any, source: str) -> ModelSpec:
+    if not isinstance(d, dict):
+        raise PackError(f"{source}: field 'spec' should be an object, found {type(d).__name__}")
+    known = {f.name: f for f in dc_fields(ModelSpec)}
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise PackError(
+            f"{source}: field 'spec.{unknown[0]}' is unknown to this edgerun version; "
+            "upgrade edgerun or re-convert the model"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, f in known.items():
+        if name not in d:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise PackError(f"{source}: field 'spec.{name}' is missing")
+            continue
+        v = d[name]
+        try:
+            if name in ("layer_windows",):
+                v = tuple(int(t) for t in v)
+            elif name in ("layer_rope_bases",):
+                v = tuple(float(t) for t in v)
+            elif name in ("layer_tensors", "global_tensors"):
+                if not isinstance(v, dict):
+                    raise TypeError
+                v = {str(a): str(b) for a, b in v.items()}
+            elif f.type == "bool":
+                if not isinstance(v, bool):
+                    raise TypeError
+            elif f.type == "int":
+                if isinstance(v, bool) or int(v) != v:
+                    raise TypeError
+                v = int(v)
+            elif f.type == "float":
+                if isinstance(v, bool):
+                    raise TypeError
+                v = float(v)
+            elif f.type == "str":
+                if not isinstance(v, str):
+                    raise TypeError
+        except (TypeError, ValueError):
+            raise PackError(
+                f"{source}: field 'spec.{name}' has an invalid value {v!r} (expected {f.type})"
+            ) from None
+        kwargs[name] = v
+    return ModelSpec(**kwargs)
+
+
+# ---------------------------------------------------------------------------- writer
+def _st_entry(qtype: QuantType, shape: tuple[int, int]) -> tuple[str, list[int], int]:
+    rows, cols = shape
+    if qtype in _FLOAT_DTYPES:
+        dt = _FLOAT_DTYPES[qtype]
+        st_shape = [cols] if rows == 1 else [rows, cols]
+        return dt, st_shape, rows * cols * _ST_ITEMSIZE[dt]
+    rb = row_bytes(qtype, cols)
+    return "U8", [rows, rb], rows * rb
+
+
+class PackWriter:
+    """Writes a pack: declare every tensor up front, then `write()` them in any order.
+
+    The safetensors headers are written first (sizes are known from the declared formats),
+    so tensors stream to disk one at a time and a large model never sits in memory whole.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        plan: list[tuple[str, QuantType, tuple[int, int]]],
+        shard_bytes: int = SHARD_BYTES,
+    ) -> None:
+        self.dir = Path(out_dir)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise PackError(f"{self.dir} exists and is not a directory")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # group into shards by size (declaration order)
+        shards: list[list[tuple[str, QuantType, tuple[int, int]]]] = [[]]
+        size = 0
+        for ent in plan:
+            n = _st_entry(ent[1], ent[2])[2]
+            if shards[-1] and size + n > shard_bytes:
+                shards.append([])
+                size = 0
+            shards[-1].append(ent)
+            size += n + ALIGN
+        n_sh = len(shards)
+        names = (
+            ["model.safetensors"]
+            if n_sh == 1
+            else [f"model-{i + 1:05d}-of-{n_sh:05d}.safetensors" for i in range(n_sh)]
+        )
+        self.tensors: dict[str, dict[str, Any]] = {}
+        self._where: dict[str, tuple[int, int, int]] = {}  # name -> (shard, abs offset, nbytes)
+        self._files = []
+        self._written: set[str] = set()
+        for si, (fname, ents) in enumerate(zip(names, shards)):
+            # float tensors first: they have the strictest alignment wishes of their own
+            ents = sorted(ents, key=lambda e: 0 if e[1] in _FLOAT_DTYPES else 1)
+            layout = []  # (name, dtype, shape, begin, end, is_pad)
+            header_guess = 0
+            for _ in range(64):  # the header size depends on the offsets: iterate
+                layout = []
+                pos = 0
+                n_pad = 0
+                data_start = header_guess
+                for name, qt, shape in ents:
+                    dt, st_shape, n = _st_entry(qt, shape)
+                    gap = (-(data_start + pos)) % ALIGN
+                    if gap:
+                        layout.append((f"__pad__.{n_pad}", "U8", [gap], pos, pos + gap, True))
+                        n_pad += 1
+                        pos += gap
+                    layout.append((name, dt, st_shape, pos, pos + n, False))
+                    pos += n
+                hdr = self._header(layout)
+                if 8 + len(hdr) <= header_guess:  # fits: pad with spaces (allowed) and stop
+                    hdr += b" " * (header_guess - 8 - len(hdr))
+                    break
+                header_guess = 8 + len(hdr)  # grows monotonically, so this terminates
+            else:
+                raise PackError(f"{self.dir / fname}: could not lay out the header")
+            path = self.dir / fname
+            fh = open(path, "wb")
+            fh.write(struct.pack("<Q", len(hdr)))
+            fh.write(hdr)
+            fh.truncate(header_guess + pos)
+            self._files.append(fh)
+            for name, _dt, _shape, b, e, is_pad in layout:
+                if is_pad:
+                    fh.seek(header_guess + b)
+                    fh.write(b"\0" * (e - b))
+                    continue
+                self._where[name] = (si, header_guess + b, e - b)
+            for name, qt, shape in ents:
+                self.tensors[name] = {"qtype": qt.name, "shape": list(shape), "file": fname}
+
+    @staticmethod
+    def _header(layout) -> bytes:
+        h: dict[str, Any] = {"__metadata__": {"format": PACK_FORMAT, "version": str(PACK_VERSION)}}
+        for name, dt, shape, b, e, _ in layout:
+            h[name] = {"dtype": dt, "shape": shape, "data_offsets": [b, e]}
+        raw = json.dumps(h, separators=(",", ":")).encode()
+        # pad so that the data starts 8-byte aligned (the header may be padded with spaces)
+        raw += b" " * ((-(8 + len(raw))) % 8)
+        # and to a multiple of ALIGN so that the fixpoint converges quickly
+        raw += b" " * ((-(8 + len(raw))) % ALIGN)
+        return raw
+
+    def write(self, name: str, data: np.ndarray) -> None:
+        """Write one declared tensor's bytes (uint8 [rows, row_bytes] or the float array)."""
+        if name not in self._where:
+            raise PackError(f"tensor '{name}' was not declared for this pack")
+        si, off, n = self._where[name]
+        buf = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if buf.nbytes != n:
+            raise PackError(f"tensor '{name}': {buf.nbytes} bytes given, {n} declared")
+        fh = self._files[si]
+        fh.seek(off)
+        fh.write(memoryview(buf))
+        self._written.add(name)
+
+    def close(self, meta: dict[str, Any]) -> Path:
+        """Finish: check every tensor was written, write edgerun.json last."""
+        missing = [n for n in self.tensors if n not in self._written]
+        for fh in self._files:
+            fh.close()
+        if missing:
+            raise PackError(f"{self.dir}: tensor '{missing[0]}' was declared but never written")
+        doc = {"format": PACK_FORMAT, "version": PACK_VERSION, **meta, "tensors": self.tensors}
+        tmp = self.dir / (META_FILE + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False))
+        os.replace(tmp, self.dir / META_FILE)
+        return self.dir
+
+
+# ---------------------------------------------------------------------------- reader
+class _STFile:
+    """One safetensors file: its parsed header and one read-only mmap."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise PackError(f"{path}: tensor file is missing") from None
+        if size < 8:
+            raise PackError(f"{path}: {size} bytes is too small to be a safetensors file")
+        with open(path, "rb") as fh:
+            self.buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        (n,) = struct.unpack_from("<Q", self.buf, 0)
+        if n > size - 8 or n > 100 << 20:
+            raise PackError(
+                f"{path}: safetensors header length {n} does not fit in the file ({size} bytes)"
+            )
+        try:
+            self.header = json.loads(bytes(self.buf[8 : 8 + n]))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PackError(f"{path}: corrupt safetensors header ({e})") from None
+        if not isinstance(self.header, dict):
+            raise PackError(f"{path}: corrupt safetensors header (not a JSON object)")
+        self.data_start = 8 + n
+        self.size = size
+
+    def view(self, name: str) -> tuple[str, list[int], np.ndarray]:
+        ent = self.header.get(name)
+        if not isinstance(ent, dict):
+            raise PackError(f"{self.path}: tensor '{name}' is missing from the file")
+        try:
+            dt = ent["dtype"]
+            shape = [int(s) for s in ent["shape"]]
+            b, e = (int(v) for v in ent["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise PackError(f"{self.path}: header entry of tensor '{name}' is corrupt") from None
+        if not 0 <= b <= e or self.data_start + e > self.size:
+            raise PackError(
+                f"{self.path}: tensor '{name}' ends at byte {self.data_start + e} but the file "
+                f"has only {self.size} bytes (truncated copy?)"
+            )
+        arr = np.frombuffer(self.buf, dtype=np.uint8, count=e - b, offset=self.data_start + b)
+        return dt, shape, arr
+
+
+class PackFile:
+    """An opened pack: metadata, ModelSpec, tokenizer, and zero-copy tensor views.
+
+    Quacks like GGUFFile for ResidentStore (`tensor`, `tensor_names`) and for the CLI
+    (`path`, `version`, `metadata`, `file_size`).
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise ModelNotFoundError(f"model not found: {self.path}")
+        meta_path = self.path / META_FILE
+        if not meta_path.is_file():
+            raise PackError(
+                f"{self.path}: not an edgerun pack ({META_FILE} is missing); convert a model "
+                "with `edgerun convert`"
+            )
+        self.meta_path = meta_path
+        try:
+            doc = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PackError(f"{meta_path}: corrupt metadata, not valid JSON ({e})") from None
+        if not isinstance(doc, dict):
+            raise PackError(f"{meta_path}: corrupt metadata (not a JSON object)")
+        src = str(meta_path)
+        if doc.get("format") != PACK_FORMAT:
+            raise PackError(
+                f"{src}: field 'format' is {doc.get('format')!r}, expected {PACK_FORMAT!r}"
+            )
+        version = doc.get("version")
+        if version != PACK_VERSION:
+            raise PackVersionError(
+                f"{src}: field 'version' is {version!r}; this edgerun reads pack version "
+                f"{PACK_VERSION}. Re-convert the model with this edgerun (`edgerun convert`) "
+                "or upgrade edgerun"
+            )
+        self.version = PACK_VERSION
+        self.metadata = doc
+        self.spec = spec_from_json(doc.get("spec"), src)
+        tensors = doc.get("tensors")
+        if not isinstance(tensors, dict) or not tensors:
+            raise PackError(f"{src}: field 'tensors' is missing or empty")
+        self._entries: dict[str, tuple[QuantType, tuple[int, int], str]] = {}
+        for name, ent in tensors.items():
+            try:
+                qtype = QuantType[ent["qtype"]]
+            except KeyError:
+                raise PackError(
+                    f"{src}: field 'tensors.{name}.qtype' = {ent.get('qtype')!r} is not a "
+                    f"format this edgerun knows ({', '.join(t.name for t in QuantType)})"
+                ) from None
+            except TypeError:
+                raise PackError(f"{src}: field 'tensors.{name}' is corrupt") from None
+            try:
+                rows, cols = (int(v) for v in ent["shape"])
+                fname = str(ent["file"])
+            except (KeyError, TypeError, ValueError):
+                raise PackError(
+                    f"{src}: field 'tensors.{name}' needs 'shape' [rows, cols] and 'file'"
+                ) from None
+            if Path(fname).name != fname:
+                raise PackError(f"{src}: field 'tensors.{name}.file' must be a plain file name")
+            self._entries[name] = (qtype, (rows, cols), fname)
+        if any(e[0].name in ("Q3_G64", "Q2_G64") for e in self._entries.values()):
+            from edgerun.quant.lowbit import register
+
+            register()  # edgerun's own low-bit formats: kernels + reference dequantizer
+        self._files: dict[str, _STFile] = {}
+        for fname in sorted({e[2] for e in self._entries.values()}):
+            self._files[fname] = _STFile(self.path / fname)
+        self.file_size = sum(f.size for f in self._files.values())
+        # check the headers cover every tensor now, not at first use
+        for name, (_q, _s, fname) in self._entries.items():
+            if name not in self._files[fname].header:
+                raise PackError(
+                    f"{self.path / fname}: tensor '{name}' (listed in {META_FILE}) is missing "
+                    "from the file"
+                )
+
+    # -- reader protocol -------------------------------------------------------------
+    def tensor_names(self) -> list[str]:
+        return list(self._entries)
+
+    def tensor(self, name: str) -> QuantTensor:
+        ent = self._entries.get(name)
+        if ent is None:
+            raise PackError(f"{self.meta_path}: tensor '{name}' is missing from the pack")
+        qtype, (rows, cols), fname = ent
+        st = self._files[fname]
+        dt, _shape, arr = st.view(name)
+        elems, nbytes = BLOCK_LAYOUT[qtype]
+        if cols % elems:
+            raise PackError(
+                f"{st.path}: tensor '{name}' has {cols} columns, not a multiple of "
+                f"the {qtype.name} block size {elems}"
+            )
+        rb = cols // elems * nbytes
+        want_dt = _FLOAT_DTYPES.get(qtype, "U8")
+        if dt != want_dt or arr.size != rows * rb:
+            raise PackError(
+                f"{st.path}: tensor '{name}' is {dt} with {arr.size} bytes; {META_FILE} says "
+                f"{qtype.name} {rows}x{cols} ({want_dt}, {rows * rb} bytes)"
+            )
+        return QuantTensor(name, qtype, (rows, cols), arr.reshape(rows, rb))
+
+    # -- tokenizer -------------------------------------------------------------------
+    def tokenizer(self):
+        """The pack's tokenizer (SentencePiece file or GGUF-style vocabulary metadata)."""
+        tok = self.metadata.get("tokenizer")
+
+        def read(fname: str) -> bytes:
+            p = self.path / fname
+            if not p.is_file():
+                raise PackError(f"{p}: tokenizer file (field 'tokenizer.file') is missing")
+            return p.read_bytes()
+
+        return _tokenizer_from_section(tok, read, str(self.meta_path))
+
+
+def _tokenizer_from_section(tok: Any, files, source: str = "pack"):
+    """A Tokenizer from a pack's 'tokenizer' field; files: dict or callable name -> bytes."""
+    from edgerun.tokenizer import SentencePieceTokenizer, tokenizer_from_gguf_metadata
+
+    if not isinstance(tok, dict):
+        raise PackError(f"{source}: field 'tokenizer' is missing or not an object")
+    kind = tok.get("kind")
+    if kind == "gguf":
+        meta = tok.get("metadata")
+        if not isinstance(meta, dict):
+            raise PackError(f"{source}: field 'tokenizer.metadata' is missing")
+        return tokenizer_from_gguf_metadata(meta)
+    if kind == "sentencepiece":
+        fname = tok.get("file")
+        if not isinstance(fname, str) or Path(fname).name != fname:
+            raise PackError(f"{source}: field 'tokenizer.file' is missing or not a file name")
+        blob = files(fname) if callable(files) else files.get(fname)
+        if blob is None:
+            raise PackError(f"{source}: tokenizer file {fname!r} is missing")
+        return SentencePieceTokenizer.from_model_proto(
+            blob, add_bos=tok.get("add_bos"), chat_template=tok.get("chat_template")
+        )
+    raise PackError(f"{source}: field 'tokenizer.kind' = {kind!r} is not 'gguf' or 'sentencepiece'")
+
+
+def read_pack(path: str | os.PathLike) -> PackFile:
+    """Open a pack directory (metadata checked, tensors mapped, nothing copied)."""
+    return PackFile(path)
