@@ -1,8 +1,8 @@
 """edgerun: on-device LLM inference in pure numpy + Numba.
 
-    import edgerun
-    model = edgerun.load("smollm2-135m")
-    print(model.chat([{"role": "user", "content": "hi"}], max_tokens=32))
+import edgerun
+model = edgerun.load("smollm2-135m")
+print(model.chat([{"role": "user", "content": "hi"}], max_tokens=32))
 """
 
 from edgerun import _numba_env
