@@ -175,8 +175,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     model = edgerun.load(args.model, n_ctx=256, threads=1)
     s = model.spec
+    kind = "edgerun pack" if model.path.is_dir() else "GGUF"
     print(
-        f"file:          {model.path} ({model.file.file_size / 1e6:.1f} MB, GGUF v"
+        f"file:          {model.path} ({model.file.file_size / 1e6:.1f} MB, {kind} v"
         f"{model.file.version})"
     )
     print(f"name:          {s.name}")
