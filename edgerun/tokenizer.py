@@ -25,7 +25,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
@@ -58,6 +58,7 @@ TOKEN_TYPE_BYTE = 6
 
 # Token texts that end a turn in common chat formats. They join ``eos_ids`` when the vocabulary
 # has them as non-normal tokens (llama.cpp does the same when it builds its end-of-generation set).
+_EOT_KEYS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 _END_OF_TURN_TEXTS = (
     "<|im_end|>",
     "<|endoftext|>",
@@ -186,6 +187,31 @@ class Tokenizer:
         self._token_bytes: list[bytes] = []
 
     # -- encoding --------------------------------------------------------------------------------
+
+    def _set_turn_and_special_ids(
+        self,
+        meta: dict[str, Any],
+        types: Sequence[int],
+        extra_eos: Iterable[int | None],
+        end_of_turn_id: Callable[[str], int | None],
+        default_add_bos: bool,
+    ) -> None:
+        """eos_ids (eos, eot/eom ids, end-of-turn tokens), special_ids, add_bos, template."""
+        eos = {i for i in (self.eos_id, *extra_eos) if i is not None}
+        for text in _END_OF_TURN_TEXTS:
+            i = end_of_turn_id(text)
+            if i is not None:
+                eos.add(i)
+        self.eos_ids = frozenset(eos)
+        special = {
+            i for i, ty in enumerate(types) if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN)
+        }
+        special |= {i for i in (self.bos_id, self.eos_id) if i is not None}
+        self.special_ids = frozenset(special)
+        add_bos = meta.get("tokenizer.ggml.add_bos_token")
+        self.add_bos = bool(add_bos) if add_bos is not None else default_add_bos
+        template = meta.get("tokenizer.chat_template")
+        self.chat_template = str(template) if template else None
 
     def encode(
         self, text: str, add_bos: bool | None = None, parse_special: bool = True
@@ -418,26 +444,14 @@ class BPETokenizer(Tokenizer):
         self.eos_id = _id("tokenizer.ggml.eos_token_id")
         self.unk_id = _id("tokenizer.ggml.unknown_token_id")
         self.pad_id = _id("tokenizer.ggml.padding_token_id")
-        eos = {self.eos_id} if self.eos_id is not None else set()
-        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-            v = _id(key)
-            if v is not None:
-                eos.add(v)
-        for text in _END_OF_TURN_TEXTS:
-            i = vocab.get(text)
-            if i is not None and types[i] != TOKEN_TYPE_NORMAL:
-                eos.add(i)
-        self.eos_ids = frozenset(eos)
-        special = {
-            i for i, ty in enumerate(types) if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN)
-        }
-        special |= {i for i in (self.bos_id, self.eos_id) if i is not None}
-        self.special_ids = frozenset(special)
 
-        add_bos = meta.get("tokenizer.ggml.add_bos_token")
-        self.add_bos = bool(add_bos) if add_bos is not None else kind in _DEFAULT_ADD_BOS
-        template = meta.get("tokenizer.chat_template")
-        self.chat_template = str(template) if template else None
+        def end_of_turn(text: str) -> int | None:
+            i = vocab.get(text)
+            return i if i is not None and types[i] != TOKEN_TYPE_NORMAL else None
+
+        self._set_turn_and_special_ids(
+            meta, types, [_id(k) for k in _EOT_KEYS], end_of_turn, kind in _DEFAULT_ADD_BOS
+        )
 
     def _plain(self) -> Any:
         """A copy of the backend that treats control-token strings as ordinary text."""
@@ -896,28 +910,10 @@ class SentencePieceTokenizer(Tokenizer):
         self._special_text = special_text
         self._special_re = _literal_regex(special_text)
 
-        # eos_ids / special_ids, as for BPE.
-        eos = {self.eos_id} if self.eos_id is not None else set()
-        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-            v = _id(key)
-            if v is not None:
-                eos.add(v)
-        for text in _END_OF_TURN_TEXTS:
-            i = special_text.get(text)
-            if i is not None:
-                eos.add(i)
-        self.eos_ids = frozenset(eos)
-        special = {
-            i for i, ty in enumerate(sp_types) if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN)
-        }
-        special |= {i for i in (self.bos_id, self.eos_id) if i is not None}
-        self.special_ids = frozenset(special)
-
-        add_bos = meta.get("tokenizer.ggml.add_bos_token")
         # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise.
-        self.add_bos = bool(add_bos) if add_bos is not None else True
-        template = meta.get("tokenizer.chat_template")
-        self.chat_template = str(template) if template else None
+        self._set_turn_and_special_ids(
+            meta, sp_types, [_id(k) for k in _EOT_KEYS], special_text.get, True
+        )
 
     # -- construction from a tokenizer.model --------------------------------------------------
 
