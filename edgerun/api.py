@@ -20,7 +20,7 @@ from edgerun.errors import EdgerunError, InvalidArgumentError, ModelNotFoundErro
 from edgerun.formats.gguf import read_gguf
 from edgerun.kvcache import KVCache
 from edgerun.model import Transformer
-from edgerun.sampling import SamplingParams
+from edgerun.sampling import DEFAULT_SAMPLING, SamplingParams
 from edgerun.sysinfo import default_threads
 from edgerun.tokenizer import Tokenizer, tokenizer_from_gguf_metadata
 from edgerun.weights import ResidentStore
@@ -149,11 +149,11 @@ class Model:
         self,
         prompt: str | Sequence[int],
         max_tokens: int = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
+        temperature: float = DEFAULT_SAMPLING.temperature,
+        top_k: int = DEFAULT_SAMPLING.top_k,
+        top_p: float = DEFAULT_SAMPLING.top_p,
+        min_p: float = DEFAULT_SAMPLING.min_p,
+        repeat_penalty: float = DEFAULT_SAMPLING.repeat_penalty,
         seed: int | None = None,
         stop: Sequence[str] = (),
     ) -> Iterator[str]:
@@ -189,11 +189,11 @@ class Model:
         messages: list[dict[str, Any]],
         stream: bool = False,
         max_tokens: int = 512,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
+        temperature: float = DEFAULT_SAMPLING.temperature,
+        top_k: int = DEFAULT_SAMPLING.top_k,
+        top_p: float = DEFAULT_SAMPLING.top_p,
+        min_p: float = DEFAULT_SAMPLING.min_p,
+        repeat_penalty: float = DEFAULT_SAMPLING.repeat_penalty,
         seed: int | None = None,
         stop: Sequence[str] = (),
     ) -> str | Iterator[str]:

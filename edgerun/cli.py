@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from edgerun import _numba_env
 from edgerun.errors import EdgerunError
+from edgerun.sampling import DEFAULT_SAMPLING
 from edgerun.sysinfo import peak_rss_bytes
 
 
@@ -36,11 +37,13 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", nargs="?", default=None, help="prompt text (default: read stdin)")
     _add_model_args(g)
     g.add_argument("-n", "--max-tokens", type=int, default=256)
-    g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
-    g.add_argument("--top-k", type=int, default=40)
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--min-p", type=float, default=0.05)
-    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument(
+        "--temp", type=float, default=DEFAULT_SAMPLING.temperature, help="temperature; 0 = greedy"
+    )
+    g.add_argument("--top-k", type=int, default=DEFAULT_SAMPLING.top_k)
+    g.add_argument("--top-p", type=float, default=DEFAULT_SAMPLING.top_p)
+    g.add_argument("--min-p", type=float, default=DEFAULT_SAMPLING.min_p)
+    g.add_argument("--repeat-penalty", type=float, default=DEFAULT_SAMPLING.repeat_penalty)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--system", default=None, help="system prompt (chat mode)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")

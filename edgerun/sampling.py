@@ -42,6 +42,9 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+DEFAULT_SAMPLING = SamplingParams()  # the defaults every front end (API, CLI, chat app) uses
+
+
 def apply_repeat_penalty(
     logits: np.ndarray, history: Sequence[int], penalty: float, last_n: int
 ) -> np.ndarray:

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from edgerun.sampling import DEFAULT_SAMPLING
+
 FORMAT_VERSION = 1
 
 
@@ -17,11 +19,11 @@ FORMAT_VERSION = 1
 class ChatSettings:
     """Sampling settings and the system prompt; saved with each conversation."""
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
+    temperature: float = DEFAULT_SAMPLING.temperature
+    top_k: int = DEFAULT_SAMPLING.top_k
+    top_p: float = DEFAULT_SAMPLING.top_p
+    min_p: float = DEFAULT_SAMPLING.min_p
+    repeat_penalty: float = DEFAULT_SAMPLING.repeat_penalty
     max_tokens: int = 512
     seed: int | None = None
     system: str = ""
