@@ -7,10 +7,28 @@ the window fills; nothing is silently dropped here.
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ContextOverflowError
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """A zeroed array whose pages become resident only when written.
+
+    np.zeros asks for transparent huge pages on large arrays, and the cache's
+    [layer, head, position] layout means the first token writes into every 2 MiB
+    huge page: the whole window would be resident after one token. Anonymous mmap
+    with huge pages refused keeps resident memory proportional to the tokens held.
+    """
+    count = math.prod(shape)
+    buf = mmap.mmap(-1, max(1, count * np.dtype(dtype).itemsize))
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
 
 class KVCache:
@@ -20,8 +38,8 @@ class KVCache:
         if n_ctx <= 0:
             raise ContextOverflowError(f"context size must be positive, got {n_ctx}")
         shape = (spec.n_layers, spec.n_kv_heads, n_ctx, spec.head_dim)
-        self.k = np.zeros(shape, dtype=np.float32)
-        self.v = np.zeros(shape, dtype=np.float32)
+        self.k = lazy_zeros(shape, np.float32)
+        self.v = lazy_zeros(shape, np.float32)
         self.n_ctx = n_ctx
         self.tokens: list[int] = []  # ids whose keys/values are stored, in order
 
