@@ -99,8 +99,13 @@ def run(
     threads: list[int] | None = None,
     repeats: int = 5,
     bandwidth: bool = True,
+    runtime_rss: int | None = None,
 ) -> dict:
-    """Run the pp/tg sweep and return a JSON-able report."""
+    """Run the pp/tg sweep and return a JSON-able report.
+
+    runtime_rss: RSS measured before the model was loaded (interpreter, numpy,
+    Numba), so the report can say how much of the peak the model itself costs.
+    """
     threads = threads or [model.threads]
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
@@ -138,11 +143,29 @@ def run(
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
         "load_seconds": model.load_seconds,
         "peak_rss_bytes": peak_rss,
+        "runtime_rss_bytes": runtime_rss,
+        "kv_bytes": KVCache.bytes_for(model.spec, max(n_prompt, n_gen + 1)),
         "first_run_seconds": first_run,
         "weight_bytes_per_token": wbytes,
         "bandwidth_bytes_per_s": {str(t): b for t, b in bw.items()},
         "rows": [{**asdict(r), "median": r.median, "spread": r.spread} for r in rows],
     }
+
+
+def _memory_line(rep: dict) -> str:
+    mib = 2**20
+    peak, kv, size = rep["peak_rss_bytes"], rep["kv_bytes"], rep["size_bytes"]
+    line = (
+        f"peak RSS {peak / mib:.0f} MiB = {peak / (size + kv):.2f}x (file {size / mib:.0f} MiB + "
+        f"KV cache {kv / mib:.1f} MiB)"
+    )
+    floor = rep.get("runtime_rss_bytes")
+    if floor:
+        line += (
+            f"; runtime before load {floor / mib:.0f} MiB, above it "
+            f"{(peak - floor) / mib:.0f} MiB = {(peak - floor) / (size + kv):.2f}x"
+        )
+    return line
 
 
 def format_table(rep: dict) -> str:
@@ -160,8 +183,9 @@ def format_table(rep: dict) -> str:
     lines.append(
         f"load {rep['load_seconds']:.2f} s; first run (JIT compile / cache load) "
         f"{rep['first_run_seconds']:.2f} s; kernels {rep['kernel_path']}, OpenMP wait "
-        f"{rep['omp_wait_policy']}; peak RSS {rep.get('peak_rss_bytes', 0) / 2**20:.0f} MiB"
+        f"{rep['omp_wait_policy']}"
     )
+    lines.append(_memory_line(rep))
     wb = rep["weight_bytes_per_token"]
     for r in rep["rows"]:
         bw = rep["bandwidth_bytes_per_s"].get(str(r["threads"]))

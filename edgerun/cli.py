@@ -286,6 +286,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     import edgerun
     from edgerun import bench
+    from edgerun.sysinfo import current_rss_bytes
 
     threads = _int_list(args.threads, "--threads") if args.threads else None
     if threads and min(threads) < 1:
@@ -295,12 +296,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     pps = _int_list(args.n_prompt, "--n-prompt")
     tgs = _int_list(args.n_gen, "--n-gen")
     ctx = max(max(pps), max(tgs)) + 1
+    runtime_rss = current_rss_bytes()
     model = edgerun.load(args.model, n_ctx=ctx, threads=threads[0] if threads else None)
     reports = []
     for pp in pps:
         for tg in tgs:
             rep = bench.run(
-                model, pp, tg, threads, args.repetitions, bandwidth=not args.no_bandwidth
+                model,
+                pp,
+                tg,
+                threads,
+                args.repetitions,
+                bandwidth=not args.no_bandwidth,
+                runtime_rss=runtime_rss,
             )
             reports.append(rep)
     if args.json:

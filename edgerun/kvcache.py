@@ -43,6 +43,11 @@ class KVCache:
         self.n_ctx = n_ctx
         self.tokens: list[int] = []  # ids whose keys/values are stored, in order
 
+    @staticmethod
+    def bytes_for(spec: ModelSpec, n_ctx: int) -> int:
+        """Bytes a cache of n_ctx positions reserves (K and V, float32)."""
+        return 2 * spec.n_layers * spec.n_kv_heads * n_ctx * spec.head_dim * 4
+
     @property
     def length(self) -> int:
         return len(self.tokens)

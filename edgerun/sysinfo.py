@@ -20,6 +20,13 @@ def peak_rss_bytes() -> int:
         return int(getattr(info, "peak_wset", info.rss))
 
 
+def current_rss_bytes() -> int:
+    """Resident set size of this process now."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
 def default_threads() -> int:
     """CPUs this process may run on."""
     try:
