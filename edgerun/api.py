@@ -15,6 +15,7 @@ import numpy as np
 from edgerun import registry
 from edgerun.arch import spec_from_gguf
 from edgerun.chat import render_chat
+from edgerun.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
 from edgerun.engine import PREFILL_CHUNK, GenerationStats, Generator
 from edgerun.errors import EdgerunError, InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import read_gguf
@@ -64,10 +65,7 @@ def _print_progress(what: str, done: int, total: int) -> None:
     print(f"\r{what}: {done / 1e6:.0f}/{total / 1e6:.0f} MB", end=end, file=sys.stderr, flush=True)
 
 
-def _set_threads(n: int) -> None:
-    import numba
-
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+_set_threads = set_threads  # the name bench and cli import
 
 
 class Model:
@@ -96,7 +94,12 @@ class Model:
         if self.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {self.threads}")
         _set_threads(self.threads)
-        self.generator = Generator(self.transformer, self.tokenizer, self.n_ctx)
+        # Automatic threads follow the cores other processes leave free (cpu_share.py);
+        # a count the caller chose is kept as is.
+        self.governor = ThreadGovernor(
+            self.threads, default_threads(), adaptive=threads is None and wait_policy_spins()
+        )
+        self.generator = Generator(self.transformer, self.tokenizer, self.n_ctx, self.governor)
         self.load_seconds = time.perf_counter() - t0
 
     # -- introspection --------------------------------------------------------
@@ -163,7 +166,7 @@ class Model:
         return self._stream(ids, params, max_tokens, stop)
 
     def _stream(self, ids, params, max_tokens, stop) -> Iterator[str]:
-        _set_threads(self.threads)
+        _set_threads(self.governor.threads)
         return self.generator.stream(ids, params, max_tokens, stop)
 
     def render_chat(

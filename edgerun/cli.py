@@ -158,7 +158,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     print(
         f"\n[prompt: {st.prompt_tokens} tokens, {st.prompt_tps:.1f} tok/s | "
         f"generated: {st.generated_tokens} tokens, {st.generate_tps:.1f} tok/s "
-        f"({st.finish_reason}) | load: {model.load_seconds:.2f} s | "
+        f"({st.finish_reason}) | threads: {st.threads} | load: {model.load_seconds:.2f} s | "
         f"peak RSS: {peak_rss_bytes() / 2**20:.0f} MiB]",
         file=sys.stderr,
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgerun.cpu_share import ThreadGovernor, set_threads
 from edgerun.errors import ContextOverflowError, InvalidArgumentError
 from edgerun.kvcache import KVCache
 from edgerun.model import Transformer
@@ -25,6 +26,7 @@ class GenerationStats:
     generated_tokens: int = 0
     generate_seconds: float = 0.0
     finish_reason: str = ""  # "stop" (EOS or stop string), "length", "cancelled"
+    threads: int = 0  # threads the last tokens ran on (see cpu_share.ThreadGovernor)
 
     @property
     def prompt_tps(self) -> float:
@@ -75,11 +77,27 @@ class StopMatcher:
 class Generator:
     """Runs a Transformer over one KV cache, reusing the cached prefix of each prompt."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, n_ctx: int) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        n_ctx: int,
+        governor: ThreadGovernor | None = None,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.cache = KVCache(model.spec, n_ctx)
         self.stats = GenerationStats()
+        self.governor = governor
+
+    def _pace(self) -> None:
+        """Follow the governor's thread count (it changes only when other load does)."""
+        g = self.governor
+        if g is not None:
+            before = g.threads
+            if g.update() != before:
+                set_threads(g.threads)
+            self.stats.threads = g.threads
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Make the cache hold exactly `ids`; return the last position's logits."""
@@ -97,6 +115,7 @@ class Generator:
         # its logits do not depend on how much of the prompt was cached: batched and
         # single-token kernels round differently, and a seed must give the same text.
         for i in range(reuse, len(ids) - 1, PREFILL_CHUNK):
+            self._pace()
             self.model.forward(ids[i : min(i + PREFILL_CHUNK, len(ids) - 1)], self.cache)
         return self.model.forward(ids[-1:], self.cache)
 
@@ -112,6 +131,8 @@ class Generator:
         if max_tokens < 0:
             raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
         stats = self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        if self.governor is not None:
+            stats.threads = self.governor.threads
         stats.cached_tokens = min(self.cache.common_prefix(list(prompt_ids)), len(prompt_ids) - 1)
         t0 = time.perf_counter()
         logits = self.prefill(prompt_ids)
@@ -141,6 +162,7 @@ class Generator:
                     break
                 if self.cache.room() == 0:
                     break  # context full: finish_reason stays "length"
+                self._pace()
                 logits = self.model.forward([tok], self.cache)
                 stats.generate_seconds = time.perf_counter() - t1
             if not matcher.hit:

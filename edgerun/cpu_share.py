@@ -1,0 +1,102 @@
+"""How many threads decoding should use while other processes share the CPUs.
+
+OpenMP threads spin between the ~200 parallel regions of a decode step when the
+wait policy is "active" (see _numba_env.wait_policy). That is fast on idle cores
+and ruinous on busy ones: a spinning thread holds a core while the thread that
+has the work waits for a scheduler slice. Measured on 2 cores, SmolLM2 decode,
+one other busy process: 2 threads spinning 2 tok/s, 1 thread spinning 113,
+2 threads sleeping ("passive") 101; idle machine: 2 threads spinning 183.
+So with automatic threads and an active wait policy, the governor re-reads the
+CPU time other processes took every quarter second and uses only the cores
+they leave free.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+# (wall seconds, busy CPU-seconds on our CPUs summed over all processes, our CPU-seconds)
+CpuSample = tuple[float, float, float]
+
+
+def set_threads(n: int) -> None:
+    """Threads Numba's parallel kernels use from now on (capped at its pool size)."""
+    import numba
+
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+
+
+def _our_cpus() -> list[int] | None:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows: every CPU
+        return None
+
+
+def read_cpu_sample() -> CpuSample:
+    """CPU time spent on the CPUs this process may use, by everyone and by us."""
+    import psutil
+
+    cpus = _our_cpus()
+    per_cpu = psutil.cpu_times(percpu=True)
+    if cpus is not None:
+        per_cpu = [per_cpu[i] for i in cpus if i < len(per_cpu)]
+    busy = 0.0
+    for t in per_cpu:
+        idle = t.idle + getattr(t, "iowait", 0.0)
+        busy += sum(t) - idle
+    ours = psutil.Process().cpu_times()
+    return time.monotonic(), busy, ours.user + ours.system
+
+
+def wait_policy_spins() -> bool:
+    """Whether OpenMP threads spin between parallel regions (this process's setting)."""
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "active"
+
+
+class ThreadGovernor:
+    """Chooses the thread count for the next tokens: the cores other processes leave idle.
+
+    With adaptive False it always answers max_threads (threads the user asked for,
+    or a sleeping wait policy, where extra threads do no harm).
+    """
+
+    def __init__(
+        self,
+        max_threads: int,
+        n_cpus: int,
+        adaptive: bool = True,
+        interval: float = 0.25,
+        reader: Callable[[], CpuSample] = read_cpu_sample,
+    ) -> None:
+        self.max_threads = max(1, max_threads)
+        self.n_cpus = max(1, n_cpus)
+        self.adaptive = adaptive
+        self.interval = interval
+        self._reader = reader
+        self._last: CpuSample | None = None
+        self.threads = self.max_threads
+
+    def update(self) -> int:
+        """Threads to use now; re-decided at most once per interval."""
+        if not self.adaptive:
+            return self.threads
+        try:
+            now = self._reader()
+        except Exception:  # noqa: BLE001 - no CPU accounting here: keep the count
+            self.adaptive = False
+            return self.threads
+        if self._last is None:
+            self._last = now
+            return self.threads
+        wall = now[0] - self._last[0]
+        if wall <= 0.0 or wall < self.interval:
+            return self.threads
+        others = max(0.0, (now[1] - self._last[1]) - (now[2] - self._last[2])) / wall
+        self._last = now
+        free = self.n_cpus - others
+        # A core counts as free when at least ~70% of it is; never below one thread.
+        self.threads = max(1, min(self.max_threads, int(free + 0.3)))
+        return self.threads

@@ -1,0 +1,128 @@
+"""ThreadGovernor: decoding uses the cores other processes leave free."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numba
+import pytest
+
+from edgerun.cpu_share import ThreadGovernor, read_cpu_sample
+from edgerun.sampling import SamplingParams
+
+
+class FakeCpu:
+    """A scripted clock: each tick adds wall time, our CPU time and other processes' CPU time."""
+
+    def __init__(self) -> None:
+        self.wall = self.busy = self.ours = 0.0
+
+    def tick(self, wall: float, ours: float, others: float) -> None:
+        self.wall += wall
+        self.ours += ours
+        self.busy += ours + others
+
+    def __call__(self) -> tuple[float, float, float]:
+        return self.wall, self.busy, self.ours
+
+
+def test_idle_machine_keeps_all_threads() -> None:
+    cpu = FakeCpu()
+    g = ThreadGovernor(4, 4, reader=cpu)
+    assert g.update() == 4  # first call only records a sample
+    cpu.tick(0.5, ours=2.0, others=0.05)
+    assert g.update() == 4
+
+
+def test_busy_cores_are_given_up_and_taken_back() -> None:
+    cpu = FakeCpu()
+    g = ThreadGovernor(2, 2, reader=cpu)
+    g.update()
+    cpu.tick(0.5, ours=0.6, others=0.4)  # another process took 0.8 of a core
+    assert g.update() == 1
+    cpu.tick(0.5, ours=0.5, others=0.5)  # still busy
+    assert g.update() == 1
+    cpu.tick(0.5, ours=0.5, others=0.0)  # it went away
+    assert g.update() == 2
+
+
+def test_light_background_load_does_not_cost_a_thread() -> None:
+    cpu = FakeCpu()
+    g = ThreadGovernor(2, 2, reader=cpu)
+    g.update()
+    cpu.tick(1.0, ours=1.8, others=0.2)
+    assert g.update() == 2
+
+
+def test_decisions_wait_for_the_interval() -> None:
+    cpu = FakeCpu()
+    g = ThreadGovernor(2, 2, interval=0.25, reader=cpu)
+    g.update()
+    cpu.tick(0.1, ours=0.1, others=0.1)  # 1 core busy, but only 0.1 s seen
+    assert g.update() == 2
+    cpu.tick(0.2, ours=0.2, others=0.2)
+    assert g.update() == 1
+
+
+def test_fixed_threads_never_change() -> None:
+    cpu = FakeCpu()
+    g = ThreadGovernor(2, 2, adaptive=False, reader=cpu)
+    g.update()
+    cpu.tick(1.0, ours=0.5, others=2.0)
+    assert g.update() == 2
+
+
+def test_a_failing_reader_turns_adaptation_off() -> None:
+    def broken():
+        raise OSError("no /proc")
+
+    g = ThreadGovernor(2, 2, reader=broken)
+    assert g.update() == 2 and not g.adaptive
+
+
+def test_real_cpu_sample_is_monotonic() -> None:
+    a = read_cpu_sample()
+    sum(i * i for i in range(200_000))
+    b = read_cpu_sample()
+    assert b[0] > a[0] and b[1] >= a[1] and b[2] > a[2]
+
+
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True,
+    reason="needs at least 2 CPUs to give one up",
+)
+def test_live_busy_process_takes_a_core_away() -> None:
+    n = len(os.sched_getaffinity(0))
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n - 1)]
+    try:
+        time.sleep(0.3)
+        g = ThreadGovernor(n, n, interval=0.2)
+        g.update()
+        time.sleep(0.6)
+        assert g.update() < n
+    finally:
+        for p in spinners:
+            p.kill()
+
+
+def test_generator_follows_the_governor(smollm2) -> None:
+    """A governor that reports busy cores makes decoding switch Numba to fewer threads."""
+    cpu = FakeCpu()
+    gen = smollm2.generator
+    saved = gen.governor
+    gen.governor = ThreadGovernor(2, 2, interval=0.0, reader=cpu)
+    try:
+        numba.set_num_threads(2)
+        ids = smollm2.tokenize("Once upon a time")
+        it = gen.stream(ids, SamplingParams(temperature=0.0), max_tokens=3)
+        next(it)
+        cpu.tick(0.5, ours=0.5, others=1.0)
+        list(it)
+        assert gen.stats.threads == 1
+        assert numba.get_num_threads() == 1
+    finally:
+        gen.governor = saved
+        numba.set_num_threads(2)
