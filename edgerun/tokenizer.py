@@ -2,7 +2,10 @@
 
 A GGUF file carries no ``tokenizer.json``: the vocabulary, merges, scores, token types and special
 ids live in its metadata under llama.cpp's key names (``tokenizer.ggml.*``). This module turns that
-metadata (a plain ``dict`` of GGUF key -> python value) into a :class:`Tokenizer`.
+metadata (a ``dict`` of GGUF key -> value; arrays may be lists, numpy arrays or the GGUF reader's
+:class:`~edgerun.formats.gguf.StringArray`) into a :class:`Tokenizer`. Nothing the size of the
+vocabulary is kept as Python objects per token: the decoding table is one ``bytes`` blob plus
+offsets, token types a numpy array, and the token strings stay in the mapped file.
 
 Supported: ``tokenizer.ggml.model = "gpt2"`` (byte-level BPE, :class:`BPETokenizer`), with the
 pre-tokenizer that ``tokenizer.ggml.pre`` names (``gpt2``/``default``, ``smollm`` and the
@@ -21,14 +24,18 @@ space), and :class:`StreamDecoder` can emit text incrementally with the same res
 from __future__ import annotations
 
 import codecs
+import operator
 import os
 import re
 import struct
 import threading
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
+
+import numpy as np
 
 from edgerun.errors import InvalidArgumentError, ModelFormatError, UnsupportedError
 
@@ -145,7 +152,66 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
+@lru_cache(maxsize=1)
+def _byte_alphabet() -> tuple[re.Pattern[str], dict[int, int]]:
+    """A regex finding a character outside GPT-2's byte alphabet, and the str.translate table
+    that maps the alphabet to the latin-1 characters of the bytes it spells."""
+    decoder = _byte_decoder()
+    outside = re.compile("[^" + "".join(re.escape(c) for c in decoder) + "]")
+    return outside, {ord(c): b for c, b in decoder.items()}
+
+
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _str_seq(tokens: Any) -> Sequence[str]:
+    """The vocabulary as an indexable sequence of str: a GGUF :class:`StringArray` (read from the
+    mapped file on access) is kept as it is, anything else becomes a list."""
+    from edgerun.formats.gguf import StringArray
+
+    if isinstance(tokens, StringArray):
+        return tokens
+    return [str(t) for t in tokens]
+
+
+def _int_array(values: Any) -> np.ndarray:
+    """Token types as an integer array (a GGUF array is already one: a view of the file)."""
+    a = np.asarray(values)
+    return a if a.dtype.kind in "iu" else a.astype(np.int64)
+
+
+def _check_len(key: str, values: Any, n: int) -> None:
+    if len(values) != n:
+        raise ModelFormatError(
+            f"GGUF metadata 'tokenizer.ggml.{key}' has {len(values)} entries but "
+            f"'tokenizer.ggml.tokens' has {n}"
+        )
+
+
+class _ByteTable:
+    """The per-token bytes, the decoding table: one blob and the offsets of each token's bytes
+    in it (a list of 262k ``bytes`` objects would cost ~10 MiB more). Indexes as that list."""
+
+    __slots__ = ("blob", "offsets")
+
+    def __init__(self, blob: bytes | bytearray = b"", offsets: array[int] | None = None) -> None:
+        """``offsets``: token i's bytes are ``blob[offsets[i]:offsets[i + 1]]``."""
+        self.blob = bytes(blob)
+        if offsets is None:
+            offsets = array("q", [0])
+        self.offsets = array("I", offsets) if len(blob) < 1 << 32 else offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: Any) -> bytes:
+        n = len(self.offsets) - 1
+        i = operator.index(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("token byte table index out of range")
+        return self.blob[self.offsets[i] : self.offsets[i + 1]]
 
 
 def _as_int(value: Any, key: str) -> int | None:
@@ -184,14 +250,14 @@ class Tokenizer:
     chat_template: str | None
 
     def __init__(self) -> None:
-        self._token_bytes: list[bytes] = []
+        self._token_bytes = _ByteTable()
 
     # -- encoding --------------------------------------------------------------------------------
 
     def _set_turn_and_special_ids(
         self,
         meta: dict[str, Any],
-        types: Sequence[int],
+        types: np.ndarray,
         extra_eos: Iterable[int | None],
         end_of_turn_id: Callable[[str], int | None],
         default_add_bos: bool,
@@ -203,9 +269,9 @@ class Tokenizer:
             if i is not None:
                 eos.add(i)
         self.eos_ids = frozenset(eos)
-        special = {
-            i for i, ty in enumerate(types) if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN)
-        }
+        special = set(
+            np.flatnonzero((types == TOKEN_TYPE_CONTROL) | (types == TOKEN_TYPE_UNKNOWN)).tolist()
+        )
         special |= {i for i in (self.bos_id, self.eos_id) if i is not None}
         self.special_ids = frozenset(special)
         add_bos = meta.get("tokenizer.ggml.add_bos_token")
@@ -251,8 +317,8 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """Text for ``ids``. Bytes that are not valid UTF-8 become U+FFFD."""
-        table = self._token_bytes
-        n = len(table)
+        blob, offsets = self._token_bytes.blob, self._token_bytes.offsets
+        n = len(offsets) - 1
         skip = self.special_ids if skip_special else ()
         parts = []
         for i in ids:
@@ -261,7 +327,7 @@ class Tokenizer:
                 continue
             if not 0 <= i < n:
                 self.token_bytes(i)  # raises the clear error
-            parts.append(table[i])
+            parts.append(blob[offsets[i] : offsets[i + 1]])
         return b"".join(parts).decode("utf-8", errors="replace")
 
     @property
@@ -313,26 +379,22 @@ class BPETokenizer(Tokenizer):
         from tokenizers import Tokenizer as TkTokenizer
 
         tokens = meta.get("tokenizer.ggml.tokens")
-        if not tokens:
+        if tokens is None or not len(tokens):
             raise ModelFormatError(
                 "GGUF metadata has no 'tokenizer.ggml.tokens'; the file carries no vocabulary"
             )
-        tokens = [str(t) for t in tokens]
+        tokens = _str_seq(tokens)
         merges = meta.get("tokenizer.ggml.merges")
-        if not merges:
+        if merges is None or not len(merges):
             raise ModelFormatError(
                 "GGUF metadata has no 'tokenizer.ggml.merges', which a byte-level BPE "
                 "('tokenizer.ggml.model' = 'gpt2') vocabulary needs"
             )
         types = meta.get("tokenizer.ggml.token_type")
         if types is None:
-            types = [TOKEN_TYPE_NORMAL] * len(tokens)
-        types = [int(t) for t in types]
-        if len(types) != len(tokens):
-            raise ModelFormatError(
-                f"GGUF metadata 'tokenizer.ggml.token_type' has {len(types)} entries but "
-                f"'tokenizer.ggml.tokens' has {len(tokens)}"
-            )
+            types = np.full(len(tokens), TOKEN_TYPE_NORMAL, dtype=np.int32)
+        types = _int_array(types)
+        _check_len("token_type", types, len(tokens))
 
         pre = str(meta.get("tokenizer.ggml.pre") or "default")
         kind = _PRE_TOKENIZERS.get(pre)
@@ -347,25 +409,41 @@ class BPETokenizer(Tokenizer):
         self.token_types = types
         self._tokens = tokens
 
-        # Per-token bytes, the decoding table.
-        byte_decoder = _byte_decoder()
-        table: list[bytes] = []
-        for text, ttype in zip(tokens, types):
-            if ttype == TOKEN_TYPE_NORMAL or ttype == TOKEN_TYPE_UNUSED:
-                if all(c in byte_decoder for c in text):
-                    table.append(bytes(byte_decoder[c] for c in text))
-                else:  # a token stored verbatim rather than in the byte alphabet
-                    table.append(text.encode("utf-8"))
-            elif ttype == TOKEN_TYPE_BYTE and (m := _BYTE_TOKEN.match(text)):
-                table.append(bytes([int(m.group(1), 16)]))
-            else:  # control, user-defined, unknown: their text as written
-                table.append(text.encode("utf-8"))
-        self._token_bytes = table
-
-        # The BPE model. Duplicate spellings keep their first id.
+        # One pass over the vocabulary: the decoding table (per-token bytes), the BPE vocab
+        # (duplicate spellings keep their first id) and the added tokens. Control -> special,
+        # user-defined -> plain added (matched whole either way). A control token spelled outside
+        # the byte alphabet is a llama.cpp mislabel of a normal token (transformers skips those).
+        outside_alphabet, to_latin1 = _byte_alphabet()
         vocab: dict[str, int] = {}
-        for i, text in enumerate(tokens):
-            vocab.setdefault(text, i)
+        control: list[Any] = []
+        user: list[Any] = []
+
+        blob = bytearray()
+        offsets = array("q", [0])
+        for i, (text, ttype) in enumerate(zip(tokens, types.tolist())):
+            in_alphabet = outside_alphabet.search(text) is None
+            if ttype == TOKEN_TYPE_NORMAL or ttype == TOKEN_TYPE_UNUSED:
+                if in_alphabet:
+                    blob += text.translate(to_latin1).encode("latin-1")
+                else:  # a token stored verbatim rather than in the byte alphabet
+                    blob += text.encode("utf-8")
+            elif ttype == TOKEN_TYPE_BYTE and (m := _BYTE_TOKEN.match(text)):
+                blob.append(int(m.group(1), 16))
+            else:  # control, user-defined, unknown: their text as written
+                blob += text.encode("utf-8")
+            offsets.append(len(blob))
+            if vocab.setdefault(text, i) == i and text:
+                if ttype == TOKEN_TYPE_CONTROL and in_alphabet:
+                    control.append(AddedToken(text, normalized=False, special=True))
+                elif ttype == TOKEN_TYPE_USER_DEFINED:
+                    user.append(AddedToken(text, normalized=False, special=False))
+        self._token_bytes = _ByteTable(blob, offsets)
+        del blob, offsets
+        end_of_turn_ids = {t: vocab.get(t) for t in _END_OF_TURN_TEXTS}
+
+        # The merges' halves are vocabulary tokens: sharing those str objects halves the
+        # transient cost of the pairs.
+        canon = {t: t for t in vocab}
         pairs = []
         for m in merges:
             a, sep, b = str(m).partition(" ")
@@ -373,7 +451,8 @@ class BPETokenizer(Tokenizer):
                 raise ModelFormatError(
                     f"GGUF metadata 'tokenizer.ggml.merges' has a bad entry {m!r}"
                 )
-            pairs.append((a, b))
+            pairs.append((canon.get(a, a), canon.get(b, b)))
+        del canon
         model = models.BPE(
             vocab=vocab,
             merges=pairs,
@@ -383,6 +462,7 @@ class BPETokenizer(Tokenizer):
             fuse_unk=False,
             ignore_merges=kind in _IGNORE_MERGES,
         )
+        del vocab, pairs  # the model holds its own copy
         tk = TkTokenizer(model)
         if kind == "gpt2":
             tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -403,22 +483,6 @@ class BPETokenizer(Tokenizer):
             )
         tk.decoder = decoders.ByteLevel()
 
-        # Added tokens: control -> special, user-defined -> plain added (matched whole either way).
-        # A control token spelled outside the byte alphabet is a llama.cpp mislabel of a normal
-        # token (transformers skips those too).
-        control = [
-            AddedToken(t, normalized=False, special=True)
-            for i, (t, ty) in enumerate(zip(tokens, types))
-            if ty == TOKEN_TYPE_CONTROL
-            and t
-            and vocab.get(t) == i
-            and all(c in byte_decoder for c in t)
-        ]
-        user = [
-            AddedToken(t, normalized=False, special=False)
-            for i, (t, ty) in enumerate(zip(tokens, types))
-            if ty == TOKEN_TYPE_USER_DEFINED and t and vocab.get(t) == i
-        ]
         if control:
             tk.add_special_tokens(control)
         if user:
@@ -446,7 +510,7 @@ class BPETokenizer(Tokenizer):
         self.pad_id = _id("tokenizer.ggml.padding_token_id")
 
         def end_of_turn(text: str) -> int | None:
-            i = vocab.get(text)
+            i = end_of_turn_ids.get(text)
             return i if i is not None and types[i] != TOKEN_TYPE_NORMAL else None
 
         self._set_turn_and_special_ids(
@@ -527,6 +591,24 @@ def _pb_field_float(field: int, x: float) -> bytes:
     return _pb_varint((field << 3) | 5) + struct.pack("<f", x)
 
 
+_SHORT_VARINTS = [bytes((i,)) for i in range(128)]
+_PB_TYPE_FIELDS = {ty: _pb_field_varint(3, ty) for ty in range(7)}
+
+
+def _pb_piece(out: bytearray, piece: str, score: bytes, ty: int) -> None:
+    """Append one ModelProto ``pieces`` entry to ``out``: a SentencePiece message with 1 piece
+    (string), 2 score (``score``: the float's four bytes), 3 type (enum, left out when normal)."""
+    short = _SHORT_VARINTS
+    p = piece.encode("utf-8")
+    lp = len(p)
+    head = short[lp] if lp < 128 else _pb_varint(lp)
+    tail = b"" if ty == TOKEN_TYPE_NORMAL else _PB_TYPE_FIELDS.get(ty) or _pb_field_varint(3, ty)
+    n = 6 + len(head) + lp + len(tail)
+    out += b"\x0a" + (short[n] if n < 128 else _pb_varint(n)) + b"\x0a" + head
+    out += p
+    out += b"\x15" + score + tail
+
+
 def _pb_parse(data: bytes) -> list[tuple[int, int, Any]]:
     """One protobuf message's fields as ``(field, wire type, value)``; raises ValueError."""
     out = []
@@ -604,27 +686,19 @@ class SentencePieceSpec:
     denormalizer: bytes | None = field(default=None, repr=False)
 
     def to_model_proto(self) -> bytes:
-        parts = []
+        out = bytearray()
         pack = struct.Struct("<f").pack
-        short = [bytes((i,)) for i in range(128)]  # one-byte varints
         for piece, score, ty in zip(self.pieces, self.scores, self.types):
-            # SentencePiece message: 1 piece (string), 2 score (float), 3 type (enum).
-            p = piece.encode("utf-8")
-            body = b"".join(
-                (
-                    b"\x0a",
-                    short[len(p)] if len(p) < 128 else _pb_varint(len(p)),
-                    p,
-                    b"\x15",
-                    pack(score),
-                    b"" if ty == TOKEN_TYPE_NORMAL else _pb_field_varint(3, ty),
-                )
-            )
-            n = len(body)
-            parts.append(b"\x0a" + (short[n] if n < 128 else _pb_varint(n)) + body)
+            _pb_piece(out, piece, pack(score), ty)
+        out += self._proto_settings(len(self.pieces))
+        return bytes(out)
+
+    def _proto_settings(self, n_pieces: int) -> bytes:
+        """The ModelProto fields after the pieces: trainer, normalizer, denormalizer specs."""
+        parts = []
         trainer = (
             _pb_field_varint(3, self.model_type)
-            + _pb_field_varint(4, len(self.pieces))
+            + _pb_field_varint(4, n_pieces)
             + _pb_field_varint(24, self.treat_whitespace_as_suffix)
             + _pb_field_varint(35, self.byte_fallback)
             + _pb_field_varint(40, self.unk_id)
@@ -780,22 +854,22 @@ class SentencePieceTokenizer(Tokenizer):
         the file's own."""
         super().__init__()
         tokens = meta.get("tokenizer.ggml.tokens")
-        if not tokens:
+        if tokens is None or not len(tokens):
             raise ModelFormatError(
                 "GGUF metadata has no 'tokenizer.ggml.tokens'; the file carries no vocabulary"
             )
-        tokens = [str(t) for t in tokens]
+        tokens = _str_seq(tokens)
         n = len(tokens)
         types = meta.get("tokenizer.ggml.token_type")
-        types = [TOKEN_TYPE_NORMAL] * n if types is None else [int(t) for t in types]
+        if types is None:
+            types = np.full(n, TOKEN_TYPE_NORMAL, dtype=np.int32)
+        types = _int_array(types)
         scores = meta.get("tokenizer.ggml.scores")
-        scores = [0.0] * n if scores is None else [float(s) for s in scores]
-        for key, arr in (("token_type", types), ("scores", scores)):
-            if len(arr) != n:
-                raise ModelFormatError(
-                    f"GGUF metadata 'tokenizer.ggml.{key}' has {len(arr)} entries but "
-                    f"'tokenizer.ggml.tokens' has {n}"
-                )
+        scores = np.zeros(n, dtype=np.float32) if scores is None else np.asarray(scores)
+        if scores.dtype.kind != "f":
+            scores = scores.astype(np.float64)
+        _check_len("token_type", types, n)
+        _check_len("scores", scores, n)
 
         def _id(key: str) -> int | None:
             v = _as_int(meta.get(key), key)
@@ -813,18 +887,32 @@ class SentencePieceTokenizer(Tokenizer):
         self.pad_id = _id("tokenizer.ggml.padding_token_id")
         unk_id = _id("tokenizer.ggml.unknown_token_id")
         if unk_id is None:
-            unk_id = next((i for i, ty in enumerate(types) if ty == TOKEN_TYPE_UNKNOWN), 0)
+            unknown = np.flatnonzero(types == TOKEN_TYPE_UNKNOWN)
+            unk_id = int(unknown[0]) if len(unknown) else 0
         self.unk_id = unk_id
 
+        # The scores as the ModelProto stores them (float32, four bytes each).
+        if scores.dtype == np.float32:
+            score_bytes = scores.astype("<f4", copy=False).tobytes()
+        else:
+            pack = struct.Struct("<f").pack
+            score_bytes = b"".join(pack(s) for s in scores.tolist())
+
+        # One pass over the vocabulary builds the model the library runs (its pieces, serialized
+        # straight into the ModelProto), the decoding table and the special-token strings.
+        # Types are normalized to what SentencePiece accepts: exactly one unknown piece (Gemma
+        # files label <unk> a control token), byte pieces only when spelled <0xNN>, no empty or
+        # repeated pieces (those become unused placeholders, which text never produces; the first
+        # of a repeated spelling keeps it).
         escape = spec.escape_whitespaces if spec is not None else True
-        # The model the library runs. Types are normalized to what SentencePiece accepts: exactly
-        # one unknown piece (Gemma files label <unk> a control token), byte pieces only when
-        # spelled <0xNN>, no empty or repeated pieces (those become unused placeholders, which
-        # text never produces; the first of a repeated spelling keeps it).
-        sp_types: list[int] = []
-        sp_pieces: list[str] = []
+        sp_types = bytearray(n)
+        proto = bytearray()
         seen: set[str] = set()
-        for i, (text, ty) in enumerate(zip(tokens, types)):
+        byte_ids: list[int] = []
+        special_text: dict[str, int] = {}
+        blob = bytearray()
+        offsets = array("q", [0])
+        for i, (text, ty) in enumerate(zip(tokens, types.tolist())):
             if i == unk_id:
                 ty = TOKEN_TYPE_UNKNOWN
             elif ty == TOKEN_TYPE_UNKNOWN:
@@ -848,72 +936,94 @@ class SentencePieceTokenizer(Tokenizer):
                 piece = f"<edgerun-placeholder-{i}>"
                 ty = TOKEN_TYPE_UNUSED if ty != TOKEN_TYPE_UNKNOWN else ty
             seen.add(piece)
-            sp_pieces.append(piece)
-            sp_types.append(ty)
-        self.token_types = sp_types
+            sp_types[i] = ty
+            _pb_piece(proto, piece, score_bytes[4 * i : 4 * i + 4], ty)
+            # Decoding: a byte token is its byte, a control or unknown token its text, any other
+            # its text with ▁ as a space. Control and unknown strings are parsed as special.
+            if ty == TOKEN_TYPE_BYTE:
+                byte_ids.append(i)
+                blob.append(int(text[3:5], 16))
+            elif ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN):
+                if text:
+                    special_text.setdefault(text, i)
+                blob += text.encode("utf-8")
+            else:
+                blob += text.replace(_SPACE, " ").encode("utf-8")
+            offsets.append(len(blob))
+        self._token_bytes = _ByteTable(blob, offsets)
+        del seen, score_bytes, blob, offsets
+        self.token_types = np.frombuffer(sp_types, dtype=np.uint8)
         self._tokens = tokens
+        self._scores = scores
 
+        has_bytes = bool(byte_ids)
         if spec is None:
             add_prefix = meta.get("tokenizer.ggml.add_space_prefix")
             spec = SentencePieceSpec(
-                pieces=sp_pieces,
-                scores=scores,
-                types=sp_types,
+                pieces=[],
+                scores=[],
+                types=[],
                 model_type=_SPM_BPE,
-                byte_fallback=TOKEN_TYPE_BYTE in sp_types,
+                byte_fallback=has_bytes,
                 add_dummy_prefix=True if add_prefix is None else bool(add_prefix),
                 remove_extra_whitespaces=False,
                 escape_whitespaces=True,
             )
         else:
-            spec = replace(spec, pieces=sp_pieces, scores=scores, types=sp_types)
-            spec.byte_fallback = spec.byte_fallback and TOKEN_TYPE_BYTE in sp_types
+            spec = replace(spec, pieces=[], scores=[], types=[])
+            spec.byte_fallback = spec.byte_fallback and has_bytes
         spec.unk_id = unk_id
         spec.bos_id = -1 if self.bos_id is None else self.bos_id
         spec.eos_id = -1 if self.eos_id is None else self.eos_id
         spec.pad_id = -1 if self.pad_id is None else self.pad_id
-        self.spec = spec
+        self._settings = spec  # the spec without its pieces: see the spec property
         self.add_space_prefix = spec.add_dummy_prefix
-        self.model_proto = spec.to_model_proto()
+        proto += spec._proto_settings(n)
+        model_proto = bytes(proto)
+        del proto
 
         import sentencepiece
 
         try:
-            self._sp = sentencepiece.SentencePieceProcessor(model_proto=self.model_proto)
+            self._sp = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
         except (RuntimeError, OSError) as e:
             raise ModelFormatError(
                 f"the SentencePiece vocabulary could not be loaded ({e}); the GGUF tokenizer "
                 "metadata is inconsistent"
             ) from e
+        del model_proto
 
-        # Per-token bytes, the decoding table.
-        table: list[bytes] = []
-        for text, ty in zip(tokens, sp_types):
-            if ty == TOKEN_TYPE_BYTE:
-                table.append(bytes([int(text[3:5], 16)]))
-            elif ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN):
-                table.append(text.encode("utf-8"))
-            else:
-                table.append(text.replace(_SPACE, " ").encode("utf-8"))
-        self._token_bytes = table
         # decode() drops the first piece's leading space where SentencePiece does.
         self._strip_first_space = (
             spec.add_dummy_prefix or spec.remove_extra_whitespaces
         ) and not spec.treat_whitespace_as_suffix
-        self._byte_ids = frozenset(i for i, ty in enumerate(sp_types) if ty == TOKEN_TYPE_BYTE)
+        self._byte_ids = frozenset(byte_ids)
 
-        # Strings parsed as special tokens (control and unknown), leftmost-longest.
-        special_text: dict[str, int] = {}
-        for i, (text, ty) in enumerate(zip(tokens, sp_types)):
-            if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN) and text:
-                special_text.setdefault(text, i)
+        # Special-token strings in text are matched leftmost-longest.
         self._special_text = special_text
         self._special_re = _literal_regex(special_text)
 
         # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise.
         self._set_turn_and_special_ids(
-            meta, sp_types, [_id(k) for k in _EOT_KEYS], special_text.get, True
+            meta, self.token_types, [_id(k) for k in _EOT_KEYS], special_text.get, True
         )
+
+    @property
+    def spec(self) -> SentencePieceSpec:
+        """The SentencePiece model this tokenizer runs: its pieces (as the library holds them),
+        scores, types and settings. Rebuilt on each access; the vocabulary is not kept twice."""
+        pieces = [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+        return replace(
+            self._settings,
+            pieces=pieces,
+            scores=self._scores.tolist(),
+            types=self.token_types.tolist(),
+        )
+
+    @property
+    def model_proto(self) -> bytes:
+        """The serialized ModelProto the ``sentencepiece`` library was loaded from."""
+        return self.spec.to_model_proto()
 
     # -- construction from a tokenizer.model --------------------------------------------------
 
@@ -1040,7 +1150,8 @@ def sentencepiece_spec_to_metadata(spec: SentencePieceSpec) -> dict[str, Any]:
 
 
 def tokenizer_from_gguf_metadata(meta: dict[str, Any]) -> Tokenizer:
-    """The tokenizer a GGUF file's metadata describes (``meta``: GGUF key -> python value)."""
+    """The tokenizer a GGUF file's metadata describes (``meta``: GGUF key -> value; arrays as
+    lists, numpy arrays or :class:`~edgerun.formats.gguf.StringArray`)."""
     model = meta.get("tokenizer.ggml.model")
     if model is None:
         raise ModelFormatError(

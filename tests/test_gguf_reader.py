@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from edgerun.errors import EdgerunError, ModelFormatError, ModelNotFoundError
-from edgerun.formats.gguf import read_gguf
+from edgerun.formats.gguf import StringArray, read_gguf
 
 
 def test_matches_gguf_package(smollm2_path):
@@ -13,14 +13,33 @@ def test_matches_gguf_package(smollm2_path):
     for key, field in ref.fields.items():
         if key.startswith("GGUF."):
             continue
-        assert ours.metadata[key] == pytest.approx(field.contents()) or (
-            ours.metadata[key] == field.contents()
-        ), key
+        value = ours.metadata[key]
+        if isinstance(value, np.ndarray | StringArray):  # arrays stay in the mapped file
+            value = value.tolist()
+        assert value == pytest.approx(field.contents()) or value == field.contents(), key
     assert len(ours.infos) == len(ref.tensors)
     for t in ref.tensors[:40]:
         q = ours.tensor(t.name)
         assert q.qtype == int(t.tensor_type)
         assert np.array_equal(q.data.reshape(-1), np.asarray(t.data).view(np.uint8).reshape(-1))
+
+
+def test_metadata_arrays_stay_in_the_file(smollm2_path):
+    meta = read_gguf(smollm2_path).metadata
+    types = meta["tokenizer.ggml.token_type"]
+    assert isinstance(types, np.ndarray) and types.dtype == np.int32
+    assert not types.flags.owndata and not types.flags.writeable
+    tokens = meta["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, StringArray) and len(tokens) == len(types) == 49152
+    as_list = list(tokens)
+    assert tokens == as_list and as_list == tokens and tokens.tolist() == as_list
+    assert tokens[0] == as_list[0] and tokens[-1] == as_list[-1] and tokens[-3:] == as_list[-3:]
+    assert [tokens[i] for i in range(100, 120)] == as_list[100:120]
+    assert tokens != as_list[:-1]
+    with pytest.raises(IndexError):
+        tokens[len(tokens)]
+    merges = meta["tokenizer.ggml.merges"]
+    assert isinstance(merges, StringArray) and all(" " in m for m in merges)
 
 
 def test_tensor_views_do_not_copy(smollm2_path):

@@ -202,6 +202,52 @@ def test_token_bytes_and_errors(tiny):
         tiny.encode(b"bytes")  # type: ignore[arg-type]
 
 
+def test_gguf_file_arrays_give_the_same_tokenizer(tmp_path):
+    """Read from a GGUF, tokens/merges are StringArrays and token types a numpy view; the
+    tokenizer built from them is the one built from lists."""
+    import gguf
+    import numpy as np
+
+    from edgerun.formats.gguf import StringArray, read_gguf
+
+    # A verbatim (non byte-alphabet) normal token, a mislabelled control one, a repeated spelling.
+    meta = _tiny_meta(
+        "qwen2",
+        **{"tokenizer.ggml.tokens": [*_tiny_meta()["tokenizer.ggml.tokens"], "日本", "h é", "he"]},
+    )
+    meta["tokenizer.ggml.token_type"] = [*meta["tokenizer.ggml.token_type"], 1, 3, 1]
+    w = gguf.GGUFWriter(tmp_path / "t.gguf", "llama")
+    T = gguf.GGUFValueType
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        w.add_key_value(key, meta[key], T.ARRAY, T.STRING)
+    w.add_key_value(
+        "tokenizer.ggml.token_type", meta["tokenizer.ggml.token_type"], T.ARRAY, T.INT32
+    )
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
+        w.add_string(key, meta[key])
+    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 0)
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    from_file = read_gguf(tmp_path / "t.gguf").metadata
+    assert isinstance(from_file["tokenizer.ggml.merges"], StringArray)
+    assert isinstance(from_file["tokenizer.ggml.token_type"], np.ndarray)
+    a = tokenizer_from_gguf_metadata(meta)
+    b = tokenizer_from_gguf_metadata(from_file)
+    n = a.vocab_size
+    assert [a.token_bytes(i) for i in range(n)] == [b.token_bytes(i) for i in range(n)]
+    assert [a.id_to_token(i) for i in range(n)] == [b.id_to_token(i) for i in range(n)]
+    assert (a.special_ids, a.eos_ids) == (b.special_ids, b.eos_ids)
+    assert b.token_bytes(n - 3) == "日本".encode() and b.token_bytes(n - 1) == b"he"
+    for s in TRICKY_STRINGS:
+        ids = a.encode(s)
+        assert ids == b.encode(s) and a.decode(ids) == b.decode(ids) == s, repr(s)
+    assert b.decode(range(n)) == a.decode(range(n))
+
+
 def test_stream_decoder_holds_back_split_characters(tiny):
     ids = tiny.encode("é😀")  # 2 + 4 bytes, one byte token each
     assert len(ids) == 6

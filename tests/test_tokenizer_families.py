@@ -20,6 +20,7 @@ import random
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edgerun.errors import EdgerunError, InvalidArgumentError, ModelFormatError
@@ -254,6 +255,64 @@ def test_roundtrip_and_token_bytes(models):
             ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 12))]
             _check_stream(tok, ids)
             _check_stream(tok, ids, skip_special=True)
+
+
+def _write_gguf(path: Path, meta: dict) -> Path:
+    """A tensor-less GGUF file holding ``meta`` (lists become typed GGUF arrays)."""
+    import gguf
+
+    w = gguf.GGUFWriter(path, "llama")
+    T = gguf.GGUFValueType
+    for key, value in meta.items():
+        if isinstance(value, list):
+            sub = T.STRING if isinstance(value[0], str) else T.get_type(value[0])
+            if key == "tokenizer.ggml.scores":
+                sub = T.FLOAT32
+            w.add_key_value(key, value, T.ARRAY, sub)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        else:
+            w.add_string(key, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_file_arrays_give_the_same_tokenizer(models, tmp_path):
+    """Read from a GGUF, the arrays stay in the file (numpy views, StringArray); the tokenizer
+    built from them is the one built from lists, down to the ModelProto bytes."""
+    from edgerun.formats.gguf import StringArray, read_gguf
+
+    meta = _gguf_meta(models["bpe"], True)
+    meta["tokenizer.ggml.tokens"][7] = meta["tokenizer.ggml.tokens"][6]  # a repeated spelling
+    from_file = read_gguf(_write_gguf(tmp_path / "t.gguf", meta)).metadata
+    assert isinstance(from_file["tokenizer.ggml.tokens"], StringArray)
+    assert from_file["tokenizer.ggml.scores"].dtype == np.float32
+    a = tokenizer_from_gguf_metadata(meta)
+    b = tokenizer_from_gguf_metadata(from_file)
+    assert a.model_proto == b.model_proto and a.spec == b.spec
+    assert b.spec.to_model_proto() == b.model_proto
+    assert [a.token_bytes(i) for i in range(a.vocab_size)] == [
+        b.token_bytes(i) for i in range(b.vocab_size)
+    ]
+    assert (a.special_ids, a.eos_ids, a.unk_id, a.add_bos) == (
+        b.special_ids,
+        b.eos_ids,
+        b.unk_id,
+        b.add_bos,
+    )
+    assert [a.id_to_token(i) for i in range(a.vocab_size)] == [
+        b.id_to_token(i) for i in range(b.vocab_size)
+    ]
+    again = spm.SentencePieceProcessor(model_proto=b.model_proto)
+    for s in CORPUS:
+        ids = b.encode(s, add_bos=False, parse_special=False)
+        assert a.encode(s) == b.encode(s) and ids == again.encode(s, out_type=int), repr(s)
+        assert a.decode(ids) == b.decode(ids), repr(s)
 
 
 @pytest.mark.parametrize("name", ["bpe", "bpe_noprefix", "unigram_nfkc"])

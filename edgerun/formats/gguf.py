@@ -5,13 +5,21 @@ ids, alignment key). Its GGUFReader builds a numpy object per metadata item
 (about 2 s for a 49k-token vocabulary), which alone would blow the
 time-to-first-token budget, so the header is parsed here with one
 sequential pass over the mapped bytes; tests hold the result to GGUFReader.
+
+Metadata arrays stay in the mapped file rather than becoming Python lists (a
+262k-token vocabulary as lists of str and float costs ~35 MiB of heap): an
+array of numbers is a read-only numpy view of the file, an array of strings a
+:class:`StringArray` that decodes each string when it is read.
 """
 
 from __future__ import annotations
 
 import mmap
+import operator
 import os
 import struct
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +43,7 @@ _SCALAR = {
     GGUFValueType.INT64: "<q",
     GGUFValueType.FLOAT64: "<d",
 }
+_U64 = struct.Struct("<Q")
 _NUMPY = {
     GGUFValueType.UINT8: np.uint8,
     GGUFValueType.INT8: np.int8,
@@ -159,29 +168,94 @@ class _Cursor:
                 self.need(count * dt.itemsize, what)
                 arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos)
                 self.pos += count * dt.itemsize
-                return arr.tolist()
+                return arr  # read-only: the file is mapped with ACCESS_READ
             if itype == GGUFValueType.STRING:
                 return self._string_array(count, what)
             return [self.value(itype, what) for _ in range(count)]
         return self.unpack(_SCALAR[vt], what)
 
-    def _string_array(self, count: int, what: str) -> list[str]:
-        out = []
-        buf, pos, size = self.buf, self.pos, self.size
-        unpack = struct.unpack_from
-        for _ in range(count):
-            if pos + 8 > size:
-                self.pos = pos
-                self.need(8, what)
-            (n,) = unpack("<Q", buf, pos)
-            pos += 8
-            if pos + n > size:
-                self.pos = pos
-                self.need(n, what)
-            out.append(buf[pos : pos + n].decode("utf-8", errors="replace"))
-            pos += n
+    def _string_array(self, count: int, what: str) -> StringArray:
+        # Each string: a u64 length, then its bytes. The fast pass leaves bounds to struct and
+        # one check at the end; a file that fails them is walked again, checked, for the error.
+        base = pos = self.pos
+        buf = self.buf
+        unpack = _U64.unpack_from
+        offsets = array("q", [0])
+        append = offsets.append
+        try:
+            for _ in range(count):
+                pos += 8 + unpack(buf, pos)[0]
+                append(pos - base)
+        except (struct.error, OverflowError):
+            pos = self.size + 1
+        if pos > self.size:
+            self._check_strings(count, what)
         self.pos = pos
-        return out
+        if pos - base < 1 << 32:
+            offsets = array("I", offsets)
+        return StringArray(buf, base, offsets)
+
+    def _check_strings(self, count: int, what: str) -> None:
+        """Walk a string array with bounds checks; raises where it leaves the file."""
+        for _ in range(count):
+            n = self.unpack("<Q", what)
+            self.need(n, what)
+            self.pos += n
+
+
+class StringArray(Sequence[str]):
+    """A GGUF metadata array of strings, read from the mapped file when accessed.
+
+    Behaves as a read-only list of ``str`` (len, indexing, slicing, iteration, ``==`` with a
+    list); each access decodes the string again (UTF-8, invalid bytes replaced), so keep the
+    result when one string is read many times. :meth:`tolist` gives a plain list.
+    """
+
+    __slots__ = ("_buf", "_base", "_offsets")
+
+    def __init__(self, buf: Any, base: int, offsets: Sequence[int]) -> None:
+        # String i: a u64 length at base + offsets[i], its bytes up to base + offsets[i + 1].
+        self._buf = buf
+        self._base = base
+        self._offsets = offsets
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        i = operator.index(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("StringArray index out of range")
+        start = self._base + self._offsets[i] + 8
+        end = self._base + self._offsets[i + 1]
+        return self._buf[start:end].decode("utf-8", errors="replace")
+
+    def __iter__(self) -> Iterator[str]:
+        buf, start, end = self._buf, self._base + 8, self._base
+        ends = iter(self._offsets)
+        next(ends)
+        for a, b in zip(self._offsets, ends):
+            yield buf[start + a : end + b].decode("utf-8", errors="replace")
+
+    def tolist(self) -> list[str]:
+        return list(self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StringArray | list):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        n = len(self)
+        head = ", ".join(repr(s) for s in self[:3])
+        return f"StringArray([{head}{', ...' if n > 3 else ''}], len={n})"
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFFile:

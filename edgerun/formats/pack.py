@@ -266,9 +266,17 @@ class PackWriter:
             raise PackError(f"{self.dir}: tensor '{missing[0]}' was declared but never written")
         doc = {"format": PACK_FORMAT, "version": PACK_VERSION, **meta, "tensors": self.tensors}
         tmp = self.dir / (META_FILE + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False))
+        tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False, default=_json_list))
         os.replace(tmp, self.dir / META_FILE)
         return self.dir
+
+
+def _json_list(value: Any) -> Any:
+    """json.dumps fallback: GGUF metadata arrays (numpy views, StringArray) as lists."""
+    tolist = getattr(value, "tolist", None)
+    if tolist is None:
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    return tolist()
 
 
 # ---------------------------------------------------------------------------- reader
