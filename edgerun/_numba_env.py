@@ -11,23 +11,27 @@ import os
 import sys
 
 
-def wait_policy() -> str:
+def wait_policy() -> str | None:
     """OpenMP wait policy for the ~200 parallel regions of one decode step.
 
-    Measured on 2 cores (SmolLM2 decode, 2 threads): idle machine, spinning
-    ("active") 188 tok/s vs sleeping ("passive") 74; with 3 other busy
-    processes, active 21 vs passive 57 (spinning threads then wait out
-    scheduler slices). libgomp's default (spin a while, then sleep) was worst
-    under load. So spin when the CPUs are mostly idle at start, sleep when they
-    are more than half busy (a 50 ms sample).
+    Measured on 2 cores, SmolLM2, 2 threads. Idle machine: libgomp's default
+    (spin ~300k rounds, then sleep) decodes as fast as spinning forever
+    ("active", 167-177 vs 164-181 tok/s) and far faster than sleeping at once
+    ("passive", 63-74). One other busy process: active 2 tok/s (a spinning thread
+    holds the core the working thread needs), default 62, passive 101; and with
+    the threads cut to the free cores (cpu_share.ThreadGovernor) the default's
+    bounded spin lets the unused pool thread fall asleep, where active keeps it
+    spinning. So: the default, which the governor can steer, unless the CPUs are
+    already more than half busy at start (a 50 ms sample): then passive, which
+    does best with a fixed thread count under load.
     """
     try:
         import psutil
 
         busy = psutil.cpu_percent(interval=0.05)  # all CPUs, now (load averages lag)
     except Exception:  # noqa: BLE001 - no reading: assume an idle machine
-        return "active"
-    return "passive" if busy > 50.0 else "active"
+        return None
+    return "passive" if busy > 50.0 else None
 
 
 def configure() -> None:
@@ -35,7 +39,10 @@ def configure() -> None:
         return  # too late to change compiler flags; kernels still run correctly
     os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
     os.environ.setdefault("NUMBA_LOOP_VECTORIZE", "0")
-    os.environ.setdefault("OMP_WAIT_POLICY", wait_policy())
+    if "OMP_WAIT_POLICY" not in os.environ:
+        policy = wait_policy()
+        if policy:
+            os.environ["OMP_WAIT_POLICY"] = policy
     if "NUMBA_CACHE_DIR" not in os.environ:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "edgerun", "numba")

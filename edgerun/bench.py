@@ -140,7 +140,7 @@ def run(
         "params": n_params,
         "quant": "/".join(f for f, _ in formats.most_common()),
         "kernel_path": kernel_path(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default",
         "load_seconds": model.load_seconds,
         "peak_rss_bytes": peak_rss,
         "runtime_rss_bytes": runtime_rss,

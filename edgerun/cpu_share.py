@@ -1,14 +1,14 @@
 """How many threads decoding should use while other processes share the CPUs.
 
-OpenMP threads spin between the ~200 parallel regions of a decode step when the
-wait policy is "active" (see _numba_env.wait_policy). That is fast on idle cores
-and ruinous on busy ones: a spinning thread holds a core while the thread that
-has the work waits for a scheduler slice. Measured on 2 cores, SmolLM2 decode,
-one other busy process: 2 threads spinning 2 tok/s, 1 thread spinning 113,
-2 threads sleeping ("passive") 101; idle machine: 2 threads spinning 183.
-So with automatic threads and an active wait policy, the governor re-reads the
-CPU time other processes took every quarter second and uses only the cores
-they leave free.
+OpenMP threads spin between the ~200 parallel regions of a decode step unless
+the wait policy is "passive" (see _numba_env.wait_policy). That is fast on idle
+cores and ruinous on busy ones: a spinning thread holds a core while the thread
+that has the work waits for a scheduler slice. Measured on 2 cores, SmolLM2
+decode, one other busy process: 2 threads with libgomp's default spin 62 tok/s
+(spinning forever: 2), 1 thread 113, 2 threads sleeping ("passive") 101; idle
+machine: 2 threads spinning 177. So with automatic threads and a spinning wait
+policy, the governor re-reads the CPU time other processes took (every quarter
+second) and uses only the cores they leave free.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def read_cpu_sample() -> CpuSample:
 
 def wait_policy_spins() -> bool:
     """Whether OpenMP threads spin between parallel regions (this process's setting)."""
-    return os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "active"
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().lower() != "passive"
 
 
 class ThreadGovernor:
@@ -70,18 +70,28 @@ class ThreadGovernor:
         adaptive: bool = True,
         interval: float = 0.25,
         reader: Callable[[], CpuSample] = read_cpu_sample,
+        first_interval: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_threads = max(1, max_threads)
         self.n_cpus = max(1, n_cpus)
         self.adaptive = adaptive
         self.interval = interval
+        # The first decision comes sooner: until it, a busy machine pays the full
+        # price of spinning threads. 50 ms of CPU accounting (10 ms ticks) tells a
+        # busy core from an idle one.
+        self._window = min(first_interval, interval)
         self._reader = reader
+        self._clock = clock
+        self._due = 0.0  # clock time of the next decision; reading /proc costs ~0.1 ms
         self._last: CpuSample | None = None
         self.threads = self.max_threads
+        if adaptive:
+            self.update()  # the first sample: decoding can decide on its first token
 
     def update(self) -> int:
         """Threads to use now; re-decided at most once per interval."""
-        if not self.adaptive:
+        if not self.adaptive or self._clock() < self._due:
             return self.threads
         try:
             now = self._reader()
@@ -90,10 +100,13 @@ class ThreadGovernor:
             return self.threads
         if self._last is None:
             self._last = now
+            self._due = self._clock() + self._window
             return self.threads
         wall = now[0] - self._last[0]
-        if wall <= 0.0 or wall < self.interval:
+        if wall <= 0.0 or wall < self._window:
             return self.threads
+        self._window = self.interval
+        self._due = self._clock() + self.interval
         others = max(0.0, (now[1] - self._last[1]) - (now[2] - self._last[2])) / wall
         self._last = now
         free = self.n_cpus - others

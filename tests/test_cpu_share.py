@@ -25,13 +25,16 @@ class FakeCpu:
         self.ours += ours
         self.busy += ours + others
 
+    def clock(self) -> float:
+        return self.wall
+
     def __call__(self) -> tuple[float, float, float]:
         return self.wall, self.busy, self.ours
 
 
 def test_idle_machine_keeps_all_threads() -> None:
     cpu = FakeCpu()
-    g = ThreadGovernor(4, 4, reader=cpu)
+    g = ThreadGovernor(4, 4, reader=cpu, clock=cpu.clock)
     assert g.update() == 4  # first call only records a sample
     cpu.tick(0.5, ours=2.0, others=0.05)
     assert g.update() == 4
@@ -39,7 +42,7 @@ def test_idle_machine_keeps_all_threads() -> None:
 
 def test_busy_cores_are_given_up_and_taken_back() -> None:
     cpu = FakeCpu()
-    g = ThreadGovernor(2, 2, reader=cpu)
+    g = ThreadGovernor(2, 2, reader=cpu, clock=cpu.clock)
     g.update()
     cpu.tick(0.5, ours=0.6, others=0.4)  # another process took 0.8 of a core
     assert g.update() == 1
@@ -51,7 +54,7 @@ def test_busy_cores_are_given_up_and_taken_back() -> None:
 
 def test_light_background_load_does_not_cost_a_thread() -> None:
     cpu = FakeCpu()
-    g = ThreadGovernor(2, 2, reader=cpu)
+    g = ThreadGovernor(2, 2, reader=cpu, clock=cpu.clock)
     g.update()
     cpu.tick(1.0, ours=1.8, others=0.2)
     assert g.update() == 2
@@ -59,17 +62,27 @@ def test_light_background_load_does_not_cost_a_thread() -> None:
 
 def test_decisions_wait_for_the_interval() -> None:
     cpu = FakeCpu()
-    g = ThreadGovernor(2, 2, interval=0.25, reader=cpu)
-    g.update()
-    cpu.tick(0.1, ours=0.1, others=0.1)  # 1 core busy, but only 0.1 s seen
+    g = ThreadGovernor(2, 2, interval=0.25, first_interval=0.05, reader=cpu, clock=cpu.clock)
+    cpu.tick(0.02, ours=0.02, others=0.02)  # 1 core busy, but only 20 ms seen
     assert g.update() == 2
-    cpu.tick(0.2, ours=0.2, others=0.2)
+    cpu.tick(0.04, ours=0.04, others=0.04)  # the first decision needs only 50 ms
+    assert g.update() == 1
+    cpu.tick(0.1, ours=0.2, others=0.0)  # later ones wait for the full interval
+    assert g.update() == 1
+    cpu.tick(0.2, ours=0.4, others=0.0)
+    assert g.update() == 2
+
+
+def test_first_sample_is_taken_at_construction() -> None:
+    cpu = FakeCpu()
+    g = ThreadGovernor(2, 2, reader=cpu, clock=cpu.clock)
+    cpu.tick(0.5, ours=0.0, others=1.0)  # e.g. while the user typed a prompt
     assert g.update() == 1
 
 
 def test_fixed_threads_never_change() -> None:
     cpu = FakeCpu()
-    g = ThreadGovernor(2, 2, adaptive=False, reader=cpu)
+    g = ThreadGovernor(2, 2, adaptive=False, reader=cpu, clock=cpu.clock)
     g.update()
     cpu.tick(1.0, ours=0.5, others=2.0)
     assert g.update() == 2
@@ -85,9 +98,13 @@ def test_a_failing_reader_turns_adaptation_off() -> None:
 
 def test_real_cpu_sample_is_monotonic() -> None:
     a = read_cpu_sample()
-    sum(i * i for i in range(200_000))
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.1:  # 100 ms of our own CPU time
+        pass
     b = read_cpu_sample()
-    assert b[0] > a[0] and b[1] >= a[1] and b[2] > a[2]
+    assert b[0] - a[0] >= 0.1
+    assert b[2] - a[2] >= 0.05  # our CPU seconds, 10 ms ticks
+    assert b[1] - a[1] >= b[2] - a[2] - 0.02  # everyone's busy time includes ours
 
 
 @pytest.mark.skipif(
@@ -113,7 +130,7 @@ def test_generator_follows_the_governor(smollm2) -> None:
     cpu = FakeCpu()
     gen = smollm2.generator
     saved = gen.governor
-    gen.governor = ThreadGovernor(2, 2, interval=0.0, reader=cpu)
+    gen.governor = ThreadGovernor(2, 2, interval=0.0, reader=cpu, clock=cpu.clock)
     try:
         numba.set_num_threads(2)
         ids = smollm2.tokenize("Once upon a time")
