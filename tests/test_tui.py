@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tui.app import ChatApp
-from tui.backend import fit_by_dropping, prompt_ids, transcript
+from tui.backend import _threads, fit_by_dropping, prompt_ids, transcript
 from tui.screens import ContextFullScreen, HelpScreen, SettingsResult, SettingsScreen
 from tui.store import ChatSettings, Conversation, ConversationStore
 from tui.widgets import ChatInput, MessageView
@@ -151,6 +153,7 @@ def test_stream_answer_save_and_resume(model, tmp_path):
             assert rows["Model"] == "smollm2-135m" and rows["Quant"] == "Q4_1"
             assert rows["Context"].split(" / ")[1].startswith("1024")
             assert "tok/s" in rows["Generation"] and "MiB" in rows["Peak RSS"]
+            assert re.fullmatch(r"\d+( of \d+)?", rows["Threads"]), rows["Threads"]
             # copy the last answer
             await pilot.press("ctrl+o")
             assert app.clipboard == answer["content"]
@@ -438,3 +441,13 @@ def test_write_readme_screenshot(model, tmp_path):
             app.save_screenshot(path=str(docs), filename="tui.svg")
 
     run(go())
+
+
+def test_threads_row_says_how_many_of_how_many() -> None:
+    fixed = SimpleNamespace(threads=4, governor=SimpleNamespace(adaptive=False))
+    assert _threads(fixed) == "4"
+    auto = SimpleNamespace(
+        threads=4, governor=SimpleNamespace(adaptive=True, threads=3, max_threads=4)
+    )
+    assert _threads(auto) == "3 of 4"
+    assert _threads(None) == "-"

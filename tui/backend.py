@@ -76,6 +76,16 @@ def model_quant(model: Any) -> str:
         return "?"
 
 
+def _threads(model) -> str:
+    """Threads in use; with automatic threads, out of how many (other load takes cores)."""
+    if model is None:
+        return "-"
+    gov = getattr(model, "governor", None)
+    if gov is None or not gov.adaptive:
+        return str(model.threads)
+    return f"{gov.threads} of {gov.max_threads}"
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:.0f} MiB"
 
@@ -123,7 +133,7 @@ def default_providers(app: Any) -> list[tuple[str, Callable[[], str]]]:
         ("Prompt", prompt),
         ("Generation", gen),
         ("Finish", finish),
-        ("Threads", lambda: str(app.model.threads) if app.model else "-"),
+        ("Threads", lambda: _threads(app.model)),
         ("Load", lambda: f"{app.model.load_seconds:.2f} s" if app.model else "-"),
         ("Peak RSS", lambda: _mib(peak_rss_bytes())),
         ("Status", lambda: app.status_text),
