@@ -72,7 +72,9 @@ def _child_llamacpp(path: str, n_ctx: int, n_prompt: int, n_gen: int, threads: i
     llm = Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
     llm.eval(_prompt_ids(llm.n_vocab(), n_prompt))
     for _ in range(n_gen):
-        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        # llama-cpp-python keeps no scores without logits_all: read the last row directly
+        last = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+        llm.eval([int(np.argmax(last))])
     return {"floor": floor, "peak": _peak_rss(), "kv_bytes": None}
 
 

@@ -36,7 +36,9 @@ def _llama_tg(llm, first, n):
     t0 = time.perf_counter()
     for _ in range(n):
         llm.eval([tok])
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        # without logits_all llama-cpp-python stores no scores: read the last row directly
+        last = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+        tok = int(np.argmax(last))
     return n / (time.perf_counter() - t0)
 
 
