@@ -46,6 +46,19 @@ def test_glu(kind):
     np.testing.assert_allclose(glu(g, u, kind), glu_reference(g, u, kind), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
+def test_glu_saturates_without_overflow(kind):
+    """Large |g| (exp overflows in float32) must give x * u or 0, never nan/inf."""
+    g = np.array([[-1e4, -200.0, -60.0, -0.0, 0.0, 60.0, 200.0, 1e4]], dtype=np.float32)
+    u = np.full_like(g, 0.5)
+    out = glu(g, u, kind)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, glu_reference(g, u, kind), rtol=1e-6, atol=1e-6)
+    # the parallel kernel (large inputs) agrees with the serial one
+    big_g = np.tile(g, (8192, 1))
+    np.testing.assert_allclose(glu(big_g, np.tile(u, (8192, 1)), kind)[-1], out[0])
+
+
 @pytest.mark.parametrize(
     "n,start,hq,hkv,hd,window",
     [

@@ -11,7 +11,8 @@ from numba import njit, prange
 def glu_reference(g: np.ndarray, u: np.ndarray, kind: str) -> np.ndarray:
     g64 = g.astype(np.float64)
     if kind == "silu":
-        a = g64 / (1.0 + np.exp(-g64))
+        with np.errstate(over="ignore"):  # exp(-g) -> inf gives the right limit, 0
+            a = g64 / (1.0 + np.exp(-g64))
     elif kind == "gelu_tanh":
         a = 0.5 * g64 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (g64 + 0.044715 * g64**3)))
     else:
@@ -28,11 +29,14 @@ def _silu_mul_row(g, u, out):
 
 @njit(cache=True, fastmath=True, inline="always")
 def _gelu_tanh_mul_row(g, u, out):
-    k = np.float32(math.sqrt(2.0 / math.pi))
+    # 0.5 * (1 + tanh(z)) == sigmoid(2z): one exp, as in SiLU, instead of tanh, which
+    # Numba leaves a scalar libm call (Gemma 3 prefill: 18 -> ~4 ns per element).
+    k2 = np.float32(2.0 * math.sqrt(2.0 / math.pi))
+    c = np.float32(0.044715)
     for j in range(g.shape[0]):
         x = g[j]
-        t = np.tanh(k * (x + np.float32(0.044715) * x * x * x))
-        out[j] = np.float32(0.5) * x * (np.float32(1.0) + t) * u[j]
+        z2 = k2 * (x + c * x * x * x)
+        out[j] = x / (np.float32(1.0) + np.exp(-z2)) * u[j]
 
 
 @njit(cache=True, parallel=True, fastmath=True)
