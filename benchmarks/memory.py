@@ -4,15 +4,17 @@ Each run is a child process that imports the engine (its RSS then is the runtime
 floor: interpreter, numpy, Numba/LLVM or libllama), loads the GGUF with a context
 of C positions, prefills P prompt tokens and greedily decodes N more, then
 reports its peak RSS (getrusage ru_maxrss). The KV cache is counted at what the
-engine allocates for C positions: edgerun float32 K and V, llama.cpp its default
-f16. The budget checked is peak <= 1.3 x (GGUF file + KV cache); the same ratio
-with the runtime floor taken out shows what the model itself costs.
+engine allocates for C positions: edgerun float32 K and V (f16 with --kv-type
+f16), llama.cpp its default f16. The budget checked is peak <= 1.3 x (GGUF file
++ KV cache); the same ratio with the runtime floor taken out shows what the
+model itself costs.
 llama.cpp is skipped (with the install command printed) when llama-cpp-python is
 not installed:
 
     CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36
 
-Usage: python benchmarks/memory.py [-m MODEL ...] [-c 2048] [-p 128] [-n 128] [-t 2] [-r 3] [--json]
+Usage: python benchmarks/memory.py [-m MODEL ...] [-c 2048] [-p 128] [-n 128] [-t 2] [-r 3]
+                                  [--kv-type f32|f16] [--json]
 """
 
 from __future__ import annotations
@@ -49,14 +51,16 @@ def _prompt_ids(vocab: int, n: int) -> list[int]:
     return [rng.randrange(1000, min(vocab, 30000)) for _ in range(n)]
 
 
-def _child_edgerun(path: str, n_ctx: int, n_prompt: int, n_gen: int, threads: int) -> dict:
+def _child_edgerun(
+    path: str, n_ctx: int, n_prompt: int, n_gen: int, threads: int, kv_type: str = "f32"
+) -> dict:
     import numpy as np
 
     import edgerun  # noqa: F401  (configures Numba before anything compiles)
     from edgerun.api import load
 
     floor = _rss_now()
-    model = load(path, n_ctx=n_ctx, threads=threads)
+    model = load(path, n_ctx=n_ctx, threads=threads, kv_type=kv_type)
     gen = model.generator
     logits = gen.prefill(_prompt_ids(model.spec.vocab_size, n_prompt))
     for _ in range(n_gen):
@@ -64,7 +68,9 @@ def _child_edgerun(path: str, n_ctx: int, n_prompt: int, n_gen: int, threads: in
     return {"floor": floor, "peak": _peak_rss(), "kv_bytes": gen.cache.nbytes}
 
 
-def _child_llamacpp(path: str, n_ctx: int, n_prompt: int, n_gen: int, threads: int) -> dict:
+def _child_llamacpp(
+    path: str, n_ctx: int, n_prompt: int, n_gen: int, threads: int, kv_type: str = "f16"
+) -> dict:
     import numpy as np
     from llama_cpp import Llama
 
@@ -97,6 +103,8 @@ def _run_child(engine: str, path: str, args) -> dict:
         str(args.n_gen),
         "-t",
         str(args.threads),
+        "--kv-type",
+        args.kv_type,
     ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
@@ -175,12 +183,16 @@ def main(argv=None) -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--kv-type", choices=("f32", "f16"), default="f32", help="edgerun's KV cache")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         fn = CHILDREN[args.child]
-        res = fn(args.model[0], args.ctx, args.n_prompt, args.n_gen, args.threads)
+        if args.child == "edgerun":
+            res = fn(args.model[0], args.ctx, args.n_prompt, args.n_gen, args.threads, args.kv_type)
+        else:
+            res = fn(args.model[0], args.ctx, args.n_prompt, args.n_gen, args.threads)
         print(json.dumps(res))
         return 0
     if importlib.util.find_spec("llama_cpp") is None:

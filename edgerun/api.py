@@ -19,7 +19,7 @@ from edgerun.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
 from edgerun.engine import PREFILL_CHUNK, GenerationStats, Generator
 from edgerun.errors import EdgerunError, InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import read_gguf
-from edgerun.kvcache import KVCache
+from edgerun.kvcache import KVCache, check_kv_type
 from edgerun.model import Transformer
 from edgerun.sampling import DEFAULT_SAMPLING, SamplingParams
 from edgerun.sysinfo import default_threads
@@ -71,8 +71,15 @@ _set_threads = set_threads  # the name bench and cli import
 class Model:
     """A loaded model with its tokenizer and one conversation's KV cache."""
 
-    def __init__(self, path: Path, n_ctx: int = DEFAULT_CTX, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        n_ctx: int = DEFAULT_CTX,
+        threads: int | None = None,
+        kv_type: str = "f32",
+    ) -> None:
         t0 = time.perf_counter()
+        self.kv_type = check_kv_type(kv_type)
         self.path = Path(path)
         if self.path.is_dir():  # an edgerun pack (edgerun convert)
             from edgerun.formats.pack import read_pack
@@ -99,7 +106,9 @@ class Model:
         self.governor = ThreadGovernor(
             self.threads, default_threads(), adaptive=threads is None and wait_policy_spins()
         )
-        self.generator = Generator(self.transformer, self.tokenizer, self.n_ctx, self.governor)
+        self.generator = Generator(
+            self.transformer, self.tokenizer, self.n_ctx, self.governor, kv_type
+        )
         self.load_seconds = time.perf_counter() - t0
 
     # -- introspection --------------------------------------------------------
@@ -140,7 +149,7 @@ class Model:
                 f"token id {bad[0]} is outside the vocabulary [0, {self.spec.vocab_size})"
             )
         _set_threads(self.threads)
-        cache = KVCache(self.spec, len(ids))
+        cache = KVCache(self.spec, len(ids), self.kv_type)
         parts = [
             self.transformer.forward(ids[i : i + PREFILL_CHUNK], cache, all_logits=True)
             for i in range(0, len(ids), PREFILL_CHUNK)
@@ -219,6 +228,12 @@ def load(
     n_ctx: int = DEFAULT_CTX,
     threads: int | None = None,
     auto_pull: bool | None = None,
+    kv_type: str = "f32",
 ) -> Model:
-    """Load a model by registry name (default: the registry's default), alias or path."""
-    return Model(resolve_model(model, auto_pull), n_ctx=n_ctx, threads=threads)
+    """Load a model by registry name (default: the registry's default), alias or path.
+
+    kv_type "f16" halves the KV cache's memory (llama.cpp's default); "f32" keeps
+    the attention inputs exact.
+    """
+    check_kv_type(kv_type)
+    return Model(resolve_model(model, auto_pull), n_ctx=n_ctx, threads=threads, kv_type=kv_type)

@@ -27,6 +27,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         default=2048,
         help="context size in tokens (0 = the model's maximum)",
     )
+    p.add_argument(
+        "--kv-type",
+        choices=("f32", "f16"),
+        default="f32",
+        help="KV cache element type: f16 halves its memory (default: f32)",
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -122,7 +128,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if sys.stdin is None or sys.stdin.isatty():
             raise EdgerunError("no prompt given: pass it as an argument or on standard input")
         prompt = sys.stdin.read()
-    model = edgerun.load(args.model, n_ctx=args.ctx, threads=args.threads)
+    model = edgerun.load(args.model, n_ctx=args.ctx, threads=args.threads, kv_type=args.kv_type)
     if _numba_env.kernel_cache_is_cold():
         print(
             "edgerun: first run: compiling kernels (a minute or so; cached afterwards)",

@@ -83,10 +83,11 @@ class Generator:
         tokenizer: Tokenizer,
         n_ctx: int,
         governor: ThreadGovernor | None = None,
+        kv_type: str = "f32",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.cache = KVCache(model.spec, n_ctx)
+        self.cache = KVCache(model.spec, n_ctx, kv_type)
         self.stats = GenerationStats()
         self.governor = governor
 

@@ -13,7 +13,7 @@ import mmap
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec
-from edgerun.errors import ContextOverflowError
+from edgerun.errors import ContextOverflowError, InvalidArgumentError
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -31,22 +31,38 @@ def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
 
-class KVCache:
-    """Keys and values for every layer: float32 [layers, kv_heads, n_ctx, head_dim]."""
+# Element types a cache can hold. f16 halves the memory (llama.cpp's default cache
+# type); it is stored as raw uint16 bits because Numba has no float16 on the CPU, and
+# the attention kernel widens each value as it reads it.
+KV_TYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.uint16)}
 
-    def __init__(self, spec: ModelSpec, n_ctx: int) -> None:
+
+def check_kv_type(kv_type: str) -> str:
+    if kv_type not in KV_TYPES:
+        raise InvalidArgumentError(
+            f"unknown KV cache type {kv_type!r}; expected one of {', '.join(KV_TYPES)}"
+        )
+    return kv_type
+
+
+class KVCache:
+    """Keys and values for every layer: [layers, kv_heads, n_ctx, head_dim] of f32 or f16."""
+
+    def __init__(self, spec: ModelSpec, n_ctx: int, kv_type: str = "f32") -> None:
         if n_ctx <= 0:
             raise ContextOverflowError(f"context size must be positive, got {n_ctx}")
+        self.kv_type = check_kv_type(kv_type)
         shape = (spec.n_layers, spec.n_kv_heads, n_ctx, spec.head_dim)
-        self.k = lazy_zeros(shape, np.float32)
-        self.v = lazy_zeros(shape, np.float32)
+        self.k = lazy_zeros(shape, KV_TYPES[kv_type])
+        self.v = lazy_zeros(shape, KV_TYPES[kv_type])
         self.n_ctx = n_ctx
         self.tokens: list[int] = []  # ids whose keys/values are stored, in order
 
     @staticmethod
-    def bytes_for(spec: ModelSpec, n_ctx: int) -> int:
-        """Bytes a cache of n_ctx positions reserves (K and V, float32)."""
-        return 2 * spec.n_layers * spec.n_kv_heads * n_ctx * spec.head_dim * 4
+    def bytes_for(spec: ModelSpec, n_ctx: int, kv_type: str = "f32") -> int:
+        """Bytes a cache of n_ctx positions reserves (K and V)."""
+        item = KV_TYPES[check_kv_type(kv_type)].itemsize
+        return 2 * spec.n_layers * spec.n_kv_heads * n_ctx * spec.head_dim * item
 
     @property
     def length(self) -> int:
@@ -70,6 +86,9 @@ class KVCache:
     def store(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """k, v [n, kv_heads, head_dim] for positions start .. start + n - 1."""
         n = k.shape[0]
+        if self.kv_type == "f16":  # round to nearest even, keep the bits
+            k = k.astype(np.float16).view(np.uint16)
+            v = v.astype(np.float16).view(np.uint16)
         self.k[layer, :, start : start + n] = k.transpose(1, 0, 2)
         self.v[layer, :, start : start + n] = v.transpose(1, 0, 2)
 

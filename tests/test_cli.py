@@ -18,6 +18,18 @@ def test_generate_end_to_end():
     assert "tok/s" in r.stderr and "peak RSS" in r.stderr and "load" in r.stderr
 
 
+def test_generate_with_f16_kv_cache_and_automatic_threads():
+    r = _run("generate", "What is the capital of France?", "--temp", "0", "-n", "24")
+    r16 = _run(
+        "generate", "What is the capital of France?", "--temp", "0", "-n", "24", "--kv-type", "f16"
+    )
+    assert r.returncode == 0 and r16.returncode == 0, r16.stderr
+    assert "Paris" in r16.stdout
+    assert "threads: " in r16.stderr
+    bad = _run("generate", "hi", "--kv-type", "q4")
+    assert bad.returncode != 0 and "invalid choice: 'q4'" in bad.stderr
+
+
 def test_generate_raw_and_sampling_flags():
     r = _run(
         "generate",

@@ -8,7 +8,7 @@ import numpy as np
 import psutil
 import pytest
 
-from edgerun.errors import ContextOverflowError
+from edgerun.errors import ContextOverflowError, InvalidArgumentError
 from edgerun.kvcache import KVCache, lazy_zeros
 
 
@@ -37,6 +37,24 @@ def test_store_and_read_back() -> None:
     assert not cache.k[0].any() and not cache.k[1, :, :4].any()
 
 
+def test_f16_cache_stores_rounded_half_bits() -> None:
+    cache = KVCache(_spec(), 16, "f16")
+    assert cache.k.dtype == np.uint16 and cache.nbytes == KVCache.bytes_for(_spec(), 16, "f16")
+    assert KVCache.bytes_for(_spec(), 16, "f16") * 2 == KVCache.bytes_for(_spec(), 16)
+    rng = np.random.default_rng(2)
+    k = (rng.standard_normal((2, 2, 64)) * 100).astype(np.float32)
+    v = rng.standard_normal((2, 2, 64)).astype(np.float32)
+    cache.store(0, 3, k, v)
+    got = cache.k[0, :, 3:5].view(np.float16)
+    np.testing.assert_array_equal(got, k.astype(np.float16).transpose(1, 0, 2))
+    np.testing.assert_allclose(got.astype(np.float32), k.transpose(1, 0, 2), rtol=1e-3)
+
+
+def test_unknown_kv_type_is_named() -> None:
+    with pytest.raises(InvalidArgumentError, match="'q8'.*f32, f16"):
+        KVCache(_spec(), 16, "q8")
+
+
 def test_overflow_names_the_numbers() -> None:
     cache = KVCache(_spec(), 8)
     cache.tokens.extend(range(6))
@@ -44,13 +62,14 @@ def test_overflow_names_the_numbers() -> None:
         cache.check_fits(3)
 
 
-def test_resident_memory_follows_tokens_not_window() -> None:
-    """A 2 x 384 MiB window holding 16 tokens must not make the whole window resident."""
-    spec = _spec(n_layers=32, n_kv_heads=8, head_dim=128)  # 1 MiB per (layer, head) slab
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_resident_memory_follows_tokens_not_window(kv_type) -> None:
+    """A window of hundreds of MiB holding 16 tokens must not make the whole window resident."""
+    spec = _spec(n_layers=32, n_kv_heads=8, head_dim=128)  # 0.5-1 MiB per (layer, head) slab
     proc = psutil.Process()
     before = proc.memory_info().rss
-    cache = KVCache(spec, 2048)
-    assert cache.nbytes == 2 * 32 * 8 * 2048 * 128 * 4
+    cache = KVCache(spec, 2048, kv_type)
+    assert cache.nbytes == 2 * 32 * 8 * 2048 * 128 * cache.k.itemsize
     rng = np.random.default_rng(1)
     for layer in range(spec.n_layers):
         k = rng.standard_normal((16, 8, 128)).astype(np.float32)

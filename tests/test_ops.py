@@ -80,6 +80,22 @@ def test_attention(n, start, hq, hkv, hd, window):
     )
 
 
+@pytest.mark.parametrize("hd", [8, 64, 72])
+def test_attention_reads_an_f16_cache(hd):
+    """f16 caches hold raw float16 bits (uint16); the kernel widens them exactly."""
+    n, start, hq, hkv = 4, 6, 6, 2
+    L = start + n
+    q = rng.standard_normal((n, hq, hd)).astype(np.float32)
+    k = rng.standard_normal((hkv, L, hd)).astype(np.float16)
+    v = rng.standard_normal((hkv, L, hd)).astype(np.float16)
+    out = attention(q, k.view(np.uint16), v.view(np.uint16), start)
+    want = attention_reference(q, k.astype(np.float32), v.astype(np.float32), start)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        attention_reference(q, k.view(np.uint16), v.view(np.uint16), start), want, rtol=1e-6
+    )
+
+
 def test_attention_is_causal():
     q = rng.standard_normal((3, 2, 8)).astype(np.float32)
     k = rng.standard_normal((1, 3, 8)).astype(np.float32)

@@ -160,6 +160,7 @@ class ChatApp(App):
         model: Any = None,
         n_ctx: int = 2048,
         threads: int | None = None,
+        kv_type: str = "f32",
         system: str | None = None,
         conversations_dir: str | Path | None = None,
         resume: bool = False,
@@ -173,6 +174,7 @@ class ChatApp(App):
         self.model_quant = ""
         self.n_ctx = n_ctx
         self.threads = threads
+        self.kv_type = kv_type
         self.warmup = warmup
         self.store = ConversationStore(conversations_dir)
         self.status_text = "starting"
@@ -325,7 +327,7 @@ class ChatApp(App):
         try:
             import edgerun
 
-            model = edgerun.load(name, n_ctx=n_ctx, threads=self.threads)
+            model = edgerun.load(name, n_ctx=n_ctx, threads=self.threads, kv_type=self.kv_type)
             quant = model_quant(model)
             if self.warmup:  # compile / load the Numba kernels before the first question
                 try:
@@ -780,6 +782,7 @@ def run(args: Any) -> int:
         getattr(args, "model", None),
         n_ctx=getattr(args, "ctx", 2048),
         threads=getattr(args, "threads", None),
+        kv_type=getattr(args, "kv_type", "f32"),
         system=getattr(args, "system", None),
         conversations_dir=getattr(args, "conversations_dir", None),
         resume=getattr(args, "resume", False),
@@ -795,6 +798,7 @@ def main() -> None:  # python -m tui.app
     p.add_argument("-m", "--model", default=None)
     p.add_argument("-c", "--ctx", type=int, default=2048)
     p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("--kv-type", choices=("f32", "f16"), default="f32")
     p.add_argument("--system", default=None)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--conversations-dir", default=None)

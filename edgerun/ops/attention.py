@@ -4,15 +4,33 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
-from edgerun.ops._simd import stack16
+from edgerun.ops._simd import h2f, stack16
+
+
+def _widen(x):
+    """A cache element as float32: f32 as is, f16 bits (uint16) converted."""
+    return x
+
+
+@overload(_widen, inline="always")
+def _widen_impl(x):
+    if isinstance(x, types.Float):
+        return lambda x: x
+    if isinstance(x, types.Integer):
+        return lambda x: h2f(x)
+    return None
 
 
 def attention_reference(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, window: int = 0
 ) -> np.ndarray:
-    """q [n, Hq, hd]; k, v [Hkv, L, hd] with L >= start + n. Query i sits at start + i."""
+    """q [n, Hq, hd]; k, v [Hkv, L, hd] with L >= start + n. Query i sits at start + i.
+    k and v may be f16 bits (uint16), as an f16 cache stores them."""
+    if k.dtype == np.uint16:
+        k, v = k.view(np.float16), v.view(np.float16)
     n, hq, hd = q.shape
     hkv = k.shape[0]
     group = hq // hkv
@@ -39,12 +57,12 @@ def _dot(a, b, acc, n16, hd):
         ab = a[c * 16 : c * 16 + 16]
         bb = b[c * 16 : c * 16 + 16]
         for l in range(16):
-            acc[l] += ab[l] * bb[l]
+            acc[l] += ab[l] * _widen(bb[l])
     s = np.float32(0.0)
     for l in range(16):
         s += acc[l]
     for d in range(n16 * 16, hd):
-        s += a[d] * b[d]
+        s += a[d] * _widen(b[d])
     return s
 
 
@@ -55,9 +73,9 @@ def _axpy(o, w, x, n16, hd):
         ob = o[c * 16 : c * 16 + 16]
         xb = x[c * 16 : c * 16 + 16]
         for l in range(16):
-            ob[l] += w * xb[l]
+            ob[l] += w * _widen(xb[l])
     for d in range(n16 * 16, hd):
-        o[d] += w * x[d]
+        o[d] += w * _widen(x[d])
 
 
 @njit(cache=True, parallel=True, fastmath=True)
