@@ -67,15 +67,25 @@ def _dot(a, b, acc, n16, hd):
 
 
 @njit(inline="always")
-def _axpy(o, w, x, n16, hd):
-    """o[:hd] += w * x[:hd], 16 lanes at a time for the same reason."""
+def _weighted_sum(o, p, v, lo, hi, inv, acc, n16, hd):
+    """o[:hd] = inv * sum_t p[t] * v[t, :hd] for t in lo..hi-1. Column chunks outside,
+    positions inside: the 16-lane sum stays in registers instead of o round-tripping
+    through memory once per position."""
     for c in range(n16):
-        ob = o[c * 16 : c * 16 + 16]
-        xb = x[c * 16 : c * 16 + 16]
         for l in range(16):
-            ob[l] += w * _widen(xb[l])
+            acc[l] = np.float32(0.0)
+        for t in range(lo, hi):
+            w = p[t]
+            vb = v[t, c * 16 : c * 16 + 16]
+            for l in range(16):
+                acc[l] += w * _widen(vb[l])
+        for l in range(16):
+            o[c * 16 + l] = acc[l] * inv
     for d in range(n16 * 16, hd):
-        o[d] += w * _widen(x[d])
+        x = np.float32(0.0)
+        for t in range(lo, hi):
+            x += p[t] * _widen(v[t, d])
+        o[d] = x * inv
 
 
 @njit(cache=True, parallel=True, fastmath=True)
@@ -106,12 +116,7 @@ def _attention(q, k, v, start, window, scale, scores, out):
             e = np.exp(sc[t] - m)
             sc[t] = e
             total += e
-        inv = np.float32(1.0) / total
-        o = out[i, h]
-        for d in range(hd):
-            o[d] = 0.0
-        for t in range(lo, pos + 1):
-            _axpy(o, sc[t] * inv, v[kh, t], n16, hd)
+        _weighted_sum(out[i, h], sc, v[kh], lo, pos + 1, np.float32(1.0) / total, acc, n16, hd)
 
 
 def attention(
