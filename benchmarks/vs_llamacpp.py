@@ -6,7 +6,8 @@ ratios. llama-cpp-python is a benchmark-only dependency:
 
     CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36
 
-Usage: python benchmarks/vs_llamacpp.py [-m MODEL] [-p 128] [-n 128] [-t 1,2] [-r 5] [--json]
+Usage: python benchmarks/vs_llamacpp.py [-m MODEL] [-p 128] [-n 128] [-t 1,2] [-r 5]
+                                       [-d DEPTH] [--kv-type f32|f16] [--json]
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ def _llama_pp(llm, ids):
     return len(ids) / (time.perf_counter() - t0)
 
 
-def _llama_tg(llm, first, n):
+def _llama_tg(llm, first, n, context=()):
     llm.reset()
+    if context:
+        llm.eval(list(context))  # untimed: decode is measured at this depth
     tok = first
     t0 = time.perf_counter()
     for _ in range(n):
@@ -49,6 +52,10 @@ def main(argv=None) -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-t", "--threads", default="1,2")
     ap.add_argument("-r", "--repetitions", type=int, default=5)
+    ap.add_argument(
+        "-d", "--depth", type=int, default=0, help="tokens already in context for tg (untimed)"
+    )
+    ap.add_argument("--kv-type", choices=("f32", "f16"), default="f32", help="edgerun's KV cache")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if importlib.util.find_spec("llama_cpp") is None:
@@ -61,14 +68,16 @@ def main(argv=None) -> int:
     from edgerun.bench import _time_decode, _time_prefill
 
     threads = [int(t) for t in args.threads.split(",")]
-    model = edgerun.load(args.model, n_ctx=max(args.n_prompt, args.n_gen) + 1)
+    n_ctx = max(args.n_prompt, args.depth + args.n_gen) + 8
+    model = edgerun.load(args.model, n_ctx=n_ctx, kv_type=args.kv_type)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, model.spec.vocab_size, args.n_prompt).tolist()
+    context = rng.integers(0, model.spec.vocab_size, args.depth).tolist()
     results = []
     for t in threads:
         llm = Llama(
             str(model.path),
-            n_ctx=max(args.n_prompt, args.n_gen) + 8,
+            n_ctx=n_ctx,
             n_threads=t,
             n_threads_batch=t,
             n_batch=512,
@@ -85,15 +94,16 @@ def main(argv=None) -> int:
             e = _time_prefill(model, args.n_prompt, rng)
             ll = _llama_pp(llm, ids)
             pairs["pp"].append((e, ll))
-            e = _time_decode(model, args.n_gen, rng)
-            ll = _llama_tg(llm, ids[0], args.n_gen)
+            e = _time_decode(model, args.n_gen, rng, args.depth)
+            ll = _llama_tg(llm, ids[0], args.n_gen, context)
             pairs["tg"].append((e, ll))
         for test, n in (("pp", args.n_prompt), ("tg", args.n_gen)):
             ps = pairs[test]
+            at = f" @ d{args.depth}" if test == "tg" and args.depth else ""
             results.append(
                 {
                     "threads": t,
-                    "test": f"{test}{n}",
+                    "test": f"{test}{n}{at}",
                     "edgerun_tps": statistics.median(p[0] for p in ps),
                     "llamacpp_tps": statistics.median(p[1] for p in ps),
                     "ratio": statistics.median(p[0] / p[1] for p in ps),

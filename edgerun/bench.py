@@ -79,15 +79,19 @@ def weight_bytes_per_token(model: Model) -> int:
 
 def _time_prefill(model: Model, n: int, rng: np.random.Generator) -> float:
     ids = rng.integers(0, model.spec.vocab_size, n).tolist()
-    cache = KVCache(model.spec, n)
+    cache = KVCache(model.spec, n, model.kv_type)
     t0 = time.perf_counter()
     for i in range(0, n, 256):
         model.transformer.forward(ids[i : i + 256], cache)
     return n / (time.perf_counter() - t0)
 
 
-def _time_decode(model: Model, n: int, rng: np.random.Generator) -> float:
-    cache = KVCache(model.spec, n + 1)
+def _time_decode(model: Model, n: int, rng: np.random.Generator, depth: int = 0) -> float:
+    """Decode tok/s for n tokens after `depth` tokens already in the cache (untimed)."""
+    cache = KVCache(model.spec, depth + n + 1, model.kv_type)
+    ids = rng.integers(0, model.spec.vocab_size, depth).tolist()
+    for i in range(0, depth, 256):
+        model.transformer.forward(ids[i : i + 256], cache)
     tok = int(rng.integers(0, model.spec.vocab_size))
     t0 = time.perf_counter()
     for _ in range(n):
