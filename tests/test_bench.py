@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from edgerun.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,3 +70,12 @@ def test_memory_benchmark_measures_edgerun_in_a_fresh_process(smollm2_path):
     assert row["floor_bytes"] < row["peak_rss_bytes"]
     # The weights are memory-mapped: the model's share above the runtime is near file + KV.
     assert row["ratio_above_floor"] < 2.0
+
+
+def test_stream_sum_is_the_array_sum():
+    import numpy as np
+
+    from edgerun.bench import _stream_sum
+
+    a = np.random.default_rng(0).random((8, 1000 * 16 + 7), dtype=np.float32)
+    assert _stream_sum(a) == pytest.approx(float(a.sum(dtype=np.float64)), rel=1e-5)
