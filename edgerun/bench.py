@@ -70,7 +70,8 @@ def measure_bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> floa
     """Streaming-read bandwidth in bytes/s with `threads` threads: the best of repeats.
 
     The best run is the machine's capability; on shared (virtualized) hosts the
-    others are lowered by neighbours, by up to 10x in single runs here.
+    others are lowered by neighbours. The figure itself can move with where the
+    host places the vCPUs (2 threads here: ~35 or 55-60 GB/s).
     """
     _set_threads(threads)
     a = np.ones((64, mbytes * 2**20 // 256), dtype=np.float32)
