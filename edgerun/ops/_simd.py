@@ -5,6 +5,9 @@
 - `bf2f(u16)`: bfloat16 -> fp32 (a shift and a bit cast).
 - `stack16()`: a pointer to 16 float32 on the stack; wrap it with `numba.carray` to get
   16 lane accumulators that LLVM promotes to registers (SROA), with no heap allocation.
+- `hsum16(acc)`, `dot16(a, b)`: the 16-lane sum and dot product built on it (the SLP
+  vectorizer packs the lanes; Numba's loop vectorizer stays off). `dot16` widens `b`
+  with `widen`, so it also reads f16 bits (uint16), as an f16 KV cache stores them.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from edgerun import _numba_env
 
 _numba_env.configure()
 
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
 from llvmlite import ir  # noqa: E402
-from numba import types  # noqa: E402
+from numba import njit, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
-from numba.extending import intrinsic  # noqa: E402
+from numba.extending import intrinsic, overload  # noqa: E402
 
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
@@ -66,6 +71,47 @@ def stack16(typingctx):
         return cgutils.alloca_once(builder, ir.FloatType(), size=ir.Constant(ir.IntType(64), 16))
 
     return types.CPointer(types.float32)(), codegen
+
+
+def widen(x):
+    """A float32 value as is; fp16 bits (an integer) converted with h2f."""
+    return x
+
+
+@overload(widen, inline="always")
+def _widen_impl(x):
+    if isinstance(x, types.Float):
+        return lambda x: x
+    if isinstance(x, types.Integer):
+        return lambda x: h2f(x)
+    return None
+
+
+@njit(inline="always")
+def hsum16(acc):
+    t = np.float32(0.0)
+    for l in range(16):
+        t += acc[l]
+    return t
+
+
+@njit(inline="always")
+def dot16(a, b):
+    """sum(a * widen(b)) over 16 lane accumulators."""
+    n = a.shape[0]
+    acc = numba.carray(stack16(), 16)
+    for l in range(16):
+        acc[l] = np.float32(0.0)
+    n16 = n // 16
+    for c in range(n16):
+        ac = a[c * 16 : c * 16 + 16]
+        bc = b[c * 16 : c * 16 + 16]
+        for l in range(16):
+            acc[l] += ac[l] * widen(bc[l])
+    t = hsum16(acc)
+    for j in range(n16 * 16, n):
+        t += a[j] * widen(b[j])
+    return t
 
 
 @intrinsic

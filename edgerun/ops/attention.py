@@ -4,24 +4,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import overload
+from numba import njit, prange
 
-from edgerun.ops._simd import h2f, stack16
-
-
-def _widen(x):
-    """A cache element as float32: f32 as is, f16 bits (uint16) converted."""
-    return x
-
-
-@overload(_widen, inline="always")
-def _widen_impl(x):
-    if isinstance(x, types.Float):
-        return lambda x: x
-    if isinstance(x, types.Integer):
-        return lambda x: h2f(x)
-    return None
+from edgerun.ops._simd import dot16, stack16, widen
 
 
 def attention_reference(
@@ -48,29 +33,13 @@ def attention_reference(
 
 
 @njit(inline="always")
-def _dot(a, b, acc, n16, hd):
-    """sum(a[:hd] * b[:hd]) in 16 independent lanes, which the SLP vectorizer packs
-    into one vector FMA per 16 elements (Numba's loop vectorizer stays off)."""
-    for l in range(16):
-        acc[l] = np.float32(0.0)
-    for c in range(n16):
-        ab = a[c * 16 : c * 16 + 16]
-        bb = b[c * 16 : c * 16 + 16]
-        for l in range(16):
-            acc[l] += ab[l] * _widen(bb[l])
-    s = np.float32(0.0)
-    for l in range(16):
-        s += acc[l]
-    for d in range(n16 * 16, hd):
-        s += a[d] * _widen(b[d])
-    return s
-
-
-@njit(inline="always")
-def _weighted_sum(o, p, v, lo, hi, inv, acc, n16, hd):
+def _weighted_sum(o, p, v, lo, hi, inv):
     """o[:hd] = inv * sum_t p[t] * v[t, :hd] for t in lo..hi-1. Column chunks outside,
     positions inside: the 16-lane sum stays in registers instead of o round-tripping
     through memory once per position."""
+    hd = o.shape[0]
+    n16 = hd // 16
+    acc = numba.carray(stack16(), 16)
     for c in range(n16):
         for l in range(16):
             acc[l] = np.float32(0.0)
@@ -78,13 +47,13 @@ def _weighted_sum(o, p, v, lo, hi, inv, acc, n16, hd):
             w = p[t]
             vb = v[t, c * 16 : c * 16 + 16]
             for l in range(16):
-                acc[l] += w * _widen(vb[l])
+                acc[l] += w * widen(vb[l])
         for l in range(16):
             o[c * 16 + l] = acc[l] * inv
     for d in range(n16 * 16, hd):
         x = np.float32(0.0)
         for t in range(lo, hi):
-            x += p[t] * _widen(v[t, d])
+            x += p[t] * widen(v[t, d])
         o[d] = x * inv
 
 
@@ -93,7 +62,6 @@ def _attention(q, k, v, start, window, scale, scores, out):
     n, hq, hd = q.shape
     hkv = k.shape[0]
     group = hq // hkv
-    n16 = hd // 16
     for job in prange(n * hq):
         i = job // hq
         h = job - i * hq
@@ -104,10 +72,9 @@ def _attention(q, k, v, start, window, scale, scores, out):
             lo = max(0, pos - window + 1)
         sc = scores[job]
         qi = q[i, h]
-        acc = numba.carray(stack16(), 16)
         m = np.float32(-np.inf)
         for t in range(lo, pos + 1):
-            s = _dot(qi, k[kh, t], acc, n16, hd) * scale
+            s = dot16(qi, k[kh, t]) * scale
             sc[t] = s
             if s > m:
                 m = s
@@ -116,7 +83,7 @@ def _attention(q, k, v, start, window, scale, scores, out):
             e = np.exp(sc[t] - m)
             sc[t] = e
             total += e
-        _weighted_sum(out[i, h], sc, v[kh], lo, pos + 1, np.float32(1.0) / total, acc, n16, hd)
+        _weighted_sum(out[i, h], sc, v[kh], lo, pos + 1, np.float32(1.0) / total)
 
 
 def attention(

@@ -21,8 +21,8 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-from edgerun.ops._simd import stack16  # noqa: E402
-from edgerun.ops.qmatvec_portable import _dot16, _f16at, _hsum16, block_sums  # noqa: E402
+from edgerun.ops._simd import dot16, hsum16, stack16  # noqa: E402
+from edgerun.ops.qmatvec_portable import _f16at, block_sums  # noqa: E402
 
 F0 = np.float32(0.0)
 
@@ -63,7 +63,7 @@ def mv_q2_g64(data, x, out):
                     + np.float32((v >> 6) & 3) * xb[56 + l]
                 )
             msum += m * xs[b]
-        out[r] = _hsum16(acc) + msum
+        out[r] = hsum16(acc) + msum
 
 
 @njit(parallel=True, cache=True)
@@ -103,7 +103,7 @@ def mv_q3_g64(data, x, out):
                     + np.float32((v >> 6) | ((h >> 4) & 4)) * xb[56 + l]
                 )
             msum += m * xs[b]
-        out[r] = _hsum16(acc) + msum
+        out[r] = hsum16(acc) + msum
 
 
 @njit(cache=True)
@@ -145,7 +145,7 @@ def mm_lowbit(bits, data, X, out, rb):
         for t in range(n):
             xt = X[t]
             for r in range(r0, r1):
-                out[t, r] = _dot16(buf[r - r0], xt)
+                out[t, r] = dot16(buf[r - r0], xt)
 
 
 _BITS = {"Q3_G64": (3, mv_q3_g64), "Q2_G64": (2, mv_q2_g64)}

@@ -23,7 +23,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-from edgerun.ops._simd import bf2f, h2f, stack16, u2f  # noqa: E402
+from edgerun.ops._simd import bf2f, dot16, h2f, hsum16, stack16, u2f  # noqa: E402
 from edgerun.quant.formats import QuantType  # noqa: E402
 
 F0 = np.float32(0.0)
@@ -32,14 +32,6 @@ F0 = np.float32(0.0)
 @njit(inline="always")
 def _f16at(a, i):
     return h2f(np.uint16(a[i]) | (np.uint16(a[i + 1]) << np.uint16(8)))
-
-
-@njit(inline="always")
-def _hsum16(acc):
-    t = F0
-    for l in range(16):
-        t += acc[l]
-    return t
 
 
 @njit(cache=True)
@@ -58,22 +50,8 @@ def block_sums(x, size):
 # --------------------------------------------------------------------------- matvec
 @njit(parallel=True, cache=True)
 def mv_f32(w, x, out):
-    rows, cols = w.shape
-    n16 = cols // 16
-    for r in prange(rows):
-        row = w[r]
-        acc = numba.carray(stack16(), 16)
-        for l in range(16):
-            acc[l] = F0
-        for b in range(n16):
-            wb = row[b * 16 : b * 16 + 16]
-            xb = x[b * 16 : b * 16 + 16]
-            for l in range(16):
-                acc[l] += wb[l] * xb[l]
-        t = _hsum16(acc)
-        for j in range(n16 * 16, cols):
-            t += row[j] * x[j]
-        out[r] = t
+    for r in prange(w.shape[0]):
+        out[r] = dot16(w[r], x)
 
 
 @njit(parallel=True, cache=True)
@@ -98,7 +76,7 @@ def mv_f16(w, x, out, bf):
                 xb = x[b * 16 : b * 16 + 16]
                 for l in range(16):
                     acc[l] += h2f(wb[l]) * xb[l]
-        t = _hsum16(acc)
+        t = hsum16(acc)
         for j in range(n16 * 16, cols):
             t += (bf2f(row[j]) if bf else h2f(row[j])) * x[j]
         out[r] = t
@@ -122,7 +100,7 @@ def mv_q8_0(data, x, out):
                 acc[l] += d * (
                     np.float32(np.int8(q[l])) * xb[l] + np.float32(np.int8(q[16 + l])) * xb[16 + l]
                 )
-        out[r] = _hsum16(acc)
+        out[r] = hsum16(acc)
 
 
 @njit(parallel=True, cache=True)
@@ -144,7 +122,7 @@ def mv_q4_0(data, x, out):
             for l in range(16):
                 acc[l] += d * (np.float32(q[l] & 15) * xb[l] + np.float32(q[l] >> 4) * xb[16 + l])
             dsum += d * xs[b]
-        out[r] = _hsum16(acc) - np.float32(8.0) * dsum
+        out[r] = hsum16(acc) - np.float32(8.0) * dsum
 
 
 @njit(parallel=True, cache=True)
@@ -167,7 +145,7 @@ def mv_q4_1(data, x, out):
             for l in range(16):
                 acc[l] += d * (np.float32(q[l] & 15) * xb[l] + np.float32(q[l] >> 4) * xb[16 + l])
             msum += m * xs[b]
-        out[r] = _hsum16(acc) + msum
+        out[r] = hsum16(acc) + msum
 
 
 # Q5_0 high bits as floats: Q5_HBITS[byte, k] = 16.0 * bit k of byte (8 KiB, L1-resident);
@@ -207,7 +185,7 @@ def mv_q5_0(data, x, out, hb):
                     + (np.float32(q[8 + l] >> 4) + h3[l]) * xb[24 + l]
                 )
             dsum += d * xs[b]
-        out[r] = _hsum16(acc) - np.float32(16.0) * dsum
+        out[r] = hsum16(acc) - np.float32(16.0) * dsum
 
 
 @njit(inline="always")
@@ -253,7 +231,7 @@ def mv_q4_k(data, x, out):
                         acc[l] += d1 * (np.float32(q[l] & 15) * xa[l]) + d2 * (
                             np.float32(q[l] >> 4) * xb[l]
                         )
-        out[r] = _hsum16(acc) - msum
+        out[r] = hsum16(acc) - msum
 
 
 @njit(inline="always")
@@ -300,7 +278,7 @@ def mv_q6_k(data, x, out):
                             _q6_group(acc, ql, qh, xb, ds, 2)
                         else:
                             _q6_group(acc, ql, qh, xb, ds, 3)
-        out[r] = _hsum16(acc)
+        out[r] = hsum16(acc)
 
 
 # ------------------------------------------------ row dequantizer (bit-exact with reference)
@@ -431,24 +409,6 @@ def embedding_rows_kernel(kind, data, ids, out):
 
 
 # --------------------------------------------------------------------------- matmul
-@njit(inline="always")
-def _dot16(a, b):
-    n = a.shape[0]
-    acc = numba.carray(stack16(), 16)
-    for l in range(16):
-        acc[l] = F0
-    n16 = n // 16
-    for c in range(n16):
-        ac = a[c * 16 : c * 16 + 16]
-        bc = b[c * 16 : c * 16 + 16]
-        for l in range(16):
-            acc[l] += ac[l] * bc[l]
-    t = _hsum16(acc)
-    for j in range(n16 * 16, n):
-        t += a[j] * b[j]
-    return t
-
-
 @njit(parallel=True, cache=True)
 def mm_kernel(kind, data, X, out, rb):
     """out[t, r] = sum_j W[r, j] X[t, j]; rows in chunks of rb, each dequantized once."""
@@ -464,4 +424,4 @@ def mm_kernel(kind, data, X, out, rb):
         for t in range(n):
             xt = X[t]
             for r in range(r0, r1):
-                out[t, r] = _dot16(buf[r - r0], xt)
+                out[t, r] = dot16(buf[r - r0], xt)
