@@ -61,12 +61,13 @@ def main(argv=None) -> int:
     import numpy as np
 
     import edgerun
-    from edgerun.api import _set_threads, resolve_model
+    from edgerun.api import resolve_model
+    from edgerun.cpu_share import set_threads
     from edgerun.formats.convert import GGUFSource, _calibrate, convert
     from edgerun.formats.pack import read_pack
     from edgerun.perplexity import perplexity
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     src_path = resolve_model(args.model, auto_pull=False)
     source = GGUFSource(src_path)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="edgerun-qt-"))

@@ -64,8 +64,8 @@ def main(argv=None) -> int:
     from llama_cpp import Llama
 
     import edgerun
-    from edgerun.api import _set_threads
     from edgerun.bench import _time_decode, _time_prefill
+    from edgerun.cpu_share import set_threads
 
     threads = [int(t) for t in args.threads.split(",")]
     n_ctx = max(args.n_prompt, args.depth + args.n_gen) + 8
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             verbose=False,
             logits_all=False,
         )
-        _set_threads(t)
+        set_threads(t)
         _time_prefill(model, 16, rng)  # warm-up both engines
         _time_decode(model, 4, rng)
         _llama_pp(llm, ids[:16])

@@ -65,9 +65,6 @@ def _print_progress(what: str, done: int, total: int) -> None:
     print(f"\r{what}: {done / 1e6:.0f}/{total / 1e6:.0f} MB", end=end, file=sys.stderr, flush=True)
 
 
-_set_threads = set_threads  # the name bench and cli import
-
-
 class Model:
     """A loaded model with its tokenizer and one conversation's KV cache."""
 
@@ -100,7 +97,7 @@ class Model:
         self.threads = threads or default_threads()
         if self.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {self.threads}")
-        _set_threads(self.threads)
+        set_threads(self.threads)
         # Automatic threads follow the cores other processes leave free (cpu_share.py);
         # a count the caller chose is kept as is.
         self.governor = ThreadGovernor(
@@ -148,7 +145,7 @@ class Model:
             raise InvalidArgumentError(
                 f"token id {bad[0]} is outside the vocabulary [0, {self.spec.vocab_size})"
             )
-        _set_threads(self.threads)
+        set_threads(self.threads)
         cache = KVCache(self.spec, len(ids), self.kv_type)
         parts = [
             self.transformer.forward(ids[i : i + PREFILL_CHUNK], cache, all_logits=True)
@@ -175,7 +172,7 @@ class Model:
         return self._stream(ids, params, max_tokens, stop)
 
     def _stream(self, ids, params, max_tokens, stop) -> Iterator[str]:
-        _set_threads(self.governor.threads)
+        set_threads(self.governor.threads)
         return self.generator.stream(ids, params, max_tokens, stop)
 
     def render_chat(

@@ -18,7 +18,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from edgerun.api import Model, _set_threads
+from edgerun.api import Model
+from edgerun.cpu_share import set_threads
 from edgerun.kvcache import KVCache
 from edgerun.ops._simd import stack16
 from edgerun.ops.qmatvec import kernel_path
@@ -73,7 +74,7 @@ def measure_bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> floa
     others are lowered by neighbours. The figure itself can move with where the
     host places the vCPUs (2 threads here: ~35 or 55-60 GB/s).
     """
-    _set_threads(threads)
+    set_threads(threads)
     a = np.ones((64, mbytes * 2**20 // 256), dtype=np.float32)
     _stream_sum(a)
     times = []
@@ -133,13 +134,13 @@ def run(
     threads = threads or [model.threads]
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
-    _set_threads(threads[0])
+    set_threads(threads[0])
     _time_prefill(model, min(n_prompt, 16) or 1, rng)  # JIT compile or cache load
     _time_decode(model, 2, rng)
     first_run = time.perf_counter() - t0
     rows: list[BenchRow] = []
     for t in threads:
-        _set_threads(t)
+        set_threads(t)
         _time_decode(model, 4, rng)  # warm the thread pool and caches
         if n_prompt:
             row = BenchRow(t, f"pp{n_prompt}")
@@ -152,7 +153,7 @@ def run(
     wbytes = weight_bytes_per_token(model)
     peak_rss = peak_rss_bytes()  # before the bandwidth probe's buffer
     bw = {t: measure_bandwidth(t) for t in threads} if bandwidth else {}
-    _set_threads(model.threads)
+    set_threads(model.threads)
     formats = Counter()
     for name in model.file.tensor_names():
         t = model.file.tensor(name)
@@ -168,7 +169,7 @@ def run(
         "load_seconds": model.load_seconds,
         "peak_rss_bytes": peak_rss,
         "runtime_rss_bytes": runtime_rss,
-        "kv_bytes": KVCache.bytes_for(model.spec, max(n_prompt, n_gen + 1)),
+        "kv_bytes": KVCache.bytes_for(model.spec, max(n_prompt, n_gen + 1), model.kv_type),
         "first_run_seconds": first_run,
         "weight_bytes_per_token": wbytes,
         "bandwidth_bytes_per_s": {str(t): b for t, b in bw.items()},

@@ -326,11 +326,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from edgerun.api import _set_threads
+    from edgerun.cpu_share import set_threads
     from edgerun.formats.convert import convert
     from edgerun.sysinfo import default_threads
 
-    _set_threads(args.threads or default_threads())
+    set_threads(args.threads or default_threads())
     out = convert(
         args.src,
         args.out,

@@ -102,9 +102,9 @@ def perplexity(
     bos = tok.bos_id if getattr(tok, "add_bos", False) else None
     first = n_ctx // 2
     tr = model.transformer
-    from edgerun.api import _set_threads
+    from edgerun.cpu_share import set_threads
 
-    _set_threads(model.threads)
+    set_threads(model.threads)
     nlls = []
     for c in range(n_chunks):
         ids = list(tokens[c * n_ctx : (c + 1) * n_ctx])
