@@ -48,11 +48,22 @@ def _f16_bytes(v: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(v.astype(np.float16)).view(np.uint8).reshape(v.shape[0], 2)
 
 
+def _inverse(d: np.ndarray) -> np.ndarray:
+    """1 / d, and 0 where d is 0 (an all-zero block quantizes to zeros)."""
+    with np.errstate(divide="ignore"):
+        return np.where(d == 0, 0, 1 / d)
+
+
+def _signed_scale(blocks: np.ndarray, levels: int) -> np.ndarray:
+    """ggml's symmetric scale: the element of largest magnitude, sign kept, maps to -levels."""
+    imax = abs(blocks).argmax(axis=-1, keepdims=True)
+    return np.take_along_axis(blocks, imax, axis=-1) / -levels
+
+
 # --------------------------------------------------------------- legacy 32-element blocks
 def _q8_0(blocks: np.ndarray) -> np.ndarray:
     d = abs(blocks).max(axis=1, keepdims=True) / 127
-    with np.errstate(divide="ignore"):
-        id = np.where(d == 0, 0, 1 / d)
+    id = _inverse(d)
     qs = _np_roundf(blocks * id)
     return np.concatenate([_f16_bytes(d), qs.astype(np.int8).view(np.uint8)], axis=1)
 
@@ -64,11 +75,8 @@ def _nib_pack(q: np.ndarray) -> np.ndarray:
 
 
 def _q4_0(blocks: np.ndarray) -> np.ndarray:
-    imax = abs(blocks).argmax(axis=-1, keepdims=True)
-    max_ = np.take_along_axis(blocks, imax, axis=-1)
-    d = max_ / -8
-    with np.errstate(divide="ignore"):
-        id = np.where(d == 0, 0, 1 / d)
+    d = _signed_scale(blocks, 8)
+    id = _inverse(d)
     qs = np.trunc((blocks * id) + np.float32(8.5), dtype=np.float32).astype(np.uint8).clip(0, 15)
     return np.concatenate([_f16_bytes(d), _nib_pack(qs)], axis=-1)
 
@@ -77,8 +85,7 @@ def _q4_1(blocks: np.ndarray) -> np.ndarray:
     max_ = blocks.max(axis=-1, keepdims=True)
     min_ = blocks.min(axis=-1, keepdims=True)
     d = (max_ - min_) / 15
-    with np.errstate(divide="ignore"):
-        id = np.where(d == 0, 0, 1 / d)
+    id = _inverse(d)
     qs = (
         np.trunc((blocks - min_) * id + np.float32(0.5), dtype=np.float32)
         .astype(np.uint8)
@@ -89,11 +96,8 @@ def _q4_1(blocks: np.ndarray) -> np.ndarray:
 
 def _q5_0(blocks: np.ndarray) -> np.ndarray:
     n = blocks.shape[0]
-    imax = abs(blocks).argmax(axis=-1, keepdims=True)
-    max_ = np.take_along_axis(blocks, imax, axis=-1)
-    d = max_ / -16
-    with np.errstate(divide="ignore"):
-        id = np.where(d == 0, 0, 1 / d)
+    d = _signed_scale(blocks, 16)
+    id = _inverse(d)
     q = np.trunc((blocks * id) + np.float32(16.5), dtype=np.float32).astype(np.uint8).clip(0, 31)
     qs = _nib_pack(q & np.uint8(0x0F))
     qh = np.packbits(q.reshape(n, 1, 32) >> np.uint8(4), axis=-1, bitorder="little").reshape(n, 4)
