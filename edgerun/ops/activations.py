@@ -39,34 +39,27 @@ def _gelu_tanh_mul_row(g, u, out):
         out[j] = x / (np.float32(1.0) + np.exp(-z2)) * u[j]
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def _silu_mul(g, u, out):
-    for i in prange(g.shape[0]):
-        _silu_mul_row(g[i], u[i], out[i])
-
-
-@njit(cache=True, fastmath=True)
-def _silu_mul_serial(g, u, out):
-    for i in range(g.shape[0]):
-        _silu_mul_row(g[i], u[i], out[i])
+@njit(inline="always")
+def _glu_row(gelu, g, u, out):
+    if gelu:
+        _gelu_tanh_mul_row(g, u, out)
+    else:
+        _silu_mul_row(g, u, out)
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def _gelu_tanh_mul(g, u, out):
+def _glu_rows(gelu, g, u, out):
     for i in prange(g.shape[0]):
-        _gelu_tanh_mul_row(g[i], u[i], out[i])
+        _glu_row(gelu, g[i], u[i], out[i])
 
 
 @njit(cache=True, fastmath=True)
-def _gelu_tanh_mul_serial(g, u, out):
+def _glu_rows_serial(gelu, g, u, out):
     for i in range(g.shape[0]):
-        _gelu_tanh_mul_row(g[i], u[i], out[i])
+        _glu_row(gelu, g[i], u[i], out[i])
 
 
-_KERNELS = {
-    "silu": (_silu_mul, _silu_mul_serial),
-    "gelu_tanh": (_gelu_tanh_mul, _gelu_tanh_mul_serial),
-}
+_GELU = {"silu": False, "gelu_tanh": True}  # activation name -> the kernels' switch
 PARALLEL_MIN = 1 << 15  # elements below which the serial kernel is faster
 
 
@@ -74,8 +67,8 @@ def glu(g: np.ndarray, u: np.ndarray, kind: str, out: np.ndarray | None = None) 
     """act(g) * u for g, u [n, d]."""
     if out is None:
         out = np.empty_like(g)
-    kernels = _KERNELS.get(kind)
-    if kernels is None:
+    gelu = _GELU.get(kind)
+    if gelu is None:
         raise ValueError(f"unknown activation {kind!r}")
-    kernels[0 if g.size >= PARALLEL_MIN else 1](g, u, out)
+    (_glu_rows if g.size >= PARALLEL_MIN else _glu_rows_serial)(gelu, g, u, out)
     return out
