@@ -68,9 +68,7 @@ def _child_edgerun(
     return {"floor": floor, "peak": _peak_rss(), "kv_bytes": gen.cache.nbytes}
 
 
-def _child_llamacpp(
-    path: str, n_ctx: int, n_prompt: int, n_gen: int, threads: int, kv_type: str = "f16"
-) -> dict:
+def _child_llamacpp(path: str, n_ctx: int, n_prompt: int, n_gen: int, threads: int) -> dict:
     import numpy as np
     from llama_cpp import Llama
 
