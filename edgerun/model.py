@@ -10,28 +10,14 @@ import numpy as np
 
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ModelFormatError
+from edgerun.ffn import FFNExecutor
 from edgerun.kvcache import KVCache
-from edgerun.ops.activations import glu
+from edgerun.ops import qmatvec
 from edgerun.ops.attention import attention
 from edgerun.ops.norm import rmsnorm
-from edgerun.ops.qmatvec import embedding_rows, matmul, matvec, matvec_many
 from edgerun.ops.rope import rope_inplace, rope_tables
 from edgerun.quant.formats import QuantTensor
 from edgerun.weights import WeightStore
-
-
-def _project(w: QuantTensor, x: np.ndarray) -> np.ndarray:
-    """x [n, cols] -> [n, rows]; one-token decode takes the matvec kernel."""
-    if x.shape[0] == 1:
-        return matvec(w, x[0]).reshape(1, -1)
-    return matmul(w, x)
-
-
-def _project_many(ws: tuple[QuantTensor, ...], x: np.ndarray) -> list[np.ndarray]:
-    """Several projections of the same x; in decode one kernel call quantizes x once."""
-    if x.shape[0] == 1:
-        return [y.reshape(1, -1) for y in matvec_many(ws, x[0])]
-    return [matmul(w, x) for w in ws]
 
 
 class _Layer:
@@ -42,9 +28,7 @@ class _Layer:
         "v",
         "o",
         "ffn_norm",
-        "gate",
-        "up",
-        "down",
+        "ffn",
         "q_bias",
         "k_bias",
         "v_bias",
@@ -75,9 +59,6 @@ class Transformer:
                 ("k", "attn_k"),
                 ("v", "attn_v"),
                 ("o", "attn_output"),
-                ("gate", "ffn_gate"),
-                ("up", "ffn_up"),
-                ("down", "ffn_down"),
             ):
                 setattr(layer, slot, store.matrix(spec.layer_tensor(role, i)))
             optional = {
@@ -91,6 +72,7 @@ class Transformer:
             }
             for slot, (role, wanted) in optional.items():
                 setattr(layer, slot, store.vector(spec.layer_tensor(role, i)) if wanted else None)
+            layer.ffn = store.ffn(spec, i)
             self._check_shapes(layer, i, source)
             self.layers.append(layer)
         if self.token_embd.shape != (spec.vocab_size, spec.d_model):
@@ -107,9 +89,6 @@ class Transformer:
             "k": (s.kv_dim, s.d_model),
             "v": (s.kv_dim, s.d_model),
             "o": (s.d_model, s.q_dim),
-            "gate": (s.d_ff, s.d_model),
-            "up": (s.d_ff, s.d_model),
-            "down": (s.d_model, s.d_ff),
         }
         for slot, shape in want.items():
             t: QuantTensor = getattr(layer, slot)
@@ -117,6 +96,12 @@ class Transformer:
                 raise ModelFormatError(
                     f"{source}: tensor '{t.name}' (layer {i}) has shape {t.shape}, expected {shape}"
                 )
+        ffn: FFNExecutor = layer.ffn
+        if (ffn.d_ff, ffn.d_model) != (s.d_ff, s.d_model):
+            raise ModelFormatError(
+                f"{source}: layer {i} FFN is {ffn.d_ff}x{ffn.d_model}, "
+                f"expected {s.d_ff}x{s.d_model}"
+            )
 
     def _rope(self, n_ctx: int, base: float) -> tuple[np.ndarray, np.ndarray]:
         cached = self._rope_cache.get(base)
@@ -141,13 +126,13 @@ class Transformer:
         positions = np.arange(start, start + n, dtype=np.int64)
         neox = s.rope_style == "neox"
         eps = s.norm_eps
-        h = embedding_rows(self.token_embd, ids)
+        h = qmatvec.embedding_rows(self.token_embd, ids)
         if s.embed_scale != 1.0:
             h *= np.float32(s.embed_scale)
         for li, layer in enumerate(self.layers):
             cos, sin = self._rope(cache.n_ctx, s.rope_base_of(li))
             x = rmsnorm(h, layer.attn_norm, eps)
-            q, k, v = _project_many((layer.q, layer.k, layer.v), x)
+            q, k, v = qmatvec.project_many((layer.q, layer.k, layer.v), x)
             if layer.q_bias is not None:
                 q += layer.q_bias
                 k += layer.k_bias
@@ -161,21 +146,21 @@ class Transformer:
             rope_inplace(q, positions, cos, sin, neox)
             rope_inplace(k, positions, cos, sin, neox)
             cache.store(li, start, k, v)
-            att = _project(layer.o, attention(q, cache.k[li], cache.v[li], start, s.window(li)))
+            ctx = attention(q, cache.k[li], cache.v[li], start, s.window(li))
+            att = qmatvec.project(layer.o, ctx)
             if layer.post_attn_norm is not None:
                 att = rmsnorm(att, layer.post_attn_norm, eps)
             h += att
             x = rmsnorm(h, layer.ffn_norm, eps)
-            gate, up = _project_many((layer.gate, layer.up), x)
-            f = _project(layer.down, glu(gate, up, s.activation))
+            f = layer.ffn(x)
             if layer.post_ffn_norm is not None:
                 f = rmsnorm(f, layer.post_ffn_norm, eps)
             h += f
         cache.tokens.extend(int(t) for t in tokens)
         if all_logits:
-            logits = _project(self.output, rmsnorm(h, self.output_norm, eps))
+            logits = qmatvec.project(self.output, rmsnorm(h, self.output_norm, eps))
         else:
-            logits = matvec(self.output, rmsnorm(h[-1:], self.output_norm, eps)[0])
+            logits = qmatvec.matvec(self.output, rmsnorm(h[-1:], self.output_norm, eps)[0])
         if s.final_logit_softcap > 0:
             cap = np.float32(s.final_logit_softcap)
             logits = np.tanh(logits / cap) * cap

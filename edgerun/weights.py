@@ -1,8 +1,9 @@
 """WeightStore: the only way model code reaches weights.
 
-Offloading (flash) and GPU hand-off become other stores; model.py stays
-unchanged. ResidentStore keeps everything where the file reader put it
-(for GGUF: views over one mmap, so "resident" costs page cache, not copies).
+Offloading (flash) and GPU hand-off become other stores that return other FFN
+executors from `ffn()`; model.py stays unchanged. ResidentStore keeps everything
+where the file reader put it (for GGUF: views over one mmap, so "resident" costs
+page cache, not copies).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import Protocol
 
 import numpy as np
 
+from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ModelFormatError
+from edgerun.ffn import DenseFFN, FFNExecutor
 from edgerun.quant.formats import QuantTensor, QuantType
 
 
@@ -24,6 +27,10 @@ class WeightStore(Protocol):
 
     def vector(self, name: str) -> np.ndarray:
         """A small 1-D weight (norm gains, biases) as float32."""
+        ...
+
+    def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
+        """The executor that computes layer `layer`'s FFN wherever its weights live."""
         ...
 
     def resident_bytes(self) -> int: ...
@@ -69,6 +76,16 @@ class ResidentStore:
                 v = dequantize(t.qtype, t.data).reshape(-1)
             self._vectors[name] = v
         return v
+
+    def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
+        return DenseFFN(
+            self.matrix(spec.layer_tensor("ffn_gate", layer)),
+            self.matrix(spec.layer_tensor("ffn_up", layer)),
+            self.matrix(spec.layer_tensor("ffn_down", layer)),
+            spec.activation,
+            expected=(spec.d_ff, spec.d_model),
+            source=self._source,
+        )
 
     def resident_bytes(self) -> int:
         return sum(t.nbytes for t in self._matrices.values()) + sum(

@@ -307,6 +307,23 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
     return out
 
 
+def project(w: QuantTensor, x: np.ndarray) -> np.ndarray:
+    """x [n, cols] -> [n, rows]: one token takes the matvec kernel, several the matmul.
+
+    Looks `matvec` / `matmul` up at call time so calibration can wrap them.
+    """
+    if x.shape[0] == 1:
+        return matvec(w, x[0]).reshape(1, -1)
+    return matmul(w, x)
+
+
+def project_many(ws: Sequence[QuantTensor], x: np.ndarray) -> list[np.ndarray]:
+    """Several projections of the same x [n, cols]; in decode x is quantized once."""
+    if x.shape[0] == 1:
+        return [y.reshape(1, -1) for y in matvec_many(ws, x[0])]
+    return [matmul(w, x) for w in ws]
+
+
 def embedding_rows(w: QuantTensor, ids: np.ndarray) -> np.ndarray:
     """Rows `ids` of W dequantized: float32 [len(ids), cols]; bit-exact with the reference."""
     rows, cols = w.shape

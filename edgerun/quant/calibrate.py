@@ -6,8 +6,8 @@ that carry large activations matter more: the quantizers (edgerun.quant.quantize
 these as weights in their scale search, so rounding error is pushed onto the columns
 the model barely uses.
 
-The activations are captured by wrapping the two projection entry points model.py calls
-(`matmul` and `matvec`) for the duration of the run; model code is unchanged.
+The activations are captured by wrapping the kernel entry points (`matmul`, `matvec`,
+`matvec_many`) for the duration of the run; model code is unchanged.
 """
 
 from __future__ import annotations
@@ -51,15 +51,15 @@ class ImatrixCollector:
 
     @contextlib.contextmanager
     def hooked(self) -> Iterator[None]:
-        """Record the inputs of every projection model.py makes while the block runs."""
-        from edgerun import model as model_mod
+        """Record the inputs of every projection made while the block runs.
 
-        saved = {
-            k: getattr(model_mod, k)
-            for k in ("matmul", "matvec", "matvec_many")
-            if hasattr(model_mod, k)
-        }
-        mm, mv = saved["matmul"], saved["matvec"]
+        Wraps the kernel entry points in ops.qmatvec, which `project` and
+        `project_many` look up at call time, so every executor is seen.
+        """
+        from edgerun.ops import qmatvec as kernels
+
+        saved = {k: getattr(kernels, k) for k in ("matmul", "matvec", "matvec_many")}
+        mm, mv, mvm = saved["matmul"], saved["matvec"], saved["matvec_many"]
 
         def matmul(w, x, out=None):
             self.add(w.name, x)
@@ -69,21 +69,17 @@ class ImatrixCollector:
             self.add(w.name, x)
             return mv(w, x, out)
 
-        model_mod.matmul, model_mod.matvec = matmul, matvec
-        if "matvec_many" in saved:
-            mvm = saved["matvec_many"]
+        def matvec_many(ws, x, outs=None):
+            for w in ws:
+                self.add(w.name, x)
+            return mvm(ws, x, outs)
 
-            def matvec_many(ws, x, outs=None):
-                for w in ws:
-                    self.add(w.name, x)
-                return mvm(ws, x, outs)
-
-            model_mod.matvec_many = matvec_many
+        kernels.matmul, kernels.matvec, kernels.matvec_many = matmul, matvec, matvec_many
         try:
             yield
         finally:
             for k, v in saved.items():
-                setattr(model_mod, k, v)
+                setattr(kernels, k, v)
 
 
 def collect_imatrix(
