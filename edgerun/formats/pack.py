@@ -389,10 +389,6 @@ class PackFile:
             if Path(fname).name != fname:
                 raise PackError(f"{src}: field 'tensors.{name}.file' must be a plain file name")
             self._entries[name] = (qtype, (rows, cols), fname)
-        if any(e[0].name in ("Q3_G64", "Q2_G64") for e in self._entries.values()):
-            from edgerun.quant.lowbit import register
-
-            register()  # edgerun's own low-bit formats: kernels + reference dequantizer
         self._files: dict[str, _STFile] = {}
         for fname in sorted({e[2] for e in self._entries.values()}):
             self._files[fname] = _STFile(self.path / fname)

@@ -20,6 +20,11 @@ Quantization: "rtn" is min/max round-to-nearest (d = (max-min)/nmax, m = min); "
 minimizes the (importance-)weighted squared error over 21 candidate scales with a
 closed-form least-squares (d, m) for each (ggml's make_qkx2_quants without the m <= 0
 constraint), then rounds d, m to fp16 and re-rounds the values with them.
+
+This module is the format only (layout, quantize, numpy dequantize). The numpy
+dequantizers plug into edgerun.quant.reference when that is imported; the Numba kernels
+live in edgerun.ops.qmatvec_lowbit and edgerun.ops.qmatvec registers them when it is
+imported (ops knows quant, never the reverse).
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ __all__ = [
     "BYTES",
     "quantize_blocks",
     "dequantize_blocks",
-    "register",
     "register_dequantizers",
 ]
 
@@ -115,11 +119,3 @@ def register_dequantizers(register_dequantizer=None) -> None:
         q = getattr(QuantType, name, None)
         if q is not None:
             register_dequantizer(q, lambda b, bits=bits: dequantize_blocks(b, bits))
-
-
-def register() -> None:
-    """Register the reference dequantizers and the qmatvec kernels of these formats."""
-    from edgerun.ops import qmatvec_lowbit
-
-    register_dequantizers()
-    qmatvec_lowbit.register()

@@ -312,8 +312,6 @@ def _lowbit_types() -> dict:
 
 
 _LOWBIT = _lowbit_types()
-if _LOWBIT:
-    lowbit.register()
 QUANTIZABLE = frozenset(
     (QuantType.F32, QuantType.F16, QuantType.BF16, *_LEGACY, *_KQUANT, *_LOWBIT)
 )
