@@ -9,10 +9,38 @@ from edgerun import _numba_env
 
 _numba_env.configure()
 
-from edgerun.api import Model, load  # noqa: E402
-from edgerun.engine import GenerationStats  # noqa: E402
-from edgerun.errors import EdgerunError  # noqa: E402
-from edgerun.sampling import SamplingParams  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from edgerun.api import Model, load
+    from edgerun.engine import GenerationStats
+    from edgerun.errors import EdgerunError
+    from edgerun.sampling import SamplingParams
 
 __all__ = ["EdgerunError", "GenerationStats", "Model", "SamplingParams", "load"]
 __version__ = "0.1.0"
+
+# The public names load lazily, so importing a lower layer (edgerun.quant,
+# edgerun.formats, ...) does not pull in the model, the engine and the kernels.
+_LAZY = {
+    "Model": "edgerun.api",
+    "load": "edgerun.api",
+    "GenerationStats": "edgerun.engine",
+    "EdgerunError": "edgerun.errors",
+    "SamplingParams": "edgerun.sampling",
+}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'edgerun' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
