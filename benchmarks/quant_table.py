@@ -62,10 +62,10 @@ def main(argv=None) -> int:
 
     import edgerun
     from edgerun.api import resolve_model
-    from edgerun.cpu_share import set_threads
     from edgerun.formats.convert import GGUFSource, _calibrate, convert
     from edgerun.formats.pack import read_pack
     from edgerun.perplexity import perplexity
+    from edgerun.sched.cpu_share import set_threads
 
     set_threads(args.threads)
     src_path = resolve_model(args.model, auto_pull=False)

@@ -2,7 +2,7 @@
 
 A laptop or a Pi is rarely idle. Each run is a fresh child process that
 generates N tokens (EOS ignored) with either automatic threads (the governor in
-edgerun/cpu_share.py gives up cores other processes use) or a fixed count, while
+edgerun/sched/cpu_share.py gives up cores other processes use) or a fixed count, while
 K spinner processes each keep one core busy. Runs alternate between the two
 settings; the table gives medians.
 

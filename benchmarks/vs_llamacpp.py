@@ -65,7 +65,7 @@ def main(argv=None) -> int:
 
     import edgerun
     from edgerun.bench import _time_decode, _time_prefill
-    from edgerun.cpu_share import set_threads
+    from edgerun.sched.cpu_share import set_threads
 
     threads = [int(t) for t in args.threads.split(",")]
     n_ctx = max(args.n_prompt, args.depth + args.n_gen) + 8

@@ -15,13 +15,13 @@ import numpy as np
 from edgerun import registry
 from edgerun.arch import spec_from_gguf
 from edgerun.chat import render_chat
-from edgerun.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
 from edgerun.engine import PREFILL_CHUNK, GenerationStats, Generator
 from edgerun.errors import EdgerunError, InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import read_gguf
 from edgerun.kvcache import KVCache, check_kv_type
 from edgerun.model import Transformer
 from edgerun.sampling import DEFAULT_SAMPLING, SamplingParams
+from edgerun.sched.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
 from edgerun.sysinfo import default_threads
 from edgerun.tokenizer import Tokenizer, tokenizer_from_gguf_metadata
 from edgerun.weights import ResidentStore
@@ -98,7 +98,7 @@ class Model:
         if self.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {self.threads}")
         set_threads(self.threads)
-        # Automatic threads follow the cores other processes leave free (cpu_share.py);
+        # Automatic threads follow the cores other processes leave free (sched/cpu_share.py);
         # a count the caller chose is kept as is.
         self.governor = ThreadGovernor(
             self.threads, default_threads(), adaptive=threads is None and wait_policy_spins()

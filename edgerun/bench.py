@@ -19,10 +19,10 @@ import numpy as np
 from numba import njit, prange
 
 from edgerun.api import Model
-from edgerun.cpu_share import set_threads
 from edgerun.kvcache import KVCache
 from edgerun.ops._simd import stack16
 from edgerun.ops.qmatvec import kernel_path
+from edgerun.sched.cpu_share import set_threads
 from edgerun.sysinfo import peak_rss_bytes
 
 

@@ -326,8 +326,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from edgerun.cpu_share import set_threads
     from edgerun.formats.convert import convert
+    from edgerun.sched.cpu_share import set_threads
     from edgerun.sysinfo import default_threads
 
     set_threads(args.threads or default_threads())

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgerun.cpu_share import ThreadGovernor, set_threads
 from edgerun.errors import ContextOverflowError, InvalidArgumentError
 from edgerun.kvcache import KVCache
 from edgerun.model import Transformer
 from edgerun.sampling import Sampler, SamplingParams
+from edgerun.sched.cpu_share import ThreadGovernor, set_threads
 from edgerun.tokenizer import StreamDecoder, Tokenizer
 
 PREFILL_CHUNK = 256  # tokens per forward call: bounds the attention score buffer

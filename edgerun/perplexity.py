@@ -102,7 +102,7 @@ def perplexity(
     bos = tok.bos_id if getattr(tok, "add_bos", False) else None
     first = n_ctx // 2
     tr = model.transformer
-    from edgerun.cpu_share import set_threads
+    from edgerun.sched.cpu_share import set_threads
 
     set_threads(model.threads)
     nlls = []

@@ -1,0 +1,1 @@
+"""Scheduling: how edgerun shares the machine with other processes (threads, placement)."""
