@@ -23,3 +23,7 @@ class ContextOverflowError(EdgerunError):
 
 class InvalidArgumentError(EdgerunError):
     """A bad parameter value (sampling settings, thread counts, ...)."""
+
+
+class BudgetError(InvalidArgumentError):
+    """A memory budget that cannot be met (below the minimum, or unreadable)."""
