@@ -21,9 +21,9 @@ from edgerun.tokenizer import (
     BPETokenizer,
     StreamDecoder,
     Tokenizer,
-    _byte_decoder,
     tokenizer_from_gguf_metadata,
 )
+from edgerun.tokenizer.bpe import _byte_decoder
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 from tricky_strings import SPECIAL_TOKEN_STRINGS, TRICKY_STRINGS  # noqa: E402

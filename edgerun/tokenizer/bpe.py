@@ -1,0 +1,305 @@
+"""Byte-level BPE (``tokenizer.ggml.model = "gpt2"``): GPT-2, SmolLM, Qwen2, Llama 3, ...
+
+Its own module because it is one whole way of tokenizing: the pre-tokenizer regexes that
+``tokenizer.ggml.pre`` selects (llama.cpp's names mapped to the split each family uses), GPT-2's
+byte alphabet, and :class:`BPETokenizer`, which encodes with the ``tokenizers`` library (a BPE
+model built from the GGUF vocabulary and merges) and decodes through :class:`~.base.Tokenizer`.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from array import array
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from edgerun.errors import InvalidArgumentError, ModelFormatError, UnsupportedError
+from edgerun.tokenizer.base import (
+    _BYTE_TOKEN,
+    _END_OF_TURN_TEXTS,
+    _EOT_KEYS,
+    TOKEN_TYPE_BYTE,
+    TOKEN_TYPE_CONTROL,
+    TOKEN_TYPE_NORMAL,
+    TOKEN_TYPE_UNUSED,
+    TOKEN_TYPE_USER_DEFINED,
+    Tokenizer,
+    _as_int,
+    _ByteTable,
+    _check_len,
+    _int_array,
+    _str_seq,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Pre-tokenizer regexes (llama.cpp llama-vocab.cpp, and the matching HF tokenizer.json files).
+# ---------------------------------------------------------------------------------------------
+
+# GPT-2 split. The ``tokenizers`` ByteLevel pre-tokenizer with use_regex=True applies exactly this.
+GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+# Llama 3 (``llama-bpe``): case-insensitive contractions, numbers in groups of up to three.
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# Qwen2: as Llama 3, but every digit alone.
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# tokenizer.ggml.pre -> pre-tokenizer kind.
+#   "gpt2":   ByteLevel with the GPT-2 regex
+#   "digits": every digit isolated, then the GPT-2 regex (StarCoder / SmolLM)
+#   "llama3", "qwen2": a Split on that regex, then ByteLevel without its own regex
+_PRE_TOKENIZERS = {
+    "default": "gpt2",
+    "gpt2": "gpt2",
+    "gpt-2": "gpt2",
+    "mpt": "gpt2",
+    "olmo": "gpt2",
+    "jais": "gpt2",
+    "smollm": "digits",
+    "starcoder": "digits",
+    "refact": "digits",
+    "command-r": "digits",
+    "codeshell": "digits",
+    "exaone": "digits",
+    "minerva-7b": "digits",
+    "qwen2": "qwen2",
+    "deepseek-r1-qwen": "qwen2",
+    "stablelm2": "qwen2",
+    "llama-bpe": "llama3",
+    "llama3": "llama3",
+    "llama-v3": "llama3",
+    "falcon3": "llama3",
+    "pixtral": "llama3",
+    "dbrx": "llama3",
+    "smaug-bpe": "llama3",
+}
+
+# Pre-tokenizer kinds whose vocabularies llama.cpp tokenizes with ``ignore_merges`` (a word that
+# is itself in the vocabulary is taken whole), as their tokenizer.json files say.
+_IGNORE_MERGES = {"llama3"}
+
+# Kinds for which llama.cpp adds BOS when the file has no ``tokenizer.ggml.add_bos_token``.
+_DEFAULT_ADD_BOS = {"llama3"}
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable spelling of each byte, inverted: char -> byte value."""
+    bs = list(range(ord("!"), ord("~") + 1))
+    bs += list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+@lru_cache(maxsize=1)
+def _byte_alphabet() -> tuple[re.Pattern[str], dict[int, int]]:
+    """A regex finding a character outside GPT-2's byte alphabet, and the str.translate table
+    that maps the alphabet to the latin-1 characters of the bytes it spells."""
+    decoder = _byte_decoder()
+    outside = re.compile("[^" + "".join(re.escape(c) for c in decoder) + "]")
+    return outside, {ord(c): b for c, b in decoder.items()}
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE (``tokenizer.ggml.model = "gpt2"``): GPT-2, SmolLM, Qwen2, Llama 3, ...
+
+    Built from ``tokenizer.ggml.tokens``, ``tokenizer.ggml.merges`` and
+    ``tokenizer.ggml.token_type``. Control tokens (type 3) are registered as special added tokens
+    and user-defined tokens (type 4) as plain added tokens, so both are matched whole in text, as
+    llama.cpp and transformers do.
+    """
+
+    def __init__(self, meta: dict[str, Any]) -> None:
+        super().__init__()
+        from tokenizers import AddedToken, decoders, models, pre_tokenizers
+        from tokenizers import Regex as TkRegex
+        from tokenizers import Tokenizer as TkTokenizer
+
+        tokens = meta.get("tokenizer.ggml.tokens")
+        if tokens is None or not len(tokens):
+            raise ModelFormatError(
+                "GGUF metadata has no 'tokenizer.ggml.tokens'; the file carries no vocabulary"
+            )
+        tokens = _str_seq(tokens)
+        merges = meta.get("tokenizer.ggml.merges")
+        if merges is None or not len(merges):
+            raise ModelFormatError(
+                "GGUF metadata has no 'tokenizer.ggml.merges', which a byte-level BPE "
+                "('tokenizer.ggml.model' = 'gpt2') vocabulary needs"
+            )
+        types = meta.get("tokenizer.ggml.token_type")
+        if types is None:
+            types = np.full(len(tokens), TOKEN_TYPE_NORMAL, dtype=np.int32)
+        types = _int_array(types)
+        _check_len("token_type", types, len(tokens))
+
+        pre = str(meta.get("tokenizer.ggml.pre") or "default")
+        kind = _PRE_TOKENIZERS.get(pre)
+        if kind is None:
+            raise UnsupportedError(
+                f"GGUF metadata 'tokenizer.ggml.pre' = {pre!r} names a pre-tokenizer edgerun does "
+                f"not know yet (known: {', '.join(sorted(_PRE_TOKENIZERS))}); tokenizing with a "
+                "different split would give the model wrong input"
+            )
+        self.pre = pre
+        self.vocab_size = len(tokens)
+        self.token_types = types
+        self._tokens = tokens
+
+        # One pass over the vocabulary: the decoding table (per-token bytes), the BPE vocab
+        # (duplicate spellings keep their first id) and the added tokens. Control -> special,
+        # user-defined -> plain added (matched whole either way). A control token spelled outside
+        # the byte alphabet is a llama.cpp mislabel of a normal token (transformers skips those).
+        outside_alphabet, to_latin1 = _byte_alphabet()
+        vocab: dict[str, int] = {}
+        control: list[Any] = []
+        user: list[Any] = []
+
+        blob = bytearray()
+        offsets = array("q", [0])
+        for i, (text, ttype) in enumerate(zip(tokens, types.tolist())):
+            in_alphabet = outside_alphabet.search(text) is None
+            if ttype == TOKEN_TYPE_NORMAL or ttype == TOKEN_TYPE_UNUSED:
+                if in_alphabet:
+                    blob += text.translate(to_latin1).encode("latin-1")
+                else:  # a token stored verbatim rather than in the byte alphabet
+                    blob += text.encode("utf-8")
+            elif ttype == TOKEN_TYPE_BYTE and (m := _BYTE_TOKEN.match(text)):
+                blob.append(int(m.group(1), 16))
+            else:  # control, user-defined, unknown: their text as written
+                blob += text.encode("utf-8")
+            offsets.append(len(blob))
+            if vocab.setdefault(text, i) == i and text:
+                if ttype == TOKEN_TYPE_CONTROL and in_alphabet:
+                    control.append(AddedToken(text, normalized=False, special=True))
+                elif ttype == TOKEN_TYPE_USER_DEFINED:
+                    user.append(AddedToken(text, normalized=False, special=False))
+        self._token_bytes = _ByteTable(blob, offsets)
+        del blob, offsets
+        end_of_turn_ids = {t: vocab.get(t) for t in _END_OF_TURN_TEXTS}
+
+        # The merges' halves are vocabulary tokens: sharing those str objects halves the
+        # transient cost of the pairs.
+        canon = {t: t for t in vocab}
+        pairs = []
+        for m in merges:
+            a, sep, b = str(m).partition(" ")
+            if not sep:
+                raise ModelFormatError(
+                    f"GGUF metadata 'tokenizer.ggml.merges' has a bad entry {m!r}"
+                )
+            pairs.append((canon.get(a, a), canon.get(b, b)))
+        del canon
+        model = models.BPE(
+            vocab=vocab,
+            merges=pairs,
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            ignore_merges=kind in _IGNORE_MERGES,
+        )
+        del vocab, pairs  # the model holds its own copy
+        tk = TkTokenizer(model)
+        if kind == "gpt2":
+            tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        elif kind == "digits":
+            tk.pre_tokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Digits(individual_digits=True),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+                ]
+            )
+        else:
+            split = LLAMA3_SPLIT if kind == "llama3" else QWEN2_SPLIT
+            tk.pre_tokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(TkRegex(split), behavior="isolated", invert=False),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                ]
+            )
+        tk.decoder = decoders.ByteLevel()
+
+        if control:
+            tk.add_special_tokens(control)
+        if user:
+            tk.add_tokens(user)
+        self._tk = tk
+        self._tk_plain: Any = None  # same, but control strings in text are plain text
+        self._lock = threading.Lock()
+
+        # Special ids.
+        n = self.vocab_size
+
+        def _id(key: str) -> int | None:
+            v = _as_int(meta.get(key), key)
+            if v is None:
+                return None
+            if not 0 <= v < n:
+                raise ModelFormatError(
+                    f"GGUF metadata {key!r} = {v} is outside the vocabulary of {n} tokens"
+                )
+            return v
+
+        self.bos_id = _id("tokenizer.ggml.bos_token_id")
+        self.eos_id = _id("tokenizer.ggml.eos_token_id")
+        self.unk_id = _id("tokenizer.ggml.unknown_token_id")
+        self.pad_id = _id("tokenizer.ggml.padding_token_id")
+
+        def end_of_turn(text: str) -> int | None:
+            i = end_of_turn_ids.get(text)
+            return i if i is not None and types[i] != TOKEN_TYPE_NORMAL else None
+
+        self._set_turn_and_special_ids(
+            meta, types, [_id(k) for k in _EOT_KEYS], end_of_turn, kind in _DEFAULT_ADD_BOS
+        )
+
+    def _plain(self) -> Any:
+        """A copy of the backend that treats control-token strings as ordinary text."""
+        if self._tk_plain is None:
+            with self._lock:
+                if self._tk_plain is None:
+                    from tokenizers import Tokenizer as TkTokenizer
+
+                    tk = TkTokenizer.from_str(self._tk.to_str())
+                    tk.encode_special_tokens = True
+                    self._tk_plain = tk
+        return self._tk_plain
+
+    def encode(
+        self, text: str, add_bos: bool | None = None, parse_special: bool = True
+    ) -> list[int]:
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"encode() takes a str, got {type(text).__name__}")
+        tk = self._tk if parse_special else self._plain()
+        ids = tk.encode(text, add_special_tokens=False).ids if text else []
+        return self._with_bos(ids, add_bos)
+
+    def encode_batch(
+        self, texts: Sequence[str], add_bos: bool | None = None, parse_special: bool = True
+    ) -> list[list[int]]:
+        tk = self._tk if parse_special else self._plain()
+        out = tk.encode_batch(list(texts), add_special_tokens=False)
+        return [self._with_bos(e.ids, add_bos) for e in out]
+
+    def id_to_token(self, id: int) -> str:
+        """The token as the vocabulary spells it (byte-level alphabet for normal tokens)."""
+        self.token_bytes(id)  # range check
+        return self._tokens[id]

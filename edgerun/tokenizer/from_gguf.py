@@ -1,0 +1,42 @@
+"""Which tokenizer a GGUF file's metadata describes.
+
+The one place that reads ``tokenizer.ggml.model`` and picks the implementation
+(:class:`~.bpe.BPETokenizer` for ``"gpt2"``, :class:`~.sentencepiece.SentencePieceTokenizer`
+for ``"llama"``), so callers holding GGUF metadata need not know the kinds, and each kind's
+module need not know the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgerun.errors import ModelFormatError, UnsupportedError
+from edgerun.tokenizer.base import Tokenizer
+from edgerun.tokenizer.bpe import BPETokenizer
+from edgerun.tokenizer.sentencepiece import SentencePieceTokenizer
+
+__all__ = ["tokenizer_from_gguf_metadata"]
+
+
+def tokenizer_from_gguf_metadata(meta: dict[str, Any]) -> Tokenizer:
+    """The tokenizer a GGUF file's metadata describes (``meta``: GGUF key -> value; arrays as
+    lists, numpy arrays or :class:`~edgerun.formats.gguf.StringArray`)."""
+    model = meta.get("tokenizer.ggml.model")
+    if model is None:
+        raise ModelFormatError(
+            "GGUF metadata has no 'tokenizer.ggml.model'; the file carries no tokenizer"
+        )
+    model = str(model)
+    if model == "gpt2":
+        return BPETokenizer(meta)
+    if model == "llama":
+        return SentencePieceTokenizer(meta)
+    what = {
+        "t5": "Unigram (T5-style) tokenizers are not supported",
+        "bert": "WordPiece (BERT-style) tokenizers are not supported",
+        "rwkv": "RWKV tokenizers are not supported",
+    }.get(model, "this tokenizer type is not supported")
+    raise UnsupportedError(
+        f"GGUF metadata 'tokenizer.ggml.model' = {model!r}: {what}. "
+        "edgerun supports byte-level BPE ('gpt2') and SentencePiece ('llama') vocabularies."
+    )
