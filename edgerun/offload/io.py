@@ -1,0 +1,282 @@
+"""Direct I/O for offloaded weights: reads that go to storage, not the page cache.
+
+A RAM budget counts the page cache our reads leave behind (DESIGN.md), so offloaded
+bytes are read with O_DIRECT into aligned buffers; where a filesystem refuses O_DIRECT
+the reader falls back to buffered reads followed by POSIX_FADV_DONTNEED on the range.
+Small random reads only reach the device's throughput with many in flight (PERF_NOTES:
+4 KiB reads run at 54 MB/s on 1 thread, 184 MB/s on 8), so a call's ranges are spread
+over a small thread pool of positional reads; os.preadv releases the GIL, so the reads
+also overlap with nogil kernels on the calling thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from edgerun.errors import InvalidArgumentError, ModelFormatError, ModelNotFoundError
+
+ALIGN = 4096  # O_DIRECT needs offsets, lengths and buffer addresses aligned to the block size
+CHUNK = 1 << 20  # a longer range is split so one big read also spreads over the threads
+
+
+def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
+    """An uninitialised uint8 array of nbytes whose data address is a multiple of align."""
+    if align <= 0 or align & (align - 1):
+        raise InvalidArgumentError(f"alignment must be a power of two, got {align}")
+    if nbytes < 0:
+        raise InvalidArgumentError(f"cannot allocate {nbytes} bytes")
+    raw = np.empty(nbytes + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start : start + nbytes]  # the view keeps `raw` alive
+
+
+def coalesce(sorted_ids: np.ndarray, max_gap: int) -> list[tuple[int, int]]:
+    """Runs [start, stop) covering sorted ids, merging runs separated by <= max_gap ids.
+
+    Reading a few unneeded neighbours is cheaper than another small random read, so
+    callers pick max_gap from the record size (e.g. 32 KiB of records). Duplicates are
+    allowed; unsorted input is an error.
+    """
+    if max_gap < 0:
+        raise InvalidArgumentError(f"max_gap must be >= 0, got {max_gap}")
+    ids = np.asarray(sorted_ids).reshape(-1).astype(np.int64, copy=False)
+    if ids.size == 0:
+        return []
+    step = np.diff(ids)
+    if step.size and step.min() < 0:
+        raise InvalidArgumentError("coalesce needs ids sorted in ascending order")
+    brk = np.flatnonzero(step > max_gap + 1)
+    starts = np.concatenate((ids[:1], ids[brk + 1]))
+    stops = np.concatenate((ids[brk] + 1, ids[-1:] + 1))
+    return list(zip(starts.tolist(), stops.tolist(), strict=True))
+
+
+def _byte_view(out: np.ndarray) -> np.ndarray:
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
+        raise InvalidArgumentError("read buffers must be writeable C-contiguous numpy arrays")
+    return out.reshape(-1).view(np.uint8)
+
+
+class DirectReader:
+    """Parallel positional reads of one file, bypassing the page cache.
+
+    read_into() fills caller buffers from many (offset, length) ranges. With O_DIRECT,
+    ranges whose offset, length and destination are all aligned are read straight into
+    the destination; others read the aligned superset into a per-thread staging buffer
+    and copy. Counters (bytes_read, bytes_delivered, read_seconds, reads) feed the
+    per-token I/O breakdown; reset them with reset_stats().
+    """
+
+    def __init__(
+        self, path: str | os.PathLike, threads: int = 4, direct: bool | None = None
+    ) -> None:
+        """direct: None tries O_DIRECT and falls back; True requires it; False never uses it."""
+        if threads < 1:
+            raise InvalidArgumentError(f"I/O threads must be >= 1, got {threads}")
+        self.path = Path(path)
+        self.threads = threads
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise ModelNotFoundError(f"{self.path}: file not found") from None
+        self.size = os.fstat(fd).st_size
+        self.direct = False
+        if direct is not False:
+            dfd = self._open_direct()
+            if dfd is not None:
+                os.close(fd)
+                fd, self.direct = dfd, True
+            elif direct:
+                os.close(fd)
+                raise InvalidArgumentError(
+                    f"{self.path}: the filesystem does not support O_DIRECT reads; "
+                    "use direct=None to fall back to buffered reads"
+                )
+        self._fd: int | None = fd
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        # the calling thread does one share of every read, the pool the others
+        self._pool: ThreadPoolExecutor | None = None
+        if threads > 1:
+            self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="edgerun-io")
+        self.reset_stats()
+
+    def _open_direct(self) -> int | None:
+        if not hasattr(os, "O_DIRECT"):
+            return None
+        try:
+            dfd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
+        except OSError:
+            return None
+        try:  # some filesystems accept the flag at open and refuse the read
+            os.preadv(dfd, [aligned_empty(ALIGN)], 0)
+        except OSError:
+            os.close(dfd)
+            return None
+        return dfd
+
+    # -- stats ---------------------------------------------------------------------------
+    def reset_stats(self) -> None:
+        self.bytes_read = 0  # from storage, alignment padding included
+        self.bytes_delivered = 0  # into caller buffers
+        self.read_seconds = 0.0  # wall time inside read_into
+        self.reads = 0  # positional read syscalls
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "bytes_read": self.bytes_read,
+            "bytes_delivered": self.bytes_delivered,
+            "read_seconds": self.read_seconds,
+            "reads": self.reads,
+        }
+
+    # -- reads ---------------------------------------------------------------------------
+    def read(self, offset: int, length: int) -> np.ndarray:
+        """One range into a new aligned uint8 array."""
+        out = aligned_empty(length)
+        self.read_into([(offset, length)], out)
+        return out
+
+    def read_into(
+        self,
+        ranges: Sequence[tuple[int, int]],
+        out: np.ndarray,
+        out_offsets: Sequence[int] | None = None,
+    ) -> int:
+        """Read file ranges (offset, length) into out at out_offsets (byte offsets into
+        out's memory; default: packed back to back). Returns the bytes delivered."""
+        fd = self._fd
+        if fd is None:
+            raise InvalidArgumentError(f"{self.path}: reader is closed")
+        dst = _byte_view(out)
+        t0 = time.perf_counter()
+        tasks: list[tuple[int, int, int]] = []
+        pos = 0
+        if out_offsets is not None and len(out_offsets) != len(ranges):
+            raise InvalidArgumentError(
+                f"{len(ranges)} ranges but {len(out_offsets)} output offsets"
+            )
+        for k, (off, length) in enumerate(ranges):
+            off, length = int(off), int(length)
+            at = pos if out_offsets is None else int(out_offsets[k])
+            if off < 0 or length < 0 or at < 0:
+                raise InvalidArgumentError(f"bad read range ({off}, {length}) -> {at}")
+            if off + length > self.size:
+                raise ModelFormatError(
+                    f"{self.path}: read of bytes [{off}, {off + length}) runs past the end "
+                    f"of the file ({self.size} bytes); the file is truncated, delete it"
+                )
+            if at + length > dst.size:
+                raise InvalidArgumentError(
+                    f"read of {length} bytes at output offset {at} overflows a "
+                    f"{dst.size}-byte buffer"
+                )
+            for c in range(0, length, CHUNK):
+                tasks.append((off + c, min(CHUNK, length - c), at + c))
+            pos = at + length
+        groups = [tasks[i :: self.threads] for i in range(min(self.threads, len(tasks)))]
+        if self._pool is not None and len(groups) > 1:
+            futures = [self._pool.submit(self._run, fd, g, dst) for g in groups[1:]]
+            results = [self._run(fd, groups[0], dst)] + [f.result() for f in futures]
+        else:
+            results = [self._run(fd, tasks, dst)]
+        delivered = sum(t[1] for t in tasks)
+        with self._lock:
+            self.bytes_read += sum(r[0] for r in results)
+            self.reads += sum(r[1] for r in results)
+            self.bytes_delivered += delivered
+            self.read_seconds += time.perf_counter() - t0
+        return delivered
+
+    def _run(self, fd: int, tasks: list[tuple[int, int, int]], dst: np.ndarray) -> tuple[int, int]:
+        nbytes = calls = 0
+        read = self._direct_one if self.direct else self._buffered_one
+        for off, length, at in tasks:
+            b, c = read(fd, off, length, dst, at)
+            nbytes += b
+            calls += c
+        return nbytes, calls
+
+    def _fill(self, fd: int, buf: np.ndarray, off: int, need: int) -> tuple[int, int]:
+        """preadv until `need` bytes landed in buf (short reads happen at EOF and on signals)."""
+        got = calls = 0
+        mv = memoryview(buf)
+        while got < need:
+            n = os.preadv(fd, [mv[got:]], off + got)
+            calls += 1
+            if n <= 0:
+                break
+            got += n
+        if got < need:
+            raise ModelFormatError(
+                f"{self.path}: short read at byte {off + got} ({got} of {need} bytes); "
+                "the file changed or is truncated"
+            )
+        return got, calls
+
+    def _staging(self, nbytes: int) -> np.ndarray:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.size < nbytes:
+            buf = aligned_empty(max(nbytes, CHUNK + 2 * ALIGN))
+            self._local.buf = buf
+        return buf
+
+    def _direct_one(
+        self, fd: int, off: int, length: int, dst: np.ndarray, at: int
+    ) -> tuple[int, int]:
+        if length == 0:
+            return 0, 0
+        target = dst[at : at + length]
+        if not (off | length | target.ctypes.data) % ALIGN:
+            return self._fill(fd, target, off, length)
+        a0 = off - off % ALIGN
+        a1 = min(-(-(off + length) // ALIGN) * ALIGN, -(-self.size // ALIGN) * ALIGN)
+        stage = self._staging(a1 - a0)[: a1 - a0]
+        # the block past EOF reads short; _fill insists only on the bytes we need
+        got, calls = self._fill(fd, stage, a0, off + length - a0)
+        target[:] = stage[off - a0 : off - a0 + length]
+        return got, calls
+
+    def _buffered_one(
+        self, fd: int, off: int, length: int, dst: np.ndarray, at: int
+    ) -> tuple[int, int]:
+        if length == 0:
+            return 0, 0
+        got, calls = self._fill(fd, dst[at : at + length], off, length)
+        # drop whole pages only: widen to page bounds so the edges do not linger
+        a0 = off - off % ALIGN
+        os.posix_fadvise(fd, a0, off + length - a0, os.POSIX_FADV_DONTNEED)
+        return got, calls
+
+    # -- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> DirectReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
