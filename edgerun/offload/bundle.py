@@ -35,11 +35,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import numpy as np
+from edgerun import _numba_env
 
-from edgerun.errors import InvalidArgumentError, ModelFormatError, UnsupportedError
-from edgerun.offload.io import ALIGN, DirectReader, aligned_empty, coalesce
-from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType, row_bytes
+_numba_env.configure()  # before numba is first imported (see _numba_env)
+
+import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
+
+from edgerun.errors import InvalidArgumentError, ModelFormatError, UnsupportedError  # noqa: E402
+from edgerun.offload.io import ALIGN, DirectReader, aligned_empty, coalesce  # noqa: E402
+from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType, row_bytes  # noqa: E402
 
 MAGIC = b"EDGEBNDL"
 VERSION = 1
@@ -51,6 +56,16 @@ GAP_BYTES = 32 * 1024  # merge reads across gaps up to this (a read costs ~50 us
 
 class StaleBundleError(ModelFormatError):
     """A valid bundle that does not match what was asked (source hash, layers, order)."""
+
+
+@njit(cache=True, nogil=True)
+def _gather_rows(stage: np.ndarray, src: np.ndarray, out: np.ndarray) -> None:
+    """out[k] = stage[src[k] : src[k] + row_bytes]: records out of the coalesced reads.
+
+    nogil so a prefetch thread's copy overlaps compute on the main thread."""
+    rb = out.shape[1]
+    for k in range(out.shape[0]):
+        out[k, :] = stage[src[k] : src[k] + rb]
 
 
 def _align(n: int) -> int:
@@ -81,13 +96,19 @@ class BundleLayer:
 def down_columns(down: QuantTensor, fmt: QuantType | str = "Q8_0") -> np.ndarray:
     """Down's columns requantized row-wise: uint8 [d_ff, row_bytes(fmt, d_model)].
 
-    Dequantizes the whole matrix once (a layer's worth of float32, at write time only)."""
+    Dequantizes the whole matrix once (a layer's float32, at write time only) and
+    requantizes it in slices of columns, so no transposed copy of it is ever made."""
     from edgerun.quant.quantize import parse_qtype, quantize
     from edgerun.quant.reference import dequantize
 
     fmt = parse_qtype(fmt)
     w = dequantize(down.qtype, down.data)  # [d_model, d_ff]
-    return quantize(np.ascontiguousarray(w.T), fmt)
+    d_model, d_ff = w.shape
+    out = np.empty((d_ff, row_bytes(fmt, d_model)), np.uint8)
+    for c0 in range(0, d_ff, 1024):
+        c1 = min(d_ff, c0 + 1024)
+        out[c0:c1] = quantize(np.ascontiguousarray(w[:, c0:c1].T), fmt)
+    return out
 
 
 # ----------------------------------------------------------------------------- writing
@@ -129,7 +150,7 @@ def write_bundle(
     if set(order) - set(todo):
         raise InvalidArgumentError(f"order given for layers {sorted(set(order) - set(todo))}")
 
-    def tensors(i: int) -> tuple[QuantTensor, QuantTensor, QuantTensor]:
+    def tensors(i: int, load: DirectReader | None = None) -> tuple[QuantTensor, ...]:
         names = [spec.layer_tensor(r, i) for r in ("ffn_gate", "ffn_up", "ffn_down")]
         missing = [n for n in names if n not in gguf.infos]
         if missing:
@@ -142,7 +163,18 @@ def write_bundle(
                 f"{src}: layer {i} FFN shapes gate {gate.shape}, up {up.shape}, "
                 f"down {down.shape} do not fit together"
             )
-        return gate, up, down
+        if load is None:
+            return gate, up, down
+        # read with direct I/O: touching the mmap would leave the whole GGUF resident
+        return tuple(
+            QuantTensor(
+                t.name,
+                t.qtype,
+                t.shape,
+                load.read(gguf.infos[t.name].offset, t.nbytes).reshape(t.data.shape),
+            )
+            for t in (gate, up, down)
+        )
 
     # plan the layout first: every offset is known before a byte is written
     entries: list[dict[str, Any]] = []
@@ -199,6 +231,7 @@ def write_bundle(
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         with (
+            DirectReader(src, threads=2) as load,
             open(tmp, "wb") as f,
             progress_bar(
                 f"writing offload bundle {out.name}",
@@ -209,7 +242,7 @@ def write_bundle(
         ):
             f.write(bytes(HEADER_BYTES))
             for e in entries:
-                gate, up, down = tensors(e["layer"])
+                gate, up, down = tensors(e["layer"], load)
                 perm = order.get(e["layer"])
                 sel = slice(None) if perm is None else perm.astype(np.int64)
                 _write_at(f, e["gate"]["offset"], gate.data[sel])
@@ -218,6 +251,11 @@ def write_bundle(
                 _write_at(f, e["records"]["offset"], rec)
                 if perm is not None:
                     _write_at(f, e["order"]["offset"], perm.astype("<i4"))
+                # written bytes stay in the page cache until flushed; under a RAM budget
+                # (a first offloaded run) a whole bundle of dirty pages must not pile up
+                f.flush()
+                os.fdatasync(f.fileno())
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
                 advance()
             _write_at(f, index_offset, np.frombuffer(blob, np.uint8))
             f.write(bytes(index["file_size"] - f.tell()))
@@ -226,7 +264,6 @@ def write_bundle(
             f.write(HEADER.pack(MAGIC, VERSION, HEADER_BYTES, index_offset, len(blob), digest))
             f.flush()
             os.fsync(f.fileno())
-            # the bytes are on disk: do not let them count against a RAM budget
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         os.replace(tmp, out)
     except BaseException:
@@ -479,8 +516,7 @@ class Bundle:
         r = np.searchsorted(starts, addr, side="right") - 1
         src = np.empty(n, np.int64)
         src[srt] = at[r] + (addr - starts[r])
-        window = np.lib.stride_tricks.sliding_window_view(stage[: int(lens.sum())], rb)
-        np.take(window, src, axis=0, out=out)
+        _gather_rows(stage, src, out)
         return out
 
     def _staging(self, nbytes: int) -> np.ndarray:
