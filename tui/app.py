@@ -20,6 +20,7 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Footer, Header, Label, LoadingIndicator, Static
 
+from edgerun.settings import DEFAULT_CTX, ModelSettings
 from tui.backend import (
     RAW_STOPS,
     default_providers,
@@ -158,7 +159,7 @@ class ChatApp(App):
         model_name: str | None = None,
         *,
         model: Any = None,
-        n_ctx: int = 2048,
+        n_ctx: int | None = None,
         threads: int | None = None,
         kv_type: str = "f32",
         system: str | None = None,
@@ -172,7 +173,8 @@ class ChatApp(App):
         self.model_name = model_name
         self.model_label = ""
         self.model_quant = ""
-        self.n_ctx = n_ctx
+        self.n_ctx = n_ctx  # None until a model is loaded: its recommended size
+        self.ctx_given = n_ctx is not None  # else a model switch takes the new model's
         self.threads = threads
         self.kv_type = kv_type
         self.warmup = warmup
@@ -308,7 +310,7 @@ class ChatApp(App):
             pass
         return str(name) if name else model.path.stem
 
-    def load_model(self, name: str | None, n_ctx: int) -> None:
+    def load_model(self, name: str | None, n_ctx: int | None) -> None:
         """Load a model in a thread worker; the UI keeps running meanwhile."""
         self.loading = True
         what = f"Loading {name or 'the default model'}"
@@ -323,7 +325,7 @@ class ChatApp(App):
         self._load_worker(name, n_ctx)
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def _load_worker(self, name: str | None, n_ctx: int) -> None:
+    def _load_worker(self, name: str | None, n_ctx: int | None) -> None:
         try:
             import edgerun
 
@@ -331,10 +333,7 @@ class ChatApp(App):
             quant = model_quant(model)
             if self.warmup:  # compile / load the Numba kernels before the first question
                 try:
-                    for _ in model.generate("Hello", max_tokens=2, temperature=0.0):
-                        pass
-                    model.generator.stats = type(model.generator.stats)()
-                    model.generator.cache.truncate(0)
+                    model.warm_up()
                 except Exception:  # noqa: BLE001 - warm-up is best effort
                     pass
             self.post_message(self.ModelLoaded(model, self._label_for(name, model), quant))
@@ -411,12 +410,17 @@ class ChatApp(App):
         self.generating = True
         self._cancel = threading.Event()
         self._gen += 1
-        sampling = self.conv.settings.sampling()
+        sampling = self.conv.settings.sampling(_recommended(model))
         self.last_sampling = dict(sampling)
         self._set_status("Thinking…  (Escape stops)", busy=True)
         self._gen_worker = self._generate_worker(
-            self._gen, model, self.conv.chat_messages(), sampling, check, self._cancel
+            self._gen, model, self._messages(), sampling, check, self._cancel
         )
+
+    def _messages(self) -> list[dict[str, str]]:
+        """The conversation as the model sees it, with the model's default system prompt."""
+        rec = _recommended(self.model)
+        return self.conv.chat_messages(rec.system if rec is not None else "")
 
     def _post(self, gen: int, msg: Message) -> None:
         """From a worker thread: tag `msg` with its generation id and queue it."""
@@ -569,7 +573,7 @@ class ChatApp(App):
         elif choice == "drop":
             self._set_status("Making room…", busy=True)
             self._drop_worker(
-                self._gen, self.model, self.conv.chat_messages(), self.conv.settings.max_tokens
+                self._gen, self.model, self._messages(), self.conv.settings.max_tokens
             )
         elif choice == "new":
             last = self._pop_last_user()
@@ -732,9 +736,15 @@ class ChatApp(App):
         except Exception:  # noqa: BLE001
             pass
         self.push_screen(
-            SettingsScreen(self.conv.settings, current, models, self.n_ctx),
+            SettingsScreen(
+                self.conv.settings, current, models, self._ctx_shown(), _recommended(self.model)
+            ),
             callback=self._apply_settings,
         )
+
+    def _ctx_shown(self) -> int:
+        """The context size the settings dialog shows: the model's, or the default."""
+        return self.n_ctx if self.n_ctx is not None else DEFAULT_CTX
 
     def _apply_settings(self, result: SettingsResult | None) -> None:
         if result is None:
@@ -742,10 +752,12 @@ class ChatApp(App):
         self.conv.settings = result.settings
         self.save()
         changed_model = result.model != (self.model_name or "")
-        if changed_model or result.n_ctx != self.n_ctx:
+        changed_ctx = result.n_ctx != self._ctx_shown()
+        if changed_model or changed_ctx:
             if self.generating:
                 self._cancel.set()
-            self.load_model(result.model, result.n_ctx)
+            self.ctx_given = self.ctx_given or changed_ctx
+            self.load_model(result.model, result.n_ctx if self.ctx_given else None)
         self.notify("Settings saved.")
 
     def action_conversations(self) -> None:
@@ -776,11 +788,17 @@ class ChatApp(App):
             return None
 
 
+def _recommended(model: Any) -> ModelSettings | None:
+    """The loaded model's recommended settings (None for a stand-in without them)."""
+    rec = getattr(model, "settings", None)
+    return rec if isinstance(rec, ModelSettings) else None
+
+
 def run(args: Any) -> int:
     """Entry point for `edgerun chat` (args from the CLI parser)."""
     app = ChatApp(
         getattr(args, "model", None),
-        n_ctx=getattr(args, "ctx", 2048),
+        n_ctx=getattr(args, "ctx", None),
         threads=getattr(args, "threads", None),
         kv_type=getattr(args, "kv_type", "f32"),
         system=getattr(args, "system", None),
@@ -796,7 +814,7 @@ def main() -> None:  # python -m tui.app
 
     p = argparse.ArgumentParser(prog="edgerun chat")
     p.add_argument("-m", "--model", default=None)
-    p.add_argument("-c", "--ctx", type=int, default=2048)
+    p.add_argument("-c", "--ctx", type=int, default=None)
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("--kv-type", choices=("f32", "f16"), default="f32")
     p.add_argument("--system", default=None)

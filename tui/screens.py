@@ -13,6 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Select, Static, TextArea
 from textual.widgets.option_list import Option
 
+from edgerun.settings import SAMPLING_FIELDS, ModelSettings
 from tui.store import ChatSettings, Conversation
 
 KEYS = [
@@ -87,13 +88,26 @@ class SettingsScreen(ModalScreen["SettingsResult | None"]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
     def __init__(
-        self, settings: ChatSettings, model: str, models: list[tuple[str, str]], n_ctx: int
+        self,
+        settings: ChatSettings,
+        model: str,
+        models: list[tuple[str, str]],
+        n_ctx: int,
+        recommended: ModelSettings | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
         self.model = model
         self.models = models  # (label, value)
         self.n_ctx = n_ctx
+        # The loaded model's recommended settings: shown for the fields left to the model.
+        self.recommended = recommended if recommended is not None else ModelSettings()
+
+    def _shown(self, name: str) -> object:
+        value = getattr(self.settings, name)
+        if value is None and name in SAMPLING_FIELDS:
+            return getattr(self.recommended, name)
+        return value
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="settings-box", classes="dialog"):
@@ -108,7 +122,7 @@ class SettingsScreen(ModalScreen["SettingsResult | None"]):
                 yield Label("Context size")
                 yield Input(str(self.n_ctx), id="n_ctx", type="integer")
                 for name, label, _ in _FIELDS:
-                    value = getattr(self.settings, name)
+                    value = self._shown(name)
                     yield Label(label)
                     yield Input("" if value is None else str(value), id=name)
             yield Label("System prompt")
@@ -171,6 +185,9 @@ class SettingsScreen(ModalScreen["SettingsResult | None"]):
         if problems:
             err.update("; ".join(problems))
             return None
+        for name in SAMPLING_FIELDS:  # left at the model's value: stays the model's
+            if getattr(self.settings, name) is None and changes[name] == self._shown(name):
+                changes[name] = None
         changes["system"] = self.query_one("#system", TextArea).text
         model = self.query_one("#model", Select).value
         return SettingsResult(replace(self.settings, **changes), str(model), n_ctx)

@@ -10,35 +10,37 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from edgerun.sampling import DEFAULT_SAMPLING
+from edgerun.settings import SAMPLING_FIELDS, ModelSettings
 
 FORMAT_VERSION = 1
 
 
 @dataclass
 class ChatSettings:
-    """Sampling settings and the system prompt; saved with each conversation."""
+    """Sampling settings and the system prompt; saved with each conversation.
 
-    temperature: float = DEFAULT_SAMPLING.temperature
-    top_k: int = DEFAULT_SAMPLING.top_k
-    top_p: float = DEFAULT_SAMPLING.top_p
-    min_p: float = DEFAULT_SAMPLING.min_p
-    repeat_penalty: float = DEFAULT_SAMPLING.repeat_penalty
+    A sampling field left None (and an empty system prompt) follows the loaded model's
+    recommended settings, so switching models switches them too.
+    """
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
     max_tokens: int = 512
     seed: int | None = None
     system: str = ""
 
-    def sampling(self) -> dict[str, Any]:
-        """Keyword arguments for Model.chat / Model.generate."""
-        return dict(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            repeat_penalty=self.repeat_penalty,
-            seed=self.seed,
-        )
+    def sampling(self, recommended: ModelSettings | None = None) -> dict[str, Any]:
+        """Keyword arguments for Model.chat / Model.generate, None fields filled in."""
+        base = recommended if recommended is not None else ModelSettings()
+        out: dict[str, Any] = {"max_tokens": self.max_tokens}
+        for k in SAMPLING_FIELDS:
+            mine = getattr(self, k)
+            out[k] = getattr(base, k) if mine is None else mine
+        out["seed"] = self.seed
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ChatSettings:
@@ -62,11 +64,15 @@ class Conversation:
     settings: ChatSettings = field(default_factory=ChatSettings)
     messages: list[dict[str, Any]] = field(default_factory=list)
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        """The messages as the model sees them: system prompt first, no extra keys."""
+    def chat_messages(self, default_system: str = "") -> list[dict[str, str]]:
+        """The messages as the model sees them: system prompt first, no extra keys.
+
+        default_system (the model's recommended one) stands in for an empty system prompt.
+        """
         out = []
-        if self.settings.system.strip():
-            out.append({"role": "system", "content": self.settings.system})
+        system = self.settings.system if self.settings.system.strip() else default_system
+        if system.strip():
+            out.append({"role": "system", "content": system})
         out.extend({"role": m["role"], "content": m["content"]} for m in self.messages)
         return out
 
