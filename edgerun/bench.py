@@ -22,6 +22,7 @@ from edgerun.api import Model
 from edgerun.kvcache import KVCache
 from edgerun.ops._simd import stack16
 from edgerun.ops.qmatvec import kernel_path
+from edgerun.progress import progress_bar
 from edgerun.sched.cpu_share import set_threads
 from edgerun.sysinfo import peak_rss_bytes
 
@@ -90,7 +91,8 @@ def weight_bytes_per_token(model: Model) -> int:
     tr = model.transformer
     total = tr.output.nbytes
     for layer in tr.layers:
-        total += sum(getattr(layer, s).nbytes for s in ("q", "k", "v", "o", "gate", "up", "down"))
+        total += sum(getattr(layer, s).nbytes for s in ("q", "k", "v", "o"))
+        total += sum(getattr(layer.ffn, s).nbytes for s in ("gate", "up", "down"))
     return total
 
 
@@ -125,31 +127,32 @@ def run(
     repeats: int = 5,
     bandwidth: bool = True,
     runtime_rss: int | None = None,
+    progress: bool = True,
 ) -> dict:
     """Run the pp/tg sweep and return a JSON-able report.
 
     runtime_rss: RSS measured before the model was loaded (interpreter, numpy,
     Numba), so the report can say how much of the peak the model itself costs.
+    progress: a line (or bar) per timed run on stderr, never on stdout with the report.
     """
     threads = threads or [model.threads]
     rng = np.random.default_rng(0)
-    t0 = time.perf_counter()
     set_threads(threads[0])
-    _time_prefill(model, min(n_prompt, 16) or 1, rng)  # JIT compile or cache load
-    _time_decode(model, 2, rng)
-    first_run = time.perf_counter() - t0
+    warm = model.warm_up()  # JIT compile or cache load, kept out of every timed run
     rows: list[BenchRow] = []
-    for t in threads:
-        set_threads(t)
-        _time_decode(model, 4, rng)  # warm the thread pool and caches
-        if n_prompt:
-            row = BenchRow(t, f"pp{n_prompt}")
-            row.samples = [_time_prefill(model, n_prompt, rng) for _ in range(repeats)]
-            rows.append(row)
-        if n_gen:
-            row = BenchRow(t, f"tg{n_gen}")
-            row.samples = [_time_decode(model, n_gen, rng) for _ in range(repeats)]
-            rows.append(row)
+    tests = [(f"pp{n_prompt}", _time_prefill, n_prompt), (f"tg{n_gen}", _time_decode, n_gen)]
+    tests = [x for x in tests if x[2]]
+    total = len(threads) * len(tests) * repeats
+    with progress_bar("bench", total, unit="runs", enabled=progress) as advance:
+        for t in threads:
+            set_threads(t)
+            _time_decode(model, 4, rng)  # warm the thread pool and caches
+            for name, timer, n in tests:
+                row = BenchRow(t, name)
+                for _ in range(repeats):
+                    row.samples.append(timer(model, n, rng))
+                    advance(1, description=f"bench {name}, {t} threads")
+                rows.append(row)
     wbytes = weight_bytes_per_token(model)
     peak_rss = peak_rss_bytes()  # before the bandwidth probe's buffer
     bw = {t: measure_bandwidth(t) for t in threads} if bandwidth else {}
@@ -170,7 +173,8 @@ def run(
         "peak_rss_bytes": peak_rss,
         "runtime_rss_bytes": runtime_rss,
         "kv_bytes": KVCache.bytes_for(model.spec, max(n_prompt, n_gen + 1), model.kv_type),
-        "first_run_seconds": first_run,
+        "first_run_seconds": warm.seconds,
+        "kernels_compiled": warm.compiled,
         "weight_bytes_per_token": wbytes,
         "bandwidth_bytes_per_s": {str(t): b for t, b in bw.items()},
         "rows": [{**asdict(r), "median": r.median, "spread": r.spread} for r in rows],
@@ -205,8 +209,10 @@ def format_table(rep: dict) -> str:
             f"{r['median']:.1f} ± {r['spread']:.1f} |"
         )
     lines.append("")
+    compiled = rep.get("kernels_compiled")
+    how = f"{compiled} functions compiled" if compiled else "kernels loaded from cache"
     lines.append(
-        f"load {rep['load_seconds']:.2f} s; first run (JIT compile / cache load) "
+        f"load {rep['load_seconds']:.2f} s; first run ({how}) "
         f"{rep['first_run_seconds']:.2f} s; kernels {rep['kernel_path']}, OpenMP wait "
         f"{rep['omp_wait_policy']}"
     )

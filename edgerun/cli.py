@@ -362,16 +362,15 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
         except OSError as e:
             raise EdgerunError(f"cannot read {args.file}: {e}") from None
     model = edgerun.load(args.model, n_ctx=args.ctx, threads=args.threads)
-    from rich.progress import Progress
+    from edgerun.progress import progress_bar
 
-    with Progress(transient=True) as bar:
-        task = bar.add_task("perplexity", total=None)
+    with progress_bar("perplexity", unit="tokens") as advance:
         res = perplexity(
             model,
             text,
             n_ctx=args.ctx,
             limit_tokens=args.limit_tokens,
-            on_progress=lambda d, t: bar.update(task, completed=d, total=t),
+            on_progress=lambda done, total: advance.update(done, total),
         )
     print(f"{model.path.name}: {res} [{res.seconds:.1f} s]")
     return 0
