@@ -6,7 +6,7 @@
 
 Each row converts the model (from its GGUF weights, dequantized: the source is itself
 quantized, so every row carries that first rounding too) into a pack, then measures
-perplexity on the start of Python's pydoc_data.topics (edgerun.perplexity) and greedy
+perplexity on the start of Python's pydoc_data.topics (edgerun.tools.perplexity) and greedy
 decode speed. "rtn" rows use plain min/max round-to-nearest, "search" rows the
 error-minimizing scale search, "imatrix" rows the search weighted by activation
 statistics collected on the calibration part of the corpus (disjoint from the text
@@ -62,10 +62,10 @@ def main(argv=None) -> int:
 
     import edgerun
     from edgerun.api import resolve_model
-    from edgerun.formats.convert import GGUFSource, _calibrate, convert
     from edgerun.formats.pack import read_pack
-    from edgerun.perplexity import perplexity
     from edgerun.sched.cpu_share import set_threads
+    from edgerun.tools.convert import GGUFSource, _calibrate, convert
+    from edgerun.tools.perplexity import perplexity
 
     set_threads(args.threads)
     src_path = resolve_model(args.model, auto_pull=False)
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         if method == "imatrix":
             if imatrix is None:
                 if imat_file.exists():
-                    from edgerun.quant.calibrate import load_imatrix
+                    from edgerun.tools.calibrate import load_imatrix
 
                     imatrix = load_imatrix(imat_file)
                 else:

@@ -83,7 +83,7 @@ def _hf_logits(model, ids):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_hf_float_pack_matches_transformers(tmp_path, sp_model, arch):
     import edgerun
-    from edgerun.formats.convert import convert
+    from edgerun.tools.convert import convert
 
     sp = spm.SentencePieceProcessor(model_proto=sp_model)
     vocab = sp.get_piece_size()
@@ -116,7 +116,7 @@ def test_hf_q8_argmax_agreement(tmp_path, sp_model):
     models have); an untied random model's near-flat logits make argmax a coin toss
     between near-ties (~98% there, see above)."""
     import edgerun
-    from edgerun.formats.convert import convert
+    from edgerun.tools.convert import convert
 
     vocab = spm.SentencePieceProcessor(model_proto=sp_model).get_piece_size()
     model = _save_checkpoint(tmp_path / "hf", "llama", vocab, torch.float32, sp_model, tied=True)
@@ -132,8 +132,8 @@ def test_hf_q8_argmax_agreement(tmp_path, sp_model):
 def test_hf_bf16_checkpoint(tmp_path, sp_model):
     """bf16 safetensors (no numpy dtype) are read exactly, tied embeddings have no output."""
     import edgerun
-    from edgerun.formats.convert import convert
     from edgerun.formats.pack import read_pack
+    from edgerun.tools.convert import convert
 
     vocab = spm.SentencePieceProcessor(model_proto=sp_model).get_piece_size()
     model = _save_checkpoint(tmp_path / "hf", "llama", vocab, torch.bfloat16, sp_model, tied=True)
@@ -147,7 +147,7 @@ def test_hf_bf16_checkpoint(tmp_path, sp_model):
 
 def test_hf_errors(tmp_path):
     from edgerun.errors import EdgerunError
-    from edgerun.formats.convert import convert
+    from edgerun.tools.convert import convert
 
     (tmp_path / "d").mkdir()
     with pytest.raises(EdgerunError, match="not a Hugging Face checkpoint"):
@@ -164,7 +164,7 @@ def test_hf_bpe_tokenizer_json(tmp_path, sp_model):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     import edgerun
-    from edgerun.formats.convert import convert
+    from edgerun.tools.convert import convert
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -197,11 +197,11 @@ def test_hf_bpe_tokenizer_json(tmp_path, sp_model):
 def test_convert_with_imatrix(tmp_path, sp_model):
     """--imatrix auto calibrates on the built-in text; the pack records it; the weighted
     3-bit quantization lowers the activation-weighted error of every layer's matrices."""
-    from edgerun.formats.convert import convert
     from edgerun.formats.pack import read_pack
-    from edgerun.quant.calibrate import load_imatrix
     from edgerun.quant.formats import QuantType
     from edgerun.quant.reference import dequantize
+    from edgerun.tools.calibrate import load_imatrix
+    from edgerun.tools.convert import convert
 
     if not hasattr(QuantType, "Q3_G64"):
         pytest.skip("Q3_G64 not registered in QuantType")

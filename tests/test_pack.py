@@ -206,8 +206,8 @@ def test_spec_json_round_trip():
 def test_convert_keep_matches_gguf(tmp_path, smollm2_path):
     """--quant keep copies blocks unchanged: the same logits and greedy tokens as the GGUF."""
     import edgerun
-    from edgerun.formats.convert import convert
     from edgerun.formats.gguf import read_gguf
+    from edgerun.tools.convert import convert
 
     out = convert(str(smollm2_path), tmp_path / "keep", "keep", progress=False)
     pack = read_pack(out)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edgerun.errors import InvalidArgumentError
-from edgerun.perplexity import calibration_text, evaluation_text, perplexity
+from edgerun.tools.perplexity import calibration_text, evaluation_text, perplexity
 
 
 class _Tok:
@@ -125,8 +125,8 @@ def test_imatrix_beats_rtn_at_3_and_2_bits(tmp_path, smollm2_path):
     import io
 
     import edgerun
-    from edgerun.formats.convert import GGUFSource, _calibrate, convert
     from edgerun.quant.formats import QuantType
+    from edgerun.tools.convert import GGUFSource, _calibrate, convert
 
     if not hasattr(QuantType, "Q3_G64"):
         pytest.skip("low-bit formats not registered in QuantType")

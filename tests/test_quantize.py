@@ -214,7 +214,7 @@ def test_recipes():
 def test_imatrix_collector_sees_every_projection(smollm2):
     """Calibration records the inputs of all 7 matrices of every layer, in prefill (matmul)
     and in one-token decode (matvec / matvec_many), as mean squares per column."""
-    from edgerun.quant.calibrate import collect_imatrix
+    from edgerun.tools.calibrate import collect_imatrix
 
     tr = smollm2.transformer
     ids = smollm2.tokenize("def main():\n    return 0\n" * 8)
@@ -228,7 +228,7 @@ def test_imatrix_collector_sees_every_projection(smollm2):
     assert imat["blk.0.ffn_down.weight"].shape == (smollm2.spec.d_ff,)
     assert all(np.isfinite(v).all() and (v >= 0).all() for v in imat.values())
     # decode steps are counted too: one token more than the prefill for each matrix
-    from edgerun.quant.calibrate import ImatrixCollector
+    from edgerun.tools.calibrate import ImatrixCollector
 
     col = ImatrixCollector()
     from edgerun.kvcache import KVCache

@@ -306,3 +306,49 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
         name: TensorInfo(name, dims, tid, data_start + off) for name, dims, tid, off in raw_infos
     }
     return GGUFFile(path, version, meta, infos, size, buf)
+
+
+class GGUFSource:
+    """A GGUF file as a conversion source (edgerun.formats.repack; HFCheckpoint is the
+    Hugging Face counterpart)."""
+
+    kind = "gguf"
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        from edgerun.arch import spec_from_gguf
+
+        self.path = Path(path)
+        self.file = read_gguf(self.path)
+        self.metadata = self.file.metadata
+        self.spec = spec_from_gguf(self.metadata, str(self.path))
+
+    def tensor_names(self) -> list[str]:
+        return self.file.tensor_names()
+
+    def tensor(self, name: str) -> QuantTensor:
+        return self.file.tensor(name)
+
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        return {n: self.file.tensor(n).shape for n in self.file.tensor_names()}
+
+    def source_types(self) -> dict[str, QuantType]:
+        return {n: self.file.tensor(n).qtype for n in self.file.tensor_names()}
+
+    def float_tensor(self, name: str) -> np.ndarray:
+        from edgerun.quant.reference import dequantize
+
+        t = self.file.tensor(name)
+        return dequantize(t.qtype, t.data).reshape(t.shape)
+
+    def tokenizer_section(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        meta = {k: v for k, v in self.metadata.items() if k.startswith("tokenizer.")}
+        return {"kind": "gguf", "metadata": meta}, {}
+
+    def sha256(self) -> str:
+        import hashlib
+
+        h = hashlib.sha256()
+        with open(self.path, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+        return h.hexdigest()

@@ -15,7 +15,7 @@ dequantizer (edgerun.quant.reference) read them unchanged.
 - Q3_G64, Q2_G64: edgerun's own low-bit formats, see edgerun.quant.lowbit.
 
 `imatrix` (float32 [cols], mean squared activation per input column, see
-edgerun.quant.calibrate) turns the scale searches into importance-weighted ones, as
+edgerun.tools.calibrate) turns the scale searches into importance-weighted ones, as
 llama.cpp's imatrix quantization does: weights = imatrix[col] * sqrt(sigma2 + x^2).
 It is used by the K-quants and the low-bit formats; the 32-block legacy formats and
 float formats ignore it.

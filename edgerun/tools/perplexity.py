@@ -7,10 +7,10 @@ scored, so every scored token sees at least n_ctx/2 tokens of context.
 PPL = exp(mean NLL); its standard error comes from the NLLs' standard error by the
 delta method (PPL * SE(NLL)).
 
-Evaluation text: Python's own pydoc topic help (`pydoc_data.topics`, shipped with every
-CPython), topics in sorted order. Calibration (edgerun.quant.calibrate) uses the last
-quarter of the same corpus; evaluation reads from the start, so with --limit-tokens
-below ~75% of the corpus (~100k tokens) the two never overlap.
+Evaluation text: Python's own pydoc topic help (edgerun.corpus, re-exported here).
+Calibration (edgerun.tools.calibrate) uses the last quarter of the same corpus;
+evaluation reads from the start, so with --limit-tokens below ~75% of the corpus
+(~100k tokens) the two never overlap.
 """
 
 from __future__ import annotations
@@ -21,29 +21,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgerun.corpus import CALIBRATION_FRACTION, calibration_text, evaluation_text
 from edgerun.errors import InvalidArgumentError
 from edgerun.kvcache import KVCache
 
-__all__ = ["PerplexityResult", "calibration_text", "evaluation_text", "perplexity"]
-
-CALIBRATION_FRACTION = 0.25
-
-
-def _corpus() -> str:
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[k] for k in sorted(topics))
-
-
-def evaluation_text() -> str:
-    """The built-in evaluation text (pydoc_data.topics, sorted by topic)."""
-    return _corpus()
-
-
-def calibration_text() -> str:
-    """The last quarter of the corpus: calibration data disjoint from the evaluation head."""
-    text = _corpus()
-    return text[int(len(text) * (1 - CALIBRATION_FRACTION)) :]
+__all__ = [
+    "CALIBRATION_FRACTION",
+    "PerplexityResult",
+    "calibration_text",
+    "evaluation_text",
+    "perplexity",
+]
 
 
 @dataclass

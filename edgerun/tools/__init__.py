@@ -1,0 +1,1 @@
+"""Tools that run the model: conversion with calibration, imatrix, perplexity."""
