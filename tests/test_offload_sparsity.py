@@ -67,3 +67,22 @@ def test_low_rank_predictor_recall_on_held_out_tokens(smollm2, recorded):
         assert recall > 0.9, (i, recall)  # fitted for 0.95 on the calibration tokens
         assert predicted < 0.95  # it must skip something to be worth having
         assert truly < predicted
+
+
+def test_allocate_sparsity_spends_it_where_error_is_cheap():
+    g = sp.SPARSITY_GRID
+    err = np.stack([g**2, 4 * g**2, 0.5 * g**2])
+    alloc = sp.allocate_sparsity(err, 0.5)
+    assert alloc.mean() == pytest.approx(0.5)
+    assert alloc[1] < alloc[0] < alloc[2]
+
+
+def test_per_layer_error_curves_and_thresholds(smollm2, recorded):
+    rec, _ = recorded
+    grid = np.array([0.0, 0.3, 0.6])
+    err = sp.layer_error_curves(smollm2, rec, grid, max_tokens=32)
+    assert err.shape == (30, 3) and (err[1] == 0).all()
+    assert (np.diff(err[list(LAYERS)], axis=1) > 0).all()  # more sparsity, more error
+    th = sp.calibrate_thresholds(rec, np.where(np.arange(30) == 13, 0.6, 0.3))
+    assert (rec.layer_score(13) < th[13]).mean() == pytest.approx(0.6, abs=0.01)
+    assert (rec.layer_score(0) < th[0]).mean() == pytest.approx(0.3, abs=0.01)
