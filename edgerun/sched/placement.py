@@ -196,13 +196,20 @@ def _missed_fraction(cache_neurons: int, d_ff: int, frequencies=None) -> float:
 
 
 def minimum_budget(
-    fp: Footprint, floor: int, n_ctx: int, mode: str = "sparse", predictor_rank: int = 64
+    fp: Footprint,
+    floor: int,
+    n_ctx: int,
+    mode: str = "sparse",
+    predictor_rank: int = 64,
+    allow_predictor: bool = True,
 ) -> int:
     """The smallest budget `plan` accepts for this model and mode."""
     base = floor + n_ctx * fp.kv_bytes_per_token + _resident_bytes(fp)
     scratch = _scratch_bytes(fp)
     if mode == "dense":
         return base + scratch
+    if not allow_predictor:
+        return base + scratch + fp.gate_bytes
     return base + scratch + min(fp.predictor_bytes(predictor_rank), fp.gate_bytes)
 
 
@@ -216,6 +223,7 @@ def plan(
     predictor_rank: int = 64,
     frequencies=None,
     device: DeviceFigures | None = None,
+    allow_predictor: bool = True,
 ) -> Plan:
     """Split `budget` bytes between resident weights, gate, predictor and neuron cache.
 
@@ -228,7 +236,7 @@ def plan(
     if not 0 < active_fraction <= 1:
         raise InvalidArgumentError(f"active fraction must be in (0, 1], got {active_fraction}")
     dev = device or DeviceFigures()
-    need = minimum_budget(fp, floor, n_ctx, mode, predictor_rank)
+    need = minimum_budget(fp, floor, n_ctx, mode, predictor_rank, allow_predictor)
     if budget < need:
         raise BudgetError(
             f"RAM budget {budget / 1e6:,.0f} MB is below the minimum for this model in "
@@ -252,7 +260,9 @@ def plan(
         gate_resident, pred, gate_b = False, 0, 0
     else:
         gate_b = fp.gate_bytes
-        gate_resident = left - gate_b >= 0.1 * (left - fp.predictor_bytes(predictor_rank))
+        gate_resident = not allow_predictor or left - gate_b >= 0.1 * (
+            left - fp.predictor_bytes(predictor_rank)
+        )
         pred = 0 if gate_resident else fp.predictor_bytes(predictor_rank)
         left -= gate_b if gate_resident else pred
         slot = fp.record_bytes if gate_resident else fp.neuron_bytes

@@ -1,0 +1,304 @@
+"""Offloaded decode under a RAM budget, proven from outside: each run in a memory cgroup.
+
+For each model, budget and configuration, a fresh child process joins a cgroup v1
+memory group limited to budget + 5% (page cache counted), after
+`sync; echo 3 > /proc/sys/vm/drop_caches`, then prefills a short prompt and decodes
+N tokens greedily. Reported: decode tok/s, MB read from flash per token, neuron-cache
+hit rate, the I/O / cache-management / compute ms per token (LLM in a flash's
+breakdown), the group's memory.max_usage_in_bytes and whether it was OOM-killed.
+
+Configurations (all in the same code and I/O path):
+  mmap        today's resident load; the kernel pages the GGUF in and out
+  dense       --offload dense: what the budget does not hold is streamed every token
+  sparse      gate-resident thresholding (or the predictor), no neuron cache
+  window      sparse + windowed neuron cache
+  full        sparse + window + bundled reads + prefetch of the next layer
+  llama.cpp   llama-cpp-python (mmap) under the same limit, when installed
+
+Needs root (cgroups, drop_caches). Usage:
+  python benchmarks/offload.py -m qwen2.5-coder-1.5b --budgets 800M,560M,min \
+      --configs mmap,dense,sparse,window,full,llama.cpp -n 64 -t 2 \
+      --json benchmarks/results/offload.json --plot benchmarks/results/offload.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+PROMPT = "Write a Python function that checks whether a number is prime."
+CONFIGS = {
+    "mmap": None,
+    "dense": {"offload": "dense"},
+    "sparse": {"offload": "sparse", "window": 0, "bundled": True, "prefetch": False},
+    "window": {"offload": "sparse", "window": 5, "bundled": True, "prefetch": False},
+    "full": {"offload": "sparse", "window": 5, "bundled": True, "prefetch": True},
+}
+
+
+# ----------------------------------------------------------------------------- child
+def _join_cgroup(name: str | None) -> None:
+    if name:
+        (CGROUP_ROOT / name / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def _child_edgerun(args: dict) -> dict:
+    import edgerun
+
+    t0 = time.perf_counter()
+    kw = dict(n_ctx=args["ctx"], threads=args["threads"])
+    if args["options"] is not None:
+        opts = dict(args["options"])
+        kw["ram_budget"] = args["budget"]
+        kw["offload"] = opts.pop("offload")
+        kw["offload_options"] = opts
+    m = edgerun.load(args["path"], **kw)
+    load_s = time.perf_counter() - t0
+    ids = m.tokenize(m.render_chat([{"role": "user", "content": PROMPT}]))
+    gen = m.generator
+    it = m.generate(ids, max_tokens=args["n"], temperature=0.0)
+    first = None
+    t1 = time.perf_counter()
+    n = 0
+    for _ in it:
+        n += 1
+        if first is None:
+            first = time.perf_counter()
+            if hasattr(m, "offload_stats"):
+                m.reset_offload_stats()
+    t2 = time.perf_counter()
+    st = gen.stats
+    decoded = max(1, st.generated_tokens - 1)
+    out = {
+        "load_s": load_s,
+        "ttft_s": (first or t2) - t1,
+        "tok_s": decoded / max(1e-9, t2 - (first or t2)),
+        "tokens": st.generated_tokens,
+    }
+    if hasattr(m, "offload_stats"):
+        s = m.offload_stats()
+        per = max(1, s.get("tokens", decoded))
+        out.update(
+            mb_per_token=s["bytes_read"] / per / 1e6,
+            hit_rate=s.get("hit_rate", float("nan")),
+            io_ms=1e3 * s["io_s"] / per,
+            mm_ms=1e3 * s["mm_s"] / per,
+            compute_ms=1e3 * s["compute_s"] / per,
+            plan=s.get("plan", ""),
+        )
+    return out
+
+
+def _child_llamacpp(args: dict) -> dict:
+    from llama_cpp import Llama
+
+    t0 = time.perf_counter()
+    llm = Llama(args["path"], n_ctx=args["ctx"], n_threads=args["threads"], verbose=False)
+    load_s = time.perf_counter() - t0
+    ids = llm.tokenize(PROMPT.encode())
+    t1 = time.perf_counter()
+    first = None
+    n = 0
+    for tok in llm.generate(ids, temp=0.0, top_k=1):
+        n += 1
+        if first is None:
+            first = time.perf_counter()
+        if n >= args["n"] or tok == llm.token_eos():
+            break
+    t2 = time.perf_counter()
+    return {
+        "load_s": load_s,
+        "ttft_s": (first or t2) - t1,
+        "tok_s": max(1, n - 1) / max(1e-9, t2 - (first or t2)),
+        "tokens": n,
+    }
+
+
+def child_main(spec: str) -> None:
+    args = json.loads(spec)
+    _join_cgroup(args.get("cgroup"))
+    fn = _child_llamacpp if args["engine"] == "llama.cpp" else _child_edgerun
+    print("RESULT " + json.dumps(fn(args)), flush=True)
+
+
+# ---------------------------------------------------------------------------- parent
+def _drop_caches() -> None:
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        print(f"warning: cannot drop caches ({e}); runs start with a warm page cache")
+
+
+def _make_cgroup(name: str, limit: int) -> Path:
+    g = CGROUP_ROOT / name
+    g.mkdir(exist_ok=True)
+    for f in ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes"):
+        if (g / f).exists():
+            (g / f).write_text("-1")
+    (g / "memory.limit_in_bytes").write_text(str(limit))
+    if (g / "memory.memsw.limit_in_bytes").exists():
+        (g / "memory.memsw.limit_in_bytes").write_text(str(limit))
+    (g / "memory.max_usage_in_bytes").write_text("0")
+    return g
+
+
+def run_one(engine: str, path: str, budget: int | None, options, a) -> dict:
+    name = f"edgerun-bench-{os.getpid()}"
+    g = None
+    if budget is not None:
+        g = _make_cgroup(name, int(budget * 1.05))
+    _drop_caches()
+    spec = {
+        "engine": engine,
+        "path": path,
+        "budget": budget,
+        "options": options,
+        "ctx": a.ctx,
+        "n": a.n,
+        "threads": a.threads,
+        "cgroup": name if g else None,
+    }
+    t0 = time.perf_counter()
+    p = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=a.timeout,
+    )
+    res: dict = {"wall_s": time.perf_counter() - t0, "rc": p.returncode}
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            res.update(json.loads(line[7:]))
+    if p.returncode != 0:
+        res["error"] = "OOM-killed" if p.returncode in (137, -9) else p.stderr.strip()[-400:]
+    if g is not None:
+        res["max_usage_mb"] = int((g / "memory.max_usage_in_bytes").read_text()) / 1e6
+        res["failcnt"] = int((g / "memory.failcnt").read_text())
+        g.rmdir()
+    return res
+
+
+def _minimum_budget(path: str, ctx: int) -> int:
+    """The planner's minimum for this model (sparse mode), measured floor included."""
+    spec = {"path": path, "ctx": ctx}
+    code = (
+        "import json, sys; import edgerun; from edgerun.api import minimum_ram_budget; "
+        f"s = json.loads({json.dumps(json.dumps(spec))}); "
+        "print(minimum_ram_budget(s['path'], n_ctx=s['ctx']))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def _plot(rows: list[dict], out: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed (pip install edgerun[plot]); no plot written")
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for model in sorted({r["model"] for r in rows}):
+        for cfg in sorted({r["config"] for r in rows}):
+            pts = sorted(
+                (r["budget_mb"], r.get("tok_s", 0.0), r.get("mb_per_token"))
+                for r in rows
+                if r["model"] == model and r["config"] == cfg and r.get("budget_mb")
+            )
+            if not pts:
+                continue
+            lbl = f"{model} {cfg}"
+            ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=lbl)
+            mb = [(p[0], p[2]) for p in pts if p[2] is not None]
+            if mb:
+                ax2.plot([p[0] for p in mb], [p[1] for p in mb], marker="o", label=lbl)
+    ax1.set(xlabel="RAM budget (MB)", ylabel="decode tok/s", title="speed under a RAM budget")
+    ax2.set(xlabel="RAM budget (MB)", ylabel="MB read per token", title="flash reads")
+    ax1.legend(fontsize=6)
+    ax2.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"plot: {out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("-m", "--models", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--budgets", default="800M,560M,min")
+    ap.add_argument("--configs", default="mmap,dense,sparse,window,full,llama.cpp")
+    ap.add_argument("-n", type=int, default=64, help="tokens to decode")
+    ap.add_argument("-c", "--ctx", type=int, default=512)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--repeats", type=int, default=1)
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    a = ap.parse_args()
+    if a.child:
+        child_main(a.child)
+        return
+    from edgerun.api import resolve_model
+    from edgerun.sched.placement import parse_budget
+
+    has_llama = importlib.util.find_spec("llama_cpp") is not None
+    rows = []
+    hdr = (
+        f"{'model':<20} {'budget':>7} {'config':<9} {'tok/s':>6} {'MB/tok':>7} {'hit':>5} "
+        f"{'io ms':>6} {'mm ms':>6} {'cmp ms':>6} {'max MB':>7}  note"
+    )
+    print(hdr)
+    for model in a.models.split(","):
+        path = str(resolve_model(model))
+        for b in a.budgets.split(","):
+            budget = _minimum_budget(path, a.ctx) if b == "min" else parse_budget(b)
+            for cfg in a.configs.split(","):
+                if cfg == "llama.cpp" and not has_llama:
+                    continue
+                engine = "llama.cpp" if cfg == "llama.cpp" else "edgerun"
+                reps = [
+                    run_one(engine, path, budget, CONFIGS.get(cfg), a) for _ in range(a.repeats)
+                ]
+                ok = [r for r in reps if "error" not in r]
+                r = dict(reps[-1])
+                if ok:
+                    r = dict(ok[-1])
+                    r["tok_s"] = statistics.median(x["tok_s"] for x in ok)
+                r.update(model=model, config=cfg, budget=b, budget_mb=budget / 1e6)
+                rows.append(r)
+
+                def f(k, fmt="{:.1f}", r=r):
+                    return fmt.format(r[k]) if isinstance(r.get(k), (int, float)) else "-"
+
+                print(
+                    f"{model:<20} {budget / 1e6:>6.0f}M {cfg:<9} {f('tok_s', '{:.2f}'):>6} "
+                    f"{f('mb_per_token'):>7} {f('hit_rate', '{:.2f}'):>5} {f('io_ms'):>6} "
+                    f"{f('mm_ms'):>6} {f('compute_ms'):>6} {f('max_usage_mb', '{:.0f}'):>7}  "
+                    f"{r.get('error', '')[:60]}",
+                    flush=True,
+                )
+    if not has_llama:
+        print(
+            "llama.cpp skipped: CMAKE_ARGS=\"-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF\" "
+            "pip install llama-cpp-python"
+        )
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    if a.plot:
+        _plot(rows, a.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""FFN executors over a flash bundle: the sparse one (CATS + windowing) and dense streaming.
+
+Both compute down(act(gate x) * up x) of one layer with the up rows and down columns
+read from the bundle (edgerun/offload/bundle.py) instead of a resident matrix:
+
+- `SparseFFN`: the gate rows are resident, so g = gate x is exact; neurons with
+  |act(g)| below the layer's calibrated threshold are skipped (CATS); the others'
+  records come from the layer's NeuronCache (windowing), and only the missing ones
+  are read. Threshold 0 keeps every neuron: the dense FFN through the same path.
+- `StreamingFFN`: LLM in a flash's "hybrid" baseline: the first neurons a budget
+  holds stay in RAM, the rest of the layer is read (gate rows and records) every token.
+
+The I/O, cache bookkeeping and compute times are counted in one OffloadStats per model
+(the paper's per-token breakdown).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgerun.offload.bundle import Bundle
+from edgerun.offload.cache import NeuronCache
+from edgerun.ops import qmatvec
+from edgerun.ops import sparse_ffn as sf
+from edgerun.ops.activations import glu
+from edgerun.quant.formats import QuantTensor
+
+__all__ = ["OffloadStats", "SparseFFN", "StreamingFFN"]
+
+
+@dataclass
+class OffloadStats:
+    """Per-model counters; bytes come from the bundle's reader."""
+
+    io_s: float = 0.0
+    mm_s: float = 0.0
+    compute_s: float = 0.0
+    active: int = 0  # neurons computed (decode)
+    neurons: int = 0  # neurons considered (decode)
+
+    def reset(self) -> None:
+        self.io_s = self.mm_s = self.compute_s = 0.0
+        self.active = self.neurons = 0
+
+
+def _glu(g: np.ndarray, u: np.ndarray, activation: str) -> np.ndarray:
+    """act(g) * u for a vector or a [n, d] matrix (the kernel takes rows)."""
+    if g.ndim == 1:
+        return glu(g.reshape(1, -1), u.reshape(1, -1), activation).reshape(-1)
+    return glu(g, u, activation)
+
+
+def _act(g: np.ndarray, activation: str) -> np.ndarray:
+    """act(g) elementwise."""
+    return _glu(g, np.ones_like(g), activation)
+
+
+class SparseFFN:
+    """One layer's FFN: resident gate, thresholded neurons, records via a NeuronCache."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        layer: int,
+        gate: QuantTensor,
+        threshold: float,
+        activation: str,
+        cache: NeuronCache | None,
+        scratch: np.ndarray,
+        stats: OffloadStats,
+    ) -> None:
+        ly = bundle.layer(layer)
+        self.bundle, self.layer, self.ly = bundle, layer, ly
+        self.gate = gate
+        self.threshold = np.float32(threshold)
+        self.activation = activation
+        self.cache = cache
+        self.scratch = scratch  # uint8 [chunk, record_bytes], shared by all layers
+        self.stats = stats
+        self.d_model, self.d_ff = ly.d_model, ly.d_ff
+
+    # ------------------------------------------------------------------ decode
+    def _decode(self, x: np.ndarray) -> np.ndarray:
+        st, ly = self.stats, self.ly
+        t0 = time.perf_counter()
+        a = _act(qmatvec.matvec(self.gate, x), self.activation)
+        ids = np.flatnonzero(np.abs(a) >= self.threshold).astype(np.int32)
+        out = np.zeros(self.d_model, np.float32)
+        st.active += ids.size
+        st.neurons += self.d_ff
+        t1 = time.perf_counter()
+        st.compute_s += t1 - t0
+        if self.cache is None:
+            self._from_flash(ids, a, x, out)
+            return out
+        cache = self.cache
+        present, missing = cache.lookup(ids)
+        # The cache takes the missing neurons it has room for this token; the rest
+        # (a token that needs more than the cache holds) are computed from scratch.
+        room = cache.capacity - cache.n_pinned - present.size
+        take = missing[: max(0, min(missing.size, room))]
+        fill = cache.admit(take)
+        t2 = time.perf_counter()
+        st.mm_s += t2 - t1
+        rec = cache.parts["record"]
+        if take.size:
+            for c0 in range(0, take.size, self.scratch.shape[0]):
+                chunk = take[c0 : c0 + self.scratch.shape[0]]
+                buf = self.scratch[: chunk.size]
+                self.bundle.read_records(self.layer, chunk, out=buf)
+                rec[fill[c0 : c0 + chunk.size]] = buf
+        t3 = time.perf_counter()
+        st.io_s += t3 - t2
+        slots = cache.id_to_slot[ids]
+        held = slots >= 0
+        idx = slots[held].astype(np.int32)
+        if idx.size:
+            up = sf.matvec_rows(ly.up_format, self.d_model, rec, idx, x)
+            coeff = a[ids[held]] * up
+            sf.accumulate_q8_0_rows(rec, coeff, out, idx, offset=ly.up_row_bytes)
+        cache.step()
+        st.compute_s += time.perf_counter() - t3
+        rest = ids[~held]
+        if rest.size:
+            self._from_flash(rest, a, x, out)
+        return out
+
+    def _from_flash(self, ids: np.ndarray, a: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+        """Read `ids`' records chunk by chunk into scratch and add their contribution."""
+        st, ly = self.stats, self.ly
+        for c0 in range(0, ids.size, self.scratch.shape[0]):
+            chunk = ids[c0 : c0 + self.scratch.shape[0]]
+            t0 = time.perf_counter()
+            buf = self.scratch[: chunk.size]
+            self.bundle.read_records(self.layer, chunk, out=buf)
+            t1 = time.perf_counter()
+            up = sf.matvec_rows(ly.up_format, self.d_model, buf, None, x)
+            sf.accumulate_q8_0_rows(buf, a[chunk] * up, out, None, offset=ly.up_row_bytes)
+            st.io_s += t1 - t0
+            st.compute_s += time.perf_counter() - t1
+
+    # ----------------------------------------------------------------- prefill
+    def _prefill(self, x: np.ndarray) -> np.ndarray:
+        """Several tokens: read the union of their active neurons once, bypassing the cache."""
+        st, ly = self.stats, self.ly
+        t0 = time.perf_counter()
+        a = _act(qmatvec.matmul(self.gate, x), self.activation)  # [n, d_ff]
+        keep = np.abs(a) >= self.threshold
+        ids = np.flatnonzero(keep.any(axis=0)).astype(np.int32)
+        coeff_all = np.where(keep, a, np.float32(0.0))
+        out = np.zeros((x.shape[0], self.d_model), np.float32)
+        st.compute_s += time.perf_counter() - t0
+        for c0 in range(0, ids.size, self.scratch.shape[0]):
+            chunk = ids[c0 : c0 + self.scratch.shape[0]]
+            t0 = time.perf_counter()
+            buf = self.scratch[: chunk.size]
+            self.bundle.read_records(self.layer, chunk, out=buf)
+            t1 = time.perf_counter()
+            up_rows = np.ascontiguousarray(buf[:, : ly.up_row_bytes])
+            up = qmatvec.matmul(
+                QuantTensor("up", ly.up_format, (chunk.size, self.d_model), up_rows), x
+            )
+            coeff = np.ascontiguousarray(coeff_all[:, chunk] * up)
+            sf.accumulate_q8_0_rows_many(buf, coeff, out, None, offset=ly.up_row_bytes)
+            st.io_s += t1 - t0
+            st.compute_s += time.perf_counter() - t1
+        return out
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.shape[0] == 1:
+            return self._decode(x[0]).reshape(1, -1)
+        return self._prefill(x)
+
+
+class StreamingFFN:
+    """Dense FFN with neurons [0, held) in RAM and the rest read every token."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        layer: int,
+        held: int,
+        activation: str,
+        scratch_gate: np.ndarray,
+        scratch: np.ndarray,
+        stats: OffloadStats,
+    ) -> None:
+        ly = bundle.layer(layer)
+        self.bundle, self.layer, self.ly = bundle, layer, ly
+        self.activation = activation
+        self.stats = stats
+        self.d_model, self.d_ff = ly.d_model, ly.d_ff
+        ids = np.arange(held, dtype=np.int32)
+        self.held_gate = bundle.read_gate_rows(layer, ids) if held else None
+        self.held_rec = bundle.read_records(layer, ids) if held else None
+        self.stream = np.arange(held, ly.d_ff, dtype=np.int32)
+        self.scratch_gate, self.scratch = scratch_gate, scratch
+
+    def _part(self, gate_rows: np.ndarray, rec: np.ndarray, x: np.ndarray, out: np.ndarray):
+        ly = self.ly
+        if x.shape[0] == 1:
+            g = sf.matvec_rows(ly.gate_format, self.d_model, gate_rows, None, x[0])
+            up = sf.matvec_rows(ly.up_format, self.d_model, rec, None, x[0])
+            coeff = _glu(g, up, self.activation)
+            sf.accumulate_q8_0_rows(rec, coeff, out[0], None, offset=ly.up_row_bytes)
+            return
+        n = gate_rows.shape[0]
+        gt = QuantTensor("gate", ly.gate_format, (n, self.d_model), gate_rows)
+        ut = QuantTensor(
+            "up", ly.up_format, (n, self.d_model), np.ascontiguousarray(rec[:, : ly.up_row_bytes])
+        )
+        coeff = glu(qmatvec.matmul(gt, x), qmatvec.matmul(ut, x), self.activation)
+        sf.accumulate_q8_0_rows_many(rec, coeff, out, None, offset=ly.up_row_bytes)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        st = self.stats
+        out = np.zeros((x.shape[0], self.d_model), np.float32)
+        t0 = time.perf_counter()
+        if self.held_gate is not None:
+            self._part(self.held_gate, self.held_rec, x, out)
+        st.compute_s += time.perf_counter() - t0
+        chunk_n = self.scratch.shape[0]
+        for c0 in range(0, self.stream.size, chunk_n):
+            chunk = self.stream[c0 : c0 + chunk_n]
+            t0 = time.perf_counter()
+            g = self.bundle.read_gate_rows(self.layer, chunk, out=self.scratch_gate[: chunk.size])
+            r = self.bundle.read_records(self.layer, chunk, out=self.scratch[: chunk.size])
+            t1 = time.perf_counter()
+            self._part(g, r, x, out)
+            st.io_s += t1 - t0
+            st.compute_s += time.perf_counter() - t1
+        if x.shape[0] == 1:
+            st.active += self.d_ff
+            st.neurons += self.d_ff
+        return out

@@ -1,0 +1,223 @@
+"""OffloadStore: attention, norms, embeddings and head resident; each FFN from flash.
+
+It is a ResidentStore whose `ffn()` returns a flash executor (offload/ffn.py), sized
+by a placement Plan (sched/placement.py). The bundle and the sparsity calibration are
+made once per source file and kept in the cache directory (`prepare`).
+
+Calibration (CATS thresholds) runs the resident model over calibration text in
+prefill chunks: one pass over the weights per chunk, so it stays cheap even when the
+file is larger than RAM (clean mmap pages are reclaimed). It stores the quantiles of
+|act(gate x)| per layer at every 5% of sparsity, so any target can be looked up.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgerun.arch.spec import ModelSpec
+from edgerun.errors import InvalidArgumentError, ModelFormatError
+from edgerun.ffn import FFNExecutor
+from edgerun.offload.bundle import Bundle, ensure_bundle
+from edgerun.offload.cache import NeuronCache
+from edgerun.offload.ffn import OffloadStats, SparseFFN, StreamingFFN
+from edgerun.offload.io import aligned_empty
+from edgerun.sched.placement import SCRATCH_NEURONS, Plan
+from edgerun.weights import ResidentStore
+
+__all__ = ["OffloadOptions", "OffloadStore", "prepare", "Calibration"]
+
+# Measured (benchmarks/offload_quality.py): argmax agreement with the dense model stays
+# >= 95% on SmolLM2-135M, Qwen2.5-Coder-0.5B and 1.5B at this sparsity.
+DEFAULT_SPARSITY = 0.5
+QUANTILES = np.round(np.arange(0.0, 1.0, 0.05), 2)
+CALIB_TOKENS = 512
+
+
+@dataclass
+class OffloadOptions:
+    """How the FFN is offloaded; the defaults are the measured best."""
+
+    sparsity: float = DEFAULT_SPARSITY  # share of neurons skipped per token (0: dense)
+    window: int = 5  # tokens a neuron stays cached after its last use (0: no cache)
+    bundled: bool = True  # up row and down column read together (False: two reads)
+    prefetch: bool = False
+    io_threads: int = 4
+    gap_bytes: int = 32768
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> OffloadOptions:
+        d = dict(d or {})
+        bad = set(d) - set(cls.__dataclass_fields__)
+        if bad:
+            raise InvalidArgumentError(
+                f"unknown offload option(s) {sorted(bad)}; "
+                f"known: {sorted(cls.__dataclass_fields__)}"
+            )
+        o = cls(**d)
+        if not 0.0 <= o.sparsity < 1.0:
+            raise InvalidArgumentError(f"offload sparsity must be in [0, 1), got {o.sparsity}")
+        if o.window < 0:
+            raise InvalidArgumentError(f"offload window must be >= 0 tokens, got {o.window}")
+        return o
+
+
+@dataclass
+class Calibration:
+    """Per-layer quantiles of |act(gate x)| (rows: QUANTILES) and activation frequencies."""
+
+    quantiles: np.ndarray  # float32 [len(QUANTILES), n_layers]
+
+    def thresholds(self, sparsity: float) -> np.ndarray:
+        if sparsity <= 0:
+            return np.zeros(self.quantiles.shape[1], np.float32)
+        k = int(np.argmin(np.abs(QUANTILES - sparsity)))
+        return self.quantiles[k].astype(np.float32)
+
+
+def _calibration_path(bundle: Path) -> Path:
+    return bundle.with_suffix(".calib.npz")
+
+
+def calibrate(model, n_tokens: int = CALIB_TOKENS, chunk: int = 128) -> Calibration:
+    """Quantiles of |act(gate x)| per layer over calibration text, on the resident model."""
+    from edgerun.corpus import calibration_text
+    from edgerun.offload.sparsity import collect_activations
+
+    ids = model.tokenize(calibration_text())[:n_tokens]
+    rec = collect_activations(model, ids, keep_x=False, chunk=chunk)
+    n = len(model.transformer.layers)
+    q = np.zeros((len(QUANTILES), n), np.float32)
+    for i in range(n):
+        s = rec.layer_score(i).astype(np.float32).reshape(-1)
+        q[:, i] = np.quantile(s, QUANTILES)
+    return Calibration(q)
+
+
+def prepare(model, sha256: str | None = None, progress: bool = True) -> tuple[Path, Calibration]:
+    """The bundle and calibration for a loaded resident model, made once and cached."""
+    path = ensure_bundle(model.path, sha256=sha256, progress=progress)
+    cpath = _calibration_path(path)
+    if cpath.exists():
+        try:
+            with np.load(cpath) as z:
+                return path, Calibration(np.asarray(z["quantiles"], np.float32))
+        except (OSError, KeyError, ValueError):
+            cpath.unlink(missing_ok=True)
+    cal = calibrate(model)
+    release_file_pages(model.file)
+    tmp = cpath.with_suffix(".tmp.npz")
+    np.savez(tmp, quantiles=cal.quantiles)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, cpath)
+    return path, cal
+
+
+def release_file_pages(gguf) -> None:
+    """Drop a mapped GGUF's pages from RSS and the page cache (after calibration read it
+    all), so the budget starts from the floor; views refault what they touch."""
+    import mmap
+
+    buf = getattr(gguf, "_buf", None)
+    if isinstance(buf, mmap.mmap) and hasattr(buf, "madvise"):
+        buf.madvise(mmap.MADV_DONTNEED)
+    if hasattr(os, "posix_fadvise"):
+        fd = os.open(gguf.path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+class OffloadStore(ResidentStore):
+    """Resident attention/head/embeddings; FFNs computed from a flash bundle."""
+
+    def __init__(
+        self,
+        reader,
+        source: str,
+        spec: ModelSpec,
+        bundle_path: Path,
+        calibration: Calibration,
+        plan: Plan,
+        options: OffloadOptions,
+    ) -> None:
+        super().__init__(reader, source)
+        self.plan, self.options = plan, options
+        self.bundle = Bundle(bundle_path, threads=options.io_threads, gap_bytes=options.gap_bytes)
+        if self.bundle.layers != list(range(spec.n_layers)):
+            raise ModelFormatError(f"{bundle_path}: bundle does not hold every layer of {source}")
+        self.stats = OffloadStats()
+        ly0 = self.bundle.layer(0)
+        chunk = min(spec.d_ff, SCRATCH_NEURONS)
+        self.scratch = aligned_empty(chunk * ly0.record_bytes).reshape(chunk, ly0.record_bytes)
+        self.thresholds = calibration.thresholds(options.sparsity)
+        self._spec = spec
+        if plan.mode == "dense":
+            self.scratch_gate = aligned_empty(chunk * ly0.gate_row_bytes).reshape(
+                chunk, ly0.gate_row_bytes
+            )
+        self.caches: list[NeuronCache] = []
+        self._gates: dict[int, object] = {}
+
+    def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
+        p, o = self.plan, self.options
+        if p.mode == "dense":
+            return StreamingFFN(
+                self.bundle,
+                layer,
+                p.cache_neurons,
+                spec.activation,
+                self.scratch_gate,
+                self.scratch,
+                self.stats,
+            )
+        from edgerun.quant.formats import QuantTensor
+
+        ly = self.bundle.layer(layer)
+        gate = QuantTensor(
+            spec.layer_tensor("ffn_gate", layer),
+            ly.gate_format,
+            (ly.d_ff, ly.d_model),
+            np.ascontiguousarray(self.bundle.gate_rows(layer)),
+        )
+        cache = None
+        if o.window > 0 and p.cache_neurons > 0:
+            cache = NeuronCache(
+                ly.d_ff, p.cache_neurons, {"record": ly.record_bytes}, window=o.window
+            )
+            self.caches.append(cache)
+        return SparseFFN(
+            self.bundle,
+            layer,
+            gate,
+            float(self.thresholds[layer]),
+            spec.activation,
+            cache,
+            self.scratch,
+            self.stats,
+        )
+
+    def offload_stats(self) -> dict:
+        r = self.bundle.reader
+        hits = sum(c.stats.hits for c in self.caches)
+        misses = sum(c.stats.misses for c in self.caches)
+        return {
+            "bytes_read": int(r.bytes_read),
+            "io_s": self.stats.io_s,
+            "mm_s": self.stats.mm_s,
+            "compute_s": self.stats.compute_s,
+            "hit_rate": hits / (hits + misses) if hits + misses else float("nan"),
+            "active_fraction": self.stats.active / self.stats.neurons if self.stats.neurons else 0,
+            "plan": self.plan.describe(),
+        }
+
+    def reset_offload_stats(self) -> None:
+        self.bundle.reader.reset_stats()
+        self.stats.reset()
+        for c in self.caches:
+            c.stats.hits = c.stats.misses = c.stats.evictions = 0
