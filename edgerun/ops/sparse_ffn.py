@@ -33,7 +33,7 @@ from numba import njit, prange  # noqa: E402
 
 from edgerun.errors import InvalidArgumentError  # noqa: E402
 from edgerun.ops import qmatvec  # noqa: E402
-from edgerun.ops._simd import h2f, has_vnni  # noqa: E402
+from edgerun.ops._simd import h2f, has_vnni, stack16  # noqa: E402
 from edgerun.quant.formats import QuantTensor, QuantType, row_bytes  # noqa: E402
 from edgerun.quant.reference import dequantize  # noqa: E402
 
@@ -161,7 +161,13 @@ def _f16(flat, i):
 
 @njit(inline="always")
 def _acc_chunk(flat, sflat, stride, offset, idx, coeff, out, b0, b1):
-    """out[b0*32 : b1*32] += sum_k coeff[k] * row(idx[k]) over blocks b0..b1."""
+    """out[b0*32 : b1*32] += sum_k coeff[k] * row(idx[k]) over blocks b0..b1.
+
+    The sums go through a 16-float stack tile: with loads from `out` and the rows and the
+    stores to a stack slot LLVM knows nothing aliases, so the SLP vectorizer packs them
+    (direct `out[j] += s * q[j]` stayed 32 scalar FMAs: 4x slower, measured).
+    """
+    t = numba.carray(stack16(), 16)
     for k in range(idx.shape[0]):
         c = coeff[k]
         if c == F0:
@@ -170,10 +176,13 @@ def _acc_chunk(flat, sflat, stride, offset, idx, coeff, out, b0, b1):
         for b in range(b0, b1):
             p = base + b * 34
             s = c * _f16(flat, p)
-            o = out[b * 32 : b * 32 + 32]
-            q = sflat[p + 2 : p + 34]
-            for j in range(32):
-                o[j] += s * np.float32(q[j])
+            for h in range(2):
+                o = out[b * 32 + 16 * h : b * 32 + 16 * h + 16]
+                q = sflat[p + 2 + 16 * h : p + 18 + 16 * h]
+                for j in range(16):
+                    t[j] = o[j] + s * np.float32(q[j])
+                for j in range(16):
+                    o[j] = t[j]
 
 
 @njit(cache=True, nogil=True, fastmath=True, parallel=True)
