@@ -33,6 +33,39 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         default="f32",
         help="KV cache element type: f16 halves its memory (default: f32)",
     )
+    _add_offload_args(p)
+
+
+def _add_offload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ram-budget",
+        default=None,
+        help="memory for the whole process, page cache included (800M, 1.5G, 60%%); the FFNs "
+        "then come from flash (see `edgerun plan`)",
+    )
+    p.add_argument(
+        "--offload",
+        choices=("sparse", "dense"),
+        default=None,
+        help="how the FFNs are offloaded: sparse (default with --ram-budget: only the neurons "
+        "a token needs, windowed cache) or dense (stream what the budget does not hold)",
+    )
+    p.add_argument(
+        "--sparsity",
+        type=float,
+        default=None,
+        help="share of FFN neurons skipped per token in sparse offloading (default: measured)",
+    )
+
+
+def _offload_kwargs(args: argparse.Namespace) -> dict:
+    """load() keyword arguments for the offload flags (none when they are not given)."""
+    if args.ram_budget is None and args.offload is None:
+        if args.sparsity is not None:
+            raise EdgerunError("--sparsity applies to offloading: add --ram-budget or --offload")
+        return {}
+    opts = {} if args.sparsity is None else {"sparsity": args.sparsity}
+    return dict(ram_budget=args.ram_budget, offload=args.offload, offload_options=opts)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -78,12 +111,29 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("-r", "--repetitions", type=int, default=5)
     b.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth probe")
     b.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_offload_args(b)
+
+    pl = sub.add_parser(
+        "plan", help="where each part of a model lives under a RAM budget, and what it costs"
+    )
+    pl.add_argument("model", nargs="?", default=None, help="registry name or .gguf file")
+    pl.add_argument("--ram-budget", required=True, help="800M, 1.5G, 60%%")
+    pl.add_argument("--offload", choices=("sparse", "dense"), default="sparse")
+    pl.add_argument("--sparsity", type=float, default=None)
+    pl.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens")
+    pl.add_argument("--kv-type", choices=("f32", "f16"), default="f32")
 
     cv = sub.add_parser(
         "convert", help="convert a GGUF / registry model / Hugging Face checkpoint to a pack"
     )
     cv.add_argument("src", help="GGUF file, registry name, or Hugging Face checkpoint directory")
-    cv.add_argument("-o", "--out", required=True, help="output pack directory")
+    cv.add_argument("-o", "--out", default=None, help="output pack directory")
+    cv.add_argument(
+        "--offload",
+        action="store_true",
+        help="write the bundled flash layout and sparsity calibration that offloaded runs "
+        "use (kept in the cache directory; no pack is written)",
+    )
     cv.add_argument(
         "--quant",
         default="q8_0",
@@ -127,7 +177,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if sys.stdin is None or sys.stdin.isatty():
             raise EdgerunError("no prompt given: pass it as an argument or on standard input")
         prompt = sys.stdin.read()
-    model = edgerun.load(args.model, n_ctx=args.ctx, threads=args.threads, kv_type=args.kv_type)
+    model = edgerun.load(
+        args.model,
+        n_ctx=args.ctx,
+        threads=args.threads,
+        kv_type=args.kv_type,
+        **_offload_kwargs(args),
+    )
     if _numba_env.kernel_cache_is_cold():
         print(
             "edgerun: first run: compiling kernels (a minute or so; cached afterwards)",
@@ -175,6 +231,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_chat(args: argparse.Namespace) -> int:
     from tui.app import run
 
+    args.offload_kwargs = _offload_kwargs(args)
     return run(args)
 
 
@@ -307,7 +364,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     tgs = _int_list(args.n_gen, "--n-gen")
     ctx = max(max(pps), max(tgs)) + 1
     runtime_rss = current_rss_bytes()
-    model = edgerun.load(args.model, n_ctx=ctx, threads=threads[0] if threads else None)
+    model = edgerun.load(
+        args.model, n_ctx=ctx, threads=threads[0] if threads else None, **_offload_kwargs(args)
+    )
     reports = []
     for pp in pps:
         for tg in tgs:
@@ -329,12 +388,46 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from edgerun.api import Model, resolve_model
+    from edgerun.offload.store import OffloadOptions
+    from edgerun.sched.placement import parse_budget, plan
+
+    opts = OffloadOptions.from_dict({} if args.sparsity is None else {"sparsity": args.sparsity})
+    model = Model(resolve_model(args.model), n_ctx=args.ctx, kv_type=args.kv_type)
+    sparsity = 0.0 if args.offload == "dense" else opts.sparsity
+    p = plan(
+        model._footprint(),
+        parse_budget(args.ram_budget),
+        model.floor_bytes,
+        model.n_ctx,
+        mode=args.offload,
+        active_fraction=max(0.05, 1.0 - sparsity),
+        allow_predictor=False,
+    )
+    print(f"{model.path.name}: {model.spec.n_layers} layers, context {model.n_ctx} tokens")
+    print(p.describe())
+    return 0
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     from edgerun.sched.cpu_share import set_threads
     from edgerun.sysinfo import default_threads
     from edgerun.tools.convert import convert
 
     set_threads(args.threads or default_threads())
+    if args.offload:
+        import edgerun
+        from edgerun import registry
+        from edgerun.offload.store import prepare
+
+        model = edgerun.load(args.src, threads=args.threads)
+        m = registry.find_by_file(model.path)
+        bundle, _ = prepare(model, sha256=m.sha256 if m else None)
+        print(f"wrote {bundle} ({bundle.stat().st_size / 1e6:.1f} MB) and its calibration")
+        return 0
+    if args.out is None:
+        raise EdgerunError("convert needs -o OUT (a pack directory), or --offload")
     out = convert(
         args.src,
         args.out,
@@ -384,6 +477,7 @@ COMMANDS = {
     "generate": _cmd_generate,
     "info": _cmd_info,
     "list": _cmd_list,
+    "plan": _cmd_plan,
     "pull": _cmd_pull,
 }
 

@@ -1,5 +1,7 @@
 """The placement planner: budget parsing, the minimum, and a plan that fits."""
 
+import math
+
 import pytest
 
 from edgerun.errors import BudgetError, EdgerunError
@@ -47,7 +49,7 @@ def test_budget_below_minimum_names_the_minimum():
     need = minimum_budget(QWEN15, floor, 512)
     with pytest.raises(BudgetError) as e:
         plan(QWEN15, need - 1, floor, 512)
-    assert f"{need / 1e6:,.0f} MB" in str(e.value) and isinstance(e.value, EdgerunError)
+    assert f"{math.ceil(need / 2**20):,} MiB" in str(e.value) and isinstance(e.value, EdgerunError)
     assert plan(QWEN15, need, floor, 512).used_bytes <= need
 
 

@@ -162,6 +162,7 @@ class ChatApp(App):
         n_ctx: int | None = None,
         threads: int | None = None,
         kv_type: str = "f32",
+        offload: dict | None = None,
         system: str | None = None,
         conversations_dir: str | Path | None = None,
         resume: bool = False,
@@ -177,6 +178,7 @@ class ChatApp(App):
         self.ctx_given = n_ctx is not None  # else a model switch takes the new model's
         self.threads = threads
         self.kv_type = kv_type
+        self.offload = offload or {}  # load() keywords: ram_budget, offload, offload_options
         self.warmup = warmup
         self.store = ConversationStore(conversations_dir)
         self.status_text = "starting"
@@ -329,7 +331,9 @@ class ChatApp(App):
         try:
             import edgerun
 
-            model = edgerun.load(name, n_ctx=n_ctx, threads=self.threads, kv_type=self.kv_type)
+            model = edgerun.load(
+                name, n_ctx=n_ctx, threads=self.threads, kv_type=self.kv_type, **self.offload
+            )
             quant = model_quant(model)
             if self.warmup:  # compile / load the Numba kernels before the first question
                 try:
@@ -801,6 +805,7 @@ def run(args: Any) -> int:
         n_ctx=getattr(args, "ctx", None),
         threads=getattr(args, "threads", None),
         kv_type=getattr(args, "kv_type", "f32"),
+        offload=getattr(args, "offload_kwargs", None),
         system=getattr(args, "system", None),
         conversations_dir=getattr(args, "conversations_dir", None),
         resume=getattr(args, "resume", False),

@@ -127,25 +127,28 @@ class Plan:
         )
 
     def describe(self) -> str:
-        mb = 1e6
+        mb = MiB
         rows = [
-            ("RAM budget", f"{self.budget / mb:,.0f} MB"),
-            ("runtime floor (measured)", f"{self.floor / mb:,.0f} MB"),
-            ("KV cache", f"{self.kv_bytes / mb:,.0f} MB"),
-            ("resident: attention, norms, head, embeddings", f"{self.resident_bytes / mb:,.0f} MB"),
+            ("RAM budget", f"{self.budget / mb:,.0f} MiB"),
+            ("runtime floor (measured)", f"{self.floor / mb:,.0f} MiB"),
+            ("KV cache", f"{self.kv_bytes / mb:,.0f} MiB"),
+            (
+                "resident: attention, norms, head, embeddings",
+                f"{self.resident_bytes / mb:,.0f} MiB",
+            ),  # noqa: E501
             (
                 "gate rows",
-                f"{self.gate_bytes / mb:,.0f} MB in RAM" if self.gate_resident else "on flash",
+                f"{self.gate_bytes / mb:,.0f} MiB in RAM" if self.gate_resident else "on flash",
             ),
-            ("gate predictor", f"{self.predictor_bytes / mb:,.0f} MB"),
-            ("scratch for cache misses", f"{self.scratch_bytes / mb:,.0f} MB"),
+            ("gate predictor", f"{self.predictor_bytes / mb:,.0f} MiB"),
+            ("scratch for cache misses", f"{self.scratch_bytes / mb:,.0f} MiB"),
             (
                 "neuron cache",
-                f"{self.cache_bytes / mb:,.0f} MB ({self.cache_neurons} neurons a layer)",
+                f"{self.cache_bytes / mb:,.0f} MiB ({self.cache_neurons} neurons a layer)",
             ),
-            ("stays on flash", f"{self.flash_bytes / mb:,.0f} MB"),
-            ("planned total", f"{self.used_bytes / mb:,.0f} MB"),
-            ("predicted read per token", f"{self.read_bytes_per_token / mb:,.1f} MB"),
+            ("stays on flash", f"{self.flash_bytes / mb:,.0f} MiB"),
+            ("planned total", f"{self.used_bytes / mb:,.0f} MiB"),
+            ("predicted read per token", f"{self.read_bytes_per_token / mb:,.1f} MiB"),
             ("predicted decode", f"{self.predicted_tok_s:,.1f} tok/s"),
         ]
         w = max(len(k) for k, _ in rows)
@@ -239,10 +242,10 @@ def plan(
     need = minimum_budget(fp, floor, n_ctx, mode, predictor_rank, allow_predictor)
     if budget < need:
         raise BudgetError(
-            f"RAM budget {budget / 1e6:,.0f} MB is below the minimum for this model in "
-            f"{mode} mode: {need / 1e6:,.0f} MB (runtime floor {floor / 1e6:,.0f} MB, "
-            f"resident attention/head {_resident_bytes(fp) / 1e6:,.0f} MB, context "
-            f"{n_ctx} tokens). Give --ram-budget {math.ceil(need / 1e6)}M or more, or a "
+            f"RAM budget {budget / MiB:,.0f} MiB is below the minimum for this model in "
+            f"{mode} mode: {math.ceil(need / MiB):,} MiB (runtime floor {floor / MiB:,.0f} MiB, "
+            f"resident attention/head {_resident_bytes(fp) / MiB:,.0f} MiB, context "
+            f"{n_ctx} tokens). Give --ram-budget {math.ceil(need / MiB)}M or more, or a "
             "smaller context (-c)."
         )
     kv = n_ctx * fp.kv_bytes_per_token
