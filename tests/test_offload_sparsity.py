@@ -86,3 +86,15 @@ def test_per_layer_error_curves_and_thresholds(smollm2, recorded):
     th = sp.calibrate_thresholds(rec, np.where(np.arange(30) == 13, 0.6, 0.3))
     assert (rec.layer_score(13) < th[13]).mean() == pytest.approx(0.6, abs=0.01)
     assert (rec.layer_score(0) < th[0]).mean() == pytest.approx(0.3, abs=0.01)
+
+
+def test_weighted_scores_keep_the_target_and_cut_the_error(smollm2, recorded):
+    rec, _ = recorded
+    w = sp.neuron_weights(smollm2, rec)
+    assert w[1] is None and w[13].shape == (1536,) and (w[13] > 0).all()
+    grid = np.array([0.0, 0.5])
+    plain = sp.layer_error_curves(smollm2, rec, grid, max_tokens=32)
+    weighted = sp.layer_error_curves(smollm2, rec, grid, max_tokens=32, weights=w)
+    assert weighted[13, 1] < plain[13, 1]
+    th = sp.calibrate_thresholds(rec, 0.5, w)
+    assert (rec.layer_score(13) * w[13] < th[13]).mean() == pytest.approx(0.5, abs=0.01)

