@@ -212,7 +212,14 @@ def allocate_sparsity(
     errors: np.ndarray, target: float, grid: np.ndarray = SPARSITY_GRID
 ) -> np.ndarray:
     """Per-layer sparsities with mean `target` and the least total error: start dense,
-    then repeatedly raise the layer whose next grid step adds the least error."""
+    then repeatedly raise the layer whose next grid step adds the least error.
+
+    Measured on SmolLM2 (512 tokens), with `layer_error_curves` (relative FFN output
+    error) as the error: worse than one sparsity for all layers (target 0.2: 82% argmax
+    agreement vs 92% uniform). It piles sparsity on the first and last layers, whose small
+    relative error still moves the logits most; a better proxy (error relative to the
+    residual stream, or end-to-end KL) is needed before this is worth using.
+    """
     n, k = errors.shape
     pos = np.zeros(n, np.int64)
     need = target * n
