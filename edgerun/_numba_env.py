@@ -2,7 +2,7 @@
 
 Numba turns LLVM's SLP vectorizer off by default and its loop vectorizer
 vectorizes across GGUF blocks with gathers; measured on Zen 4, SLP on and
-loop-vectorize off gave 4-7x on our block kernels (../shared/PERF_NOTES.md).
+loop-vectorize off gave 4-7x on our block kernels.
 These switches are not part of Numba's cache key, so our kernels get a cache
 directory of their own. A user's explicit setting always wins.
 """

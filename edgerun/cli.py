@@ -1,4 +1,4 @@
-"""`edgerun` command line: generate, info, list, pull."""
+"""`edgerun` command line: argument parsing only; each command calls the API."""
 
 from __future__ import annotations
 
