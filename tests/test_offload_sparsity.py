@@ -4,8 +4,8 @@ real SmolLM2 (a few layers, small calibration sets, so this stays well under a m
 import numpy as np
 import pytest
 
+from edgerun.corpus import calibration_text, evaluation_text
 from edgerun.offload import sparsity as sp
-from edgerun.tools.perplexity import calibration_text, evaluation_text
 
 LAYERS = (0, 13, 29)
 
