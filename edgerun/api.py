@@ -149,6 +149,7 @@ class Model:
             mode=mode,
             active_fraction=max(0.05, 1.0 - opts.sparsity),
             allow_predictor=False,
+            prefetch=opts.prefetch,
         )
         m = registry.find_by_file(self.path)
         bundle, cal = prepare(self, sha256=getattr(m, "sha256", None))
@@ -164,10 +165,16 @@ class Model:
 
     def minimum_ram_budget(self, mode: str = "sparse") -> int:
         """The smallest --ram-budget this model loads with (floor measured in this process)."""
+        from edgerun.offload.store import OffloadOptions
         from edgerun.sched.placement import minimum_budget
 
         return minimum_budget(
-            self._footprint(), self.floor_bytes, self.n_ctx, mode, allow_predictor=False
+            self._footprint(),
+            self.floor_bytes,
+            self.n_ctx,
+            mode,
+            allow_predictor=False,
+            prefetch=OffloadOptions().prefetch,
         )
 
     def offload_stats(self) -> dict | None:

@@ -404,6 +404,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         mode=args.offload,
         active_fraction=max(0.05, 1.0 - sparsity),
         allow_predictor=False,
+        prefetch=opts.prefetch,
     )
     print(f"{model.path.name}: {model.spec.n_layers} layers, context {model.n_ctx} tokens")
     print(p.describe())

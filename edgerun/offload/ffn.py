@@ -23,6 +23,7 @@ import numpy as np
 
 from edgerun.offload.bundle import Bundle
 from edgerun.offload.cache import NeuronCache
+from edgerun.offload.prefetch import Prefetcher
 from edgerun.ops import qmatvec
 from edgerun.ops import sparse_ffn as sf
 from edgerun.ops.activations import glu
@@ -71,9 +72,13 @@ class SparseFFN:
         cache: NeuronCache | None,
         scratch: np.ndarray,
         stats: OffloadStats,
+        prefetcher: Prefetcher | None = None,
     ) -> None:
         ly = bundle.layer(layer)
         self.bundle, self.layer, self.ly = bundle, layer, ly
+        self.prefetcher = prefetcher
+        self.next: SparseFFN | None = None  # the layer to prefetch for when this one is done
+        self.last_ids: np.ndarray | None = None
         self.gate = gate
         self.threshold = np.float32(threshold)
         self.activation = activation
@@ -93,59 +98,84 @@ class SparseFFN:
         st.neurons += self.d_ff
         t1 = time.perf_counter()
         st.compute_s += t1 - t0
-        if self.cache is None:
-            self._from_flash(ids, a, x, out)
-            return out
-        cache = self.cache
-        present, missing = cache.lookup(ids)
-        # The cache takes the missing neurons it has room for this token; the rest
-        # (a token that needs more than the cache holds) are computed from scratch.
-        room = cache.capacity - cache.n_pinned - present.size
-        take = missing[: max(0, min(missing.size, room))]
-        fill = cache.admit(take)
+        pre = self.prefetcher.take(self.layer) if self.prefetcher is not None else None
         t2 = time.perf_counter()
-        st.mm_s += t2 - t1
-        rec = cache.parts["record"]
-        if take.size:
-            for c0 in range(0, take.size, self.scratch.shape[0]):
-                chunk = take[c0 : c0 + self.scratch.shape[0]]
-                buf = self.scratch[: chunk.size]
-                self.bundle.read_records(self.layer, chunk, out=buf)
-                rec[fill[c0 : c0 + chunk.size]] = buf
+        st.io_s += t2 - t1
+        cache = self.cache
+        if cache is None:
+            missing, room, fill = ids, 0, None
+        else:
+            present, missing = cache.lookup(ids)
+            # The cache takes the missing neurons it has room for this token; the rest
+            # (a token that needs more than the cache holds) are computed from scratch.
+            room = max(0, min(missing.size, cache.capacity - cache.n_pinned - present.size))
+            fill = cache.admit(missing[:room])
         t3 = time.perf_counter()
-        st.io_s += t3 - t2
-        slots = cache.id_to_slot[ids]
-        held = slots >= 0
-        idx = slots[held].astype(np.int32)
-        if idx.size:
-            up = sf.matvec_rows(ly.up_format, self.d_model, rec, idx, x)
-            coeff = a[ids[held]] * up
-            sf.accumulate_q8_0_rows(rec, coeff, out, idx, offset=ly.up_row_bytes)
-        cache.step()
-        st.compute_s += time.perf_counter() - t3
-        rest = ids[~held]
-        if rest.size:
-            self._from_flash(rest, a, x, out)
+        st.mm_s += t3 - t2
+        chunk_n = self.scratch.shape[0]
+        for c0 in range(0, missing.size, chunk_n):
+            m = missing[c0 : c0 + chunk_n]
+            buf = self.scratch[: m.size]
+            t4 = time.perf_counter()
+            self._fetch(m, buf, pre)
+            t5 = time.perf_counter()
+            st.io_s += t5 - t4
+            n_take = int(np.clip(room - c0, 0, m.size))
+            if n_take:
+                cache.parts["record"][fill[c0 : c0 + n_take]] = buf[:n_take]
+            t6 = time.perf_counter()
+            st.mm_s += t6 - t5
+            if n_take < m.size:
+                rest, rbuf = m[n_take:], buf[n_take:]
+                up = sf.matvec_rows(ly.up_format, self.d_model, rbuf, None, x)
+                sf.accumulate_q8_0_rows(rbuf, a[rest] * up, out, None, offset=ly.up_row_bytes)
+            st.compute_s += time.perf_counter() - t6
+        if cache is not None:
+            t7 = time.perf_counter()
+            rec = cache.parts["record"]
+            slots = cache.id_to_slot[ids]
+            held = slots >= 0
+            idx = slots[held].astype(np.int32)
+            if idx.size:
+                up = sf.matvec_rows(ly.up_format, self.d_model, rec, idx, x)
+                sf.accumulate_q8_0_rows(rec, a[ids[held]] * up, out, idx, offset=ly.up_row_bytes)
+            cache.step()
+            st.compute_s += time.perf_counter() - t7
+        self.last_ids = ids
+        if self.next is not None:
+            self.next.start_prefetch()
         return out
 
-    def _from_flash(self, ids: np.ndarray, a: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-        """Read `ids`' records chunk by chunk into scratch and add their contribution."""
-        st, ly = self.stats, self.ly
-        for c0 in range(0, ids.size, self.scratch.shape[0]):
-            chunk = ids[c0 : c0 + self.scratch.shape[0]]
-            t0 = time.perf_counter()
-            buf = self.scratch[: chunk.size]
-            self.bundle.read_records(self.layer, chunk, out=buf)
-            t1 = time.perf_counter()
-            up = sf.matvec_rows(ly.up_format, self.d_model, buf, None, x)
-            sf.accumulate_q8_0_rows(buf, a[chunk] * up, out, None, offset=ly.up_row_bytes)
-            st.io_s += t1 - t0
-            st.compute_s += time.perf_counter() - t1
+    def start_prefetch(self) -> None:
+        """Read this layer's likely neurons (the last token's, minus the cached) ahead."""
+        if self.prefetcher is None or self.last_ids is None:
+            return
+        ids = self.last_ids
+        if self.cache is not None:
+            ids = ids[self.cache.id_to_slot[ids] < 0]
+        self.prefetcher.submit(self.layer, ids)
+
+    def _fetch(self, ids: np.ndarray, out: np.ndarray, pre) -> None:
+        """Records of sorted `ids` into out: from the prefetched ones, the rest from flash."""
+        if pre is None:
+            self.bundle.read_records(self.layer, ids, out=out)
+            return
+        pids, pbuf = pre
+        pos = np.minimum(np.searchsorted(pids, ids), max(0, pids.size - 1))
+        found = pids[pos] == ids if pids.size else np.zeros(ids.size, bool)
+        nf = int(found.sum())
+        self.prefetcher.hits += nf
+        if nf:
+            out[found] = pbuf[pos[found]]
+        if nf < ids.size:
+            out[~found] = self.bundle.read_records(self.layer, ids[~found])
 
     # ----------------------------------------------------------------- prefill
     def _prefill(self, x: np.ndarray) -> np.ndarray:
         """Several tokens: read the union of their active neurons once, bypassing the cache."""
         st, ly = self.stats, self.ly
+        if self.prefetcher is not None:
+            self.prefetcher.take(self.layer)  # a decode-time guess; not used here
         t0 = time.perf_counter()
         a = _act(qmatvec.matmul(self.gate, x), self.activation)  # [n, d_ff]
         keep = np.abs(a) >= self.threshold

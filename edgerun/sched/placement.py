@@ -31,6 +31,8 @@ EMBEDDING_TOUCH_BYTES = 16 * MiB
 STEP_MARGIN_BYTES = 24 * MiB
 # Cache misses are read and computed this many neurons at a time.
 SCRATCH_NEURONS = 1024
+# Prefetched records of the next layer wait in a staging matrix of this many neurons.
+PREFETCH_NEURONS = 4096
 
 
 def parse_budget(text: str | int, total_bytes: int | None = None) -> int:
@@ -175,9 +177,11 @@ def _resident_bytes(fp: Footprint) -> int:
     )
 
 
-def _scratch_bytes(fp: Footprint) -> int:
-    """Neurons that miss the cache are read and computed in chunks of this many bytes."""
-    return min(fp.d_ff, SCRATCH_NEURONS) * fp.neuron_bytes
+def _scratch_bytes(fp: Footprint, prefetch: bool = False) -> int:
+    """Neurons that miss the cache are read and computed in chunks of this many bytes;
+    prefetching adds its staging matrix."""
+    staged = min(fp.d_ff, PREFETCH_NEURONS) * fp.record_bytes if prefetch else 0
+    return min(fp.d_ff, SCRATCH_NEURONS) * fp.neuron_bytes + staged
 
 
 def _missed_fraction(cache_neurons: int, d_ff: int, frequencies=None) -> float:
@@ -205,10 +209,11 @@ def minimum_budget(
     mode: str = "sparse",
     predictor_rank: int = 64,
     allow_predictor: bool = True,
+    prefetch: bool = False,
 ) -> int:
     """The smallest budget `plan` accepts for this model and mode."""
     base = floor + n_ctx * fp.kv_bytes_per_token + _resident_bytes(fp)
-    scratch = _scratch_bytes(fp)
+    scratch = _scratch_bytes(fp, prefetch and mode == "sparse")
     if mode == "dense":
         return base + scratch
     if not allow_predictor:
@@ -227,6 +232,7 @@ def plan(
     frequencies=None,
     device: DeviceFigures | None = None,
     allow_predictor: bool = True,
+    prefetch: bool = False,
 ) -> Plan:
     """Split `budget` bytes between resident weights, gate, predictor and neuron cache.
 
@@ -239,7 +245,7 @@ def plan(
     if not 0 < active_fraction <= 1:
         raise InvalidArgumentError(f"active fraction must be in (0, 1], got {active_fraction}")
     dev = device or DeviceFigures()
-    need = minimum_budget(fp, floor, n_ctx, mode, predictor_rank, allow_predictor)
+    need = minimum_budget(fp, floor, n_ctx, mode, predictor_rank, allow_predictor, prefetch)
     if budget < need:
         raise BudgetError(
             f"RAM budget {budget / MiB:,.0f} MiB is below the minimum for this model in "
@@ -250,7 +256,7 @@ def plan(
         )
     kv = n_ctx * fp.kv_bytes_per_token
     resident = _resident_bytes(fp)
-    scratch = _scratch_bytes(fp)
+    scratch = _scratch_bytes(fp, prefetch and mode == "sparse")
     left = budget - floor - kv - resident - scratch
     notes: list[str] = []
     L = fp.n_layers
