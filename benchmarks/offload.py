@@ -290,7 +290,7 @@ def main() -> None:
                 )
     if not has_llama:
         print(
-            "llama.cpp skipped: CMAKE_ARGS=\"-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF\" "
+            'llama.cpp skipped: CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" '
             "pip install llama-cpp-python"
         )
     if a.json:
