@@ -178,7 +178,8 @@ def run_one(engine: str, path: str, budget: int | None, options, a) -> dict:
         if line.startswith("RESULT "):
             res.update(json.loads(line[7:]))
     if p.returncode != 0:
-        res["error"] = "OOM-killed" if p.returncode in (137, -9) else p.stderr.strip()[-400:]
+        lines = p.stderr.strip().splitlines() or [""]
+        res["error"] = "OOM-killed" if p.returncode in (137, -9) else lines[-1][-300:]
     if g is not None:
         res["max_usage_mb"] = int((g / "memory.max_usage_in_bytes").read_text()) / 1e6
         res["failcnt"] = int((g / "memory.failcnt").read_text())
@@ -187,12 +188,13 @@ def run_one(engine: str, path: str, budget: int | None, options, a) -> dict:
 
 
 def _minimum_budget(path: str, ctx: int) -> int:
-    """The planner's minimum for this model (sparse mode), measured floor included."""
+    """The smallest budget edgerun runs this model with (dense offloading's minimum,
+    measured floor included)."""
     spec = {"path": path, "ctx": ctx}
     code = (
         "import json, sys; import edgerun; from edgerun.api import minimum_ram_budget; "
         f"s = json.loads({json.dumps(json.dumps(spec))}); "
-        "print(minimum_ram_budget(s['path'], n_ctx=s['ctx']))"
+        "print(minimum_ram_budget(s['path'], n_ctx=s['ctx'], mode='dense'))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
@@ -285,7 +287,7 @@ def main() -> None:
                     f"{model:<20} {budget / 1e6:>6.0f}M {cfg:<9} {f('tok_s', '{:.2f}'):>6} "
                     f"{f('mb_per_token'):>7} {f('hit_rate', '{:.2f}'):>5} {f('io_ms'):>6} "
                     f"{f('mm_ms'):>6} {f('compute_ms'):>6} {f('max_usage_mb', '{:.0f}'):>7}  "
-                    f"{r.get('error', '')[:60]}",
+                    f"{r.get('error', '')[:100]}",
                     flush=True,
                 )
     if not has_llama:

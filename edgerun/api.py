@@ -67,6 +67,11 @@ def settings_for(path: str | os.PathLike) -> ModelSettings:
 # What loading (or compiling) the kernels adds to the process after load (measured on
 # Qwen2.5-Coder-1.5B: RSS after the first offloaded token minus RSS after load).
 KERNEL_FLOOR_BYTES = 40 << 20
+# With a RAM budget and no --offload: dense streaming. Measured on Qwen2.5-Coder-1.5B in
+# an 800 MiB cgroup (benchmarks/offload.py): dense 0.83-0.87 tok/s, sparse + window
+# 0.77-0.84 at the sparsity that keeps quality (0.10), and dense runs down to ~550 MiB
+# where sparse needs the gate rows resident (~750 MiB).
+DEFAULT_OFFLOAD = "dense"
 
 
 class Model:
@@ -121,7 +126,7 @@ class Model:
             self.threads, default_threads(), adaptive=threads is None and wait_policy_spins()
         )
         if ram_budget is not None or offload is not None:
-            self._offload(ram_budget, offload or "sparse", offload_options)
+            self._offload(ram_budget, offload or DEFAULT_OFFLOAD, offload_options)
         self.generator = Generator(
             self.transformer, self.tokenizer, self.n_ctx, self.governor, kv_type
         )
@@ -163,7 +168,7 @@ class Model:
 
         return footprint(self.spec, self.file, self.kv_type)
 
-    def minimum_ram_budget(self, mode: str = "sparse") -> int:
+    def minimum_ram_budget(self, mode: str | None = None) -> int:
         """The smallest --ram-budget this model loads with (floor measured in this process)."""
         from edgerun.offload.store import OffloadOptions
         from edgerun.sched.placement import minimum_budget
@@ -172,7 +177,7 @@ class Model:
             self._footprint(),
             self.floor_bytes,
             self.n_ctx,
-            mode,
+            mode or DEFAULT_OFFLOAD,
             allow_predictor=False,
             prefetch=OffloadOptions().prefetch,
         )
@@ -347,7 +352,9 @@ def load(
 
     ram_budget ("800M", "60%", bytes) keeps the whole process, page cache included,
     within that much memory: the FFNs are computed from a bundled flash layout
-    (offload "sparse", the default, or "dense" streaming), sized by a placement plan.
+    (offload "dense", the default: what the budget holds stays in RAM and the rest is
+    streamed; or "sparse": only the neurons a token needs, with a windowed cache),
+    sized by a placement plan.
     """
     check_kv_type(kv_type)
     return Model(
@@ -361,6 +368,8 @@ def load(
     )
 
 
-def minimum_ram_budget(model: str | os.PathLike | None = None, n_ctx: int | None = None) -> int:
-    """The smallest ram_budget `load` accepts for this model (sparse offloading)."""
-    return Model(resolve_model(model), n_ctx=n_ctx).minimum_ram_budget()
+def minimum_ram_budget(
+    model: str | os.PathLike | None = None, n_ctx: int | None = None, mode: str | None = None
+) -> int:
+    """The smallest ram_budget `load` accepts for this model and offload mode."""
+    return Model(resolve_model(model), n_ctx=n_ctx).minimum_ram_budget(mode)

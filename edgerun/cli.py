@@ -47,8 +47,8 @@ def _add_offload_args(p: argparse.ArgumentParser) -> None:
         "--offload",
         choices=("sparse", "dense"),
         default=None,
-        help="how the FFNs are offloaded: sparse (default with --ram-budget: only the neurons "
-        "a token needs, windowed cache) or dense (stream what the budget does not hold)",
+        help="how the FFNs are offloaded: dense (default with --ram-budget: stream what the "
+        "budget does not hold) or sparse (only the neurons a token needs, windowed cache)",
     )
     p.add_argument(
         "--sparsity",
@@ -118,7 +118,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("model", nargs="?", default=None, help="registry name or .gguf file")
     pl.add_argument("--ram-budget", required=True, help="800M, 1.5G, 60%%")
-    pl.add_argument("--offload", choices=("sparse", "dense"), default="sparse")
+    pl.add_argument("--offload", choices=("sparse", "dense"), default="dense")
     pl.add_argument("--sparsity", type=float, default=None)
     pl.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens")
     pl.add_argument("--kv-type", choices=("f32", "f16"), default="f32")

@@ -8,7 +8,8 @@ read from the bundle (edgerun/offload/bundle.py) instead of a resident matrix:
   records come from the layer's NeuronCache (windowing), and only the missing ones
   are read. Threshold 0 keeps every neuron: the dense FFN through the same path.
 - `StreamingFFN`: LLM in a flash's "hybrid" baseline: the first neurons a budget
-  holds stay in RAM, the rest of the layer is read (gate rows and records) every token.
+  holds stay in RAM, the rest of the layer is read (gate rows and records) every token,
+  one chunk ahead of the compute (prefetch.ChunkPipeline).
 
 The I/O, cache bookkeeping and compute times are counted in one OffloadStats per model
 (the paper's per-token breakdown).
@@ -23,7 +24,7 @@ import numpy as np
 
 from edgerun.offload.bundle import Bundle
 from edgerun.offload.cache import NeuronCache
-from edgerun.offload.prefetch import Prefetcher
+from edgerun.offload.prefetch import ChunkPipeline, Prefetcher
 from edgerun.ops import qmatvec
 from edgerun.ops import sparse_ffn as sf
 from edgerun.ops.activations import glu
@@ -214,20 +215,22 @@ class StreamingFFN:
         layer: int,
         held: int,
         activation: str,
-        scratch_gate: np.ndarray,
-        scratch: np.ndarray,
+        pipeline: ChunkPipeline,
+        chunk: int,
         stats: OffloadStats,
     ) -> None:
         ly = bundle.layer(layer)
         self.bundle, self.layer, self.ly = bundle, layer, ly
+        self.pipeline = pipeline
+        self.next: StreamingFFN | None = None  # whose first chunk to start when done
         self.activation = activation
         self.stats = stats
         self.d_model, self.d_ff = ly.d_model, ly.d_ff
         ids = np.arange(held, dtype=np.int32)
         self.held_gate = bundle.read_gate_rows(layer, ids) if held else None
         self.held_rec = bundle.read_records(layer, ids) if held else None
-        self.stream = np.arange(held, ly.d_ff, dtype=np.int32)
-        self.scratch_gate, self.scratch = scratch_gate, scratch
+        stream = np.arange(held, ly.d_ff, dtype=np.int32)
+        self.chunks = [stream[c : c + chunk] for c in range(0, stream.size, chunk)]
 
     def _part(self, gate_rows: np.ndarray, rec: np.ndarray, x: np.ndarray, out: np.ndarray):
         ly = self.ly
@@ -252,16 +255,20 @@ class StreamingFFN:
         if self.held_gate is not None:
             self._part(self.held_gate, self.held_rec, x, out)
         st.compute_s += time.perf_counter() - t0
-        chunk_n = self.scratch.shape[0]
-        for c0 in range(0, self.stream.size, chunk_n):
-            chunk = self.stream[c0 : c0 + chunk_n]
+        pipe = self.pipeline
+        for k, chunk in enumerate(self.chunks):
             t0 = time.perf_counter()
-            g = self.bundle.read_gate_rows(self.layer, chunk, out=self.scratch_gate[: chunk.size])
-            r = self.bundle.read_records(self.layer, chunk, out=self.scratch[: chunk.size])
+            g, r = pipe.get(self.layer, chunk)
             t1 = time.perf_counter()
+            if k + 1 < len(self.chunks):
+                pipe.start(self.layer, self.chunks[k + 1])
+            elif self.next is not None and self.next.chunks:
+                pipe.start(self.next.layer, self.next.chunks[0])
             self._part(g, r, x, out)
             st.io_s += t1 - t0
             st.compute_s += time.perf_counter() - t1
+        if not self.chunks and self.next is not None and self.next.chunks:
+            pipe.start(self.next.layer, self.next.chunks[0])
         if x.shape[0] == 1:
             st.active += self.d_ff
             st.neurons += self.d_ff

@@ -25,7 +25,7 @@ from edgerun.offload.bundle import Bundle, ensure_bundle
 from edgerun.offload.cache import NeuronCache
 from edgerun.offload.ffn import OffloadStats, SparseFFN, StreamingFFN
 from edgerun.offload.io import aligned_empty
-from edgerun.offload.prefetch import Prefetcher
+from edgerun.offload.prefetch import ChunkPipeline, Prefetcher
 from edgerun.sched.placement import PREFETCH_NEURONS, SCRATCH_NEURONS, Plan
 from edgerun.weights import ResidentStore
 
@@ -160,10 +160,11 @@ class OffloadStore(ResidentStore):
         self.scratch = aligned_empty(chunk * ly0.record_bytes).reshape(chunk, ly0.record_bytes)
         self.thresholds = calibration.thresholds(options.sparsity)
         self._spec = spec
+        self.pipeline = None
         if plan.mode == "dense":
-            self.scratch_gate = aligned_empty(chunk * ly0.gate_row_bytes).reshape(
-                chunk, ly0.gate_row_bytes
-            )
+            self.pipeline = ChunkPipeline(self.bundle, chunk, ly0.gate_row_bytes, ly0.record_bytes)
+        self._chunk = chunk
+        self._streams: list[StreamingFFN] = []
         self.caches: list[NeuronCache] = []
         self._ffns: list[SparseFFN] = []
         self.prefetcher = None
@@ -176,15 +177,21 @@ class OffloadStore(ResidentStore):
     def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
         p, o = self.plan, self.options
         if p.mode == "dense":
-            return StreamingFFN(
+            ffn = StreamingFFN(
                 self.bundle,
                 layer,
                 p.cache_neurons,
                 spec.activation,
-                self.scratch_gate,
-                self.scratch,
+                self.pipeline,
+                self._chunk,
                 self.stats,
             )
+            if self._streams:
+                self._streams[-1].next = ffn
+            if layer == spec.n_layers - 1:
+                ffn.next = self._streams[0] if self._streams else ffn
+            self._streams.append(ffn)
+            return ffn
         from edgerun.quant.formats import QuantTensor
 
         ly = self.bundle.layer(layer)

@@ -47,13 +47,13 @@ def _glu_row(gelu, g, u, out):
         _silu_mul_row(g, u, out)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, parallel=True, fastmath=True, nogil=True)
 def _glu_rows(gelu, g, u, out):
     for i in prange(g.shape[0]):
         _glu_row(gelu, g[i], u[i], out[i])
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, nogil=True)
 def _glu_rows_serial(gelu, g, u, out):
     for i in range(g.shape[0]):
         _glu_row(gelu, g[i], u[i], out[i])

@@ -57,7 +57,7 @@ def _weighted_sum(o, p, v, lo, hi, inv):
         o[d] = x * inv
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, parallel=True, fastmath=True, nogil=True)
 def _attention(q, k, v, start, window, scale, scores, out):
     n, hq, hd = q.shape
     hkv = k.shape[0]

@@ -25,13 +25,13 @@ def _rmsnorm_row(x, w, eps, out):
         out[j] = x[j] * inv * w[j]
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, parallel=True, fastmath=True, nogil=True)
 def _rmsnorm(x, w, eps, out):
     for i in prange(x.shape[0]):
         _rmsnorm_row(x[i], w, eps, out[i])
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, nogil=True)
 def _rmsnorm_serial(x, w, eps, out):
     for i in range(x.shape[0]):
         _rmsnorm_row(x[i], w, eps, out[i])

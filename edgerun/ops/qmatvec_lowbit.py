@@ -27,7 +27,7 @@ from edgerun.ops.qmatvec_portable import _f16at, block_sums  # noqa: E402
 F0 = np.float32(0.0)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q2_g64(data, x, out):
     rows = data.shape[0]
     nb = x.shape[0] // 64
@@ -66,7 +66,7 @@ def mv_q2_g64(data, x, out):
         out[r] = hsum16(acc) + msum
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q3_g64(data, x, out):
     rows = data.shape[0]
     nb = x.shape[0] // 64
@@ -106,7 +106,7 @@ def mv_q3_g64(data, x, out):
         out[r] = hsum16(acc) + msum
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def deq_row_lowbit(bits, row, dst):
     """One row of raw blocks -> float32 dst [cols]; same float ops as the numpy reference."""
     nbytes = 28 if bits == 3 else 20
@@ -124,13 +124,13 @@ def deq_row_lowbit(bits, row, dst):
                 o[16 * s + l] = d * np.float32(q) + m
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def embedding_rows_lowbit(bits, data, ids, out):
     for i in prange(ids.shape[0]):
         deq_row_lowbit(bits, data[ids[i]], out[i])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mm_lowbit(bits, data, X, out, rb):
     """out[t, r] = sum_j W[r, j] X[t, j]; rows in chunks of rb, each dequantized once."""
     rows = data.shape[0]

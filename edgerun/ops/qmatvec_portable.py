@@ -34,7 +34,7 @@ def _f16at(a, i):
     return h2f(np.uint16(a[i]) | (np.uint16(a[i + 1]) << np.uint16(8)))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def block_sums(x, size):
     """float32 sums of x over consecutive blocks of `size` elements."""
     nb = x.shape[0] // size
@@ -48,13 +48,13 @@ def block_sums(x, size):
 
 
 # --------------------------------------------------------------------------- matvec
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_f32(w, x, out):
     for r in prange(w.shape[0]):
         out[r] = dot16(w[r], x)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_f16(w, x, out, bf):
     """w: uint16 [rows, cols] of fp16 (bf=False) or bfloat16 (bf=True) bits."""
     rows, cols = w.shape
@@ -82,7 +82,7 @@ def mv_f16(w, x, out, bf):
         out[r] = t
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q8_0(data, x, out):
     rows = data.shape[0]
     nb = x.shape[0] // 32
@@ -103,7 +103,7 @@ def mv_q8_0(data, x, out):
         out[r] = hsum16(acc)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q4_0(data, x, out):
     rows = data.shape[0]
     nb = x.shape[0] // 32
@@ -125,7 +125,7 @@ def mv_q4_0(data, x, out):
         out[r] = hsum16(acc) - np.float32(8.0) * dsum
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q4_1(data, x, out):
     rows = data.shape[0]
     nb = x.shape[0] // 32
@@ -153,7 +153,7 @@ def mv_q4_1(data, x, out):
 Q5_HBITS = ((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1).astype(np.float32) * 16
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q5_0(data, x, out, hb):
     """hb: Q5_HBITS."""
     rows = data.shape[0]
@@ -196,7 +196,7 @@ def _q4k_sm(s, j):
     return (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q4_k(data, x, out):
     # lanes over 16 bytes of a 32-byte group: low nibble -> sub-block 2g, high -> 2g+1
     # (one byte load per lane: two loads per lane stop LLVM's SLP vectorizer)
@@ -249,7 +249,7 @@ def _q6_group(acc, ql, qh, xb, ds, s):
         acc[l] += ds * (np.float32(np.int32(v) - 32) * xb[l])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q6_k(data, x, out):
     rows = data.shape[0]
     nb = x.shape[0] // 256
@@ -305,7 +305,7 @@ KIND_OF: dict[QuantType, int] = {
 }
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def deq_row(kind, row, dst):
     """Dequantize one row of raw bytes into dst (float32 [cols]), same float ops as reference."""
     cols = dst.shape[0]
@@ -402,14 +402,14 @@ def _bitsf32(row, i):
     return u2f(u)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def embedding_rows_kernel(kind, data, ids, out):
     for i in prange(ids.shape[0]):
         deq_row(kind, data[ids[i]], out[i])
 
 
 # --------------------------------------------------------------------------- matmul
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mm_kernel(kind, data, X, out, rb):
     """out[t, r] = sum_j W[r, j] X[t, j]; rows in chunks of rb, each dequantized once."""
     rows = data.shape[0]

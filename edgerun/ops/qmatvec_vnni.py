@@ -510,7 +510,7 @@ def qhalf(typingctx, x, xo, xq, o1, o2, d, inv, inv2):
     return types.int64(x, xo, xq, o1, o2, d, inv, inv2), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def quantize_x(x, nib2, xq, xds, xs16):
     """Two-level int8 activations: x ~= (128 * q1 + q2) * dx / 128 per block of 32, with
     q1 = rint(x / dx), dx = max|x| / 127, and q2 = rint((x - q1 dx) * 128 / dx) the
@@ -652,7 +652,7 @@ def _row_q6_k(row, base, nsb, xq, xds, xs16):
 # x quantization and one parallel launch for all of them; unused slots get 0-row arrays.
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q4_1(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
@@ -671,7 +671,7 @@ def mv_q4_1(d0, d1, d2, x, o0, o1, o2):
             o2[i - n01] = _row_q4_1(f2, (i - n01) * b2, n, xq, xds, xs16)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q4_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
@@ -690,7 +690,7 @@ def mv_q4_0(d0, d1, d2, x, o0, o1, o2):
             o2[i - n01] = _row_q4_0(f2, (i - n01) * b2, n, xq, xds, xs16)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q5_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
@@ -709,7 +709,7 @@ def mv_q5_0(d0, d1, d2, x, o0, o1, o2):
             o2[i - n01] = _row_q5_0(f2, (i - n01) * b2, n, xq, xds, xs16)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q8_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
@@ -728,7 +728,7 @@ def mv_q8_0(d0, d1, d2, x, o0, o1, o2):
             o2[i - n01] = _row_q8_0(f2, (i - n01) * b2, n, xq, xds, xs16)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q4_k(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
@@ -747,7 +747,7 @@ def mv_q4_k(d0, d1, d2, x, o0, o1, o2):
             o2[i - n01] = _row_q4_k(f2, (i - n01) * b2, n, xq, xds, xs16)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mv_q6_k(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
@@ -959,7 +959,7 @@ def _prep_nib32(flat, base, nb, bs, qo, U, wsl, b16, kind):
         b16[2 * b + 1] = bias
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def prep_row(kind, flat, base, cols, U, wsl, b16):
     """Unpack one weight row: U[j] unsigned bytes, wsl[j // 4] the scale of the int32
     lane holding element j, b16[j // 16] the per-element bias of element j's 16-group."""
@@ -1008,7 +1008,7 @@ def prep_row(kind, flat, base, cols, U, wsl, b16):
                 st_q6(U, b * 256 + 128 * h, flat, o + 64 * h, o + 128 + 32 * h)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def quantize_tokens(X, n4, c64):
     """Two-level int8 rows xq [n4, 2 * c64] (quantize_x's natural chunk layout of the
     row zero-padded to c64 columns; padding tokens are zero), lane scales xsl
@@ -1030,7 +1030,7 @@ def quantize_tokens(X, n4, c64):
     return xq, xsl, xs16
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def mm_int8(kind, data, X, out):
     n, cols = X.shape
     c64 = (cols + 63) // 64 * 64

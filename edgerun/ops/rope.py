@@ -52,13 +52,13 @@ def _rope_token(x, p, cos, sin, neox):
             x[h, i1] = a * s + b * c
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _rope_inplace(x, positions, cos, sin, neox):
     for t in prange(x.shape[0]):
         _rope_token(x[t], positions[t], cos, sin, neox)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _rope_inplace_serial(x, positions, cos, sin, neox):
     for t in range(x.shape[0]):
         _rope_token(x[t], positions[t], cos, sin, neox)

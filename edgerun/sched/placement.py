@@ -181,7 +181,8 @@ def _scratch_bytes(fp: Footprint, prefetch: bool = False) -> int:
     """Neurons that miss the cache are read and computed in chunks of this many bytes;
     prefetching adds its staging matrix."""
     staged = min(fp.d_ff, PREFETCH_NEURONS) * fp.record_bytes if prefetch else 0
-    return min(fp.d_ff, SCRATCH_NEURONS) * fp.neuron_bytes + staged
+    # two chunks: one computing while the next is read
+    return 2 * min(fp.d_ff, SCRATCH_NEURONS) * fp.neuron_bytes + staged
 
 
 def _missed_fraction(cache_neurons: int, d_ff: int, frequencies=None) -> float:
