@@ -126,17 +126,31 @@ class Model:
             self.threads, default_threads(), adaptive=threads is None and wait_policy_spins()
         )
         if ram_budget is not None or offload is not None:
-            self._offload(ram_budget, offload or DEFAULT_OFFLOAD, offload_options)
+            self._offload(ram_budget, offload, offload_options)
         self.generator = Generator(
             self.transformer, self.tokenizer, self.n_ctx, self.governor, kv_type
         )
         self.load_seconds = time.perf_counter() - t0
 
-    def _offload(self, ram_budget, mode: str, options: dict | None) -> None:
-        """Swap the resident FFNs for flash executors sized by a plan of the budget."""
-        from edgerun.offload.store import OffloadOptions, OffloadStore, prepare
-        from edgerun.sched.placement import parse_budget, plan
+    def _offload(self, ram_budget, mode: str | None, options: dict | None) -> None:
+        """Swap the resident FFNs for flash executors sized by a plan of the budget.
 
+        With only a budget (mode None) a model that fits stays resident."""
+        from edgerun.offload.store import OffloadOptions, OffloadStore, prepare
+        from edgerun.sched.placement import parse_budget, plan, resident_plan
+
+        if mode is None and ram_budget is not None and not self.path.is_dir():
+            fits = resident_plan(
+                self._footprint(),
+                self.path.stat().st_size,
+                parse_budget(ram_budget),
+                self.floor_bytes,
+                self.n_ctx,
+            )
+            if fits is not None:
+                self.plan = fits
+                return
+        mode = mode or DEFAULT_OFFLOAD
         if self.path.is_dir():
             raise InvalidArgumentError("offloading needs a GGUF file, not an edgerun pack")
         if mode not in ("sparse", "dense"):

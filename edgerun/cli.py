@@ -118,7 +118,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("model", nargs="?", default=None, help="registry name or .gguf file")
     pl.add_argument("--ram-budget", required=True, help="800M, 1.5G, 60%%")
-    pl.add_argument("--offload", choices=("sparse", "dense"), default="dense")
+    pl.add_argument(
+        "--offload",
+        choices=("sparse", "dense"),
+        default=None,
+        help="default: resident when the model fits the budget, else dense",
+    )
     pl.add_argument("--sparsity", type=float, default=None)
     pl.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens")
     pl.add_argument("--kv-type", choices=("f32", "f16"), default="f32")
@@ -389,24 +394,33 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from edgerun.api import Model, resolve_model
+    from edgerun.api import DEFAULT_OFFLOAD, Model, resolve_model
     from edgerun.offload.store import OffloadOptions
-    from edgerun.sched.placement import parse_budget, plan
+    from edgerun.sched.placement import parse_budget, plan, resident_plan
 
     opts = OffloadOptions.from_dict({} if args.sparsity is None else {"sparsity": args.sparsity})
     model = Model(resolve_model(args.model), n_ctx=args.ctx, kv_type=args.kv_type)
-    sparsity = 0.0 if args.offload == "dense" else opts.sparsity
+    budget = parse_budget(args.ram_budget)
+    print(f"{model.path.name}: {model.spec.n_layers} layers, context {model.n_ctx} tokens")
+    if args.offload is None:
+        fits = resident_plan(
+            model._footprint(), model.path.stat().st_size, budget, model.floor_bytes, model.n_ctx
+        )
+        if fits is not None:
+            print(fits.describe())
+            return 0
+    mode = args.offload or DEFAULT_OFFLOAD
+    sparsity = 0.0 if mode == "dense" else opts.sparsity
     p = plan(
         model._footprint(),
-        parse_budget(args.ram_budget),
+        budget,
         model.floor_bytes,
         model.n_ctx,
-        mode=args.offload,
+        mode=mode,
         active_fraction=max(0.05, 1.0 - sparsity),
         allow_predictor=False,
         prefetch=opts.prefetch,
     )
-    print(f"{model.path.name}: {model.spec.n_layers} layers, context {model.n_ctx} tokens")
     print(p.describe())
     return 0
 

@@ -86,6 +86,13 @@ print(json.dumps(dict(got=got, read=m.offload_stats()["bytes_read"],
     assert res["got"] == want.tolist()  # same numbers, other home
 
 
+def test_a_budget_the_model_fits_keeps_it_resident(smollm2_path):
+    m = edgerun.load(smollm2_path, n_ctx=256, threads=2, ram_budget="4G")
+    assert m.plan.mode == "resident" and m.offload_stats() is None
+    forced = edgerun.load(smollm2_path, n_ctx=256, threads=2, ram_budget="4G", offload="dense")
+    assert forced.plan.mode == "dense" and forced.offload_stats() is not None
+
+
 def test_budget_below_minimum_is_a_clear_error(smollm2_path):
     with pytest.raises(BudgetError, match=r"minimum .* \d+ MiB"):
         edgerun.load(smollm2_path, n_ctx=256, ram_budget="100M")

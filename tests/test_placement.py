@@ -5,7 +5,7 @@ import math
 import pytest
 
 from edgerun.errors import BudgetError, EdgerunError
-from edgerun.sched.placement import Footprint, minimum_budget, parse_budget, plan
+from edgerun.sched.placement import Footprint, minimum_budget, parse_budget, plan, resident_plan
 
 MB = 1_000_000
 FLOOR = 150 * MB
@@ -78,3 +78,11 @@ def test_dense_mode_reads_more_than_sparse():
     d = plan(QWEN15, 800 * MB, FLOOR, 512, mode="dense")
     s = plan(QWEN15, 800 * MB, FLOOR, 512, mode="sparse", active_fraction=0.3)
     assert d.read_bytes_per_token > s.read_bytes_per_token
+
+
+def test_a_model_that_fits_stays_resident():
+    file_bytes = 1117 * MB
+    assert resident_plan(QWEN15, file_bytes, 800 * MB, FLOOR, 512) is None
+    p = resident_plan(QWEN15, file_bytes, 2000 * MB, FLOOR, 512)
+    assert p is not None and p.mode == "resident" and p.read_bytes_per_token == 0
+    assert p.used_bytes <= 2000 * MB and "resident" in p.describe()

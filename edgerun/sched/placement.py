@@ -154,7 +154,8 @@ class Plan:
             ("predicted decode", f"{self.predicted_tok_s:,.1f} tok/s"),
         ]
         w = max(len(k) for k, _ in rows)
-        lines = [f"plan: {self.mode} offloading"] + [f"  {k:<{w}}  {v}" for k, v in rows]
+        head = "resident (no offloading)" if self.mode == "resident" else f"{self.mode} offloading"
+        lines = [f"plan: {head}"] + [f"  {k:<{w}}  {v}" for k, v in rows]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -201,6 +202,34 @@ def _missed_fraction(cache_neurons: int, d_ff: int, frequencies=None) -> float:
         top = sorted(f, reverse=True)[:cache_neurons]
         miss.append(max(0.0, 1.0 - float(sum(top)) / total))
     return sum(miss) / len(miss)
+
+
+def resident_plan(fp: Footprint, file_bytes: int, budget: int, floor: int, n_ctx: int):
+    """A Plan that keeps the whole model resident (mmap) when it fits the budget with
+    room to spare, or None. Measured: when it fits, the page cache serves the mmap
+    faster than any streaming (Qwen2.5-Coder-0.5B in 839 MiB: 11.0 tok/s mmap, 9.0
+    dense offload)."""
+    kv = n_ctx * fp.kv_bytes_per_token
+    need = floor + kv + file_bytes + STEP_MARGIN_BYTES
+    if need > budget:
+        return None
+    return Plan(
+        mode="resident",
+        budget=budget,
+        floor=floor,
+        kv_bytes=kv,
+        resident_bytes=file_bytes + STEP_MARGIN_BYTES,
+        gate_resident=True,
+        predictor_bytes=0,
+        scratch_bytes=0,
+        cache_neurons=fp.d_ff,
+        cache_bytes=0,
+        flash_bytes=0,
+        read_bytes_per_token=0.0,
+        predicted_tok_s=1.0 / ((file_bytes) / DeviceFigures().ram_stream_bytes_s),
+        active_fraction=1.0,
+        notes=["the whole model fits the budget: it stays resident (mmap), nothing streams"],
+    )
 
 
 def minimum_budget(
