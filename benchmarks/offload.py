@@ -215,7 +215,11 @@ def _plot(rows: list[dict], out: str) -> None:
             pts = sorted(
                 (r["budget_mb"], r.get("tok_s", 0.0), r.get("mb_per_token"))
                 for r in rows
-                if r["model"] == model and r["config"] == cfg and r.get("budget_mb")
+                if r["model"] == model
+                and r["config"] == cfg
+                and r.get("budget_mb")
+                and "error" not in r
+                and r.get("tok_s")
             )
             if not pts:
                 continue
@@ -224,7 +228,8 @@ def _plot(rows: list[dict], out: str) -> None:
             mb = [(p[0], p[2]) for p in pts if p[2] is not None]
             if mb:
                 ax2.plot([p[0] for p in mb], [p[1] for p in mb], marker="o", label=lbl)
-    ax1.set(xlabel="RAM budget (MB)", ylabel="decode tok/s", title="speed under a RAM budget")
+    ax1.set_yscale("log")
+    ax1.set(xlabel="RAM budget (MB)", ylabel="decode tok/s (log)", title="speed under a RAM budget")
     ax2.set(xlabel="RAM budget (MB)", ylabel="MB read per token", title="flash reads")
     ax1.legend(fontsize=6)
     ax2.legend(fontsize=6)
@@ -246,7 +251,11 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--json")
     ap.add_argument("--plot")
+    ap.add_argument("--replot", help="only draw --plot from this saved --json file")
     a = ap.parse_args()
+    if a.replot:
+        _plot(json.loads(Path(a.replot).read_text()), a.plot or "offload.png")
+        return
     if a.child:
         child_main(a.child)
         return
