@@ -51,10 +51,17 @@ class CacheMachine(RuleBasedStateMachine):
                 i for i in ids.tolist() if c.id_to_slot[i] >= 0
             }  # the lookup part touched the present ones before the admit refused
             return
+        window_before = set().union(*self.history[-c.window :]) - self.pinned
         slots, missing, fill_slots = c.request(ids)
         fill(c, missing, fill_slots)
         assert np.array_equal(c.slot_to_id[slots], ids)
         self.history[-1] = used_now
+        if len(window_before | (used_now - self.pinned)) <= room:
+            assert all(i in c for i in window_before)  # nothing in the window was evicted
+        else:  # the window needed more than the cache holds: evicted neurons are gone
+            present = set(c.ids().tolist())
+            for h in self.history:
+                h &= present
 
     @rule()
     @precondition(lambda self: self.cache is not None)
