@@ -12,7 +12,8 @@ Configurations (all in the same code and I/O path):
   dense       --offload dense: what the budget does not hold is streamed every token
   sparse      gate-resident thresholding (or the predictor), no neuron cache
   window      sparse + windowed neuron cache
-  full        sparse + window + bundled reads + prefetch of the next layer
+  full        sparse + window + prefetch of the next layer (every sparse config reads
+              bundled [up | down] records)
   llama.cpp   llama-cpp-python (mmap) under the same limit, when installed
 
 Needs root (cgroups, drop_caches). Usage:
@@ -38,9 +39,9 @@ PROMPT = "Write a Python function that checks whether a number is prime."
 CONFIGS = {
     "mmap": None,
     "dense": {"offload": "dense"},
-    "sparse": {"offload": "sparse", "window": 0, "bundled": True, "prefetch": False},
-    "window": {"offload": "sparse", "window": 5, "bundled": True, "prefetch": False},
-    "full": {"offload": "sparse", "window": 5, "bundled": True, "prefetch": True},
+    "sparse": {"offload": "sparse", "window": 0, "prefetch": False},
+    "window": {"offload": "sparse", "window": 5, "prefetch": False},
+    "full": {"offload": "sparse", "window": 5, "prefetch": True},
 }
 
 

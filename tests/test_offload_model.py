@@ -58,6 +58,19 @@ def test_default_sparsity_skips_neurons_and_keeps_agreement(smollm2_path, reside
     assert 0.75 < st["active_fraction"] < 0.97  # the default skips ~10% of the neurons
 
 
+def test_prefetch_serves_reads_and_changes_no_numbers(smollm2_path, text_ids):
+    """Without a cache every token reads its neurons; the next layer's likely ones
+    come from the prefetch, and the result is the same as reading them in place."""
+    plain = _offloaded(smollm2_path, window=0, prefetch=False)
+    ahead = _offloaded(smollm2_path, window=0, prefetch=True)
+    want = _decode_argmax(plain, text_ids[:12])
+    ahead.reset_offload_stats()
+    got = _decode_argmax(ahead, text_ids[:12])
+    assert (got == want).all()
+    assert ahead.offload_stats()["prefetch_hits"] > 0
+    assert plain.offload_stats()["prefetch_hits"] == 0
+
+
 def test_tight_budget_streams_from_flash_with_the_same_numbers(smollm2_path, text_ids):
     """Dense offloading under a budget near the minimum reads from flash every token and
     computes what the unconstrained dense offload computes. Run in a fresh process: the

@@ -46,7 +46,6 @@ class OffloadOptions:
 
     sparsity: float = DEFAULT_SPARSITY  # share of neurons skipped per token (0: dense)
     window: int = 5  # tokens a neuron stays cached after its last use (0: no cache)
-    bundled: bool = True  # up row and down column read together (False: two reads)
     prefetch: bool = True  # read the next layer's likely neurons while this one computes
     io_threads: int = 4
     gap_bytes: int = 32768
@@ -70,7 +69,7 @@ class OffloadOptions:
 
 @dataclass
 class Calibration:
-    """Per-layer quantiles of |act(gate x)| (rows: QUANTILES) and activation frequencies."""
+    """Per-layer quantiles of |act(gate x)| (rows: QUANTILES)."""
 
     quantiles: np.ndarray  # float32 [len(QUANTILES), n_layers]
 
@@ -136,6 +135,16 @@ def release_file_pages(gguf) -> None:
             os.close(fd)
 
 
+def _chain(ffns: list, ffn, last: bool) -> None:
+    """Append a layer's executor: each one reads ahead for the next, the last layer's
+    for layer 0 of the next token."""
+    if ffns:
+        ffns[-1].next = ffn
+    ffns.append(ffn)
+    if last:
+        ffn.next = ffns[0]
+
+
 class OffloadStore(ResidentStore):
     """Resident attention/head/embeddings; FFNs computed from a flash bundle."""
 
@@ -159,20 +168,17 @@ class OffloadStore(ResidentStore):
         chunk = min(spec.d_ff, SCRATCH_NEURONS)
         self.scratch = aligned_empty(chunk * ly0.record_bytes).reshape(chunk, ly0.record_bytes)
         self.thresholds = calibration.thresholds(options.sparsity)
-        self._spec = spec
         self.pipeline = None
         if plan.mode == "dense":
             self.pipeline = ChunkPipeline(self.bundle, chunk, ly0.gate_row_bytes, ly0.record_bytes)
         self._chunk = chunk
-        self._streams: list[StreamingFFN] = []
         self.caches: list[NeuronCache] = []
-        self._ffns: list[SparseFFN] = []
+        self._ffns: list[SparseFFN | StreamingFFN] = []
         self.prefetcher = None
         if options.prefetch and plan.mode == "sparse":
             self.prefetcher = Prefetcher(
                 self.bundle, min(spec.d_ff, PREFETCH_NEURONS), ly0.record_bytes
             )
-        self._gates: dict[int, object] = {}
 
     def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
         p, o = self.plan, self.options
@@ -186,11 +192,7 @@ class OffloadStore(ResidentStore):
                 self._chunk,
                 self.stats,
             )
-            if self._streams:
-                self._streams[-1].next = ffn
-            if layer == spec.n_layers - 1:
-                ffn.next = self._streams[0] if self._streams else ffn
-            self._streams.append(ffn)
+            _chain(self._ffns, ffn, layer == spec.n_layers - 1)
             return ffn
         from edgerun.quant.formats import QuantTensor
 
@@ -207,7 +209,7 @@ class OffloadStore(ResidentStore):
                 ly.d_ff, p.cache_neurons, {"record": ly.record_bytes}, window=o.window
             )
             self.caches.append(cache)
-        return SparseFFN(
+        ffn = SparseFFN(
             self.bundle,
             layer,
             gate,
@@ -216,7 +218,10 @@ class OffloadStore(ResidentStore):
             cache,
             self.scratch,
             self.stats,
+            self.prefetcher,
         )
+        _chain(self._ffns, ffn, layer == spec.n_layers - 1)
+        return ffn
 
     def offload_stats(self) -> dict:
         r = self.bundle.reader
