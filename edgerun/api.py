@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -63,6 +63,10 @@ def settings_for(path: str | os.PathLike) -> ModelSettings:
     m = registry.find_by_file(path)
     return m.parameters if m is not None else ModelSettings()
 
+
+if TYPE_CHECKING:
+    from edgerun.offload.store import OffloadOptions
+    from edgerun.sched.placement import Plan
 
 # What loading (or compiling) the kernels adds to the process after load (measured on
 # Qwen2.5-Coder-1.5B: RSS after the first offloaded token minus RSS after load).
@@ -132,35 +136,31 @@ class Model:
         )
         self.load_seconds = time.perf_counter() - t0
 
-    def _offload(self, ram_budget, mode: str | None, options: dict | None) -> None:
-        """Swap the resident FFNs for flash executors sized by a plan of the budget.
+    def plan_for(
+        self, ram_budget, mode: str | None = None, options: dict | None = None
+    ) -> tuple[Plan, OffloadOptions]:
+        """Where this model's parts would live under `ram_budget`, and the offload options.
 
-        With only a budget (mode None) a model that fits stays resident."""
-        from edgerun.offload.store import OffloadOptions, OffloadStore, prepare
+        With only a budget (mode None) a model that fits stays resident; otherwise the
+        FFNs are offloaded in `mode` (default DEFAULT_OFFLOAD)."""
+        from edgerun.offload.store import OffloadOptions
         from edgerun.sched.placement import parse_budget, plan, resident_plan
 
-        if mode is None and ram_budget is not None and not self.path.is_dir():
-            fits = resident_plan(
-                self._footprint(),
-                self.path.stat().st_size,
-                parse_budget(ram_budget),
-                self.floor_bytes,
-                self.n_ctx,
-            )
-            if fits is not None:
-                self.plan = fits
-                return
-        mode = mode or DEFAULT_OFFLOAD
         if self.path.is_dir():
             raise InvalidArgumentError("offloading needs a GGUF file, not an edgerun pack")
-        if mode not in ("sparse", "dense"):
-            raise InvalidArgumentError(f"offload must be 'sparse' or 'dense', got {mode!r}")
-        opts = OffloadOptions.from_dict(options)
-        if mode == "dense":
-            opts.sparsity = 0.0
         fp = self._footprint()
         budget = parse_budget(ram_budget) if ram_budget is not None else 1 << 62
-        self.plan = plan(
+        opts = OffloadOptions.from_dict(options)
+        if mode is None and ram_budget is not None:
+            fits = resident_plan(fp, self.path.stat().st_size, budget, self.floor_bytes, self.n_ctx)
+            if fits is not None:
+                return fits, opts
+        mode = mode or DEFAULT_OFFLOAD
+        if mode not in ("sparse", "dense"):
+            raise InvalidArgumentError(f"offload must be 'sparse' or 'dense', got {mode!r}")
+        if mode == "dense":
+            opts.sparsity = 0.0
+        p = plan(
             fp,
             budget,
             self.floor_bytes,
@@ -170,6 +170,15 @@ class Model:
             allow_predictor=False,
             prefetch=opts.prefetch,
         )
+        return p, opts
+
+    def _offload(self, ram_budget, mode: str | None, options: dict | None) -> None:
+        """Swap the resident FFNs for flash executors sized by a plan of the budget."""
+        from edgerun.offload.store import OffloadStore, prepare
+
+        self.plan, opts = self.plan_for(ram_budget, mode, options)
+        if self.plan.mode == "resident":
+            return
         m = registry.find_by_file(self.path)
         bundle, cal = prepare(self, sha256=getattr(m, "sha256", None))
         self.store = OffloadStore(

@@ -394,33 +394,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from edgerun.api import DEFAULT_OFFLOAD, Model, resolve_model
-    from edgerun.offload.store import OffloadOptions
-    from edgerun.sched.placement import parse_budget, plan, resident_plan
+    from edgerun.api import Model, resolve_model
 
-    opts = OffloadOptions.from_dict({} if args.sparsity is None else {"sparsity": args.sparsity})
     model = Model(resolve_model(args.model), n_ctx=args.ctx, kv_type=args.kv_type)
-    budget = parse_budget(args.ram_budget)
+    opts = {} if args.sparsity is None else {"sparsity": args.sparsity}
+    p, _ = model.plan_for(args.ram_budget, args.offload, opts)
     print(f"{model.path.name}: {model.spec.n_layers} layers, context {model.n_ctx} tokens")
-    if args.offload is None:
-        fits = resident_plan(
-            model._footprint(), model.path.stat().st_size, budget, model.floor_bytes, model.n_ctx
-        )
-        if fits is not None:
-            print(fits.describe())
-            return 0
-    mode = args.offload or DEFAULT_OFFLOAD
-    sparsity = 0.0 if mode == "dense" else opts.sparsity
-    p = plan(
-        model._footprint(),
-        budget,
-        model.floor_bytes,
-        model.n_ctx,
-        mode=mode,
-        active_fraction=max(0.05, 1.0 - sparsity),
-        allow_predictor=False,
-        prefetch=opts.prefetch,
-    )
     print(p.describe())
     return 0
 
