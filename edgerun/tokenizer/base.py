@@ -52,6 +52,16 @@ _END_OF_TURN_TEXTS = (
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
+def _vocabulary(meta: dict[str, Any]) -> Sequence[str]:
+    """`tokenizer.ggml.tokens` as a sequence of str; a clear error when it is missing."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is None or not len(tokens):
+        raise ModelFormatError(
+            "GGUF metadata has no 'tokenizer.ggml.tokens'; the file carries no vocabulary"
+        )
+    return _str_seq(tokens)
+
+
 def _str_seq(tokens: Any) -> Sequence[str]:
     """The vocabulary as an indexable sequence of str: a GGUF :class:`StringArray` (read from the
     mapped file on access) is kept as it is, anything else becomes a list."""

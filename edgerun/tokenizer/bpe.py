@@ -32,7 +32,7 @@ from edgerun.tokenizer.base import (
     _ByteTable,
     _check_len,
     _int_array,
-    _str_seq,
+    _vocabulary,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -132,12 +132,7 @@ class BPETokenizer(Tokenizer):
         from tokenizers import Regex as TkRegex
         from tokenizers import Tokenizer as TkTokenizer
 
-        tokens = meta.get("tokenizer.ggml.tokens")
-        if tokens is None or not len(tokens):
-            raise ModelFormatError(
-                "GGUF metadata has no 'tokenizer.ggml.tokens'; the file carries no vocabulary"
-            )
-        tokens = _str_seq(tokens)
+        tokens = _vocabulary(meta)
         merges = meta.get("tokenizer.ggml.merges")
         if merges is None or not len(merges):
             raise ModelFormatError(

@@ -35,7 +35,7 @@ from edgerun.tokenizer.base import (
     _ByteTable,
     _check_len,
     _int_array,
-    _str_seq,
+    _vocabulary,
 )
 from edgerun.tokenizer.sp_model_proto import _SPM_BPE, SentencePieceSpec, _pb_piece
 
@@ -105,12 +105,7 @@ class SentencePieceTokenizer(Tokenizer):
         settings (normalizer, model type) that a GGUF does not carry; :meth:`from_file` passes
         the file's own."""
         super().__init__()
-        tokens = meta.get("tokenizer.ggml.tokens")
-        if tokens is None or not len(tokens):
-            raise ModelFormatError(
-                "GGUF metadata has no 'tokenizer.ggml.tokens'; the file carries no vocabulary"
-            )
-        tokens = _str_seq(tokens)
+        tokens = _vocabulary(meta)
         n = len(tokens)
         types = meta.get("tokenizer.ggml.token_type")
         if types is None:
