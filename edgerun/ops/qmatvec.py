@@ -33,6 +33,7 @@ from collections.abc import Sequence  # noqa: E402
 import numpy as np  # noqa: E402
 
 from edgerun.errors import InvalidArgumentError  # noqa: E402
+from edgerun.ops import qmatvec_batch as _b  # noqa: E402
 from edgerun.ops import qmatvec_portable as _p  # noqa: E402
 from edgerun.ops._simd import has_vnni  # noqa: E402
 from edgerun.quant.formats import QuantTensor, QuantType, row_bytes  # noqa: E402
@@ -45,6 +46,7 @@ __all__ = [
     "matmul",
     "matmul_reference",
     "matvec",
+    "matvec_batch",
     "matvec_many",
     "matvec_reference",
     "quantize_x_reference",
@@ -54,6 +56,10 @@ __all__ = [
 ]
 
 _MM_ROW_BLOCK = 16
+_MVB = {
+    **_b.BATCH_KERNELS,
+    QuantType.Q5_0: lambda d, x, o: _b.mvb_q5_0(d, x, o, _p.Q5_HBITS),
+}
 _INT8_FORMATS = frozenset(
     (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q5_0, QuantType.Q8_0, QuantType.Q4_K, QuantType.Q6_K)
 )
@@ -304,6 +310,32 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
         _MM_EXTRA[w.qtype](_data(w), x, out)
     else:
         _p.mm_kernel(_p.KIND_OF[w.qtype], _data(w), x, out, _MM_ROW_BLOCK)
+    return out
+
+
+def matvec_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Y[v] = W @ x[v] for a few decode vectors x [n, cols] -> [n, rows].
+
+    Each row equals `matvec(w, x[v])` bit for bit (batched decode must not change a
+    session's tokens). On the portable path the block formats go through the batched
+    kernels (qmatvec_batch: each weight block unpacked once for all vectors); elsewhere,
+    one matvec per vector.
+    """
+    rows, cols = w.shape
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != cols:
+        raise InvalidArgumentError(
+            f"matvec_batch of {w.name}: x has shape {x.shape}, expected (n, {cols})"
+        )
+    n = x.shape[0]
+    out = _out(out, (n, rows), w.name)
+    k = _MVB.get(w.qtype) if _path == "portable" else None
+    if k is not None and n > 1:
+        k(_data(w), x, out)
+    else:
+        for i in range(n):
+            matvec(w, x[i], out[i])
     return out
 
 
