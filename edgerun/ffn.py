@@ -18,7 +18,7 @@ from edgerun.ops import qmatvec
 from edgerun.ops.activations import glu
 from edgerun.quant.formats import QuantTensor
 
-__all__ = ["FFNExecutor", "DenseFFN"]
+__all__ = ["FFNExecutor", "DenseFFN", "decode_rows"]
 
 
 class FFNExecutor(Protocol):
@@ -30,6 +30,17 @@ class FFNExecutor(Protocol):
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """x float32 [n, d_model] -> float32 [n, d_model]."""
         ...
+
+
+def decode_rows(ffn: FFNExecutor, x: np.ndarray) -> np.ndarray:
+    """The FFN of several sequences' decode rows x [n, d_model], each row as a one-token
+    call would compute it (batched decode must not change a sequence's tokens). An
+    executor with a `decode_batch` method shares its weight reads across the rows; others
+    run row by row."""
+    batch = getattr(ffn, "decode_batch", None)
+    if batch is not None:
+        return batch(x)
+    return np.concatenate([ffn(x[i : i + 1]) for i in range(x.shape[0])], axis=0)
 
 
 class DenseFFN:
@@ -59,3 +70,10 @@ class DenseFFN:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         gate, up = qmatvec.project_many((self.gate, self.up), x)
         return qmatvec.project(self.down, glu(gate, up, self.activation))
+
+    def decode_batch(self, x: np.ndarray) -> np.ndarray:
+        """Rows of different sequences' decode steps: weights read once, each row equal to
+        the one-token result (qmatvec.matvec_batch)."""
+        gate = qmatvec.matvec_batch(self.gate, x)
+        up = qmatvec.matvec_batch(self.up, x)
+        return qmatvec.matvec_batch(self.down, glu(gate, up, self.activation))

@@ -10,7 +10,7 @@ import numpy as np
 
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ModelFormatError
-from edgerun.ffn import FFNExecutor
+from edgerun.ffn import FFNExecutor, decode_rows
 from edgerun.kvcache import KVCache
 from edgerun.ops import qmatvec
 from edgerun.ops.attention import attention
@@ -161,6 +161,72 @@ class Transformer:
             logits = qmatvec.project(self.output, rmsnorm(h, self.output_norm, eps))
         else:
             logits = qmatvec.matvec(self.output, rmsnorm(h[-1:], self.output_norm, eps)[0])
+        if s.final_logit_softcap > 0:
+            cap = np.float32(s.final_logit_softcap)
+            logits = np.tanh(logits / cap) * cap
+        return logits
+
+    def forward_batch(self, tokens: list[int], caches: list[KVCache]) -> np.ndarray:
+        """One decode step of several sequences: token b after what caches[b] holds.
+
+        The projections read each weight once for all sequences (qmatvec.matvec_batch);
+        attention runs per sequence on its own cache. Row b of the logits [n, vocab] equals
+        `forward([tokens[b]], caches[b])` bit for bit, so a session decodes the same tokens
+        alone or batched with others.
+        """
+        s = self.spec
+        n = len(tokens)
+        if n != len(caches) or n == 0:
+            raise ValueError(f"forward_batch: {n} tokens for {len(caches)} caches")
+        if len({id(c) for c in caches}) != n:
+            raise ValueError("forward_batch: each sequence needs its own cache")
+        for c in caches:
+            c.check_fits(1)
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= s.vocab_size:
+            raise ValueError(f"token id out of range [0, {s.vocab_size})")
+        starts = [c.length for c in caches]
+        positions = np.asarray(starts, dtype=np.int64)
+        n_ctx = max(c.n_ctx for c in caches)
+        neox = s.rope_style == "neox"
+        eps = s.norm_eps
+        mvb = qmatvec.matvec_batch
+        h = qmatvec.embedding_rows(self.token_embd, ids)
+        if s.embed_scale != 1.0:
+            h *= np.float32(s.embed_scale)
+        ctx = np.empty((n, s.q_dim), np.float32)
+        for li, layer in enumerate(self.layers):
+            cos, sin = self._rope(n_ctx, s.rope_base_of(li))
+            x = rmsnorm(h, layer.attn_norm, eps)
+            q, k, v = mvb(layer.q, x), mvb(layer.k, x), mvb(layer.v, x)
+            if layer.q_bias is not None:
+                q += layer.q_bias
+                k += layer.k_bias
+                v += layer.v_bias
+            q = q.reshape(n, s.n_heads, s.head_dim)
+            k = k.reshape(n, s.n_kv_heads, s.head_dim)
+            v = v.reshape(n, s.n_kv_heads, s.head_dim)
+            if layer.q_norm is not None:
+                q = rmsnorm(q, layer.q_norm, eps)
+                k = rmsnorm(k, layer.k_norm, eps)
+            rope_inplace(q, positions, cos, sin, neox)
+            rope_inplace(k, positions, cos, sin, neox)
+            window = s.window(li)
+            for b, c in enumerate(caches):
+                c.store(li, starts[b], k[b : b + 1], v[b : b + 1])
+                ctx[b] = attention(q[b : b + 1], c.k[li], c.v[li], starts[b], window)[0]
+            att = mvb(layer.o, ctx)
+            if layer.post_attn_norm is not None:
+                att = rmsnorm(att, layer.post_attn_norm, eps)
+            h += att
+            x = rmsnorm(h, layer.ffn_norm, eps)
+            f = decode_rows(layer.ffn, x)
+            if layer.post_ffn_norm is not None:
+                f = rmsnorm(f, layer.post_ffn_norm, eps)
+            h += f
+        for c, t in zip(caches, tokens):
+            c.tokens.append(int(t))
+        logits = mvb(self.output, rmsnorm(h, self.output_norm, eps))
         if s.final_logit_softcap > 0:
             cap = np.float32(s.final_logit_softcap)
             logits = np.tanh(logits / cap) * cap
