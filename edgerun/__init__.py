@@ -16,8 +16,19 @@ if TYPE_CHECKING:
     from edgerun.engine import GenerationStats
     from edgerun.errors import EdgerunError
     from edgerun.sampling import SamplingParams
+    from edgerun.sched.batching import Request, ResponseStats
+    from edgerun.session import Session
 
-__all__ = ["EdgerunError", "GenerationStats", "Model", "SamplingParams", "load"]
+__all__ = [
+    "EdgerunError",
+    "GenerationStats",
+    "Model",
+    "Request",
+    "ResponseStats",
+    "SamplingParams",
+    "Session",
+    "load",
+]
 __version__ = "0.1.0"
 
 # The public names load lazily, so importing a lower layer (edgerun.quant,
@@ -28,6 +39,9 @@ _LAZY = {
     "GenerationStats": "edgerun.engine",
     "EdgerunError": "edgerun.errors",
     "SamplingParams": "edgerun.sampling",
+    "Session": "edgerun.session",
+    "Request": "edgerun.sched.batching",
+    "ResponseStats": "edgerun.sched.batching",
 }
 
 

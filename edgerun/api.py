@@ -3,8 +3,10 @@ score, generate and chat."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,6 +22,7 @@ from edgerun.errors import EdgerunError, InvalidArgumentError, ModelNotFoundErro
 from edgerun.formats.gguf import read_gguf
 from edgerun.kvcache import KVCache, check_kv_type
 from edgerun.model import Transformer
+from edgerun.sched.batching import BatchScheduler, PrefixCache
 from edgerun.sched.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
 from edgerun.settings import ModelSettings
 from edgerun.sysinfo import current_rss_bytes, default_threads
@@ -66,6 +69,7 @@ def settings_for(path: str | os.PathLike) -> ModelSettings:
 
 if TYPE_CHECKING:
     from edgerun.offload.store import OffloadOptions
+    from edgerun.session import Session
     from edgerun.sched.placement import Plan
 
 # What loading (or compiling) the kernels adds to the process after load (measured on
@@ -131,9 +135,16 @@ class Model:
         )
         if ram_budget is not None or offload is not None:
             self._offload(ram_budget, offload, offload_options)
+        # One forward at a time: the scheduler thread and direct generate() calls share
+        # the weights and the kernels' thread pool.
+        self.compute_lock = threading.RLock()
         self.generator = Generator(
-            self.transformer, self.tokenizer, self.n_ctx, self.governor, kv_type
+            self.transformer, self.tokenizer, self.n_ctx, self.governor, kv_type,
+            lock=self.compute_lock,
         )
+        self.prefix_cache = PrefixCache()
+        self._scheduler: BatchScheduler | None = None
+        self._identity: str | None = None
         self.load_seconds = time.perf_counter() - t0
 
     def plan_for(
@@ -214,6 +225,53 @@ class Model:
     def reset_offload_stats(self) -> None:
         if hasattr(self.store, "reset_offload_stats"):
             self.store.reset_offload_stats()
+
+    # -- sessions and concurrent requests ----------------------------------------
+    @property
+    def scheduler(self) -> BatchScheduler:
+        """The batching scheduler all sessions (and the server) submit to; started on
+        first use."""
+        if self._scheduler is None:
+            with self.compute_lock:
+                if self._scheduler is None:
+                    self._scheduler = BatchScheduler(self)
+        return self._scheduler
+
+    def session(self, system: str | None = None, n_ctx: int | None = None) -> Session:
+        """A new conversation with its own KV cache (weights are shared)."""
+        from edgerun.session import Session
+
+        return Session(self, system=system, n_ctx=n_ctx)
+
+    def close(self) -> None:
+        """Stop the scheduler thread (cancels what is running)."""
+        if self._scheduler is not None:
+            self._scheduler.close()
+            self._scheduler = None
+
+    @property
+    def identity(self) -> str:
+        """What a saved session is checked against: the model file's size and the SHA-256
+        of its first MiB (the header: metadata, tensor table), plus the KV layout."""
+        if self._identity is None:
+            h = hashlib.sha256()
+            files = sorted(self.path.iterdir()) if self.path.is_dir() else [self.path]
+            for f in files:
+                if f.is_file():
+                    h.update(f"{f.name}:{f.stat().st_size}\n".encode())
+                    with open(f, "rb") as fh:
+                        h.update(fh.read(1 << 20))
+            s = self.spec
+            h.update(f"{s.n_layers}/{s.n_kv_heads}/{s.head_dim}/{s.vocab_size}".encode())
+            self._identity = h.hexdigest()[:32]
+        return self._identity
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of a conversation rendered with the chat template."""
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.encode(text, add_bos=None, parse_special=True)
 
     # -- introspection --------------------------------------------------------
     @property

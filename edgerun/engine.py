@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -103,8 +104,10 @@ class Generator:
         n_ctx: int,
         governor: ThreadGovernor | None = None,
         kv_type: str = "f32",
+        lock: threading.RLock | None = None,
     ) -> None:
         self.model = model
+        self.lock = lock if lock is not None else threading.RLock()
         self.tokenizer = tokenizer
         self.cache = KVCache(model.spec, n_ctx, kv_type)
         self.stats = GenerationStats()
@@ -137,9 +140,11 @@ class Generator:
         ids = [i % spec.vocab_size for i in range(1, n + 1)]
         scratch = KVCache(spec, n + 1, self.cache.kv_type)
         t0 = time.perf_counter()
-        with event.install_recorder("numba:compile") as rec:
+        with self.lock, event.install_recorder("numba:compile") as rec:
             self.model.forward(ids, scratch)
             self.model.forward(ids[-1:], scratch)
+            pair = [KVCache(spec, 1, scratch.kv_type) for _ in range(2)]
+            self.model.forward_batch(ids[:2], pair)  # batched decode (sched/batching.py)
         compiled = sum(1 for e in rec.buffer if e[1].is_start)
         self.warmed = WarmUp(time.perf_counter() - t0, compiled)
         return self.warmed
@@ -161,8 +166,10 @@ class Generator:
         # single-token kernels round differently, and a seed must give the same text.
         for i in range(reuse, len(ids) - 1, PREFILL_CHUNK):
             self._pace()
-            self.model.forward(ids[i : min(i + PREFILL_CHUNK, len(ids) - 1)], self.cache)
-        return self.model.forward(ids[-1:], self.cache)
+            with self.lock:
+                self.model.forward(ids[i : min(i + PREFILL_CHUNK, len(ids) - 1)], self.cache)
+        with self.lock:
+            return self.model.forward(ids[-1:], self.cache)
 
     def stream(
         self,
@@ -212,7 +219,8 @@ class Generator:
                 if self.cache.room() == 0:
                     break  # context full: finish_reason stays "length"
                 self._pace()
-                logits = self.model.forward([tok], self.cache)
+                with self.lock:
+                    logits = self.model.forward([tok], self.cache)
                 stats.generate_seconds = time.perf_counter() - t1
             if not matcher.hit:
                 tail = matcher.feed(decoder.flush()) + matcher.flush()

@@ -1,0 +1,452 @@
+"""Continuous batching: concurrent requests on one model, decoded together.
+
+One scheduler thread owns the model's compute. Each step it
+- admits new requests (they join at step boundaries);
+- runs one prefill chunk of the oldest request still reading its prompt (chunks of
+  `prefill_chunk` tokens, so a long prompt delays the others' next token by one chunk,
+  not by the whole prompt);
+- runs one decode step for every request that is generating, all through
+  `Transformer.forward_batch`: each weight is read once per step for all of them, and
+  each sequence attends over its own KV cache.
+
+Row b of a batched step equals a one-token step of sequence b bit for bit (see
+`qmatvec.matvec_batch`), so a request gets the same tokens alone or among others.
+Cancelling a request drops it at the next step boundary; the others never notice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from edgerun.engine import PREFILL_CHUNK, GenerationStats, StopMatcher
+from edgerun.errors import ContextOverflowError, EdgerunError, InvalidArgumentError
+from edgerun.kvcache import KVCache
+from edgerun.sampling import Sampler, SamplingParams
+from edgerun.sysinfo import peak_rss_bytes
+from edgerun.tokenizer import StreamDecoder
+
+if TYPE_CHECKING:
+    from edgerun.api import Model
+
+_DONE = object()
+
+
+@dataclass
+class ResponseStats(GenerationStats):
+    """GenerationStats plus what an app shows per response (as mlx-lm's stream_generate)."""
+
+    ttft_seconds: float = 0.0  # submit -> first token sampled (queueing + prefill)
+    queued_seconds: float = 0.0  # submit -> first compute for this request
+    peak_rss_bytes: int = 0
+    batch_sizes: list[int] = field(default_factory=list)  # sequences per decode step
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.generated_tokens
+
+
+class Request:
+    """One generation: iterate it for text pieces (or `async for`), `cancel()` from any
+    thread, read `stats` and `text` when done."""
+
+    def __init__(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        max_tokens: int,
+        stop: Sequence[str],
+        eos_ids: Sequence[int],
+        cache: KVCache,
+        prefix_len: int = 0,
+        on_token: Callable[[str], None] | None = None,
+    ) -> None:
+        self.prompt_ids = [int(i) for i in prompt_ids]
+        self.params = params
+        self.max_tokens = max_tokens
+        self.stop = list(stop)
+        self.eos = set(eos_ids)
+        self.cache = cache
+        self.prefix_len = prefix_len
+        self.on_token = on_token
+        self.on_finish: Callable[[Request], None] | None = None  # called on the scheduler thread
+        self.stats = ResponseStats(prompt_tokens=len(self.prompt_ids))
+        self.pieces: list[str] = []
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+        self._cancel = threading.Event()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._async: tuple[asyncio.AbstractEventLoop, asyncio.Queue] | None = None
+        self._lock = threading.Lock()
+        self.submitted = time.perf_counter()
+        # scheduler-side state
+        self.history = list(self.prompt_ids)
+        self.next_input = -1
+        self.decoding = False
+        self.sampler: Sampler | None = None
+        self.decoder: StreamDecoder | None = None
+        self.matcher: StopMatcher | None = None
+        self.t_decode = 0.0
+
+    # -- consumer side --------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop this request at the next step boundary (safe from any thread)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _DONE:
+                    break
+                if self.on_token is not None:
+                    self.on_token(item)
+                yield item
+        except GeneratorExit:
+            self.cancel()
+            raise
+        if self.error is not None:
+            raise self.error
+
+    def wait(self) -> str:
+        """Block until done; the whole text."""
+        for _ in self:
+            pass
+        return self.text
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        """Pieces without blocking the event loop (the scheduler hands them over with
+        call_soon_threadsafe)."""
+        loop = asyncio.get_running_loop()
+        aq: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            self._async = (loop, aq)
+            while True:  # what arrived before the async consumer attached
+                try:
+                    aq.put_nowait(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+        try:
+            while True:
+                item = await aq.get()
+                if item is _DONE:
+                    break
+                if self.on_token is not None:
+                    self.on_token(item)
+                yield item
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancel()
+            raise
+        if self.error is not None:
+            raise self.error
+
+    # -- scheduler side ---------------------------------------------------------------
+    def _put(self, item: object) -> None:
+        with self._lock:
+            if self._async is not None:
+                loop, aq = self._async
+                try:
+                    loop.call_soon_threadsafe(aq.put_nowait, item)
+                except RuntimeError:  # the consumer's loop is closed: nobody listens
+                    self._cancel.set()
+            else:
+                self._queue.put(item)
+
+    def _emit(self, text: str) -> None:
+        if text:
+            self.pieces.append(text)
+            self._put(text)
+
+    def _finish(self, reason: str, error: BaseException | None = None) -> None:
+        st = self.stats
+        st.finish_reason = reason
+        if self.t_decode:
+            st.generate_seconds = time.perf_counter() - self.t_decode
+        st.peak_rss_bytes = peak_rss_bytes()
+        self.error = error
+        if self.on_finish is not None:
+            try:
+                self.on_finish(self)
+            except Exception:  # noqa: BLE001 - a broken hook must not stop the scheduler
+                pass
+        self.finished.set()
+        self._put(_DONE)
+
+
+class BatchScheduler:
+    """Schedules the requests of one Model: continuous batching with chunked prefill."""
+
+    def __init__(self, model: Model, max_batch: int = 8, prefill_chunk: int = 64) -> None:
+        if max_batch < 1:
+            raise InvalidArgumentError(f"max_batch must be >= 1, got {max_batch}")
+        if not 1 <= prefill_chunk <= PREFILL_CHUNK:
+            raise InvalidArgumentError(
+                f"prefill_chunk must be in [1, {PREFILL_CHUNK}], got {prefill_chunk}"
+            )
+        self.model = model
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._active: list[Request] = []
+        self._waiting: list[Request] = []
+        self._closed = False
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edgerun-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- API --------------------------------------------------------------------------
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        max_tokens: int = 256,
+        stop: Sequence[str] = (),
+        cache: KVCache | None = None,
+        eos_ids: Sequence[int] | None = None,
+        prefix_len: int = 0,
+        on_token: Callable[[str], None] | None = None,
+    ) -> Request:
+        """Queue a generation of `prompt_ids` on `cache` (a fresh one if None).
+
+        prefix_len > 0 marks the prompt's first tokens as a shared prefix (a system prompt):
+        computed once, kept in the model's prefix cache, and copied into later requests
+        that start with it."""
+        if self._closed:
+            raise EdgerunError("the scheduler is closed")
+        m = self.model
+        if not prompt_ids:
+            raise InvalidArgumentError("the prompt is empty: nothing to condition on")
+        if max_tokens < 0:
+            raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+        if cache is None:
+            cache = KVCache(m.spec, m.n_ctx, m.kv_type)
+        if len(prompt_ids) > cache.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_ids)} tokens but the context window is "
+                f"{cache.n_ctx}; use a larger context (-c / n_ctx) or a shorter prompt"
+            )
+        bad = [i for i in prompt_ids if not 0 <= int(i) < m.spec.vocab_size]
+        if bad:
+            raise InvalidArgumentError(
+                f"token id {bad[0]} is outside the vocabulary [0, {m.spec.vocab_size})"
+            )
+        eos = m.tokenizer.eos_ids if eos_ids is None else eos_ids
+        r = Request(prompt_ids, params, max_tokens, stop, eos, cache, prefix_len, on_token)
+        self._inbox.put(r)
+        self._wake.set()
+        return r
+
+    def close(self) -> None:
+        """Cancel everything and stop the thread."""
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    @property
+    def active(self) -> int:
+        return len(self._active) + len(self._waiting)
+
+    # -- the loop ---------------------------------------------------------------------
+    def _admit(self) -> None:
+        while True:
+            try:
+                self._waiting.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        while self._waiting and len(self._active) < self.max_batch:
+            self._active.append(self._waiting.pop(0))
+
+    def _run(self) -> None:
+        from edgerun.sched.cpu_share import set_threads
+
+        m = self.model
+        while True:
+            self._admit()
+            if self._closed:
+                for r in self._active + self._waiting:
+                    r._finish("cancelled")
+                return
+            for r in [r for r in self._active if r.cancelled]:
+                self._active.remove(r)
+                r._finish("cancelled")
+            if not self._active:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                with m.compute_lock:
+                    set_threads(m.governor.threads)
+                    m.warm_up()
+                    self._step()
+            except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the thread
+                for r in self._active:
+                    r._finish("error", e if isinstance(e, EdgerunError) else EdgerunError(str(e)))
+                self._active.clear()
+
+    def _step(self) -> None:
+        prefilling = [r for r in self._active if not r.decoding]
+        if prefilling:
+            self._prefill_chunk(prefilling[0])
+        decoding = [r for r in self._active if r.decoding]
+        if not decoding:
+            return
+        now = time.perf_counter()
+        for r in decoding:
+            if not r.t_decode:
+                r.t_decode = now
+        logits = self.model.transformer.forward_batch(
+            [r.next_input for r in decoding], [r.cache for r in decoding]
+        )
+        for r, row in zip(decoding, logits):
+            r.stats.batch_sizes.append(len(decoding))
+            self._after_logits(r, row)
+
+    def _start(self, r: Request) -> None:
+        """First compute for r: reuse its cache's prefix, or a shared prefix's rows."""
+        m = self.model
+        r.stats.queued_seconds = time.perf_counter() - r.submitted
+        ids = r.prompt_ids
+        own = min(r.cache.common_prefix(ids), len(ids) - 1)
+        shared = m.prefix_cache.lookup(ids, limit=len(ids) - 1)
+        if shared is not None and len(shared.tokens) > own:
+            shared.copy_into(r.cache)
+            own = len(shared.tokens)
+        r.cache.truncate(own)
+        r.stats.cached_tokens = own
+        r.sampler = Sampler(r.params)
+        r.decoder = StreamDecoder(m.tokenizer)
+        r.matcher = StopMatcher(r.stop)
+
+    def _prefill_chunk(self, r: Request) -> None:
+        """Run up to prefill_chunk prompt tokens of r (all but the last prompt token, which
+        takes the decode path so its logits do not depend on the chunking)."""
+        m = self.model
+        if r.sampler is None:
+            self._start(r)
+        t0 = time.perf_counter()
+        ids = r.prompt_ids
+        done = r.cache.length
+        end = len(ids) - 1
+        if 0 < r.prefix_len < end and done < r.prefix_len:
+            end = r.prefix_len  # stop at the shared prefix's edge to snapshot it
+        end = min(end, done + self.prefill_chunk)
+        if end > done:
+            m.transformer.forward(ids[done:end], r.cache)
+        if r.prefix_len and r.cache.length == r.prefix_len:
+            m.prefix_cache.store(r.cache, r.prefix_len)
+        r.stats.prompt_seconds += time.perf_counter() - t0
+        if r.cache.length >= len(ids) - 1:
+            r.decoding = True
+            r.next_input = ids[-1]
+            if r.max_tokens == 0:
+                self._active.remove(r)
+                r._finish("length")
+
+    def _after_logits(self, r: Request, logits: np.ndarray) -> None:
+        st = r.stats
+        tok = r.sampler(logits, r.history)
+        if not st.generated_tokens and not st.ttft_seconds:
+            st.ttft_seconds = time.perf_counter() - r.submitted
+        if tok in r.eos:
+            return self._done(r, "stop")
+        st.generated_tokens += 1
+        r.history.append(tok)
+        r._emit(r.matcher.feed(r.decoder.push(tok)))
+        if r.matcher.hit:
+            return self._done(r, "stop")
+        if st.generated_tokens >= r.max_tokens or r.cache.room() == 0:
+            return self._done(r, "length")
+        r.next_input = tok
+
+    def _done(self, r: Request, reason: str) -> None:
+        if not r.matcher.hit:
+            r._emit(r.matcher.feed(r.decoder.flush()) + r.matcher.flush())
+        self._active.remove(r)
+        r._finish(reason)
+
+
+@dataclass
+class SharedPrefix:
+    """KV rows of a token prefix, computed once and copied into new caches."""
+
+    tokens: tuple[int, ...]
+    k: np.ndarray
+    v: np.ndarray
+    last_used: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def copy_into(self, cache: KVCache) -> None:
+        n = len(self.tokens)
+        cache.check_fits(0)
+        if n > cache.n_ctx:
+            raise ContextOverflowError(f"a shared prefix of {n} tokens exceeds the context")
+        cache.k[:, :, :n] = self.k
+        cache.v[:, :, :n] = self.v
+        cache.tokens[:] = list(self.tokens)
+        self.last_used = time.monotonic()
+
+
+class PrefixCache:
+    """Shared prompt prefixes (system prompts, documents) by token sequence, LRU-bounded
+    by bytes. Thread-safe: sessions look up, the scheduler stores."""
+
+    def __init__(self, max_bytes: int = 256 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._entries: dict[tuple[int, ...], SharedPrefix] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, ids: Sequence[int], limit: int | None = None) -> SharedPrefix | None:
+        """The longest stored prefix of `ids` no longer than `limit` tokens."""
+        limit = len(ids) if limit is None else limit
+        best = None
+        with self._lock:
+            for key, e in self._entries.items():
+                n = len(key)
+                if n <= limit and (best is None or n > len(best.tokens)):
+                    if tuple(ids[:n]) == key:
+                        best = e
+        return best
+
+    def contains(self, ids: Sequence[int]) -> bool:
+        with self._lock:
+            return tuple(ids) in self._entries
+
+    def store(self, cache: KVCache, n: int) -> None:
+        """Keep cache's first n positions (if not already kept and they fit the bound)."""
+        key = tuple(cache.tokens[:n])
+        with self._lock:
+            if key in self._entries or n == 0:
+                return
+            e = SharedPrefix(key, cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy())
+            if e.nbytes > self.max_bytes:
+                return
+            e.last_used = time.monotonic()
+            self._entries[key] = e
+            while sum(x.nbytes for x in self._entries.values()) > self.max_bytes:
+                old = min(self._entries.values(), key=lambda x: x.last_used)
+                del self._entries[old.tokens]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

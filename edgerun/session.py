@@ -1,0 +1,283 @@
+"""Session: one conversation on a shared Model, with its own KV cache and history.
+
+Many sessions share one loaded model (weights, kernels, the scheduler that batches their
+decode steps). A session keeps its KV cache between turns, so a new message computes only
+its own tokens; `save` writes history and cache to one safetensors file (atomically), and
+`Session.load` resumes it without recomputing the conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgerun.atomic import write_atomic
+from edgerun.errors import EdgerunError, InvalidArgumentError
+from edgerun.kvcache import KV_TYPES, KVCache
+from edgerun.sched.batching import Request, ResponseStats
+
+if TYPE_CHECKING:
+    from edgerun.api import Model
+
+SESSION_FORMAT = "edgerun-session/1"
+_MAX_META = 64 << 20  # a session's JSON metadata (history, tokens) is at most this long
+
+
+class SessionFileError(EdgerunError):
+    """A saved session that is unreadable, corrupt, or from another model."""
+
+
+class Session:
+    """A conversation: `send` a user message, get the assistant's answer.
+
+    system None takes the model's recommended system prompt (if any)."""
+
+    def __init__(self, model: Model, system: str | None = None, n_ctx: int | None = None) -> None:
+        self.model = model
+        self.system = system if system is not None else model.settings.system
+        n = model.n_ctx if n_ctx is None else min(int(n_ctx), model.spec.context_length)
+        self.cache = KVCache(model.spec, n, model.kv_type)
+        self.messages: list[dict[str, str]] = []
+        self.last: Request | None = None
+
+    # -- prompts ----------------------------------------------------------------------
+    def _conversation(self) -> list[dict[str, str]]:
+        if self.system:
+            return [{"role": "system", "content": self.system}, *self.messages]
+        return list(self.messages)
+
+    def prompt_ids(self) -> list[int]:
+        """The token ids of the conversation so far, ready for the assistant's turn."""
+        return self.model.encode_chat(self._conversation())
+
+    def _prefix_len(self, ids: Sequence[int]) -> int:
+        """Tokens of the system turn alone, when they lead `ids` (the shareable part)."""
+        if not self.system:
+            return 0
+        head = self.model.encode_chat(
+            [{"role": "system", "content": self.system}], add_generation_prompt=False
+        )
+        n = len(head)
+        return n if 0 < n < len(ids) and list(ids[:n]) == head else 0
+
+    @property
+    def stats(self) -> ResponseStats | None:
+        """The last response's stats (tokens, tok/s, TTFT, peak RSS)."""
+        return self.last.stats if self.last is not None else None
+
+    # -- turns ------------------------------------------------------------------------
+    def _submit(
+        self,
+        text: str,
+        max_tokens: int,
+        on_token: Callable[[str], None] | None,
+        stop: Sequence[str],
+        seed: int | None,
+        sampling: dict[str, Any],
+    ) -> Request:
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"a message must be a string, got {type(text).__name__}")
+        if self.last is not None and not self.last.finished.is_set():
+            raise InvalidArgumentError(
+                "this session is still answering; wait for it or cancel it first"
+            )
+        m = self.model
+        params = m.settings.sampling(seed, **sampling)
+        self.messages.append({"role": "user", "content": text})
+        try:
+            ids = self.prompt_ids()
+            prefix = self._prefix_len(ids)
+            r = m.scheduler.submit(
+                ids, params, max_tokens, stop, cache=self.cache, prefix_len=prefix,
+                on_token=on_token,
+            )
+        except BaseException:
+            self.messages.pop()
+            raise
+        r.on_finish = self._finished
+        self.last = r
+        return r
+
+    def _finished(self, r: Request) -> None:
+        if r.stats.finish_reason == "error":
+            if self.messages and self.messages[-1]["role"] == "user":
+                self.messages.pop()
+            return
+        self.messages.append({"role": "assistant", "content": r.text})
+
+    def send(
+        self,
+        text: str,
+        stream: bool = False,
+        max_tokens: int = 512,
+        on_token: Callable[[str], None] | None = None,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        **sampling: Any,
+    ) -> str | Request:
+        """Add a user message and answer it.
+
+        stream False returns the answer's text; True returns the Request: iterate it for
+        text pieces, `cancel()` it from any thread, read `.stats`. on_token(piece) is called
+        for each piece in the thread that consumes them. Sampling keywords (temperature,
+        top_k, top_p, min_p, repeat_penalty) default to the model's recommended settings.
+        """
+        r = self._submit(text, max_tokens, on_token, stop, seed, sampling)
+        return r if stream else r.wait()
+
+    async def astream(
+        self,
+        text: str,
+        max_tokens: int = 512,
+        on_token: Callable[[str], None] | None = None,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        **sampling: Any,
+    ) -> AsyncIterator[str]:
+        """`async for piece in session.astream(text)`: never blocks the event loop.
+        Leaving the loop early (or the task being cancelled) cancels the request."""
+        r = self._submit(text, max_tokens, on_token, stop, seed, sampling)
+        async for piece in r:
+            yield piece
+
+    def cancel(self) -> None:
+        """Cancel the answer in progress, if any (safe from any thread)."""
+        if self.last is not None:
+            self.last.cancel()
+
+    def reset(self, system: str | None = None) -> None:
+        """Forget the conversation (and optionally change the system prompt)."""
+        self.cancel()
+        if self.last is not None:
+            self.last.finished.wait(timeout=30)
+        if system is not None:
+            self.system = system
+        self.messages.clear()
+        self.cache.clear()
+        self.last = None
+
+    # -- persistence --------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write history and KV cache to `path` (safetensors), atomically."""
+        from safetensors.numpy import save_file
+
+        if self.last is not None and not self.last.finished.is_set():
+            raise InvalidArgumentError("cannot save a session while it is answering")
+        c = self.cache
+        n = c.length
+        k, v = c.k[:, :, :n], c.v[:, :, :n]
+        if c.kv_type == "f16":
+            k, v = k.view(np.float16), v.view(np.float16)
+        meta = {
+            "format": SESSION_FORMAT,
+            "model": self.model.identity,
+            "model_name": self.model.name,
+            "kv_type": c.kv_type,
+            "n_ctx": str(c.n_ctx),
+            "tokens": json.dumps(c.tokens),
+            "messages": json.dumps(self.messages, ensure_ascii=False),
+            "system": json.dumps(self.system),
+        }
+        tensors = {"k": np.ascontiguousarray(k), "v": np.ascontiguousarray(v)}
+        return write_atomic(path, lambda p: save_file(tensors, str(p), metadata=meta))
+
+    @classmethod
+    def load(cls, model: Model, path: str | os.PathLike) -> Session:
+        """Resume a saved session on `model` (the same model file it was saved from)."""
+        path = Path(path)
+        meta, k, v = _read_session_file(path)
+        where = f"session file {path}"
+        if meta.get("format") != SESSION_FORMAT:
+            raise SessionFileError(
+                f"{where}: field 'format' is {meta.get('format')!r}, expected {SESSION_FORMAT!r}"
+            )
+        if meta.get("model") != model.identity:
+            raise SessionFileError(
+                f"{where} was saved from model {meta.get('model_name')!r} "
+                f"(identity {meta.get('model')}), but the loaded model is {model.name!r} "
+                f"(identity {model.identity}); load it with the model it was saved from"
+            )
+        tokens = _json_field(meta, "tokens", list, where)
+        messages = _json_field(meta, "messages", list, where)
+        system = _json_field(meta, "system", (str, type(None)), where)
+        try:
+            n_ctx = int(meta.get("n_ctx", ""))
+        except ValueError:
+            raise SessionFileError(f"{where}: field 'n_ctx' is not an integer") from None
+        kv_type = meta.get("kv_type")
+        if kv_type not in KV_TYPES:
+            raise SessionFileError(f"{where}: field 'kv_type' is {kv_type!r}")
+        s = model.spec
+        n = len(tokens)
+        want = (s.n_layers, s.n_kv_heads, n, s.head_dim)
+        for name, t in (("k", k), ("v", v)):
+            if t.shape != want:
+                raise SessionFileError(
+                    f"{where}: tensor '{name}' has shape {t.shape}, expected {want} "
+                    f"({n} tokens)"
+                )
+        if not all(isinstance(t, int) and 0 <= t < s.vocab_size for t in tokens):
+            raise SessionFileError(f"{where}: field 'tokens' holds ids outside the vocabulary")
+        for i, msg in enumerate(messages):
+            if not (
+                isinstance(msg, dict)
+                and isinstance(msg.get("role"), str)
+                and isinstance(msg.get("content"), str)
+            ):
+                raise SessionFileError(f"{where}: messages[{i}] is not a role/content message")
+        if n > min(n_ctx, s.context_length) or n_ctx < 1:
+            raise SessionFileError(f"{where}: {n} cached tokens do not fit n_ctx {n_ctx}")
+        sess = cls(model, system=system if system is not None else "", n_ctx=n_ctx)
+        sess.system = system
+        c = sess.cache
+        if c.kv_type == "f16":
+            c.k[:, :, :n] = k.astype(np.float16).view(np.uint16)
+            c.v[:, :, :n] = v.astype(np.float16).view(np.uint16)
+        else:
+            c.k[:, :, :n] = k.astype(np.float32)
+            c.v[:, :, :n] = v.astype(np.float32)
+        c.tokens[:] = tokens
+        sess.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        return sess
+
+
+def _json_field(meta: dict, key: str, kind: Any, where: str) -> Any:
+    raw = meta.get(key)
+    if raw is None:
+        raise SessionFileError(f"{where}: field '{key}' is missing")
+    try:
+        val = json.loads(raw)
+    except ValueError as e:
+        raise SessionFileError(f"{where}: field '{key}' is not valid JSON ({e})") from None
+    if not isinstance(val, kind):
+        raise SessionFileError(f"{where}: field '{key}' has type {type(val).__name__}")
+    return val
+
+
+def _read_session_file(path: Path) -> tuple[dict, np.ndarray, np.ndarray]:
+    from safetensors import SafetensorError, safe_open
+
+    where = f"session file {path}"
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise SessionFileError(f"cannot read {where}: {e.strerror or e}") from None
+    if len(head) < 8 or int.from_bytes(head, "little") > min(_MAX_META, size - 8):
+        raise SessionFileError(f"{where} is truncated or not a session file (header length)")
+    try:
+        with safe_open(str(path), framework="np") as f:
+            meta = f.metadata() or {}
+            names = set(f.keys())
+            if names != {"k", "v"}:
+                raise SessionFileError(f"{where}: tensors {sorted(names)}, expected ['k', 'v']")
+            k, v = f.get_tensor("k"), f.get_tensor("v")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise SessionFileError(f"{where} is corrupt: {e}") from None
+    return meta, k, v
