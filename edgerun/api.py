@@ -69,8 +69,8 @@ def settings_for(path: str | os.PathLike) -> ModelSettings:
 
 if TYPE_CHECKING:
     from edgerun.offload.store import OffloadOptions
-    from edgerun.session import Session
     from edgerun.sched.placement import Plan
+    from edgerun.session import Session
 
 # What loading (or compiling) the kernels adds to the process after load (measured on
 # Qwen2.5-Coder-1.5B: RSS after the first offloaded token minus RSS after load).
@@ -139,7 +139,11 @@ class Model:
         # the weights and the kernels' thread pool.
         self.compute_lock = threading.RLock()
         self.generator = Generator(
-            self.transformer, self.tokenizer, self.n_ctx, self.governor, kv_type,
+            self.transformer,
+            self.tokenizer,
+            self.n_ctx,
+            self.governor,
+            kv_type,
             lock=self.compute_lock,
         )
         self.prefix_cache = PrefixCache()

@@ -93,7 +93,12 @@ class Session:
             ids = self.prompt_ids()
             prefix = self._prefix_len(ids)
             r = m.scheduler.submit(
-                ids, params, max_tokens, stop, cache=self.cache, prefix_len=prefix,
+                ids,
+                params,
+                max_tokens,
+                stop,
+                cache=self.cache,
+                prefix_len=prefix,
                 on_token=on_token,
             )
         except BaseException:
@@ -218,8 +223,7 @@ class Session:
         for name, t in (("k", k), ("v", v)):
             if t.shape != want:
                 raise SessionFileError(
-                    f"{where}: tensor '{name}' has shape {t.shape}, expected {want} "
-                    f"({n} tokens)"
+                    f"{where}: tensor '{name}' has shape {t.shape}, expected {want} ({n} tokens)"
                 )
         if not all(isinstance(t, int) and 0 <= t < s.vocab_size for t in tokens):
             raise SessionFileError(f"{where}: field 'tokens' holds ids outside the vocabulary")
