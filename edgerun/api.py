@@ -241,6 +241,12 @@ class Model:
                     self._scheduler = BatchScheduler(self)
         return self._scheduler
 
+    def set_max_batch(self, n: int) -> None:
+        """How many sequences the scheduler decodes together (default 8)."""
+        if self._scheduler is not None:
+            self._scheduler.close()
+        self._scheduler = BatchScheduler(self, max_batch=n)
+
     def session(self, system: str | None = None, n_ctx: int | None = None) -> Session:
         """A new conversation with its own KV cache (weights are shared)."""
         from edgerun.session import Session

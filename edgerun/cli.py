@@ -91,6 +91,17 @@ def _build_parser() -> argparse.ArgumentParser:
         help="plain completion of the prompt, without the chat template",
     )
 
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (extra: edgerun[serve])")
+    _add_model_args(sv)
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` (default: $EDGERUN_API_KEY, else none)",
+    )
+    sv.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
+
     i = sub.add_parser("info", help="print a model's spec, tensor formats and sizes")
     i.add_argument("model", nargs="?", default=None)
     i.add_argument("--tensors", action="store_true", help="list every tensor")
@@ -463,7 +474,40 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    import edgerun
+    from edgerun.serve import require_server_stack
+
+    require_server_stack()
+    from edgerun.serve.app import serve
+
+    if not 0 < args.port < 65536:
+        raise EdgerunError(f"--port must be in 1..65535, got {args.port}")
+    model = edgerun.load(
+        args.model,
+        n_ctx=args.ctx,
+        threads=args.threads,
+        kv_type=args.kv_type,
+        **_offload_kwargs(args),
+    )
+    model.set_max_batch(args.max_batch)
+    warm = model.warm_up()
+    print(
+        f"edgerun: {model.name} ready ({warm}); http://{args.host}:{args.port}/v1", file=sys.stderr
+    )
+    serve(
+        model,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get("EDGERUN_API_KEY"),
+    )
+    return 0
+
+
 COMMANDS = {
+    "serve": _cmd_serve,
     "bench": _cmd_bench,
     "convert": _cmd_convert,
     "perplexity": _cmd_perplexity,

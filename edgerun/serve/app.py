@@ -1,0 +1,416 @@
+"""The OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions, /health.
+
+Requests are validated before any work (size cap, JSON, field types and ranges, prompt
+against the context) and answered with OpenAI-style error JSON and 4xx codes. Every
+generation goes to the model's BatchScheduler, so concurrent clients share each decode
+step's weight reads; a client that disconnects mid-stream cancels its request, which frees
+its batch slot at the next step.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from edgerun.errors import ContextOverflowError, EdgerunError
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HTTPRequest
+
+    from edgerun.api import Model
+
+MAX_BODY_BYTES = 4 << 20  # a request body larger than this gets 413
+MAX_STOP = 4  # as OpenAI
+MAX_STOP_CHARS = 256
+
+
+class APIError(Exception):
+    """An error answered as OpenAI error JSON."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind or ("authentication_error" if status == 401 else "invalid_request_error")
+
+    def body(self) -> dict:
+        return {
+            "error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}
+        }
+
+
+# -- request validation ---------------------------------------------------------------
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# field -> (type check, range check, expected); unknown fields are ignored, as OpenAI's
+# clients send extras ("user", "logit_bias", ...) that do not change a local answer.
+_FIELDS: dict[str, tuple[Any, Any, str]] = {
+    "model": (lambda v: isinstance(v, str), None, "a string"),
+    "stream": (lambda v: isinstance(v, bool), None, "a boolean"),
+    "max_tokens": (lambda v: _is_int(v) or v is None, None, "an integer"),
+    "max_completion_tokens": (lambda v: _is_int(v) or v is None, None, "an integer"),
+    "temperature": (lambda v: _is_num(v) or v is None, lambda v: 0 <= v <= 2, "in [0, 2]"),
+    "top_p": (lambda v: _is_num(v) or v is None, lambda v: 0 < v <= 1, "in (0, 1]"),
+    "top_k": (lambda v: _is_int(v) or v is None, lambda v: v >= 0, "an integer >= 0"),
+    "min_p": (lambda v: _is_num(v) or v is None, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "repeat_penalty": (lambda v: _is_num(v) or v is None, lambda v: v > 0, "a number > 0"),
+    "frequency_penalty": (lambda v: _is_num(v) or v is None, lambda v: -2 <= v <= 2, "[-2, 2]"),
+    "presence_penalty": (lambda v: _is_num(v) or v is None, lambda v: -2 <= v <= 2, "[-2, 2]"),
+    "seed": (lambda v: _is_int(v) or v is None, None, "an integer"),
+    "n": (lambda v: _is_int(v) or v is None, lambda v: v == 1, "1 (one choice per request)"),
+    "stop": (
+        lambda v: (
+            v is None
+            or isinstance(v, str)
+            or (isinstance(v, list) and all(isinstance(s, str) for s in v))
+        ),
+        lambda v: (
+            v is None
+            or isinstance(v, str)
+            or (len(v) <= MAX_STOP and all(0 < len(s) <= MAX_STOP_CHARS for s in v))
+        ),
+        f"a string or a list of at most {MAX_STOP} non-empty strings",
+    ),
+    "stream_options": (lambda v: v is None or isinstance(v, dict), None, "an object"),
+}
+
+
+def _check_fields(body: dict) -> None:
+    for key, (type_ok, range_ok, expected) in _FIELDS.items():
+        if key not in body:
+            continue
+        v = body[key]
+        if not type_ok(v) or (range_ok is not None and v is not None and not range_ok(v)):
+            raise APIError(400, f"'{key}' must be {expected}, got {json.dumps(v)[:80]}", key)
+
+
+def _max_tokens(body: dict, n_ctx: int, default: int) -> int:
+    v = body.get("max_completion_tokens", body.get("max_tokens"))
+    if v is None:
+        return default
+    if v <= 0:
+        raise APIError(400, f"'max_tokens' must be > 0, got {v}", "max_tokens")
+    if v > n_ctx:
+        raise APIError(
+            400, f"'max_tokens' is {v} but the context window is {n_ctx} tokens", "max_tokens"
+        )
+    return v
+
+
+def _stops(body: dict) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    return [v] if isinstance(v, str) else list(v)
+
+
+def _messages(body: dict) -> list[dict[str, str]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise APIError(400, "'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError(400, f"messages[{i}] must be an object with a 'role'", "messages")
+        if m["role"] not in ("system", "developer", "user", "assistant", "tool"):
+            raise APIError(400, f"messages[{i}].role {m['role']!r} is not a known role", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text is supported
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise APIError(
+                        400, f"messages[{i}].content: only text parts are supported", "messages"
+                    )
+                if not isinstance(part.get("text"), str):
+                    raise APIError(400, f"messages[{i}].content text must be a string", "messages")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise APIError(400, f"messages[{i}].content must be a string", "messages")
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _sampling(body: dict) -> dict[str, Any]:
+    return {
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "top_k": body.get("top_k"),
+        "min_p": body.get("min_p"),
+        "repeat_penalty": body.get("repeat_penalty"),
+    }
+
+
+# -- the app ----------------------------------------------------------------------------
+def create_app(
+    model: Model,
+    api_key: str | None = None,
+    model_id: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    default_max_tokens: int = 512,
+) -> Starlette:
+    """A Starlette app serving `model`. api_key set: every /v1 request needs
+    `Authorization: Bearer <key>` (compared in constant time)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    mid = model_id or model.name
+    created = int(time.time())
+    key = api_key.encode() if api_key else None
+
+    def _auth(req: HTTPRequest) -> None:
+        if key is None:
+            return
+        given = req.headers.get("authorization", "")
+        token = given[7:] if given.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(token.encode(), key):
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)")
+
+    async def _body(req: HTTPRequest) -> dict:
+        length = req.headers.get("content-length")
+        if length is not None:
+            try:
+                if int(length) > max_body_bytes:
+                    raise APIError(413, f"request body over {max_body_bytes} bytes")
+            except ValueError:
+                raise APIError(400, "bad Content-Length header") from None
+        raw = bytearray()
+        async for chunk in req.stream():
+            raw += chunk
+            if len(raw) > max_body_bytes:
+                raise APIError(413, f"request body over {max_body_bytes} bytes")
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        _check_fields(body)
+        return body
+
+    def _error(e: Exception) -> JSONResponse:
+        if isinstance(e, APIError):
+            return JSONResponse(e.body(), status_code=e.status)
+        if isinstance(e, EdgerunError):
+            return JSONResponse(APIError(400, str(e)).body(), status_code=400)
+        err = APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+        return JSONResponse(err.body(), status_code=500)
+
+    async def health(req: HTTPRequest) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": mid, "active": model.scheduler.active})
+
+    async def models(req: HTTPRequest) -> JSONResponse:
+        try:
+            _auth(req)
+        except APIError as e:
+            return _error(e)
+        card = {"id": mid, "object": "model", "created": created, "owned_by": "edgerun"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    def _submit(ids: list[int], body: dict, prefix_len: int = 0):
+        n_ctx = model.n_ctx
+        if len(ids) >= n_ctx:
+            raise APIError(
+                400,
+                f"the prompt has {len(ids)} tokens but the context window is {n_ctx}; "
+                "shorten the prompt",
+                "messages" if "messages" in body else "prompt",
+            )
+        max_tokens = _max_tokens(body, n_ctx, default_max_tokens)
+        params = model.settings.sampling(body.get("seed"), **_sampling(body))
+        try:
+            return model.scheduler.submit(
+                ids, params, max_tokens, _stops(body), prefix_len=prefix_len
+            )
+        except ContextOverflowError as e:
+            raise APIError(400, str(e)) from None
+
+    def _usage(r) -> dict:
+        st = r.stats
+        return {
+            "prompt_tokens": st.prompt_tokens,
+            "completion_tokens": st.generated_tokens,
+            "total_tokens": st.prompt_tokens + st.generated_tokens,
+        }
+
+    def _finish_reason(r) -> str:
+        return "length" if r.stats.finish_reason == "length" else "stop"
+
+    def _sse(obj: Any) -> str:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+    async def _stream(r, chunk_of, final_of, include_usage: bool) -> AsyncIterator[str]:
+        try:
+            async for piece in r:
+                yield _sse(chunk_of(piece))
+            yield _sse(final_of(_finish_reason(r)))
+            if include_usage:
+                yield _sse({**chunk_of(None), "choices": [], "usage": _usage(r)})
+            yield "data: [DONE]\n\n"
+        finally:
+            r.cancel()  # a client gone mid-stream frees its slot at the next step
+
+    async def chat_completions(req: HTTPRequest):
+        try:
+            _auth(req)
+            body = await _body(req)
+            msgs = _messages(body)
+            convo = model.with_system(msgs)
+            ids = model.encode_chat(convo)
+            prefix = 0
+            if convo and convo[0]["role"] == "system":
+                head = model.encode_chat(convo[:1], add_generation_prompt=False)
+                prefix = len(head) if ids[: len(head)] == head else 0
+            r = _submit(ids, body, prefix)
+        except Exception as e:  # noqa: BLE001 - every failure becomes error JSON
+            return _error(e)
+        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        now = int(time.time())
+        base = {"id": rid, "created": now, "model": mid}
+        if body.get("stream"):
+            first = [True]
+
+            def chunk_of(piece):
+                delta = {}
+                if piece is not None:
+                    delta = {"content": piece}
+                    if first[0]:
+                        delta["role"] = "assistant"
+                        first[0] = False
+                return {
+                    **base,
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+                }
+
+            def final_of(reason):
+                c = chunk_of(None)
+                c["choices"][0]["finish_reason"] = reason
+                return c
+
+            opts = body.get("stream_options") or {}
+            return StreamingResponse(
+                _stream(r, chunk_of, final_of, bool(opts.get("include_usage"))),
+                media_type="text/event-stream",
+            )
+        try:
+            text = "".join([p async for p in r])
+        except Exception as e:  # noqa: BLE001
+            return _error(e)
+        return JSONResponse(
+            {
+                **base,
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": _finish_reason(r),
+                    }
+                ],
+                "usage": _usage(r),
+            }
+        )
+
+    async def completions(req: HTTPRequest):
+        try:
+            _auth(req)
+            body = await _body(req)
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                if not prompt:
+                    raise APIError(400, "'prompt' is empty", "prompt")
+                ids = model.tokenize(prompt, special=False)
+            elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+                ids = [int(t) for t in prompt]
+                if any(not 0 <= t < model.spec.vocab_size for t in ids):
+                    raise APIError(400, "'prompt' holds token ids outside the vocabulary", "prompt")
+            else:
+                raise APIError(
+                    400, "'prompt' must be a non-empty string or a list of token ids", "prompt"
+                )
+            r = _submit(ids, body)
+        except Exception as e:  # noqa: BLE001
+            return _error(e)
+        rid = f"cmpl-{uuid.uuid4().hex[:24]}"
+        base = {"id": rid, "created": int(time.time()), "model": mid, "object": "text_completion"}
+        if body.get("stream"):
+
+            def chunk_of(piece):
+                return {
+                    **base,
+                    "choices": [
+                        {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": None}
+                    ],
+                }
+
+            def final_of(reason):
+                c = chunk_of(None)
+                c["choices"][0]["finish_reason"] = reason
+                return c
+
+            opts = body.get("stream_options") or {}
+            return StreamingResponse(
+                _stream(r, chunk_of, final_of, bool(opts.get("include_usage"))),
+                media_type="text/event-stream",
+            )
+        try:
+            text = "".join([p async for p in r])
+        except Exception as e:  # noqa: BLE001
+            return _error(e)
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish_reason(r)}
+        return JSONResponse({**base, "choices": [choice], "usage": _usage(r)})
+
+    async def not_found(req: HTTPRequest, exc: Exception) -> JSONResponse:
+        return JSONResponse(APIError(404, f"no route {req.url.path}").body(), status_code=404)
+
+    async def bad_method(req: HTTPRequest, exc: Exception) -> JSONResponse:
+        return JSONResponse(
+            APIError(405, f"method {req.method} not allowed on {req.url.path}").body(),
+            status_code=405,
+        )
+
+    return Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        ],
+        exception_handlers={404: not_found, 405: bad_method},
+    )
+
+
+def serve(
+    model: Model,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    api_key: str | None = None,
+    log_level: str = "info",
+) -> None:
+    """Run the server until interrupted (binds to loopback unless told otherwise)."""
+    import uvicorn
+
+    app = create_app(model, api_key=api_key)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

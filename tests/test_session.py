@@ -1,0 +1,162 @@
+"""Sessions on a shared model: history + own KV cache, save/resume, shared prefixes,
+concurrent batched decoding, cancellation, async streaming (real SmolLM2 weights)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from edgerun.session import Session, SessionFileError
+
+GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path):
+    import edgerun
+
+    m = edgerun.load(smollm2_path, n_ctx=1024, threads=2)
+    yield m
+    m.close()
+
+
+def test_second_turn_reuses_the_cache(model):
+    s = model.session()
+    a = s.send("What is the capital of France?", max_tokens=16, **GREEDY)
+    assert "Paris" in a
+    first = s.stats.prompt_tokens
+    s.send("And of Germany?", max_tokens=16, **GREEDY)
+    assert s.stats.cached_tokens >= first  # the first turn was not recomputed
+    assert [m["role"] for m in s.messages] == ["user", "assistant", "user", "assistant"]
+    assert s.stats.ttft_seconds > 0 and s.stats.generate_tps > 0 and s.stats.peak_rss_bytes > 0
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_resume_gives_the_same_tokens_as_uninterrupted(smollm2_path, kv_type, tmp_path):
+    import edgerun
+
+    m = edgerun.load(smollm2_path, n_ctx=512, threads=2, kv_type=kv_type)
+    try:
+        s = m.session()
+        s.send("Name three fruits.", max_tokens=24, **GREEDY)
+        path = s.save(tmp_path / "chat.safetensors")
+        resumed = Session.load(m, path)
+        assert resumed.messages == s.messages and resumed.cache.tokens == s.cache.tokens
+        n = s.cache.length
+        np.testing.assert_array_equal(resumed.cache.k[:, :, :n], s.cache.k[:, :, :n])
+        a = s.send("Which one is red?", max_tokens=24, **GREEDY)
+        b = resumed.send("Which one is red?", max_tokens=24, **GREEDY)
+        assert a == b
+        assert resumed.stats.cached_tokens >= n - 2  # the history was not recomputed
+    finally:
+        m.close()
+
+
+def test_session_file_checks(model, tmp_path):
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    s = model.session()
+    s.send("Hi", max_tokens=4, **GREEDY)
+    p = s.save(tmp_path / "s.safetensors")
+    with safe_open(str(p), framework="np") as f:
+        meta = dict(f.metadata())
+    tensors = load_file(str(p))
+    other = tmp_path / "other.safetensors"
+    save_file(tensors, str(other), metadata={**meta, "model": "0" * 32, "model_name": "x"})
+    with pytest.raises(SessionFileError, match="saved from model 'x'"):
+        Session.load(model, other)
+    bad = tmp_path / "bad.safetensors"
+    save_file(tensors, str(bad), metadata={**meta, "tokens": "[1, 2"})
+    with pytest.raises(SessionFileError, match="'tokens' is not valid JSON"):
+        Session.load(model, bad)
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(p.read_bytes()[:100])
+    with pytest.raises(SessionFileError, match="short.safetensors"):
+        Session.load(model, short)
+    with pytest.raises(SessionFileError, match="cannot read"):
+        Session.load(model, tmp_path / "missing.safetensors")
+    assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temp file
+
+
+def test_shared_system_prefix_is_computed_once(model):
+    model.prefix_cache.clear()
+    system = "You are a helpful assistant who answers in one short sentence. " * 4
+    a = model.session(system=system)
+    ta = a.send("What colour is the sky?", max_tokens=12, **GREEDY)
+    assert len(model.prefix_cache) == 1
+    b = model.session(system=system)
+    tb = b.send("What colour is the sky?", max_tokens=12, **GREEDY)
+    assert b.stats.cached_tokens >= 40  # the system turn came from the prefix cache
+    assert ta == tb
+
+
+def test_concurrent_sessions_match_sequential_and_batch(model):
+    prompts = ["Tell me a joke.", "What is 2+2?", "Name a colour.", "Write a haiku about rain."]
+    seq = [model.session().send(p, max_tokens=20, **GREEDY) for p in prompts]
+    out: list = [None] * len(prompts)
+    sizes: list = [None] * len(prompts)
+
+    def run(i: int) -> None:
+        s = model.session()
+        out[i] = s.send(prompts[i], max_tokens=20, **GREEDY)
+        sizes[i] = max(s.stats.batch_sizes)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == seq
+    assert max(sizes) > 1  # they really were decoded together
+
+
+def test_cancel_from_another_thread_leaves_others_intact(model):
+    solo = model.session().send("Count from one to twenty.", max_tokens=30, **GREEDY)
+    victim = model.session()
+    other = model.session()
+    r = victim.send("Write a long story about a dragon.", stream=True, max_tokens=200, **GREEDY)
+    o = other.send("Count from one to twenty.", stream=True, max_tokens=30, **GREEDY)
+    it = iter(r)
+    next(it)
+    threading.Thread(target=r.cancel).start()
+    rest = list(it)
+    assert r.stats.finish_reason == "cancelled"
+    assert r.stats.generated_tokens < 200 and len(rest) < 190
+    assert o.wait() == solo
+    # the cancelled session still works
+    assert victim.send("Hi", max_tokens=4, **GREEDY)
+
+
+def test_astream_and_on_token(model):
+    pieces: list[str] = []
+    s = model.session()
+    want = model.session().send("Say hello.", max_tokens=12, **GREEDY)
+
+    async def main() -> str:
+        got = []
+        async for p in s.astream("Say hello.", max_tokens=12, on_token=pieces.append, **GREEDY):
+            got.append(p)
+        return "".join(got)
+
+    assert asyncio.run(main()) == want
+    assert "".join(pieces) == want
+
+
+def test_busy_session_and_bad_input(model):
+    from edgerun.errors import InvalidArgumentError
+
+    s = model.session()
+    r = s.send("Write a poem.", stream=True, max_tokens=50, **GREEDY)
+    with pytest.raises(InvalidArgumentError, match="still answering"):
+        s.send("again")
+    r.cancel()
+    r.wait()
+    with pytest.raises(InvalidArgumentError, match="must be a string"):
+        s.send(123)
+    with pytest.raises(InvalidArgumentError, match="temperature"):
+        s.send("hi", temperature=-1)
+    assert s.messages[-1]["role"] == "assistant"  # the failed sends left no stray message
