@@ -74,10 +74,49 @@ class ResidentStore:
                 from edgerun.quant.reference import dequantize
 
                 v = dequantize(t.qtype, t.data).reshape(-1)
+            # Norm gains and biases are small, so checking them all is cheap; one NaN or inf
+            # would turn every output into NaN without any error.
+            if not np.isfinite(v).all():
+                bad = int(np.flatnonzero(~np.isfinite(v))[0])
+                raise ModelFormatError(
+                    f"{self._source}: tensor '{name}' should hold finite values, found "
+                    f"{v[bad]} at index {bad} (a corrupt or hostile file)"
+                )
             self._vectors[name] = v
         return v
 
+    def check_vectors(self, spec: ModelSpec, layer: int) -> None:
+        """Check layer ``layer``'s 1-D weights (and, for layer 0, the output ones) against the
+        spec. The kernels index them by the spec's sizes without bounds checks, so a norm
+        vector of the wrong length would read outside its buffer."""
+        want = {"attn_norm": spec.d_model, "ffn_norm": spec.d_model}
+        if spec.attn_bias:
+            want |= {"attn_q_bias": spec.q_dim, "attn_k_bias": spec.kv_dim}
+            want["attn_v_bias"] = spec.kv_dim
+        if spec.qk_norm:
+            want |= {"attn_q_norm": spec.head_dim, "attn_k_norm": spec.head_dim}
+        if spec.post_norms:
+            want |= {"post_attention_norm": spec.d_model, "post_ffw_norm": spec.d_model}
+        names = {spec.layer_tensor(role, layer): n for role, n in want.items()}
+        if layer == 0:
+            names[spec.global_tensors["output_norm"]] = spec.d_model
+        for name, n in names.items():
+            if name in self._names and self.vector(name).shape != (n,):
+                raise ModelFormatError(
+                    f"{self._source}: tensor '{name}' should have {n} values (from the model's "
+                    f"metadata), found {self.vector(name).size}"
+                )
+        out = spec.global_tensors["output"]
+        if layer == 0 and out in self._names:
+            shape = self.matrix(out).shape
+            if shape != (spec.vocab_size, spec.d_model):
+                raise ModelFormatError(
+                    f"{self._source}: tensor '{out}' should have shape "
+                    f"{(spec.vocab_size, spec.d_model)} (from the model's metadata), found {shape}"
+                )
+
     def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
+        self.check_vectors(spec, layer)
         return DenseFFN(
             self.matrix(spec.layer_tensor("ffn_gate", layer)),
             self.matrix(spec.layer_tensor("ffn_up", layer)),

@@ -72,10 +72,9 @@ def test_truncated_data(tmp_path, smollm2_path):
     p = tmp_path / "t.gguf"
     data = smollm2_path.read_bytes()
     p.write_bytes(data[: len(data) // 2])
-    f = read_gguf(p)
+    # the header's tensor table is checked against the file size at open
     with pytest.raises(ModelFormatError, match="truncated"):
-        for name in f.tensor_names():
-            f.tensor(name)
+        read_gguf(p)
 
 
 def test_load_errors_are_edgerun_errors(tmp_path):

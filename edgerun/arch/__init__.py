@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgerun.arch import gemma3, llama, qwen2
-from edgerun.arch.spec import ModelSpec
+from edgerun.arch.spec import ModelSpec, validate_spec
 from edgerun.errors import ModelFormatError, UnsupportedError
 
 FAMILIES = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3}
@@ -20,12 +20,17 @@ def spec_from_gguf(meta: dict[str, Any], source: str = "model") -> ModelSpec:
     arch = meta.get("general.architecture")
     if arch is None:
         raise ModelFormatError(f"{source}: metadata has no 'general.architecture' field")
+    if not isinstance(arch, str):
+        raise ModelFormatError(
+            f"{source}: metadata field 'general.architecture' should be a string, found "
+            f"{type(arch).__name__}"
+        )
     family = FAMILIES.get(arch)
     if family is None:
         raise UnsupportedError(
             f"{source}: architecture '{arch}' is not supported; supported: {', '.join(FAMILIES)}"
         )
-    return family.spec_from_gguf(meta, source)
+    return validate_spec(family.spec_from_gguf(meta, source), source)
 
 
-__all__ = ["ModelSpec", "spec_from_gguf"]
+__all__ = ["ModelSpec", "spec_from_gguf", "validate_spec"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from edgerun.arch.spec import ModelSpec, common_fields
+from edgerun.arch.spec import ModelSpec, common_fields, meta_float, meta_int
 
 SWA_PERIOD = 6  # layers i with i % 6 == 5 are global
 LOCAL_ROPE_BASE = 10000.0
@@ -21,7 +21,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     a = "gemma3"
     fields = common_fields(meta, a, source)
     n = fields["n_layers"]
-    window = int(meta.get(f"{a}.attention.sliding_window", 0))
+    window = meta_int(meta, f"{a}.attention.sliding_window", source, 0, lo=0, hi=1 << 24)
     is_global = [i % SWA_PERIOD == SWA_PERIOD - 1 for i in range(n)]
     return ModelSpec(
         **fields,
@@ -30,7 +30,9 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
         qk_norm=True,
         post_norms=True,
         embed_scale=math.sqrt(fields["d_model"]),
-        final_logit_softcap=float(meta.get(f"{a}.final_logit_softcapping", 0.0) or 0.0),
+        final_logit_softcap=meta_float(
+            meta, f"{a}.final_logit_softcapping", source, 0.0, lo_open=False
+        ),
         layer_windows=tuple(0 if g else window for g in is_global),
         layer_rope_bases=tuple(fields["rope_base"] if g else LOCAL_ROPE_BASE for g in is_global),
     )

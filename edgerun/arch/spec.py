@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,45 +86,221 @@ class ModelSpec:
         return self.n_kv_heads * self.head_dim
 
 
+# Bounds a real model stays far inside; a file beyond them is corrupt or hostile, and the
+# numbers would otherwise size allocations (KV cache, RoPE tables) or index tensors.
+_MAX_LAYERS = 4096
+_MAX_WIDTH = 1 << 20  # d_model, d_ff
+_MAX_HEADS = 4096
+_MAX_HEAD_DIM = 4096
+_MAX_VOCAB = 1 << 24
+_MAX_CONTEXT = 1 << 24
+_ROPE_STYLES = ("interleaved", "neox")
+_ACTIVATIONS = ("silu", "gelu_tanh")
+
+
+def _kind(value: Any) -> str:
+    """What a metadata value is, for error messages (arrays by size, never in full)."""
+    if isinstance(value, bool):
+        return f"bool {value}"
+    if isinstance(value, int | float):
+        return f"{type(value).__name__} {value!r}"
+    if isinstance(value, str):
+        return f"str {value[:40]!r}"
+    try:
+        return f"an array of {len(value)} values"
+    except TypeError:
+        return type(value).__name__
+
+
+def meta_int(
+    meta: dict[str, Any],
+    key: str,
+    source: str,
+    default: int | None = None,
+    lo: int = 1,
+    hi: int = _MAX_WIDTH,
+) -> int:
+    """An integer metadata field in [lo, hi]; missing -> default (an error when None).
+
+    GGUF stores these as (u)int8..64: a float, bool, string or array there means the file
+    is corrupt, and is refused rather than converted."""
+    if key not in meta:
+        if default is None:
+            raise ModelFormatError(f"{source}: metadata field '{key}' is missing")
+        return default
+    value = meta[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ModelFormatError(
+            f"{source}: metadata field '{key}' should be an integer, found {_kind(value)}"
+        )
+    if not lo <= value <= hi:
+        raise ModelFormatError(
+            f"{source}: metadata field '{key}' should be in {lo}..{hi}, found {value}"
+        )
+    return value
+
+
+def meta_float(
+    meta: dict[str, Any],
+    key: str,
+    source: str,
+    default: float | None = None,
+    lo: float = 0.0,
+    hi: float = math.inf,
+    lo_open: bool = True,
+) -> float:
+    """A finite float metadata field (GGUF f32/f64) in (lo, hi) (lo included unless lo_open).
+
+    An integer there (a u8 where an f32 belongs) is refused: the writer got the key wrong."""
+    if key not in meta:
+        if default is None:
+            raise ModelFormatError(f"{source}: metadata field '{key}' is missing")
+        return default
+    value = meta[key]
+    if not isinstance(value, float):
+        raise ModelFormatError(
+            f"{source}: metadata field '{key}' should be a float (f32), found {_kind(value)}"
+        )
+    ok = math.isfinite(value) and (value > lo if lo_open else value >= lo) and value < hi
+    if not ok:
+        bound = f"> {lo}" if lo_open else f">= {lo}"
+        raise ModelFormatError(
+            f"{source}: metadata field '{key}' should be finite and {bound}, found {value!r}"
+        )
+    return value
+
+
+def meta_str(meta: dict[str, Any], key: str, source: str, default: str | None = None) -> str:
+    """A string metadata field; missing -> default (an error when None)."""
+    if key not in meta:
+        if default is None:
+            raise ModelFormatError(f"{source}: metadata field '{key}' is missing")
+        return default
+    value = meta[key]
+    if not isinstance(value, str):
+        raise ModelFormatError(
+            f"{source}: metadata field '{key}' should be a string, found {_kind(value)}"
+        )
+    return value
+
+
 def common_fields(meta: dict[str, Any], a: str, source: str) -> dict[str, Any]:
-    """Hyperparameters every family stores under the same '<arch>.' keys."""
-    n_heads = require(meta, f"{a}.attention.head_count", source)
-    d_model = require(meta, f"{a}.embedding_length", source)
-    n_kv = int(meta.get(f"{a}.attention.head_count_kv", n_heads))
-    head_dim = int(meta.get(f"{a}.attention.key_length", d_model // n_heads))
-    if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:
+    """Hyperparameters every family stores under the same '<arch>.' keys, type- and
+    range-checked (the file is untrusted; these size every allocation)."""
+    n_heads = meta_int(meta, f"{a}.attention.head_count", source, hi=_MAX_HEADS)
+    d_model = meta_int(meta, f"{a}.embedding_length", source)
+    n_kv = meta_int(meta, f"{a}.attention.head_count_kv", source, n_heads, hi=_MAX_HEADS)
+    head_dim = meta_int(
+        meta, f"{a}.attention.key_length", source, max(1, d_model // n_heads), hi=_MAX_HEAD_DIM
+    )
+    if n_heads % n_kv:
         raise ModelFormatError(
             f"{source}: head_count {n_heads} must be a positive multiple of head_count_kv {n_kv}"
         )
     tokens = meta.get("tokenizer.ggml.tokens")
-    vocab = int(meta.get(f"{a}.vocab_size", len(tokens) if tokens else 0))
+    n_tokens = len(tokens) if tokens is not None and not isinstance(tokens, str | int) else 0
+    vocab = meta_int(meta, f"{a}.vocab_size", source, n_tokens or -1, lo=-1, hi=_MAX_VOCAB)
     if vocab <= 0:
-        raise ModelFormatError(f"{source}: cannot tell the vocabulary size")
+        raise ModelFormatError(
+            f"{source}: cannot tell the vocabulary size (no '{a}.vocab_size' and no "
+            "'tokenizer.ggml.tokens')"
+        )
     return dict(
         arch=a,
-        name=str(meta.get("general.name", a)),
-        n_layers=require(meta, f"{a}.block_count", source),
+        name=meta_str(meta, "general.name", source, a),
+        n_layers=meta_int(meta, f"{a}.block_count", source, hi=_MAX_LAYERS),
         d_model=d_model,
-        d_ff=require(meta, f"{a}.feed_forward_length", source),
+        d_ff=meta_int(meta, f"{a}.feed_forward_length", source),
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
         vocab_size=vocab,
-        context_length=int(meta.get(f"{a}.context_length", 2048)),
-        norm_eps=require(meta, f"{a}.attention.layer_norm_rms_epsilon", source, float),
-        rope_base=float(meta.get(f"{a}.rope.freq_base", 10000.0)),
-        rope_dim=int(meta.get(f"{a}.rope.dimension_count", head_dim)),
+        context_length=meta_int(meta, f"{a}.context_length", source, 2048, hi=_MAX_CONTEXT),
+        norm_eps=meta_float(meta, f"{a}.attention.layer_norm_rms_epsilon", source, hi=1.0),
+        rope_base=meta_float(meta, f"{a}.rope.freq_base", source, 10000.0),
+        rope_dim=meta_int(meta, f"{a}.rope.dimension_count", source, head_dim, hi=head_dim),
     )
 
 
 def require(meta: dict[str, Any], key: str, source: str, kind: type = int) -> Any:
-    """A metadata field that must be present, with a clear error if it is not."""
-    if key not in meta:
-        raise ModelFormatError(f"{source}: metadata field '{key}' is missing")
-    value = meta[key]
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ModelFormatError(
-            f"{source}: metadata field '{key}' should be {kind.__name__}, found {value!r}"
-        ) from None
+    """A metadata field that must be present and of type ``kind`` (int, float or str)."""
+    if kind is float:
+        return meta_float(meta, key, source, lo=-math.inf)
+    if kind is str:
+        return meta_str(meta, key, source)
+    return meta_int(meta, key, source, lo=-(1 << 63), hi=(1 << 64) - 1)
+
+
+def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
+    """Check a spec's numbers and names, wherever it came from (GGUF metadata, a pack's
+    JSON): positive sizes in range, consistent heads, finite floats, known switches, and
+    tensor-name patterns that can only format the layer index."""
+
+    def bad(field_: str, expected: str, found: Any) -> ModelFormatError:
+        return ModelFormatError(
+            f"{source}: spec field '{field_}' should be {expected}, found {found!r}"
+        )
+
+    limits = {
+        "n_layers": _MAX_LAYERS,
+        "d_model": _MAX_WIDTH,
+        "d_ff": _MAX_WIDTH,
+        "n_heads": _MAX_HEADS,
+        "n_kv_heads": _MAX_HEADS,
+        "head_dim": _MAX_HEAD_DIM,
+        "vocab_size": _MAX_VOCAB,
+        "context_length": _MAX_CONTEXT,
+        "rope_dim": _MAX_HEAD_DIM,
+    }
+    for name, hi in limits.items():
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+            raise bad(name, f"an integer in 1..{hi}", v)
+    if spec.n_heads % spec.n_kv_heads:
+        raise bad("n_kv_heads", f"a divisor of n_heads {spec.n_heads}", spec.n_kv_heads)
+    if spec.rope_dim > spec.head_dim or spec.rope_dim % 2:
+        raise bad("rope_dim", f"even and at most head_dim {spec.head_dim}", spec.rope_dim)
+    for name, lo, lo_open, hi in (
+        ("norm_eps", 0.0, True, 1.0),
+        ("rope_base", 0.0, True, math.inf),
+        ("embed_scale", 0.0, True, math.inf),
+        ("final_logit_softcap", 0.0, False, math.inf),
+    ):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise bad(name, "a number", v)
+        if not (math.isfinite(v) and (v > lo if lo_open else v >= lo) and v < hi):
+            raise bad(name, f"finite and {'>' if lo_open else '>='} {lo}", v)
+    if spec.rope_style not in _ROPE_STYLES:
+        raise bad("rope_style", " or ".join(_ROPE_STYLES), spec.rope_style)
+    if spec.activation not in _ACTIVATIONS:
+        raise bad("activation", " or ".join(_ACTIVATIONS), spec.activation)
+    for name in ("layer_windows", "layer_rope_bases"):
+        v = getattr(spec, name)
+        if len(v) not in (0, spec.n_layers):
+            raise bad(name, f"empty or {spec.n_layers} entries (one per layer)", f"{len(v)}")
+    for w in spec.layer_windows:
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= _MAX_CONTEXT:
+            raise bad("layer_windows", f"integers in 0..{_MAX_CONTEXT}", w)
+    for b in spec.layer_rope_bases:
+        if not isinstance(b, float) or not math.isfinite(b) or b <= 0:
+            raise bad("layer_rope_bases", "finite floats > 0", b)
+    for name, want in (("layer_tensors", LAYER_TENSORS), ("global_tensors", GLOBAL_TENSORS)):
+        table = getattr(spec, name)
+        missing = [role for role in want if role not in table]
+        if missing:
+            raise bad(name, f"a name for every role (missing '{missing[0]}')", sorted(table))
+        for role, pattern in table.items():
+            # str.format would otherwise run attribute lookups or huge paddings from the file
+            if (
+                not isinstance(pattern, str)
+                or not 0 < len(pattern) <= 256
+                or "{" in pattern.replace("{i}", "")
+                or "}" in pattern.replace("{i}", "")
+            ):
+                raise bad(
+                    f"{name}.{role}",
+                    "a tensor name of at most 256 characters whose only placeholder is {i}",
+                    pattern,
+                )
+    return spec

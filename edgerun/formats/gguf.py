@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUFValueType
+from gguf.constants import (
+    GGML_QUANT_SIZES,
+    GGUF_DEFAULT_ALIGNMENT,
+    GGUF_MAGIC,
+    GGMLQuantizationType,
+    GGUFValueType,
+)
 
 from edgerun.errors import ModelFormatError, ModelNotFoundError, UnsupportedError
 from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType
@@ -59,6 +65,60 @@ _NUMPY = {
 }
 
 
+class GGUFMetadata(dict):
+    """The metadata dict, knowing which file it came from (for error messages of code that
+    reads it later: the tokenizer builder)."""
+
+    source: str = ""
+
+
+# Types the well-known keys must have (llama.cpp checks each key's type as it reads it).
+# Per-architecture hyperparameters are checked where the spec is built (edgerun.arch).
+_INT_TYPES = frozenset(
+    {
+        GGUFValueType.UINT8,
+        GGUFValueType.INT8,
+        GGUFValueType.UINT16,
+        GGUFValueType.INT16,
+        GGUFValueType.UINT32,
+        GGUFValueType.INT32,
+        GGUFValueType.UINT64,
+        GGUFValueType.INT64,
+    }
+)
+_FLOAT_TYPES = frozenset({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64})
+_S, _B = frozenset({GGUFValueType.STRING}), frozenset({GGUFValueType.BOOL})
+_KEY_TYPES: dict[str, tuple[str, frozenset, frozenset | None]] = {
+    # key: (what, value types, array element types or None for a scalar)
+    "general.architecture": ("a string", _S, None),
+    "general.name": ("a string", _S, None),
+    "general.alignment": ("a u32", _INT_TYPES, None),
+    "tokenizer.ggml.model": ("a string", _S, None),
+    "tokenizer.ggml.pre": ("a string", _S, None),
+    "tokenizer.chat_template": ("a string", _S, None),
+    "tokenizer.ggml.tokens": ("an array of strings", frozenset({GGUFValueType.ARRAY}), _S),
+    "tokenizer.ggml.merges": ("an array of strings", frozenset({GGUFValueType.ARRAY}), _S),
+    "tokenizer.ggml.token_type": (
+        "an array of integers",
+        frozenset({GGUFValueType.ARRAY}),
+        _INT_TYPES,
+    ),
+    "tokenizer.ggml.scores": (
+        "an array of floats",
+        frozenset({GGUFValueType.ARRAY}),
+        _FLOAT_TYPES | _INT_TYPES,
+    ),
+    **{
+        f"tokenizer.ggml.{k}_token_id": ("an integer", _INT_TYPES, None)
+        for k in ("bos", "eos", "unknown", "padding", "eot", "eom", "sep", "cls", "mask")
+    },
+    **{
+        f"tokenizer.ggml.{k}": ("a bool", _B, None)
+        for k in ("add_bos_token", "add_eos_token", "add_space_prefix", "add_sep_token")
+    },
+}
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor's header entry. dims are GGUF order (fastest-varying first)."""
@@ -88,8 +148,6 @@ class GGUFFile:
         try:
             qtype = QuantType(info.type_id)
         except ValueError:
-            from gguf.constants import GGMLQuantizationType
-
             try:
                 tname = GGMLQuantizationType(info.type_id).name
             except ValueError:
@@ -121,7 +179,23 @@ class GGUFFile:
         return list(self.infos)
 
 
+# Limits on what a header may claim, checked before anything is allocated or indexed
+# (llama.cpp's ggml/src/gguf.cpp enforces the same: strings of at most 1 GiB, at most 4
+# dimensions, array payloads inside the file).
+MAX_STRING_BYTES = 1 << 30
+MAX_DIMS = 4
+MAX_COUNT = 1_000_000  # tensors or metadata keys; real models have a few thousand at most
+_INT64_MAX = (1 << 63) - 1
+# The fewest bytes one entry can take: a key (u64 length, >= 1 byte), a u32 type and a
+# 1-byte value; a tensor info: a name (u64 length, >= 1 byte), u32 n_dims, one u64 dim,
+# u32 type and u64 offset.
+_MIN_KV_BYTES = 8 + 1 + 4 + 1
+_MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8
+
+
 class _Cursor:
+    """Sequential reader over the mapped header; every read is bounds-checked first."""
+
     __slots__ = ("buf", "pos", "path", "size")
 
     def __init__(self, buf: Any, path: Path) -> None:
@@ -130,11 +204,18 @@ class _Cursor:
         self.path = path
         self.size = len(buf)
 
+    def fail(self, what: str, expected: str, found: Any) -> ModelFormatError:
+        return ModelFormatError(
+            f"{self.path}: {what}: expected {expected}, found {found} (header offset "
+            f"{self.pos}); the file is corrupt or not a valid GGUF"
+        )
+
     def need(self, n: int, what: str) -> None:
-        if self.pos + n > self.size:
+        if n < 0 or self.pos + n > self.size:
             raise ModelFormatError(
-                f"{self.path}: file ends inside the header while reading {what} "
-                f"(offset {self.pos}, file size {self.size}); the file is truncated or corrupt"
+                f"{self.path}: file ends inside the header while reading {what}: expected "
+                f"{n} more bytes at offset {self.pos}, found {max(0, self.size - self.pos)} "
+                f"(file size {self.size}); the file is truncated or corrupt"
             )
 
     def unpack(self, fmt: str, what: str) -> Any:
@@ -146,6 +227,8 @@ class _Cursor:
 
     def string(self, what: str) -> str:
         n = self.unpack("<Q", what)
+        if n > MAX_STRING_BYTES:
+            raise self.fail(f"length of {what}", f"at most {MAX_STRING_BYTES} bytes", n)
         self.need(n, what)
         raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
@@ -155,23 +238,42 @@ class _Cursor:
         try:
             vt = GGUFValueType(vtype)
         except ValueError:
-            raise ModelFormatError(
-                f"{self.path}: unknown metadata value type {vtype} for {what}"
+            raise self.fail(
+                f"value type of {what}", f"a GGUF value type 0..{max(GGUFValueType)}", vtype
             ) from None
         if vt == GGUFValueType.STRING:
             return self.string(what)
         if vt == GGUFValueType.ARRAY:
-            itype = self.unpack("<I", what)
-            count = self.unpack("<Q", what)
+            itype = self.unpack("<I", f"element type of {what}")
+            count = self.unpack("<Q", f"element count of {what}")
+            if itype == GGUFValueType.ARRAY:
+                raise self.fail(
+                    f"element type of {what}", "a scalar or string type", "a nested array"
+                )
             if itype in _NUMPY:
                 dt = np.dtype(_NUMPY[GGUFValueType(itype)]).newbyteorder("<")
-                self.need(count * dt.itemsize, what)
+                if count > (self.size - self.pos) // dt.itemsize:
+                    raise self.fail(
+                        f"element count of {what}",
+                        f"at most {(self.size - self.pos) // dt.itemsize} "
+                        f"{GGUFValueType(itype).name} values (what the rest of the file holds)",
+                        count,
+                    )
                 arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos)
                 self.pos += count * dt.itemsize
                 return arr  # read-only: the file is mapped with ACCESS_READ
             if itype == GGUFValueType.STRING:
+                if count > (self.size - self.pos) // 8:
+                    raise self.fail(
+                        f"element count of {what}",
+                        f"at most {(self.size - self.pos) // 8} strings (what the rest of the "
+                        "file holds)",
+                        count,
+                    )
                 return self._string_array(count, what)
-            return [self.value(itype, what) for _ in range(count)]
+            raise self.fail(
+                f"element type of {what}", f"a GGUF value type 0..{max(GGUFValueType)}", itype
+            )
         return self.unpack(_SCALAR[vt], what)
 
     def _string_array(self, count: int, what: str) -> StringArray:
@@ -182,25 +284,30 @@ class _Cursor:
         unpack = _U64.unpack_from
         offsets = array("q", [0])
         append = offsets.append
+        size = self.size
         try:
             for _ in range(count):
                 pos += 8 + unpack(buf, pos)[0]
+                if pos > size:
+                    break
                 append(pos - base)
         except (struct.error, OverflowError):
-            pos = self.size + 1
-        if pos > self.size:
+            pos = size + 1
+        if pos > size:
             self._check_strings(count, what)
         self.pos = pos
         if pos - base < 1 << 32:
             offsets = array("I", offsets)
-        return StringArray(buf, base, offsets)
+        strings = StringArray(buf, base, offsets)
+        longest = strings.max_len()
+        if longest > MAX_STRING_BYTES:
+            raise self.fail(f"a string of {what}", f"at most {MAX_STRING_BYTES} bytes", longest)
+        return strings
 
     def _check_strings(self, count: int, what: str) -> None:
         """Walk a string array with bounds checks; raises where it leaves the file."""
-        for _ in range(count):
-            n = self.unpack("<Q", what)
-            self.need(n, what)
-            self.pos += n
+        for i in range(count):
+            self.string(f"string #{i} of {what}")
 
 
 class StringArray(Sequence[str]):
@@ -245,6 +352,14 @@ class StringArray(Sequence[str]):
     def tolist(self) -> list[str]:
         return list(self)
 
+    def max_len(self) -> int:
+        """The longest string's length in bytes (0 when empty), without decoding any."""
+        if len(self._offsets) < 2:
+            return 0
+        dt = np.uint32 if self._offsets.itemsize == 4 else np.int64
+        ends = np.frombuffer(memoryview(self._offsets).cast("B"), dtype=dt).astype(np.int64)
+        return int((np.diff(ends) - 8).max())
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, StringArray | list):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
@@ -259,7 +374,12 @@ class StringArray(Sequence[str]):
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Open a GGUF file: parse its header, map its tensor data without copying."""
+    """Open a GGUF file: parse its header, map its tensor data without copying.
+
+    The header is untrusted: every count, length, type id, shape and offset is checked
+    against the file before anything is allocated or indexed, so a hostile or truncated
+    file gets a :class:`ModelFormatError` naming the field, never a crash.
+    """
     path = Path(path)
     if not path.exists():
         raise ModelNotFoundError(f"model file not found: {path}")
@@ -281,31 +401,127 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
         raise UnsupportedError(f"{path}: GGUF version {version} is not supported (expected 2 or 3)")
     n_tensors = cur.unpack("<Q", "tensor count")
     n_kv = cur.unpack("<Q", "metadata count")
-    if n_tensors > 1_000_000 or n_kv > 1_000_000:
-        raise ModelFormatError(
-            f"{path}: implausible header counts ({n_tensors} tensors, {n_kv} keys)"
-        )
-    meta: dict[str, Any] = {}
+    rest = size - cur.pos
+    for what, n, least in (
+        ("tensor count", n_tensors, _MIN_TENSOR_INFO_BYTES),
+        ("metadata count", n_kv, _MIN_KV_BYTES),
+    ):
+        most = min(MAX_COUNT, rest // least)
+        if n > most:
+            raise cur.fail(what, f"at most {most} (what the file can hold)", n)
+    meta = GGUFMetadata()
+    meta.source = str(path)
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}")
+        if not key:
+            raise cur.fail(f"metadata key #{i}", "a non-empty name", "an empty string")
+        if key in meta:
+            raise cur.fail(f"metadata key #{i}", "a key not seen before", f"duplicate {key!r}")
         vtype = cur.unpack("<I", f"type of '{key}'")
+        want = _KEY_TYPES.get(key)
+        if want is not None and vtype not in want[1]:
+            raise cur.fail(f"type of metadata '{key}'", want[0], _type_name(vtype))
+        if want is not None and want[2] is not None:
+            itype = cur.unpack("<I", f"element type of metadata '{key}'")
+            if itype not in want[2]:
+                raise cur.fail(
+                    f"type of metadata '{key}'", want[0], f"an array of {_type_name(itype)}"
+                )
+            cur.pos -= 4
         meta[key] = cur.value(vtype, f"metadata '{key}'")
-    raw_infos = []
+    align = meta.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+    if isinstance(align, bool) or not isinstance(align, int):
+        raise cur.fail("metadata 'general.alignment'", "a u32", _describe(align))
+    if align <= 0 or align & (align - 1):
+        raise cur.fail("metadata 'general.alignment'", "a non-zero power of two", align)
+    raw_infos: list[tuple[str, tuple[int, ...], int, int, int]] = []
+    seen: set[str] = set()
     for i in range(n_tensors):
         name = cur.string(f"tensor name #{i}")
-        nd = cur.unpack("<I", f"dims of '{name}'")
-        if nd > 8:
-            raise ModelFormatError(f"{path}: tensor '{name}' claims {nd} dimensions")
-        dims = tuple(cur.unpack("<Q", f"dims of '{name}'") for _ in range(nd))
-        tid = cur.unpack("<I", f"type of '{name}'")
-        off = cur.unpack("<Q", f"offset of '{name}'")
-        raw_infos.append((name, dims, tid, off))
-    align = int(meta.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
+        if not name:
+            raise cur.fail(f"tensor name #{i}", "a non-empty name", "an empty string")
+        if name in seen:
+            raise cur.fail(f"tensor name #{i}", "a name not seen before", f"duplicate {name!r}")
+        seen.add(name)
+        nd = cur.unpack("<I", f"n_dims of tensor '{name}'")
+        if not 1 <= nd <= MAX_DIMS:
+            raise cur.fail(f"n_dims of tensor '{name}'", f"1..{MAX_DIMS}", nd)
+        dims = []
+        elems = 1
+        for d in range(nd):
+            n = cur.unpack("<Q", f"dimension {d} of tensor '{name}'")
+            if not 0 < n <= _INT64_MAX:
+                found = n - (1 << 64) if n > _INT64_MAX else n
+                raise cur.fail(f"dimension {d} of tensor '{name}'", "a positive size", found)
+            elems *= n
+            if elems > _INT64_MAX:
+                raise cur.fail(
+                    f"dims of tensor '{name}'",
+                    "an element count that fits in 64 bits",
+                    f"{' x '.join(str(x) for x in (*dims, n))} = {elems}",
+                )
+            dims.append(n)
+        tid = cur.unpack("<I", f"type of tensor '{name}'")
+        layout = _ggml_layout(tid)
+        if layout is None:
+            raise cur.fail(f"type of tensor '{name}'", "a GGML tensor type id", tid)
+        blck, type_size = layout
+        if dims[0] % blck:
+            raise cur.fail(
+                f"dimension 0 of tensor '{name}'",
+                f"a multiple of the {GGMLQuantizationType(tid).name} block size {blck}",
+                dims[0],
+            )
+        nbytes = elems // blck * type_size
+        off = cur.unpack("<Q", f"offset of tensor '{name}'")
+        raw_infos.append((name, tuple(dims), tid, off, nbytes))
     data_start = (cur.pos + align - 1) // align * align
-    infos = {
-        name: TensorInfo(name, dims, tid, data_start + off) for name, dims, tid, off in raw_infos
-    }
+    # As llama.cpp: each tensor starts where the previous one ends, padded to the alignment,
+    # so offsets can neither overlap nor break alignment; and the data must be in the file.
+    expected = 0
+    infos = {}
+    for name, dims, tid, off, nbytes in raw_infos:
+        if off != expected:
+            raise cur.fail(
+                f"offset of tensor '{name}'",
+                f"{expected} (the previous tensor's end, padded to {align} bytes)",
+                off,
+            )
+        end = data_start + off + nbytes
+        if end > size:
+            raise ModelFormatError(
+                f"{path}: tensor '{name}' ends at byte {end} but the file has only {size} "
+                "bytes: expected the whole tensor inside the file (truncated download?)"
+            )
+        expected = off + (nbytes + align - 1) // align * align
+        infos[name] = TensorInfo(name, dims, tid, data_start + off)
     return GGUFFile(path, version, meta, infos, size, buf)
+
+
+def _type_name(vtype: int) -> str:
+    try:
+        return GGUFValueType(vtype).name.lower()
+    except ValueError:
+        return f"value type {vtype}"
+
+
+def _ggml_layout(type_id: int) -> tuple[int, int] | None:
+    """(elements per block, bytes per block) of a GGML tensor type, None when unknown."""
+    try:
+        return GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
+    except (ValueError, KeyError):
+        return None
+
+
+def _describe(value: Any) -> str:
+    """A metadata value's kind for an error message (never the whole of a long array)."""
+    if isinstance(value, np.ndarray):
+        return f"an array of {value.size} {value.dtype}"
+    if isinstance(value, StringArray):
+        return f"an array of {len(value)} strings"
+    if isinstance(value, str):
+        return f"a string {value[:40]!r}"
+    return f"{type(value).__name__} {value!r}"
 
 
 class GGUFSource:

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.arch.spec import ModelSpec
+from edgerun.arch.spec import ModelSpec, validate_spec
 from edgerun.errors import ModelFormatError, ModelNotFoundError, UnsupportedError
 from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType, row_bytes
 
@@ -135,9 +135,10 @@ def spec_from_json(d: Any, source: str) -> ModelSpec:
             elif f.type == "str":
                 if not isinstance(v, str):
                     raise TypeError
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise PackError(
-                f"{source}: field 'spec.{name}' has an invalid value {v!r} (expected {f.type})"
+                f"{source}: field 'spec.{name}' has an invalid value {str(v)[:80]} "
+                f"(expected {f.type})"
             ) from None
         kwargs[name] = v
     return ModelSpec(**kwargs)
@@ -280,8 +281,64 @@ def _json_list(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- reader
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on the JSON header
+MAX_META_BYTES = 256 << 20  # edgerun.json (a 262k-token vocabulary is ~30 MB of JSON)
+_ST_DTYPE_SIZES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json object hook: a repeated key is an error (json.loads would keep the last)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _load_json(raw: bytes | str, source: str, what: str) -> Any:
+    """Parse untrusted JSON: duplicate keys, bad UTF-8, invalid JSON and pathological nesting
+    all become a PackError naming the file."""
+    try:
+        return json.loads(raw, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        raise PackError(f"{source}: {what} has the key {e.args[0]!r} twice") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PackError(f"{source}: corrupt {what}, not valid JSON ({e})") from None
+    except RecursionError:
+        raise PackError(f"{source}: corrupt {what}, JSON nested too deeply") from None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 class _STFile:
-    """One safetensors file: its parsed header and one read-only mmap."""
+    """One safetensors file: its parsed, checked header and one read-only mmap.
+
+    The checks are safetensors' own: header at most 100 MB, valid JSON without repeated
+    keys, known dtypes, byte ranges that match dtype x shape and tile the data section
+    exactly (contiguous, from 0, no trailing bytes)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -294,18 +351,80 @@ class _STFile:
         with open(path, "rb") as fh:
             self.buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         (n,) = struct.unpack_from("<Q", self.buf, 0)
-        if n > size - 8 or n > 100 << 20:
+        if n > MAX_HEADER_BYTES or n > size - 8:
             raise PackError(
-                f"{path}: safetensors header length {n} does not fit in the file ({size} bytes)"
+                f"{path}: safetensors header length: expected at most "
+                f"{min(MAX_HEADER_BYTES, size - 8)} bytes (the file has {size}), found {n}"
             )
-        try:
-            self.header = json.loads(bytes(self.buf[8 : 8 + n]))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise PackError(f"{path}: corrupt safetensors header ({e})") from None
+        raw = bytes(self.buf[8 : 8 + n])
+        if not raw.startswith(b"{"):
+            raise PackError(f"{path}: corrupt safetensors header: expected '{{' first")
+        self.header = _load_json(raw, str(path), "safetensors header")
         if not isinstance(self.header, dict):
             raise PackError(f"{path}: corrupt safetensors header (not a JSON object)")
         self.data_start = 8 + n
         self.size = size
+        self._check_header()
+
+    def _check_header(self) -> None:
+        path = self.path
+        meta = self.header.get("__metadata__")
+        if meta is not None and not (
+            isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
+        ):
+            raise PackError(f"{path}: safetensors '__metadata__' should map strings to strings")
+        spans = []
+        for name, ent in self.header.items():
+            if name == "__metadata__":
+                continue
+            where = f"{path}: safetensors entry '{name}'"
+            if not isinstance(ent, dict):
+                raise PackError(f"{where} should be an object, found {type(ent).__name__}")
+            dt, shape, offs = ent.get("dtype"), ent.get("shape"), ent.get("data_offsets")
+            if dt not in _ST_DTYPE_SIZES:
+                raise PackError(
+                    f"{where}: field 'dtype' should be one of {', '.join(_ST_DTYPE_SIZES)}, "
+                    f"found {dt!r}"
+                )
+            if not (
+                isinstance(shape, list) and len(shape) <= 8 and all(_is_int(d) for d in shape)
+            ) or any(d < 0 for d in shape):
+                raise PackError(
+                    f"{where}: field 'shape' should be a list of non-negative integers, "
+                    f"found {str(shape)[:80]}"
+                )
+            if (
+                not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) for o in offs))
+                or not 0 <= offs[0] <= offs[1]
+            ):
+                raise PackError(
+                    f"{where}: field 'data_offsets' should be [begin, end] with "
+                    f"0 <= begin <= end, found {str(offs)[:80]}"
+                )
+            n = _ST_DTYPE_SIZES[dt]
+            for d in shape:
+                n *= d
+            if offs[1] - offs[0] != n:
+                raise PackError(
+                    f"{where}: field 'data_offsets' spans {offs[1] - offs[0]} bytes, expected "
+                    f"{n} ({dt} {shape})"
+                )
+            spans.append((offs[0], offs[1], name))
+        spans.sort()
+        pos = 0
+        for b, e, name in spans:
+            if b != pos:
+                raise PackError(
+                    f"{path}: safetensors entry '{name}' field 'data_offsets' begins at {b}, "
+                    f"expected {pos} (tensors must be contiguous, without overlaps or holes)"
+                )
+            pos = e
+        if self.data_start + pos != self.size:
+            raise PackError(
+                f"{path}: the tensors' data ends at byte {self.data_start + pos}, expected the "
+                f"file size {self.size} ("
+                + ("truncated copy?)" if self.data_start + pos > self.size else "trailing bytes)")
+            )
 
     def view(self, name: str) -> tuple[str, list[int], np.ndarray]:
         ent = self.header.get(name)
@@ -344,10 +463,13 @@ class PackFile:
                 "with `edgerun convert`"
             )
         self.meta_path = meta_path
-        try:
-            doc = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise PackError(f"{meta_path}: corrupt metadata, not valid JSON ({e})") from None
+        meta_size = meta_path.stat().st_size
+        if meta_size > MAX_META_BYTES:
+            raise PackError(
+                f"{meta_path}: metadata size: expected at most {MAX_META_BYTES} bytes, found "
+                f"{meta_size}"
+            )
+        doc = _load_json(meta_path.read_bytes(), str(meta_path), "metadata")
         if not isinstance(doc, dict):
             raise PackError(f"{meta_path}: corrupt metadata (not a JSON object)")
         src = str(meta_path)
@@ -364,12 +486,14 @@ class PackFile:
             )
         self.version = PACK_VERSION
         self.metadata = doc
-        self.spec = spec_from_json(doc.get("spec"), src)
+        self.spec = validate_spec(spec_from_json(doc.get("spec"), src), src)
         tensors = doc.get("tensors")
         if not isinstance(tensors, dict) or not tensors:
             raise PackError(f"{src}: field 'tensors' is missing or empty")
         self._entries: dict[str, tuple[QuantType, tuple[int, int], str]] = {}
         for name, ent in tensors.items():
+            if not isinstance(ent, dict):
+                raise PackError(f"{src}: field 'tensors.{name}' should be an object")
             try:
                 qtype = QuantType[ent["qtype"]]
             except KeyError:
@@ -379,27 +503,64 @@ class PackFile:
                 ) from None
             except TypeError:
                 raise PackError(f"{src}: field 'tensors.{name}' is corrupt") from None
-            try:
-                rows, cols = (int(v) for v in ent["shape"])
-                fname = str(ent["file"])
-            except (KeyError, TypeError, ValueError):
+            shape, fname = ent.get("shape"), ent.get("file")
+            if not (
+                isinstance(shape, list)
+                and len(shape) == 2
+                and all(_is_int(v) and 0 < v < 1 << 40 for v in shape)
+            ):
                 raise PackError(
-                    f"{src}: field 'tensors.{name}' needs 'shape' [rows, cols] and 'file'"
-                ) from None
-            if Path(fname).name != fname:
-                raise PackError(f"{src}: field 'tensors.{name}.file' must be a plain file name")
+                    f"{src}: field 'tensors.{name}.shape' should be [rows, cols] of positive "
+                    f"integers, found {str(shape)[:80]}"
+                )
+            rows, cols = shape
+            if not isinstance(fname, str) or not fname or Path(fname).name != fname:
+                raise PackError(
+                    f"{src}: field 'tensors.{name}.file' must be a plain file name, found "
+                    f"{str(fname)[:80]!r}"
+                )
             self._entries[name] = (qtype, (rows, cols), fname)
         self._files: dict[str, _STFile] = {}
         for fname in sorted({e[2] for e in self._entries.values()}):
             self._files[fname] = _STFile(self.path / fname)
         self.file_size = sum(f.size for f in self._files.values())
-        # check the headers cover every tensor now, not at first use
-        for name, (_q, _s, fname) in self._entries.items():
-            if name not in self._files[fname].header:
+        # check the headers cover every tensor, with the declared format, now, not at first use
+        for name, (qtype, (rows, cols), fname) in self._entries.items():
+            st = self._files[fname]
+            ent = st.header.get(name)
+            if name == "__metadata__" or ent is None:
                 raise PackError(
                     f"{self.path / fname}: tensor '{name}' (listed in {META_FILE}) is missing "
                     "from the file"
                 )
+            self._check_entry(name, qtype, rows, cols, st, ent["dtype"], ent["data_offsets"])
+
+    def _check_entry(
+        self,
+        name: str,
+        qtype: QuantType,
+        rows: int,
+        cols: int,
+        st: _STFile,
+        dt: str,
+        offsets: list[int],
+    ) -> int:
+        """The row size in bytes of a tensor whose pack and safetensors entries agree."""
+        elems, nbytes = BLOCK_LAYOUT[qtype]
+        if cols % elems:
+            raise PackError(
+                f"{st.path}: tensor '{name}' has {cols} columns, not a multiple of "
+                f"the {qtype.name} block size {elems}"
+            )
+        rb = cols // elems * nbytes
+        want_dt = _FLOAT_DTYPES.get(qtype, "U8")
+        size = offsets[1] - offsets[0]
+        if dt != want_dt or size != rows * rb:
+            raise PackError(
+                f"{st.path}: tensor '{name}' is {dt} with {size} bytes; {META_FILE} says "
+                f"{qtype.name} {rows}x{cols} ({want_dt}, {rows * rb} bytes)"
+            )
+        return rb
 
     # -- reader protocol -------------------------------------------------------------
     def tensor_names(self) -> list[str]:
@@ -412,19 +573,7 @@ class PackFile:
         qtype, (rows, cols), fname = ent
         st = self._files[fname]
         dt, _shape, arr = st.view(name)
-        elems, nbytes = BLOCK_LAYOUT[qtype]
-        if cols % elems:
-            raise PackError(
-                f"{st.path}: tensor '{name}' has {cols} columns, not a multiple of "
-                f"the {qtype.name} block size {elems}"
-            )
-        rb = cols // elems * nbytes
-        want_dt = _FLOAT_DTYPES.get(qtype, "U8")
-        if dt != want_dt or arr.size != rows * rb:
-            raise PackError(
-                f"{st.path}: tensor '{name}' is {dt} with {arr.size} bytes; {META_FILE} says "
-                f"{qtype.name} {rows}x{cols} ({want_dt}, {rows * rb} bytes)"
-            )
+        rb = self._check_entry(name, qtype, rows, cols, st, dt, [0, arr.size])
         return QuantTensor(name, qtype, (rows, cols), arr.reshape(rows, rb))
 
     # -- tokenizer -------------------------------------------------------------------
@@ -452,7 +601,7 @@ def _tokenizer_from_section(tok: Any, files, source: str = "pack"):
         meta = tok.get("metadata")
         if not isinstance(meta, dict):
             raise PackError(f"{source}: field 'tokenizer.metadata' is missing")
-        return tokenizer_from_gguf_metadata(meta)
+        return tokenizer_from_gguf_metadata(meta, source)
     if kind == "sentencepiece":
         fname = tok.get("file")
         if not isinstance(fname, str) or Path(fname).name != fname:

@@ -52,30 +52,100 @@ _END_OF_TURN_TEXTS = (
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
+# A vocabulary beyond these is corrupt or hostile (real ones: <= 262k tokens, <= 256 bytes).
+MAX_VOCAB = 1 << 24
+MAX_TOKEN_BYTES = 4096
+
+
 def _vocabulary(meta: dict[str, Any]) -> Sequence[str]:
-    """`tokenizer.ggml.tokens` as a sequence of str; a clear error when it is missing."""
+    """`tokenizer.ggml.tokens` as a sequence of str; a clear error when it is missing, not an
+    array of strings, or holds an absurdly long token."""
     tokens = meta.get("tokenizer.ggml.tokens")
-    if tokens is None or not len(tokens):
+    if tokens is None or isinstance(tokens, str | bytes | int | float) or not len(tokens):
         raise ModelFormatError(
             "GGUF metadata has no 'tokenizer.ggml.tokens'; the file carries no vocabulary"
         )
-    return _str_seq(tokens)
+    tokens = _str_seq(tokens, "tokenizer.ggml.tokens")
+    if len(tokens) > MAX_VOCAB:
+        raise ModelFormatError(
+            f"GGUF metadata 'tokenizer.ggml.tokens' should have at most {MAX_VOCAB} entries, "
+            f"found {len(tokens)}"
+        )
+    from edgerun.formats.gguf import StringArray
+
+    if isinstance(tokens, StringArray):
+        longest = tokens.max_len()
+    else:
+        longest = max((len(t) for t in tokens), default=0)
+        if longest > MAX_TOKEN_BYTES // 4:  # characters: measure the long ones in bytes
+            longest = max(len(t.encode("utf-8", "surrogatepass")) for t in tokens)
+    if longest > MAX_TOKEN_BYTES:
+        raise ModelFormatError(
+            f"GGUF metadata 'tokenizer.ggml.tokens' should hold tokens of at most "
+            f"{MAX_TOKEN_BYTES} bytes, found one of {longest}"
+        )
+    return tokens
 
 
-def _str_seq(tokens: Any) -> Sequence[str]:
-    """The vocabulary as an indexable sequence of str: a GGUF :class:`StringArray` (read from the
-    mapped file on access) is kept as it is, anything else becomes a list."""
+def _str_seq(tokens: Any, key: str = "tokenizer.ggml.tokens") -> Sequence[str]:
+    """An array of strings as an indexable sequence of str: a GGUF :class:`StringArray` (read
+    from the mapped file on access) is kept as it is, a list of str is kept; anything else (a
+    numeric array, a list with non-strings) is the wrong type for the key."""
     from edgerun.formats.gguf import StringArray
 
     if isinstance(tokens, StringArray):
         return tokens
-    return [str(t) for t in tokens]
+    if isinstance(tokens, list | tuple) and all(isinstance(t, str) for t in tokens):
+        return list(tokens)
+    if isinstance(tokens, np.ndarray):
+        found = f"an array of {tokens.dtype}"
+    elif isinstance(tokens, list | tuple):
+        bad = next(t for t in tokens if not isinstance(t, str))
+        found = f"a list holding {type(bad).__name__} {str(bad)[:40]!r}"
+    else:
+        found = type(tokens).__name__
+    raise ModelFormatError(f"GGUF metadata '{key}' should be an array of strings, found {found}")
 
 
-def _int_array(values: Any) -> np.ndarray:
-    """Token types as an integer array (a GGUF array is already one: a view of the file)."""
-    a = np.asarray(values)
-    return a if a.dtype.kind in "iu" else a.astype(np.int64)
+def _int_array(values: Any, key: str = "tokenizer.ggml.token_type") -> np.ndarray:
+    """Token types as a 1-D integer array (a GGUF array is already one: a view of the file)."""
+    return _num_array(values, key, "iu")
+
+
+def _num_array(values: Any, key: str, kinds: str) -> np.ndarray:
+    """A 1-D numeric metadata array whose dtype kind is in ``kinds`` (lists from a pack's JSON
+    are converted); strings, nested or ragged lists are the wrong type for the key."""
+    if isinstance(values, np.ndarray):
+        a = values
+    elif isinstance(values, list | tuple) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in values
+    ):
+        a = np.asarray(values) if values else np.zeros(0, np.int64)
+    else:
+        a = None
+    if a is None or a.ndim != 1 or a.dtype.kind not in kinds:
+        found = f"an array of {a.dtype}" if a is not None else type(values).__name__
+        want = "integers" if kinds == "iu" else "numbers"
+        raise ModelFormatError(f"GGUF metadata '{key}' should be an array of {want}, found {found}")
+    return a
+
+
+def _meta_bool(meta: dict[str, Any], key: str) -> bool | None:
+    """A boolean metadata field (GGUF bool), None when absent."""
+    v = meta.get(key)
+    if v is None or isinstance(v, bool | np.bool_):
+        return None if v is None else bool(v)
+    raise ModelFormatError(f"GGUF metadata {key!r} should be a bool, found {str(v)[:40]!r}")
+
+
+def _meta_str(meta: dict[str, Any], key: str) -> str | None:
+    """A string metadata field, None when absent."""
+    v = meta.get(key)
+    if v is None or isinstance(v, str):
+        return v
+    raise ModelFormatError(
+        f"GGUF metadata {key!r} should be a string, found {type(v).__name__} {str(v)[:40]!r}"
+    )
 
 
 def _check_len(key: str, values: Any, n: int) -> None:
@@ -84,6 +154,34 @@ def _check_len(key: str, values: Any, n: int) -> None:
             f"GGUF metadata 'tokenizer.ggml.{key}' has {len(values)} entries but "
             f"'tokenizer.ggml.tokens' has {n}"
         )
+
+
+def _literal_regex(strings: Iterable[str]) -> re.Pattern[str] | None:
+    """A regex matching any of ``strings``, leftmost-longest (as tokenizers' added-token matcher
+    does), built as a trie so that thousands of alternatives cost little per text position."""
+    strings = sorted({s for s in strings if s})
+    if not strings:
+        return None
+    long = sorted((s for s in strings if len(s) > 200), key=len, reverse=True)
+    trie: dict[str, Any] = {}
+    for s in strings:
+        if len(s) > 200:
+            continue
+        node = trie
+        for ch in s:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + build(child) for ch, child in node.items() if ch]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        # Greedy "?": the longer continuations are tried before ending here.
+        return f"(?:{body})?" if "" in node else body
+
+    pattern = "|".join([*(re.escape(s) for s in long), *([build(trie)] if trie else [])])
+    return re.compile(pattern)
 
 
 class _ByteTable:
@@ -115,14 +213,12 @@ class _ByteTable:
 def _as_int(value: Any, key: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            return int(value)
-        except (TypeError, ValueError) as e:
-            raise ModelFormatError(
-                f"GGUF metadata {key!r} should be an integer, got {value!r}"
-            ) from e
-    return value
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ModelFormatError(
+            f"GGUF metadata {key!r} should be an integer, found {type(value).__name__} "
+            f"{str(value)[:40]!r}"
+        )
+    return int(value)
 
 
 class Tokenizer:
@@ -144,6 +240,18 @@ class Tokenizer:
 
     def __init__(self) -> None:
         self._token_bytes = _ByteTable()
+        self._special_text: dict[str, int] = {}  # control-token string -> id
+        self._special_re: re.Pattern[str] | None = None
+
+    def special_texts(self) -> dict[str, int]:
+        """The control-token strings that ``encode(parse_special=True)`` turns into ids, each
+        with its id (do not modify the dict)."""
+        return self._special_text
+
+    def special_pattern(self) -> re.Pattern[str] | None:
+        """A regex finding those strings in text, leftmost-longest, as ``encode`` matches
+        them (None when there are none)."""
+        return self._special_re
 
     # -- encoding --------------------------------------------------------------------------------
 
@@ -167,10 +275,10 @@ class Tokenizer:
         )
         special |= {i for i in (self.bos_id, self.eos_id) if i is not None}
         self.special_ids = frozenset(special)
-        add_bos = meta.get("tokenizer.ggml.add_bos_token")
-        self.add_bos = bool(add_bos) if add_bos is not None else default_add_bos
-        template = meta.get("tokenizer.chat_template")
-        self.chat_template = str(template) if template else None
+        add_bos = _meta_bool(meta, "tokenizer.ggml.add_bos_token")
+        self.add_bos = add_bos if add_bos is not None else default_add_bos
+        template = _meta_str(meta, "tokenizer.chat_template")
+        self.chat_template = template or None
 
     def encode(
         self, text: str, add_bos: bool | None = None, parse_special: bool = True

@@ -32,6 +32,9 @@ from edgerun.tokenizer.base import (
     _ByteTable,
     _check_len,
     _int_array,
+    _literal_regex,
+    _meta_str,
+    _str_seq,
     _vocabulary,
 )
 
@@ -134,6 +137,8 @@ class BPETokenizer(Tokenizer):
 
         tokens = _vocabulary(meta)
         merges = meta.get("tokenizer.ggml.merges")
+        if merges is not None:
+            merges = _str_seq(merges, "tokenizer.ggml.merges")
         if merges is None or not len(merges):
             raise ModelFormatError(
                 "GGUF metadata has no 'tokenizer.ggml.merges', which a byte-level BPE "
@@ -145,7 +150,7 @@ class BPETokenizer(Tokenizer):
         types = _int_array(types)
         _check_len("token_type", types, len(tokens))
 
-        pre = str(meta.get("tokenizer.ggml.pre") or "default")
+        pre = _meta_str(meta, "tokenizer.ggml.pre") or "default"
         kind = _PRE_TOKENIZERS.get(pre)
         if kind is None:
             raise UnsupportedError(
@@ -189,28 +194,37 @@ class BPETokenizer(Tokenizer):
         self._token_bytes = _ByteTable(blob, offsets)
         del blob, offsets
         end_of_turn_ids = {t: vocab.get(t) for t in _END_OF_TURN_TEXTS}
+        vocab_ids = {t.content: vocab[t.content] for t in control}
 
         # The merges' halves are vocabulary tokens: sharing those str objects halves the
         # transient cost of the pairs.
         canon = {t: t for t in vocab}
         pairs = []
-        for m in merges:
-            a, sep, b = str(m).partition(" ")
-            if not sep:
+        for j, m in enumerate(merges):
+            a, sep, b = m.partition(" ")
+            ca, cb = canon.get(a), canon.get(b)
+            if not sep or ca is None or cb is None or (a + b) not in canon:
+                what = "is not 'left right'" if not sep else "names a token not in the vocabulary"
                 raise ModelFormatError(
-                    f"GGUF metadata 'tokenizer.ggml.merges' has a bad entry {m!r}"
+                    f"GGUF metadata 'tokenizer.ggml.merges' entry #{j} {m[:80]!r} {what} "
+                    "(expected two vocabulary tokens whose join is one too)"
                 )
-            pairs.append((canon.get(a, a), canon.get(b, b)))
+            pairs.append((ca, cb))
         del canon
-        model = models.BPE(
-            vocab=vocab,
-            merges=pairs,
-            dropout=None,
-            continuing_subword_prefix="",
-            end_of_word_suffix="",
-            fuse_unk=False,
-            ignore_merges=kind in _IGNORE_MERGES,
-        )
+        try:
+            model = models.BPE(
+                vocab=vocab,
+                merges=pairs,
+                dropout=None,
+                continuing_subword_prefix="",
+                end_of_word_suffix="",
+                fuse_unk=False,
+                ignore_merges=kind in _IGNORE_MERGES,
+            )
+        except Exception as e:  # the tokenizers library's own consistency checks
+            raise ModelFormatError(
+                f"GGUF tokenizer metadata is inconsistent: the BPE model could not be built ({e})"
+            ) from None
         del vocab, pairs  # the model holds its own copy
         tk = TkTokenizer(model)
         if kind == "gpt2":
@@ -234,6 +248,8 @@ class BPETokenizer(Tokenizer):
 
         if control:
             tk.add_special_tokens(control)
+        self._special_text = {t.content: vocab_ids[t.content] for t in control}
+        self._special_re = _literal_regex(self._special_text)
         if user:
             tk.add_tokens(user)
         self._tk = tk

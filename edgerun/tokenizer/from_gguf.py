@@ -18,15 +18,33 @@ from edgerun.tokenizer.sentencepiece import SentencePieceTokenizer
 __all__ = ["tokenizer_from_gguf_metadata"]
 
 
-def tokenizer_from_gguf_metadata(meta: dict[str, Any]) -> Tokenizer:
+def tokenizer_from_gguf_metadata(meta: dict[str, Any], source: str | None = None) -> Tokenizer:
     """The tokenizer a GGUF file's metadata describes (``meta``: GGUF key -> value; arrays as
-    lists, numpy arrays or :class:`~edgerun.formats.gguf.StringArray`)."""
+    lists, numpy arrays or :class:`~edgerun.formats.gguf.StringArray`).
+
+    The metadata is untrusted: a field of the wrong type or out of range raises
+    :class:`ModelFormatError` naming ``source`` (default: the file the reader's metadata
+    came from, its ``source`` attribute) and the field."""
+    if source is None:
+        source = getattr(meta, "source", None)
+    try:
+        return _build(meta)
+    except ModelFormatError as e:
+        if source and not str(e).startswith(f"{source}:"):
+            raise type(e)(f"{source}: {e}") from None
+        raise
+
+
+def _build(meta: dict[str, Any]) -> Tokenizer:
     model = meta.get("tokenizer.ggml.model")
     if model is None:
         raise ModelFormatError(
             "GGUF metadata has no 'tokenizer.ggml.model'; the file carries no tokenizer"
         )
-    model = str(model)
+    if not isinstance(model, str):
+        raise ModelFormatError(
+            f"GGUF metadata 'tokenizer.ggml.model' should be a string, found {type(model).__name__}"
+        )
     if model == "gpt2":
         return BPETokenizer(meta)
     if model == "llama":

@@ -11,7 +11,6 @@ dummy-prefix space rule. :func:`sentencepiece_spec_to_metadata` goes the other w
 from __future__ import annotations
 
 import os
-import re
 import struct
 from array import array
 from collections.abc import Iterable, Sequence
@@ -35,39 +34,14 @@ from edgerun.tokenizer.base import (
     _ByteTable,
     _check_len,
     _int_array,
+    _literal_regex,
+    _meta_bool,
+    _num_array,
     _vocabulary,
 )
 from edgerun.tokenizer.sp_model_proto import _SPM_BPE, SentencePieceSpec, _pb_piece
 
 _SPACE = "\u2581"  # "▁", SentencePiece's spelling of a space
-
-
-def _literal_regex(strings: Iterable[str]) -> re.Pattern[str] | None:
-    """A regex matching any of ``strings``, leftmost-longest (as tokenizers' added-token matcher
-    does), built as a trie so that thousands of alternatives cost little per text position."""
-    strings = sorted({s for s in strings if s})
-    if not strings:
-        return None
-    long = sorted((s for s in strings if len(s) > 200), key=len, reverse=True)
-    trie: dict[str, Any] = {}
-    for s in strings:
-        if len(s) > 200:
-            continue
-        node = trie
-        for ch in s:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-
-    def build(node: dict[str, Any]) -> str:
-        alts = [re.escape(ch) + build(child) for ch, child in node.items() if ch]
-        if not alts:
-            return ""
-        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
-        # Greedy "?": the longer continuations are tried before ending here.
-        return f"(?:{body})?" if "" in node else body
-
-    pattern = "|".join([*(re.escape(s) for s in long), *([build(trie)] if trie else [])])
-    return re.compile(pattern)
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -112,9 +86,13 @@ class SentencePieceTokenizer(Tokenizer):
             types = np.full(n, TOKEN_TYPE_NORMAL, dtype=np.int32)
         types = _int_array(types)
         scores = meta.get("tokenizer.ggml.scores")
-        scores = np.zeros(n, dtype=np.float32) if scores is None else np.asarray(scores)
+        if scores is None:
+            scores = np.zeros(n, dtype=np.float32)
+        scores = _num_array(scores, "tokenizer.ggml.scores", "iuf")
         if scores.dtype.kind != "f":
             scores = scores.astype(np.float64)
+        if np.isnan(scores).any():
+            raise ModelFormatError("GGUF metadata 'tokenizer.ggml.scores' should not hold NaN")
         _check_len("token_type", types, n)
         _check_len("scores", scores, n)
 
@@ -205,7 +183,7 @@ class SentencePieceTokenizer(Tokenizer):
 
         has_bytes = bool(byte_ids)
         if spec is None:
-            add_prefix = meta.get("tokenizer.ggml.add_space_prefix")
+            add_prefix = _meta_bool(meta, "tokenizer.ggml.add_space_prefix")
             spec = SentencePieceSpec(
                 pieces=[],
                 scores=[],

@@ -1,0 +1,229 @@
+"""Builders for hostile model files, shared by the hostile-input and fuzz tests.
+
+:class:`GGUFBuilder` writes GGUF files field by field, so a test can put any value (a count
+of 2**63, an unknown type id, a nested array) exactly where the reader will meet it; its
+default content is a tiny valid llama model (one layer, eight tokens) that loads. The
+checks every rejection must pass live in :func:`assert_rejected`: an ``EdgerunError`` whose
+message names the file and the field, in under a second and 100 MB.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgerun.errors import EdgerunError
+
+# GGUF value types
+U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+_FMT = {
+    U8: "<B",
+    I8: "<b",
+    U16: "<H",
+    I16: "<h",
+    U32: "<I",
+    I32: "<i",
+    F32: "<f",
+    BOOL: "<?",
+    U64: "<Q",
+    I64: "<q",
+    F64: "<d",
+}
+T_F32 = 0
+T_Q4_0 = 2
+
+MAX_SECONDS = 1.0
+MAX_BYTES = 100 << 20
+
+
+def gstr(s: str | bytes) -> bytes:
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def value(vtype: int, v: Any) -> bytes:
+    """The encoding of one value of GGUF type ``vtype`` (arrays: ``(item_type, [items])``)."""
+    if vtype == STR:
+        return gstr(v)
+    if vtype == ARR:
+        itype, items = v
+        return struct.pack("<IQ", itype, len(items)) + b"".join(value(itype, x) for x in items)
+    return struct.pack(_FMT[vtype], v)
+
+
+def kv(key: str, vtype: int, v: Any) -> bytes:
+    return gstr(key) + struct.pack("<I", vtype) + value(vtype, v)
+
+
+@dataclass
+class Tensor:
+    name: str
+    dims: tuple[int, ...]  # GGUF order: row length first
+    data: bytes
+    type_id: int = T_F32
+    offset: int | None = None  # None: the running padded offset
+    raw_info: bytes | None = None  # replaces the whole info entry
+
+
+D, FF, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 32, 64, 2, 1, 16, 8
+TOKENS = ["<s>", "</s>", "a", "b", "ab", "c", "d", "abc"]
+TOKEN_TYPES = [3, 3, 1, 1, 1, 1, 1, 1]
+MERGES = ["a b", "ab c"]
+
+
+def model_kvs() -> dict[str, tuple[int, Any]]:
+    """Metadata of the tiny valid llama model (key -> (type, value)), in file order."""
+    return {
+        "general.architecture": (STR, "llama"),
+        "general.name": (STR, "tiny hostile-test model"),
+        "general.alignment": (U32, 32),
+        "llama.block_count": (U32, 1),
+        "llama.context_length": (U32, 64),
+        "llama.embedding_length": (U32, D),
+        "llama.feed_forward_length": (U32, FF),
+        "llama.attention.head_count": (U32, HEADS),
+        "llama.attention.head_count_kv": (U32, KV_HEADS),
+        "llama.rope.freq_base": (F32, 10000.0),
+        "llama.attention.layer_norm_rms_epsilon": (F32, 1e-5),
+        "llama.vocab_size": (U32, VOCAB),
+        "llama.rope.dimension_count": (U32, HEAD_DIM),
+        "tokenizer.ggml.model": (STR, "gpt2"),
+        "tokenizer.ggml.pre": (STR, "default"),
+        "tokenizer.ggml.tokens": (ARR, (STR, TOKENS)),
+        "tokenizer.ggml.token_type": (ARR, (I32, TOKEN_TYPES)),
+        "tokenizer.ggml.merges": (ARR, (STR, MERGES)),
+        "tokenizer.ggml.bos_token_id": (U32, 0),
+        "tokenizer.ggml.eos_token_id": (U32, 1),
+        "tokenizer.ggml.add_bos_token": (BOOL, False),
+        "tokenizer.chat_template": (
+            STR,
+            "{% for m in messages %}<s>{{ m.role }}: {{ m.content }}</s>{% endfor %}",
+        ),
+    }
+
+
+def f32(shape: tuple[int, ...], fill: float | None = None, seed: int = 0) -> bytes:
+    if fill is not None:
+        return np.full(shape, fill, np.float32).tobytes()
+    return (np.random.default_rng(seed).standard_normal(shape) * 0.1).astype(np.float32).tobytes()
+
+
+def model_tensors() -> list[Tensor]:
+    """The tiny model's tensors (F32), in file order."""
+    mats = {
+        "token_embd.weight": (VOCAB, D),
+        "blk.0.attn_q.weight": (HEADS * HEAD_DIM, D),
+        "blk.0.attn_k.weight": (KV_HEADS * HEAD_DIM, D),
+        "blk.0.attn_v.weight": (KV_HEADS * HEAD_DIM, D),
+        "blk.0.attn_output.weight": (D, HEADS * HEAD_DIM),
+        "blk.0.ffn_gate.weight": (FF, D),
+        "blk.0.ffn_up.weight": (FF, D),
+        "blk.0.ffn_down.weight": (D, FF),
+    }
+    out = [Tensor(n, (D,), f32((D,), 1.0)) for n in ("output_norm.weight",)]
+    out += [Tensor(n, (D,), f32((D,), 1.0)) for n in ("blk.0.attn_norm.weight",)]
+    out += [Tensor(n, (D,), f32((D,), 1.0)) for n in ("blk.0.ffn_norm.weight",)]
+    for i, (name, (rows, cols)) in enumerate(mats.items()):
+        out.append(Tensor(name, (cols, rows), f32((rows, cols), seed=i)))
+    return out
+
+
+@dataclass
+class GGUFBuilder:
+    """A GGUF file assembled from parts; every part can be overridden with hostile bytes."""
+
+    kvs: dict[str, tuple[int, Any]] = field(default_factory=model_kvs)
+    tensors: list[Tensor] = field(default_factory=model_tensors)
+    magic: bytes = b"GGUF"
+    version: int = 3
+    n_tensors: int | None = None  # None: len(tensors)
+    n_kv: int | None = None  # None: number of kv entries written
+    extra_kv: list[bytes] = field(default_factory=list)  # raw entries appended
+    align: int = 32  # the padding actually written (the metadata may claim otherwise)
+
+    def header(self) -> bytes:
+        entries = [kv(k, t, v) for k, (t, v) in self.kvs.items()] + self.extra_kv
+        out = [self.magic, struct.pack("<I", self.version)]
+        out.append(
+            struct.pack("<Q", len(self.tensors) if self.n_tensors is None else self.n_tensors)
+        )
+        out.append(struct.pack("<Q", len(entries) if self.n_kv is None else self.n_kv))
+        out += entries
+        pos = 0
+        for t in self.tensors:
+            off = pos if t.offset is None else t.offset
+            if t.raw_info is not None:
+                out.append(t.raw_info)
+            else:
+                info = gstr(t.name) + struct.pack("<I", len(t.dims))
+                info += b"".join(struct.pack("<Q", d) for d in t.dims)
+                out.append(info + struct.pack("<IQ", t.type_id, off))
+            pos += len(t.data) + (-len(t.data)) % self.align
+        return b"".join(out)
+
+    def to_bytes(self) -> bytes:
+        head = self.header()
+        parts = [head, b"\0" * ((-len(head)) % self.align)]
+        for t in self.tensors:
+            parts += [t.data, b"\0" * ((-len(t.data)) % self.align)]
+        return b"".join(parts)
+
+    def write(self, path: Path) -> Path:
+        path.write_bytes(self.to_bytes())
+        return path
+
+
+def open_model(path: str | os.PathLike) -> Any:
+    """Everything loading a GGUF does up to the forward pass (as edgerun.api.Model does):
+    header, spec, tokenizer, weight store, transformer with its shape checks."""
+    from edgerun.arch import spec_from_gguf
+    from edgerun.formats.gguf import read_gguf
+    from edgerun.model import Transformer
+    from edgerun.tokenizer import tokenizer_from_gguf_metadata
+    from edgerun.weights import ResidentStore
+
+    f = read_gguf(path)
+    spec = spec_from_gguf(f.metadata, str(path))
+    tokenizer_from_gguf_metadata(f.metadata)
+    return Transformer(spec, ResidentStore(f, str(path)), str(path))
+
+
+def bounded(fn: Callable[[], Any]) -> tuple[BaseException | None, float, int]:
+    """Run ``fn``: (the exception it raised or None, seconds taken, peak traced bytes)."""
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    err: BaseException | None = None
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001 - the caller judges what was raised
+        err = e
+    dt = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return err, dt, peak
+
+
+def assert_rejected(
+    fn: Callable[[], Any],
+    *needles: str,
+    kind: type[BaseException] = EdgerunError,
+    seconds: float = MAX_SECONDS,
+) -> BaseException:
+    """``fn`` raises ``kind`` (an EdgerunError) whose message holds every needle (the file,
+    the field), within ``seconds`` and 100 MB of traced allocations."""
+    err, dt, peak = bounded(fn)
+    assert err is not None, "the hostile input was accepted"
+    assert isinstance(err, kind), f"{type(err).__name__} raised, expected {kind.__name__}: {err}"
+    for n in needles:
+        assert n in str(err), f"{n!r} not in the message: {err}"
+    assert dt < seconds, f"rejection took {dt:.2f} s"
+    assert peak < MAX_BYTES, f"rejection allocated {peak / 1e6:.0f} MB"
+    return err
