@@ -435,6 +435,12 @@ CASES: dict[str, tuple[Callable[[GGUFBuilder], None], tuple[str, ...], type]] = 
 }
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _warm(tmp_path_factory):
+    """Imports and first-use costs are paid here, not in the timed rejections."""
+    open_model(GGUFBuilder().write(tmp_path_factory.mktemp("warm") / "ok.gguf"))
+
+
 def test_the_valid_file_loads(tmp_path):
     """The builder's default file is a valid model: every rejection below is the edit's."""
     p = GGUFBuilder().write(tmp_path / "ok.gguf")
