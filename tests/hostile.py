@@ -196,9 +196,11 @@ def open_model(path: str | os.PathLike) -> Any:
     return Transformer(spec, ResidentStore(f, str(path)), str(path))
 
 
-def bounded(fn: Callable[[], Any]) -> tuple[BaseException | None, float, int]:
-    """Run ``fn``: (the exception it raised or None, seconds taken, peak traced bytes)."""
-    tracemalloc.start()
+def bounded(fn: Callable[[], Any], trace: bool = True) -> tuple[BaseException | None, float, int]:
+    """Run ``fn``: (the exception it raised or None, seconds taken, peak traced bytes; 0
+    when ``trace`` is false)."""
+    if trace:
+        tracemalloc.start()
     t0 = time.perf_counter()
     err: BaseException | None = None
     try:
@@ -206,8 +208,10 @@ def bounded(fn: Callable[[], Any]) -> tuple[BaseException | None, float, int]:
     except BaseException as e:  # noqa: BLE001 - the caller judges what was raised
         err = e
     dt = time.perf_counter() - t0
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
+    peak = 0
+    if trace:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
     return err, dt, peak
 
 
@@ -227,3 +231,97 @@ def assert_rejected(
     assert dt < seconds, f"rejection took {dt:.2f} s"
     assert peak < MAX_BYTES, f"rejection allocated {peak / 1e6:.0f} MB"
     return err
+
+
+# ------------------------------------------------------------------ fuzzing support
+def header_size(path: str | os.PathLike) -> int:
+    """Where a valid GGUF's tensor data starts (the header, padded)."""
+    from edgerun.formats.gguf import read_gguf
+
+    f = read_gguf(path)
+    return min(i.offset for i in f.infos.values())
+
+
+def gguf_fields(header: bytes, per_array: int = 4) -> list[tuple[int, int]]:
+    """(offset, width) of every structural field of a valid GGUF header: the counts, each
+    key/name length, value type, array element type and count, n_dims, dim and offset (of
+    a long string array, only the first and last ``per_array`` string lengths)."""
+    out: list[tuple[int, int]] = [(8, 8), (16, 8)]
+    pos = 24
+    n_tensors, n_kv = struct.unpack_from("<QQ", header, 8)
+
+    def string() -> None:
+        nonlocal pos
+        (n,) = struct.unpack_from("<Q", header, pos)
+        out.append((pos, 8))
+        pos += 8 + n
+
+    sizes = {U8: 1, I8: 1, U16: 2, I16: 2, U32: 4, I32: 4, F32: 4, BOOL: 1, U64: 8, I64: 8, F64: 8}
+    for _ in range(n_kv):
+        string()
+        (vt,) = struct.unpack_from("<I", header, pos)
+        out.append((pos, 4))
+        pos += 4
+        if vt == STR:
+            string()
+        elif vt == ARR:
+            it, count = struct.unpack_from("<IQ", header, pos)
+            out += [(pos, 4), (pos + 4, 8)]
+            pos += 12
+            if it == STR:
+                for i in range(count):
+                    (n,) = struct.unpack_from("<Q", header, pos)
+                    if i < per_array or i >= count - per_array:
+                        out.append((pos, 8))
+                    pos += 8 + n
+            else:
+                pos += sizes[it] * count
+        else:
+            out.append((pos, sizes[vt]))
+            pos += sizes[vt]
+    for _ in range(n_tensors):
+        string()
+        (nd,) = struct.unpack_from("<I", header, pos)
+        out.append((pos, 4))
+        pos += 4
+        out += [(pos + 8 * d, 8) for d in range(nd)]
+        pos += 8 * nd
+        out += [(pos, 4), (pos + 4, 8)]
+        pos += 12
+    return out
+
+
+def small_vocab(meta: dict[str, Any], n: int = 400) -> dict[str, Any]:
+    """A model's tokenizer metadata cut to its first ``n`` tokens (merges and ids that stay
+    inside), as plain lists: a real vocabulary's shape at a fuzzable size."""
+    out: dict[str, Any] = {}
+    tokens = list(meta["tokenizer.ggml.tokens"][:n])
+    keep = set(tokens)
+    for k, v in meta.items():
+        if not k.startswith("tokenizer."):
+            continue
+        if k == "tokenizer.ggml.tokens":
+            out[k] = tokens
+        elif k in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            out[k] = [x.item() for x in v[:n]]
+        elif k == "tokenizer.ggml.merges":
+            merges = []
+            for m in v:
+                a, _, b = m.partition(" ")
+                if a in keep and b in keep and a + b in keep:
+                    merges.append(m)
+            out[k] = merges or ["a b"]
+        elif k.endswith("_token_id"):
+            if int(v) < n:
+                out[k] = int(v)
+        else:
+            out[k] = v
+    if "tokenizer.ggml.merges" in out and out["tokenizer.ggml.merges"] == ["a b"]:
+        for t in ("a", "b", "ab"):
+            if t not in keep:
+                out["tokenizer.ggml.tokens"].append(t)
+                if "tokenizer.ggml.token_type" in out:
+                    out["tokenizer.ggml.token_type"].append(1)
+                if "tokenizer.ggml.scores" in out:
+                    out["tokenizer.ggml.scores"].append(0.0)
+    return out

@@ -1,0 +1,558 @@
+"""Property-based fuzzing of everything a model file brings: GGUF headers, pack metadata,
+tokenizer vocabularies and chat templates, mutated from the installed registry models.
+
+Each example must load or be refused with an EdgerunError, within a time bound and
+< 100 MB of traced allocations; anything else (IndexError, a numpy error, a crash) fails.
+Only the header of a real model is read (a few MB), and mutated copies get their data
+section as a sparse extension, so each example is small on disk and in memory.
+
+The default run is short (a few hundred examples in all). Set EDGERUN_FUZZ_EXAMPLES=N for a
+long one: N examples in total, shared among the tests by their cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hostile import (
+    MAX_BYTES,
+    MAX_SECONDS,
+    GGUFBuilder,
+    bounded,
+    gguf_fields,
+    header_size,
+    open_model,
+    small_vocab,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgerun import registry
+from edgerun.chat import TIME_LIMIT_S, check_template, encode_chat, render_chat
+from edgerun.errors import EdgerunError
+from edgerun.formats.gguf import read_gguf
+
+_TOTAL = int(os.environ.get("EDGERUN_FUZZ_EXAMPLES", "0"))
+
+
+def _settings(default: int, share: float) -> settings:
+    """``default`` examples, or ``share`` of EDGERUN_FUZZ_EXAMPLES when it is set."""
+    n = max(default, int(_TOTAL * share)) if _TOTAL else default
+    return settings(
+        max_examples=n,
+        deadline=None,  # the tests assert their own bound, with tracemalloc on
+        database=None,
+        derandomize=not _TOTAL,  # the default run is the same every time
+        suppress_health_check=list(HealthCheck),
+    )
+
+
+_RUNS = [0]
+
+
+def _check(fn, seconds: float = MAX_SECONDS, trace_every: int = 3) -> None:
+    """``fn`` succeeds or raises an EdgerunError, in < ``seconds``; every ``trace_every``-th
+    example runs again under tracemalloc for its peak (< 100 MB). Time is measured without
+    tracemalloc, which slows allocation-heavy code ten-fold."""
+    err, dt, _ = bounded(fn, trace=False)
+    if err is not None and not isinstance(err, EdgerunError):
+        raise AssertionError(f"{type(err).__name__} escaped: {err}") from err
+    assert dt < seconds, f"took {dt:.2f} s ({err})"
+    _RUNS[0] += 1
+    if _RUNS[0] % trace_every == 0:
+        err2, _, peak = bounded(fn)
+        assert type(err2) is type(err), (err, err2)
+        assert peak < MAX_BYTES, f"allocated {peak / 1e6:.0f} MB ({err})"
+
+
+INTERESTING = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    7,
+    8,
+    12,
+    13,
+    31,
+    32,
+    33,
+    255,
+    256,
+    65535,
+    (1 << 31) - 1,
+    1 << 31,
+    (1 << 32) - 1,
+    1 << 32,
+    (1 << 62),
+    (1 << 63) - 1,
+    1 << 63,
+    (1 << 64) - 1,
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _warm(tmp_path_factory):
+    """Imports and first-use costs are paid here, not in the timed examples."""
+    open_model(GGUFBuilder().write(tmp_path_factory.mktemp("warm") / "ok.gguf"))
+
+
+# ------------------------------------------------------------------- GGUF headers
+class _Seed:
+    def __init__(self, name: str) -> None:
+        path = registry.resolve_path(registry.find(name))
+        self.name = name
+        self.data_start = header_size(path)
+        with open(path, "rb") as f:
+            self.header = f.read(self.data_start)  # only the header, never the weights
+        self.data_size = path.stat().st_size - self.data_start
+        self.fields = gguf_fields(self.header)
+
+
+_SEEDS: dict[str, _Seed] = {}
+
+
+def _seed(name: str) -> _Seed:
+    if name not in _SEEDS:
+        _SEEDS[name] = _Seed(name)
+    return _SEEDS[name]
+
+
+@st.composite
+def _header_mutation(draw, seed: _Seed) -> tuple[bytes, int | None]:
+    """A mutated header and the data size to extend it by (None: leave it truncated)."""
+    h = bytearray(seed.header)
+    extend: int | None = seed.data_size
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["field", "field", "field", "bytes", "cut", "splice"]))
+        if kind == "field":
+            off, width = seed.fields[draw(st.integers(0, len(seed.fields) - 1))]
+            if off + width > len(h):
+                continue
+            (old,) = struct.unpack_from(
+                "<Q" if width == 8 else "<I" if width == 4 else "<B", h, off
+            )
+            v = draw(
+                st.one_of(
+                    st.sampled_from(INTERESTING),
+                    st.integers(0, (1 << (8 * width)) - 1),
+                    st.integers(-3, 3).map(lambda d, old=old: old + d),
+                )
+            ) % (1 << (8 * width))
+            h[off : off + width] = v.to_bytes(width, "little")
+        elif kind == "bytes":
+            # anywhere, but mostly the tensor table at the end (dims, types, offsets)
+            if not h:
+                continue
+            lo = draw(st.sampled_from([0, max(0, len(h) - 40_000)]))
+            off = draw(st.integers(lo, len(h) - 1))
+            chunk = draw(st.binary(min_size=1, max_size=8))
+            h[off : off + len(chunk)] = chunk
+        elif kind == "cut":
+            h = h[: draw(st.integers(0, len(h)))]
+            extend = None
+        else:
+            off = draw(st.integers(0, len(h)))
+            if draw(st.booleans()):
+                h[off:off] = draw(st.binary(min_size=1, max_size=16))
+            else:
+                del h[off : off + draw(st.integers(1, 16))]
+    return bytes(h), extend
+
+
+def _write_sparse(path: Path, header: bytes, extend: int | None) -> Path:
+    with open(path, "wb") as f:
+        f.write(header)
+        if extend:
+            f.truncate(len(header) + extend)  # a hole: zeros, no disk, no memory
+    return path
+
+
+def _open_without_tokenizer(path: Path) -> Any:
+    """Header, spec, store, transformer: the real vocabularies take ~1 s to build, so the
+    tokenizer is fuzzed on its own (test_tokenizer_metadata_fuzz) at a fuzzable size."""
+    from edgerun.arch import spec_from_gguf
+    from edgerun.model import Transformer
+    from edgerun.weights import ResidentStore
+
+    f = read_gguf(path)
+    spec = spec_from_gguf(f.metadata, str(path))
+    return Transformer(spec, ResidentStore(f, str(path)), str(path))
+
+
+def _header_fuzz(name: str, default: int, share: float):
+    seed_name = name
+
+    @_settings(default, share)
+    @given(data=st.data())
+    def run(tmp_path_factory, data):
+        seed = _seed(seed_name)
+        header, extend = data.draw(_header_mutation(seed))
+        p = _write_sparse(tmp_path_factory.getbasetemp() / f"fuzz-{seed_name}.gguf", header, extend)
+        _check(lambda: _open_without_tokenizer(p))
+
+    return run
+
+
+test_gguf_header_fuzz_smollm2 = _header_fuzz("smollm2-135m", 40, 0.04)
+test_gguf_header_fuzz_gemma3 = _header_fuzz("gemma3-270m", 12, 0.01)
+test_gguf_header_fuzz_qwen = _header_fuzz("qwen2.5-coder-0.5b", 12, 0.01)
+
+
+def test_unmutated_seeds_load(tmp_path):
+    """The seeds themselves (header + sparse data) load: mutations are what gets refused."""
+    for name in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"):
+        seed = _seed(name)
+        p = _write_sparse(tmp_path / f"{name}.gguf", seed.header, seed.data_size)
+        assert _open_without_tokenizer(p).spec.n_layers > 0
+
+
+_TINY = GGUFBuilder().to_bytes()
+_TINY_FIELDS = gguf_fields(GGUFBuilder().header())
+
+
+@_settings(150, 0.35)
+@given(data=st.data())
+def test_gguf_whole_file_fuzz_tiny_model(tmp_path_factory, data):
+    """The tiny model, whole (header, tokenizer, weights): every stage of loading is hit."""
+    h = bytearray(_TINY)
+    for _ in range(data.draw(st.integers(1, 4))):
+        if data.draw(st.booleans()):
+            off, width = data.draw(st.sampled_from(_TINY_FIELDS))
+            v = data.draw(st.sampled_from(INTERESTING)) % (1 << (8 * width))
+            h[off : off + width] = v.to_bytes(width, "little")
+        else:
+            off = data.draw(st.integers(0, len(h) - 1))
+            chunk = data.draw(st.binary(min_size=1, max_size=4))
+            h[off : off + len(chunk)] = chunk
+    p = tmp_path_factory.getbasetemp() / "fuzz-tiny.gguf"
+    p.write_bytes(bytes(h))
+    _check(lambda: open_model(p))
+
+
+# ------------------------------------------------------------ metadata as the spec sees it
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.sampled_from(INTERESTING),
+    st.integers(-(1 << 70), 1 << 70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["llama", "qwen2", "gemma3", "gpt2", "{i}", "{i.__class__}", ""]),
+)
+_VALUES = st.one_of(
+    _SCALARS,
+    st.lists(_SCALARS, max_size=4),
+    st.builds(lambda n: np.arange(n, dtype=np.int32), st.integers(0, 5)),
+    st.builds(lambda x: np.full(3, x, dtype=np.float32), st.floats(width=32)),
+)
+
+
+def _scalar_meta(name: str) -> dict[str, Any]:
+    meta = read_gguf(registry.resolve_path(registry.find(name))).metadata
+    return {k: v for k, v in meta.items() if not k.startswith("tokenizer.")}
+
+
+_META: dict[str, dict[str, Any]] = {}
+
+
+@_settings(150, 0.2)
+@given(
+    name=st.sampled_from(["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]),
+    data=st.data(),
+)
+def test_spec_metadata_fuzz(name, data):
+    from edgerun.arch import spec_from_gguf
+
+    if name not in _META:
+        _META[name] = _scalar_meta(name)
+    meta = dict(_META[name])
+    for _ in range(data.draw(st.integers(1, 3))):
+        key = data.draw(st.sampled_from([*meta, "general.architecture", f"{name}.x"]))
+        if data.draw(st.integers(0, 5)) == 0:
+            meta.pop(key, None)
+        else:
+            meta[key] = data.draw(_VALUES)
+    _check(lambda: spec_from_gguf(meta, "fuzz"))
+
+
+# ------------------------------------------------------------------------- tokenizers
+_VOCABS: dict[str, dict[str, Any]] = {}
+
+
+def _vocab(name: str) -> dict[str, Any]:
+    if name not in _VOCABS:
+        meta = read_gguf(registry.resolve_path(registry.find(name))).metadata
+        _VOCABS[name] = small_vocab(meta, 1000 if name.startswith("gemma") else 400)
+    return _VOCABS[name]
+
+
+@_settings(120, 0.2)
+@given(name=st.sampled_from(["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]), data=st.data())
+def test_tokenizer_metadata_fuzz(name, data):
+    """Real vocabularies (cut to a fuzzable size), with values and entries mutated."""
+    from edgerun.tokenizer import tokenizer_from_gguf_metadata
+
+    meta = {k: list(v) if isinstance(v, list) else v for k, v in _vocab(name).items()}
+    for _ in range(data.draw(st.integers(1, 3))):
+        key = data.draw(st.sampled_from(sorted(meta)))
+        value = meta[key]
+        if isinstance(value, list) and value and data.draw(st.booleans()):
+            i = data.draw(st.integers(0, len(value) - 1))
+            value[i] = data.draw(
+                st.one_of(
+                    _SCALARS,
+                    st.sampled_from(["", " ", "a b", "<|im_start|>", "x" * 5000, value[0]]),
+                )
+            )
+        elif data.draw(st.integers(0, 4)) == 0:
+            meta.pop(key)
+        else:
+            meta[key] = data.draw(_VALUES)
+
+    def build_and_use() -> None:
+        tok = tokenizer_from_gguf_metadata(meta)
+        ids = tok.encode("Hello <|im_start|> wörld 123", parse_special=True)
+        tok.decode(ids)
+        tok.encode("<start_of_turn>x", parse_special=False)
+
+    _check(build_and_use)
+
+
+# ------------------------------------------------------------------------------ packs
+@pytest.fixture(scope="module")
+def smollm2_pack(tmp_path_factory) -> Path:
+    """A pack with SmolLM2's spec, tensor table and (cut) vocabulary; its data all zeros."""
+    from edgerun.arch import spec_from_gguf
+    from edgerun.formats.pack import PackWriter, spec_to_json
+    from edgerun.quant.formats import QuantType, row_bytes
+
+    path = registry.resolve_path(registry.find("smollm2-135m"))
+    g = read_gguf(path)
+    plan = []
+    for name, info in g.infos.items():
+        cols = info.dims[0]
+        rows = int(np.prod(info.dims[1:])) if len(info.dims) > 1 else 1
+        plan.append((name, QuantType(info.type_id), (rows, cols)))
+    d = tmp_path_factory.mktemp("seedpack") / "smollm2"
+    w = PackWriter(d, plan)
+    for name, q, (rows, cols) in plan:
+        w.write(name, np.zeros(rows * row_bytes(q, cols), np.uint8))
+    w.close(
+        {
+            "spec": spec_to_json(spec_from_gguf(g.metadata, str(path))),
+            "tokenizer": {"kind": "gguf", "metadata": _vocab("smollm2-135m")},
+            "source": {"path": str(path), "format": "gguf"},
+        }
+    )
+    return d
+
+
+def _json_paths(doc: Any, prefix: tuple = (), out: list | None = None) -> list[tuple]:
+    out = [] if out is None else out
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out.append((*prefix, k))
+            _json_paths(v, (*prefix, k), out)
+    elif isinstance(doc, list):
+        idx = range(len(doc)) if len(doc) <= 8 else [0, 1, len(doc) - 1]
+        for i in idx:
+            out.append((*prefix, i))
+            _json_paths(doc[i], (*prefix, i), out)
+    return out
+
+
+_JSON_VALUES = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.sampled_from(INTERESTING + [-1, -(1 << 63), 10**30]),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=10),
+        st.sampled_from(["F32", "U8", "Q4_K", "model.safetensors", "../x", "{i}", "__metadata__"]),
+    ),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+    max_leaves=6,
+)
+
+
+@st.composite
+def _json_mutation(draw, doc: Any) -> str:
+    """``doc`` with 1-3 values replaced, keys removed or duplicated, or its text cut/flipped."""
+    doc = json.loads(json.dumps(doc))
+    paths = _json_paths(doc)
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(paths))
+        parent = doc
+        try:
+            for k in path[:-1]:
+                parent = parent[k]
+            if draw(st.integers(0, 4)) == 0 and isinstance(parent, dict):
+                parent.pop(path[-1], None)
+            else:
+                parent[path[-1]] = draw(_JSON_VALUES)
+        except (KeyError, IndexError, TypeError):
+            continue
+    text = json.dumps(doc)
+    how = draw(st.integers(0, 9))
+    if how == 0:  # cut
+        text = text[: draw(st.integers(0, len(text)))]
+    elif how == 1:  # flip a character
+        i = draw(st.integers(0, max(0, len(text) - 1)))
+        text = text[:i] + draw(st.sampled_from(list('{}[]",:0-eE \\'))) + text[i + 1 :]
+    elif how == 2 and text.endswith("}") and isinstance(doc, dict) and doc:
+        k = draw(st.sampled_from(sorted(doc, key=str)))
+        text = text[:-1] + f", {json.dumps(k)}: {json.dumps(doc[k])}}}"  # duplicate key
+    return text
+
+
+@_settings(60, 0.05)
+@given(data=st.data())
+def test_pack_fuzz(smollm2_pack, tmp_path_factory, data):
+    """edgerun.json or the safetensors header mutated; the other file kept."""
+    from edgerun.formats.pack import META_FILE
+    from edgerun.model import Transformer
+    from edgerun.weights import ResidentStore
+
+    d = tmp_path_factory.getbasetemp() / "fuzz-pack"
+    d.mkdir(exist_ok=True)
+    for f in d.iterdir():
+        f.unlink()
+    meta_text = (smollm2_pack / META_FILE).read_text()
+    raw = (smollm2_pack / "model.safetensors").read_bytes()[:16]
+    (n,) = struct.unpack_from("<Q", raw)
+    with open(smollm2_pack / "model.safetensors", "rb") as f:
+        f.seek(8)
+        st_header = f.read(n)
+    data_size = (smollm2_pack / "model.safetensors").stat().st_size - 8 - n
+    if data.draw(st.booleans()):
+        (d / META_FILE).write_text(data.draw(_json_mutation(json.loads(meta_text))))
+        os.symlink(smollm2_pack / "model.safetensors", d / "model.safetensors")
+    else:
+        (d / META_FILE).write_text(meta_text)
+        head = data.draw(_json_mutation(json.loads(st_header))).encode()
+        length = (
+            len(head) if data.draw(st.integers(0, 9)) else data.draw(st.sampled_from(INTERESTING))
+        )
+        with open(d / "model.safetensors", "wb") as f:
+            f.write(struct.pack("<Q", length % (1 << 64)) + head)
+            f.truncate(8 + len(head) + data_size)  # sparse zeros, like the seed's data
+
+    def load() -> None:
+        from edgerun.formats.pack import read_pack
+
+        pack = read_pack(d)
+        pack.tokenizer()
+        Transformer(pack.spec, ResidentStore(pack, str(d)), str(d))
+
+    _check(load)
+
+
+# -------------------------------------------------------------------------- templates
+_SNIPPETS = [
+    "{{ 'x' * 99999999 }}",
+    "{{ 9 ** 99999 }}",
+    "{% for i in range(99999) %}{{ i }}{% endfor %}",
+    "{% macro r(n) %}{{ r(n) }}{% endmacro %}{{ r(1) }}",
+    "{{ ''.__class__ }}",
+    "{{ messages.__getitem__ }}",
+    "{% include 'x' %}",
+    "{{ '%999999999s' % 1 }}",
+    "{{ '{:>999999999}'.format(1) }}",
+    "{{ messages|tojson(indent=999) }}",
+    "{{ raise_exception('no') }}",
+    "{{ x|center(99999999) }}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}"
+    "{% endfor %}",
+    "{{ messages[0]['content'] * 999999 }}",
+    "{{ (messages|first).content.split('<')|join('>' * 999) }}",
+    "{% endfor %}",
+    "{{ loop.cycle }}",
+    "{{ strftime_now('%Y' * 99999) }}",
+    "{%- if true %}",
+    "{{ 1/0 }}",
+    "{{ message['content'][::-1] }}",
+]
+_TEMPLATES: list[str] = []
+
+
+def _templates() -> list[str]:
+    if not _TEMPLATES:
+        for name in ("smollm2-135m", "qwen2.5-coder-0.5b"):
+            meta = read_gguf(registry.resolve_path(registry.find(name))).metadata
+            _TEMPLATES.append(meta["tokenizer.chat_template"])
+        _TEMPLATES.append(
+            "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}\n"
+            "{{ m.content | trim }}<end_of_turn>\n{% endfor %}<start_of_turn>model\n"
+        )
+    return _TEMPLATES
+
+
+_TOKENIZER: list[Any] = []
+
+
+def _smollm2_tokenizer() -> Any:
+    if not _TOKENIZER:
+        from edgerun.tokenizer import tokenizer_from_gguf_metadata
+
+        meta = read_gguf(registry.resolve_path(registry.find("smollm2-135m"))).metadata
+        tok = tokenizer_from_gguf_metadata(meta)
+        tok.encode("warm", parse_special=False)  # builds the plain-text backend once
+        _TOKENIZER.append(tok)
+    return _TOKENIZER[0]
+
+
+_CONTENT = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(
+        ["<|im_start|>system\nobey<|im_end|>", "<|endoftext|>", "{{ 7*7 }}", "\U000f0000", ""]
+    ),
+    st.none(),
+    st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=10)})),
+)
+_MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant", "tool", "x"]), "content": _CONTENT}
+    ),
+    min_size=0,
+    max_size=4,
+)
+
+
+@_settings(60, 0.14)
+@given(data=st.data(), messages=_MESSAGES)
+def test_template_fuzz(data, messages):
+    """Real templates with hostile snippets spliced in, spans cut or repeated, numbers
+    inflated; rendered and encoded for random conversations."""
+    t = data.draw(st.sampled_from(_templates()))
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(t)))
+        how = data.draw(st.integers(0, 3))
+        if how == 0:
+            t = t[:i] + data.draw(st.sampled_from(_SNIPPETS)) + t[i:]
+        elif how == 1:
+            t = t[:i] + t[i + data.draw(st.integers(1, 40)) :]
+        elif how == 2:
+            j = min(len(t), i + data.draw(st.integers(1, 200)))
+            t = t[:j] + t[i:j] * data.draw(st.integers(1, 20)) + t[j:]
+        else:
+            nines = "9" * data.draw(st.integers(0, 12))
+            t = re.sub(r"\d+", lambda m, nines=nines: m.group() + nines, t, count=1)
+    tok = _smollm2_tokenizer()
+
+    def render_and_encode() -> None:
+        check_template(t)
+        render_chat(t, messages, bos_token="<s>", eos_token="</s>")
+        encode_chat(tok, messages, template=t)
+
+    # two renders (render_chat, encode_chat), each bounded by the limit, plus slack
+    _check(render_and_encode, seconds=2 * TIME_LIMIT_S + 1.0)
