@@ -108,6 +108,35 @@ class Session:
         self.last = r
         return r
 
+    def complete(
+        self,
+        ids: Sequence[int],
+        max_tokens: int = 512,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        on_token: Callable[[str], None] | None = None,
+        **sampling: Any,
+    ) -> Request:
+        """Generate after the token ids `ids` on this session's cache, leaving the history
+        to the caller (an app that edits and re-renders its own conversation). The cache's
+        common prefix with `ids` is reused."""
+        if self.last is not None and not self.last.finished.is_set():
+            raise InvalidArgumentError(
+                "this session is still answering; wait for it or cancel it first"
+            )
+        m = self.model
+        params = m.settings.sampling(seed, **sampling)
+        self.last = m.scheduler.submit(
+            ids,
+            params,
+            max_tokens,
+            stop,
+            cache=self.cache,
+            prefix_len=self._prefix_len(ids),
+            on_token=on_token,
+        )
+        return self.last
+
     def _finished(self, r: Request) -> None:
         if r.stats.finish_reason == "error":
             if self.messages and self.messages[-1]["role"] == "user":

@@ -330,7 +330,7 @@ def test_context_full_drop_oldest_and_new_chat(tmp_path):
             await pilot.click("#send")
             await finish(app, pilot)
             assert app.last_stats.finish_reason == "length"
-            assert small.generator.cache.length == small.n_ctx
+            assert app.session().cache.length == small.n_ctx
             assert any("context window is full" in n for n in app.notes)
 
     run(go())
@@ -454,3 +454,25 @@ def test_threads_row_says_how_many_of_how_many() -> None:
     )
     assert _threads(auto) == "3 of 4"
     assert _threads(None) == "-"
+
+
+def test_resume_reuses_the_saved_kv_cache(model, tmp_path):
+    """A reopened chat loads its session's KV cache: the next turn computes only itself."""
+
+    async def go():
+        app = make_app(model, tmp_path)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await type_and_send(pilot, "Name a fruit")
+            await finish(app, pilot)
+            held = app.session().cache.length
+            kv = app.store.kv_path(app.conv)
+        assert held > 0 and kv.exists()
+        again = make_app(model, tmp_path, resume=True)
+        async with again.run_test(size=(100, 30)) as pilot:
+            assert again.resumed and again.session().cache.length == held
+            await type_and_send(pilot, "Another")
+            await finish(again, pilot)
+            st = again.last_stats
+            assert st.cached_tokens >= held - 2 and st.prompt_tokens > st.cached_tokens
+
+    asyncio.run(go())

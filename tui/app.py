@@ -191,6 +191,8 @@ class ChatApp(App):
         self._gen_worker: Any = None
         self._answer: MessageView | None = None
         self._preloaded = model
+        self._session: Any = None  # edgerun.Session of (self.conv, self.model): its KV cache
+        self._session_key: tuple | None = None
         self._queued = False  # a message typed while the model loads, sent once it is ready
         conv = self.store.latest() if resume else None
         self.resumed = conv is not None
@@ -263,9 +265,9 @@ class ChatApp(App):
         if m is None:
             self.sub_title = self.status_text
             return
-        parts = [self.model_label, f"ctx {m.generator.cache.length}/{m.n_ctx}"]
-        st = m.stats
-        if st.generated_tokens:
+        parts = [self.model_label, f"ctx {self.cache_length()}/{m.n_ctx}"]
+        st = self.last_stats
+        if st is not None and st.generated_tokens:
             parts.append(f"{st.generate_tps:.1f} tok/s")
         self.sub_title = " · ".join(parts)
 
@@ -406,6 +408,36 @@ class ChatApp(App):
         await self._start_generation(check=True)
         return True
 
+    def session(self) -> Any:
+        """The current conversation's Session on the loaded model (None for a model without
+        sessions). Its KV cache carries over between turns and is saved beside the
+        conversation, so reopening a chat does not recompute it."""
+        model = self.model
+        if model is None or not hasattr(model, "session"):
+            return None
+        key = (self.conv.id, id(model))
+        if self._session_key != key:
+            self._session = None
+            path = self.store.kv_path(self.conv)
+            if path.exists():
+                from edgerun.errors import EdgerunError
+                from edgerun.session import Session
+
+                try:
+                    self._session = Session.load(model, path)
+                except EdgerunError:  # another model's cache, or damaged: recompute instead
+                    self._session = None
+            if self._session is None:
+                self._session = model.session()
+            self._session_key = key
+        return self._session
+
+    def cache_length(self) -> int:
+        s = self.session()
+        if s is not None:
+            return s.cache.length
+        return self.model.generator.cache.length if self.model is not None else 0
+
     async def _start_generation(self, check: bool) -> None:
         model = self.model
         view = MessageView("assistant", "", title=f"Assistant · {self.model_label}")
@@ -418,7 +450,7 @@ class ChatApp(App):
         self.last_sampling = dict(sampling)
         self._set_status("Thinking…  (Escape stops)", busy=True)
         self._gen_worker = self._generate_worker(
-            self._gen, model, self._messages(), sampling, check, self._cancel
+            self._gen, model, self._messages(), sampling, check, self._cancel, self.session()
         )
 
     def _messages(self) -> list[dict[str, str]]:
@@ -456,6 +488,7 @@ class ChatApp(App):
         sampling: dict[str, Any],
         check: bool,
         cancel: threading.Event,
+        session: Any = None,
     ) -> None:
         from edgerun.errors import ContextOverflowError
 
@@ -471,7 +504,12 @@ class ChatApp(App):
                 self._post(gen, self.Finished("", None, None))
                 return
             stop = () if uses_template(model) else RAW_STOPS
-            it = model.generate(ids, stop=stop, **sampling)
+            request = None
+            if session is not None:  # the session's own KV cache, via the model's scheduler
+                request = session.complete(ids, stop=stop, **sampling)
+                it = iter(request)
+            else:
+                it = model.generate(ids, stop=stop, **sampling)
             pending, last_post = "", 0.0
             try:
                 for piece in it:
@@ -485,11 +523,14 @@ class ChatApp(App):
                         break
             finally:
                 it.close()  # marks stats.finish_reason "cancelled" if we broke out
+                if request is not None:
+                    request.finished.wait(timeout=30)
             if pending:
                 self._post(gen, self.Token(pending))
             if not uses_template(model):
                 text = text.strip()
-            self._post(gen, self.Finished(text, dataclasses.replace(model.stats), None))
+            stats = request.stats if request is not None else model.stats
+            self._post(gen, self.Finished(text, dataclasses.replace(stats), None))
         except ContextOverflowError:
             self._post(gen, self.ContextFull(n, False))
         except Exception as e:  # noqa: BLE001 - shown to the user, never a crash
@@ -545,7 +586,7 @@ class ChatApp(App):
             elif (
                 st.finish_reason == "length"
                 and self.model is not None
-                and self.model.generator.cache.room() == 0
+                and self.cache_length() >= self.model.n_ctx
             ):
                 self.notify(
                     "The context window is full and the answer was cut off. Your next message "
@@ -786,10 +827,30 @@ class ChatApp(App):
             if not self.conv.messages:
                 self.store.delete(self.conv)
                 return None
-            return self.store.save(self.conv)
+            path = self.store.save(self.conv)
+            self._save_cache()
+            return path
         except OSError as e:
             self.notify(f"Could not save the conversation: {e}", severity="error")
             return None
+
+    def _save_cache(self) -> None:
+        """The session's KV cache beside the conversation (best effort: a failure only
+        means the next open recomputes it)."""
+        s = self._session if self._session_key == (self.conv.id, id(self.model)) else None
+        if s is None or self.generating or not s.cache.length:
+            return
+        from edgerun.errors import EdgerunError
+
+        try:
+            s.messages = [
+                {"role": m["role"], "content": m["content"]}
+                for m in self.conv.messages
+                if isinstance(m.get("content"), str)
+            ]
+            s.save(self.store.kv_path(self.conv))
+        except (EdgerunError, OSError):
+            pass
 
 
 def _recommended(model: Any) -> ModelSettings | None:

@@ -98,13 +98,13 @@ def default_providers(app: Any) -> list[tuple[str, Callable[[], str]]]:
     from edgerun.sysinfo import peak_rss_bytes
 
     def st():
-        return app.model.stats if app.model is not None else None
+        return getattr(app, "last_stats", None) if app.model is not None else None
 
     def ctx() -> str:
         m = app.model
         if m is None:
             return "-"
-        used = m.generator.cache.length
+        used = app.cache_length() if hasattr(app, "cache_length") else m.generator.cache.length
         return f"{used} / {m.n_ctx} ({100 * used / max(1, m.n_ctx):.0f}%)"
 
     def prompt() -> str:

@@ -137,18 +137,22 @@ class ConversationStore:
     def path(self, conv: Conversation) -> Path:
         return self.dir / f"{conv.id}.json"
 
+    def kv_path(self, conv: Conversation) -> Path:
+        """The conversation's saved KV cache (edgerun.Session.save), beside its JSON."""
+        return self.dir / f"{conv.id}.kv.safetensors"
+
     def save(self, conv: Conversation) -> Path:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        """Atomically (temp file, fsync, rename, fsync of the folder)."""
+        from edgerun.atomic import write_bytes_atomic
+
         conv.updated = time.time()
         conv.title = conv.auto_title()
-        path = self.path(conv)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(conv.to_dict(), indent=2, ensure_ascii=False), "utf-8")
-        os.replace(tmp, path)
-        return path
+        data = json.dumps(conv.to_dict(), indent=2, ensure_ascii=False).encode("utf-8")
+        return write_bytes_atomic(self.path(conv), data)
 
     def delete(self, conv: Conversation) -> None:
         self.path(conv).unlink(missing_ok=True)
+        self.kv_path(conv).unlink(missing_ok=True)
 
     def load(self, path_or_id: str | os.PathLike) -> Conversation:
         p = Path(path_or_id)
