@@ -93,7 +93,8 @@ class Request:
         self.sampler: Sampler | None = None
         self.decoder: StreamDecoder | None = None
         self.matcher: StopMatcher | None = None
-        self.t_decode = 0.0
+        self.t_decode = 0.0  # perf_counter when its first decode step began
+        self.t_finished = 0.0
 
     # -- consumer side --------------------------------------------------------------
     def cancel(self) -> None:
@@ -178,6 +179,7 @@ class Request:
         if self.t_decode:
             st.generate_seconds = time.perf_counter() - self.t_decode
         st.peak_rss_bytes = peak_rss_bytes()
+        self.t_finished = time.perf_counter()
         self.error = error
         if self.on_finish is not None:
             try:

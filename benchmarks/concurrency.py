@@ -1,0 +1,123 @@
+"""Concurrent sessions: batched decoding (one weight read per step for all sequences)
+against running the same requests one after another, on the same loaded model.
+
+For N in --sessions: N requests with different prompts, each generating exactly -n tokens
+(EOS ignored), submitted at once to the model's BatchScheduler; then the same N requests
+sequentially. Reports aggregate tok/s (all tokens / wall time), aggregate decode tok/s
+(tokens / time from the first decode step to the last finish), per-session decode tok/s
+and TTFT (mean, p95). Runs alternate (batched, sequential) per repetition; medians.
+
+Usage: python benchmarks/concurrency.py [-m MODEL ...] [-s 1,2,4,8] [-n 64] [-r 3] [-t 2]
+                                        [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+PROMPTS = [
+    "Write a short story about a robot learning to paint.",
+    "Explain how a hash map works, step by step.",
+    "List ten things to pack for a camping trip and say why.",
+    "Describe the water cycle to a ten year old.",
+    "What are the pros and cons of electric cars?",
+    "Write a poem about the sea at night.",
+    "How do vaccines train the immune system?",
+    "Give me a recipe for a simple tomato soup.",
+]
+
+
+def _run(model, n_sessions: int, n_gen: int, concurrent: bool) -> dict:
+    from edgerun.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.0, repeat_penalty=1.0)
+    ids = [
+        model.encode_chat([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
+        for i in range(n_sessions)
+    ]
+    sched = model.scheduler
+    t0 = time.perf_counter()
+    reqs = []
+    if concurrent:
+        reqs = [sched.submit(x, params, n_gen, eos_ids=[]) for x in ids]
+        for r in reqs:
+            r.wait()
+    else:
+        for x in ids:
+            r = sched.submit(x, params, n_gen, eos_ids=[])
+            r.wait()
+            reqs.append(r)
+    wall = time.perf_counter() - t0
+    gen = sum(r.stats.generated_tokens for r in reqs)
+    if concurrent:
+        decode_span = max(r.t_finished for r in reqs) - min(r.t_decode for r in reqs)
+    else:
+        decode_span = sum(r.t_finished - r.t_decode for r in reqs)
+    ttft = sorted(r.stats.ttft_seconds for r in reqs)
+    p95 = ttft[min(len(ttft) - 1, int(round(0.95 * (len(ttft) - 1))))]
+    return {
+        "aggregate_tps": gen / wall,
+        "aggregate_decode_tps": gen / decode_span,
+        "per_session_tps": statistics.mean(r.stats.generate_tps for r in reqs),
+        "ttft_mean_s": statistics.mean(ttft),
+        "ttft_p95_s": p95,
+        "mean_batch": statistics.mean(b for r in reqs for b in r.stats.batch_sizes),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-m", "--model", action="append", default=None)
+    ap.add_argument("-s", "--sessions", default="1,2,4,8")
+    ap.add_argument("-n", "--n-gen", type=int, default=64)
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    import edgerun
+
+    rows = []
+    for name in args.model or ["smollm2-135m", "qwen2.5-coder-0.5b"]:
+        model = edgerun.load(name, threads=args.threads, n_ctx=512)
+        model.warm_up()
+        _run(model, 2, 4, True)  # scheduler thread up, kernels hot
+        base = None
+        for n in [int(x) for x in args.sessions.split(",")]:
+            runs = {"batched": [], "sequential": []}
+            for _ in range(args.repetitions):
+                runs["batched"].append(_run(model, n, args.n_gen, True))
+                runs["sequential"].append(_run(model, n, args.n_gen, False))
+            med = {
+                mode: {k: statistics.median(x[k] for x in rs) for k in rs[0]}
+                for mode, rs in runs.items()
+            }
+            if n == 1:
+                base = med["batched"]["aggregate_decode_tps"]
+            row = {"model": name, "sessions": n, **{m: v for m, v in med.items()}}
+            row["decode_vs_one"] = med["batched"]["aggregate_decode_tps"] / base if base else None
+            seq_tps = med["sequential"]["aggregate_tps"]
+            row["vs_sequential"] = med["batched"]["aggregate_tps"] / seq_tps
+            rows.append(row)
+            b, s = med["batched"], med["sequential"]
+            print(
+                f"{name:20s} N={n}  batched: agg {b['aggregate_tps']:6.1f} tok/s, decode "
+                f"{b['aggregate_decode_tps']:6.1f} ({row['decode_vs_one']:.2f}x one), per-session "
+                f"{b['per_session_tps']:5.1f}, TTFT mean {b['ttft_mean_s']:.2f} s p95 "
+                f"{b['ttft_p95_s']:.2f} s | sequential: agg {s['aggregate_tps']:6.1f}, TTFT mean "
+                f"{s['ttft_mean_s']:.2f} s p95 {s['ttft_p95_s']:.2f} s | batched/sequential "
+                f"{row['vs_sequential']:.2f}x",
+                flush=True,
+            )
+        model.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "n_gen": args.n_gen, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
