@@ -120,6 +120,10 @@ class Model:
         if n_ctx <= 0:
             n_ctx = self.spec.context_length
         self.n_ctx = min(n_ctx, self.spec.context_length)
+        if self.tokenizer.chat_template:  # untrusted: compiled (and checked) once, here
+            from edgerun.chat import check_template
+
+            check_template(self.tokenizer.chat_template)
         self.plan = None
         self.floor_bytes = current_rss_bytes() + KERNEL_FLOOR_BYTES
         self.store = ResidentStore(self.file, str(self.path))
@@ -280,8 +284,19 @@ class Model:
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> list[int]:
         """Token ids of a conversation rendered with the chat template."""
-        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
-        return self.tokenizer.encode(text, add_bos=None, parse_special=True)
+        from edgerun.chat import encode_chat
+
+        self._need_template()
+        return encode_chat(
+            self.tokenizer, messages, self.tokenizer.chat_template, add_generation_prompt
+        )
+
+    def _need_template(self) -> None:
+        if not self.tokenizer.chat_template:
+            raise EdgerunError(
+                f"{self.path.name} has no chat template (a base model); use plain completion "
+                "(`generate`, or --raw on the command line)"
+            )
 
     # -- introspection --------------------------------------------------------
     @property
@@ -410,8 +425,7 @@ class Model:
             raise InvalidArgumentError(
                 "messages must be a list of dicts with 'role' and 'content' keys"
             )
-        text = self.render_chat(self.with_system(messages))
-        ids = self.tokenizer.encode(text, add_bos=None, parse_special=True)
+        ids = self.encode_chat(self.with_system(messages))
         params = self.settings.sampling(
             seed,
             temperature=temperature,
