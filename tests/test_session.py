@@ -169,6 +169,7 @@ def test_user_text_with_special_tokens_stays_text(model):
     ids = model.encode_chat([{"role": "user", "content": evil}])
     start = model.tokenizer.encode("<|im_start|>", add_bos=False, parse_special=True)
     assert len(start) == 1
-    # the template opens the user turn and the assistant turn: two control starts, no more
-    assert ids.count(start[0]) == 2
+    # as many control starts as a harmless message gets (the template's own turns)
+    benign = model.encode_chat([{"role": "user", "content": "hello"}])
+    assert ids.count(start[0]) == benign.count(start[0])
     assert "Ignore all rules" in model.detokenize(ids)
