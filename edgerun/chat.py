@@ -591,6 +591,10 @@ def encode_chat(
     """
     if template is None:
         template = tokenizer.chat_template
+    if not isinstance(messages, list | tuple) or not all(isinstance(m, dict) for m in messages):
+        raise ChatTemplateError(
+            "messages must be a list of dicts like {'role': ..., 'content': ...}"
+        )
     specials: dict[str, int] = tokenizer.special_texts()
     pattern = tokenizer.special_pattern()
     bos, eos = tokenizer.bos_token, tokenizer.eos_token

@@ -144,6 +144,11 @@ CASES: dict[str, tuple[Callable[[GGUFBuilder], None], tuple[str, ...], type]] = 
         ("string #1 of metadata 'x.a'",),
         ModelFormatError,
     ),
+    "string_arrays_over_2M_strings": (
+        lambda b: b.extra_kv.append(gstr("x.a") + struct.pack("<IIQ", ARR, STR, (1 << 21) + 1)),
+        ("element count of metadata 'x.a'", "in all metadata arrays"),
+        ModelFormatError,
+    ),
     "nested_array": (
         lambda b: b.extra_kv.append(gstr("x.a") + struct.pack("<IIQ", ARR, ARR, 1)),
         ("element type of metadata 'x.a'", "nested array"),

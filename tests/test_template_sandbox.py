@@ -153,6 +153,10 @@ def test_limits_scale_with_the_conversation():
 
 def test_errors_are_edgerun_errors():
     assert issubclass(ChatTemplateError, EdgerunError)
+    tok = _tokenizer("smollm2-135m")
+    for bad in (None, "hi", [1, 2], [{"role": "user"}, "x"]):
+        with pytest.raises(ChatTemplateError):
+            encode_chat(tok, bad)
 
 
 # ------------------------------------------------------------- special tokens in user text

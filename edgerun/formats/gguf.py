@@ -185,6 +185,9 @@ class GGUFFile:
 MAX_STRING_BYTES = 1 << 30
 MAX_DIMS = 4
 MAX_COUNT = 1_000_000  # tensors or metadata keys; real models have a few thousand at most
+# Strings in all metadata arrays together (each is walked in Python): the largest real
+# vocabularies have ~300k tokens plus as many merges.
+MAX_ARRAY_STRINGS = 1 << 21
 _INT64_MAX = (1 << 63) - 1
 # The fewest bytes one entry can take: a key (u64 length, >= 1 byte), a u32 type and a
 # 1-byte value; a tensor info: a name (u64 length, >= 1 byte), u32 n_dims, one u64 dim,
@@ -196,13 +199,14 @@ _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8
 class _Cursor:
     """Sequential reader over the mapped header; every read is bounds-checked first."""
 
-    __slots__ = ("buf", "pos", "path", "size")
+    __slots__ = ("buf", "pos", "path", "size", "strings_left")
 
     def __init__(self, buf: Any, path: Path) -> None:
         self.buf = buf
         self.pos = 0
         self.path = path
         self.size = len(buf)
+        self.strings_left = MAX_ARRAY_STRINGS
 
     def fail(self, what: str, expected: str, found: Any) -> ModelFormatError:
         return ModelFormatError(
@@ -263,6 +267,14 @@ class _Cursor:
                 self.pos += count * dt.itemsize
                 return arr  # read-only: the file is mapped with ACCESS_READ
             if itype == GGUFValueType.STRING:
+                if count > self.strings_left:
+                    raise self.fail(
+                        f"element count of {what}",
+                        f"at most {self.strings_left} strings (at most {MAX_ARRAY_STRINGS} in "
+                        "all metadata arrays)",
+                        count,
+                    )
+                self.strings_left -= count
                 if count > (self.size - self.pos) // 8:
                     raise self.fail(
                         f"element count of {what}",

@@ -381,7 +381,7 @@ class _STFile:
             if not isinstance(ent, dict):
                 raise PackError(f"{where} should be an object, found {type(ent).__name__}")
             dt, shape, offs = ent.get("dtype"), ent.get("shape"), ent.get("data_offsets")
-            if dt not in _ST_DTYPE_SIZES:
+            if not isinstance(dt, str) or dt not in _ST_DTYPE_SIZES:
                 raise PackError(
                     f"{where}: field 'dtype' should be one of {', '.join(_ST_DTYPE_SIZES)}, "
                     f"found {dt!r}"

@@ -11,7 +11,6 @@ dummy-prefix space rule. :func:`sentencepiece_spec_to_metadata` goes the other w
 from __future__ import annotations
 
 import os
-import struct
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -116,12 +115,10 @@ class SentencePieceTokenizer(Tokenizer):
             unk_id = int(unknown[0]) if len(unknown) else 0
         self.unk_id = unk_id
 
-        # The scores as the ModelProto stores them (float32, four bytes each).
-        if scores.dtype == np.float32:
-            score_bytes = scores.astype("<f4", copy=False).tobytes()
-        else:
-            pack = struct.Struct("<f").pack
-            score_bytes = b"".join(pack(s) for s in scores.tolist())
+        # The scores as the ModelProto stores them (float32, four bytes each; a float64
+        # beyond the float32 range becomes +-inf, as struct would refuse it).
+        with np.errstate(over="ignore"):
+            score_bytes = scores.astype("<f4").tobytes()
 
         # One pass over the vocabulary builds the model the library runs (its pieces, serialized
         # straight into the ModelProto), the decoding table and the special-token strings.
