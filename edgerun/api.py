@@ -45,10 +45,14 @@ def resolve_model(model: str | os.PathLike | None, auto_pull: bool | None = None
             return p
         m = registry.find(str(model))
         if m is None:
-            known = ", ".join(x.name for x in registry.manifests())
+            import difflib
+
+            names = [x.name for x in registry.manifests()]
+            close = difflib.get_close_matches(str(model), names, n=1, cutoff=0.5)
+            hint = f"did you mean '{close[0]}'? " if close else ""
             raise ModelNotFoundError(
-                f"unknown model '{model}': not a file and not a registry name (known: {known}); "
-                "see `edgerun list`"
+                f"unknown model '{model}': not a file and not a registry name; {hint}"
+                f"(known: {', '.join(names)}); see `edgerun list`"
             )
     if not registry.is_installed(m):
         pull = m.default if auto_pull is None else auto_pull

@@ -70,6 +70,9 @@ def _offload_kwargs(args: argparse.Namespace) -> dict:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgerun", description="On-device LLM inference.")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (for bug reports)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="stream an answer to a prompt")
@@ -227,9 +230,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": prompt})
         pieces = model.chat(messages, stream=True, **sampling)
-    for piece in pieces:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+    interrupted = False
+    try:
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl+C: stop cleanly, report what was done, exit 130
+        interrupted = True
+        pieces.close()
     sys.stdout.write("\n")
     st = model.stats
     # The first run's kernel compile / cache load has a line of its own (engine.WarmUp).
@@ -241,7 +249,22 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         f"peak RSS: {peak_rss_bytes() / 2**20:.0f} MiB]"
     )
     print("\n" + "\n".join(lines), file=sys.stderr)
+    if interrupted:
+        print("edgerun: interrupted", file=sys.stderr)
+        return 130
     return 0
+
+
+def _check_runtime_args(args: argparse.Namespace) -> None:
+    """Numbers a user types that the parser cannot range-check: a clear error, not a
+    silent default."""
+    if getattr(args, "max_tokens", 1) is not None and getattr(args, "max_tokens", 1) <= 0:
+        raise EdgerunError(f"-n/--max-tokens must be > 0, got {args.max_tokens}")
+    if getattr(args, "ctx", None) is not None and args.ctx < 0:
+        raise EdgerunError(f"-c/--ctx must be >= 0 (0 = the model's maximum), got {args.ctx}")
+    t = getattr(args, "threads", None)
+    if isinstance(t, int) and t < 1:
+        raise EdgerunError(f"-t/--threads must be >= 1, got {t}")
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
@@ -523,8 +546,13 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     try:
+        _check_runtime_args(args)
         return COMMANDS[args.command](args)
     except EdgerunError as e:
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
         print(f"edgerun: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -226,7 +226,7 @@ class Generator:
                 tail = matcher.feed(decoder.flush()) + matcher.flush()
                 if tail:
                     yield tail
-        except GeneratorExit:
+        except (GeneratorExit, KeyboardInterrupt):
             stats.finish_reason = "cancelled"
             raise
         finally:

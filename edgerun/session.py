@@ -86,6 +86,7 @@ class Session:
             raise InvalidArgumentError(
                 "this session is still answering; wait for it or cancel it first"
             )
+        _check_max_tokens(max_tokens)
         m = self.model
         params = m.settings.sampling(seed, **sampling)
         self.messages.append({"role": "user", "content": text})
@@ -124,6 +125,7 @@ class Session:
             raise InvalidArgumentError(
                 "this session is still answering; wait for it or cancel it first"
             )
+        _check_max_tokens(max_tokens)
         m = self.model
         params = m.settings.sampling(seed, **sampling)
         self.last = m.scheduler.submit(
@@ -277,6 +279,11 @@ class Session:
         c.tokens[:] = tokens
         sess.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
         return sess
+
+
+def _check_max_tokens(n: object) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        raise InvalidArgumentError(f"max_tokens must be a positive integer, got {n!r}")
 
 
 def _json_field(meta: dict, key: str, kind: Any, where: str) -> Any:
