@@ -246,6 +246,15 @@ class ChatApp(App):
             self.load_model(self.model_name, self.n_ctx)
         if self.resumed:
             self.notify(f"Resumed: {self.conv.title or self.conv.auto_title()}")
+        self._report_broken()
+
+    def _report_broken(self) -> None:
+        """Name the conversation files that could not be read (they are skipped, the others
+        still open)."""
+        for path, why in self.store.broken:
+            self.notify(
+                f"Skipped an unreadable conversation {path.name}: {why}", severity="warning"
+            )
         self._tick()
 
     def _set_status(self, text: str, busy: bool = False) -> None:
@@ -806,7 +815,9 @@ class ChatApp(App):
         self.notify("Settings saved.")
 
     def action_conversations(self) -> None:
-        self.push_screen(ConversationsScreen(self.store.list()), callback=self._open_conversation)
+        convs = self.store.list()
+        self._report_broken()
+        self.push_screen(ConversationsScreen(convs), callback=self._open_conversation)
 
     async def _open_conversation(self, conv: Conversation | None) -> None:
         if conv is None:

@@ -133,6 +133,7 @@ class ConversationStore:
 
     def __init__(self, directory: str | os.PathLike | None = None) -> None:
         self.dir = Path(directory) if directory is not None else default_dir()
+        self.broken: list[tuple[Path, str]] = []  # files the last list() could not read
 
     def path(self, conv: Conversation) -> Path:
         return self.dir / f"{conv.id}.json"
@@ -161,14 +162,17 @@ class ConversationStore:
         return Conversation.from_dict(json.loads(p.read_text("utf-8")))
 
     def list(self) -> list[Conversation]:
-        """Saved conversations, most recently updated first (unreadable files skipped)."""
+        """Saved conversations, most recently updated first. A file that cannot be read is
+        skipped and recorded in `self.broken` (path, why), never hiding the others."""
+        self.broken = []
         if not self.dir.is_dir():
             return []
         out = []
-        for p in self.dir.glob("*.json"):
+        for p in sorted(self.dir.glob("*.json")):
             try:
                 out.append(self.load(p))
-            except (OSError, ValueError, TypeError):
+            except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+                self.broken.append((p, f"{type(e).__name__}: {e}"))
                 continue
         out.sort(key=lambda c: c.updated, reverse=True)
         return out
