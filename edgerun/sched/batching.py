@@ -346,7 +346,10 @@ class BatchScheduler:
         end = len(ids) - 1
         if 0 < r.prefix_len < end and done < r.prefix_len:
             end = r.prefix_len  # stop at the shared prefix's edge to snapshot it
-        end = min(end, done + self.prefill_chunk)
+        # short chunks only while others are generating (they wait for each chunk); alone,
+        # the engine's full chunk, which the prefill GEMM runs faster
+        others = any(x.decoding for x in self._active)
+        end = min(end, done + (self.prefill_chunk if others else PREFILL_CHUNK))
         if end > done:
             m.transformer.forward(ids[done:end], r.cache)
         if r.prefix_len and r.cache.length == r.prefix_len:
