@@ -149,6 +149,16 @@ CASES: dict[str, tuple[Callable[[GGUFBuilder], None], tuple[str, ...], type]] = 
         ("element count of metadata 'x.a'", "in all metadata arrays"),
         ModelFormatError,
     ),
+    "key_of_100KB": (
+        lambda b: b.extra_kv.append(kv("k" * 100_000, U8, 1)),
+        ("length of metadata key #", "at most 65536 bytes"),
+        ModelFormatError,
+    ),
+    "chat_template_of_3MB": (
+        _set("tokenizer.chat_template", STR, "x" * (3 << 20)),
+        ("tokenizer.chat_template", "a string"),
+        ModelFormatError,
+    ),
     "nested_array": (
         lambda b: b.extra_kv.append(gstr("x.a") + struct.pack("<IIQ", ARR, ARR, 1)),
         ("element type of metadata 'x.a'", "nested array"),
@@ -532,3 +542,20 @@ def test_integer_fields_accept_any_integer_width(kvtype, tmp_path):
     b = GGUFBuilder()
     b.kvs["llama.block_count"] = (kvtype, 1)
     assert open_model(b.write(tmp_path / "w.gguf")).spec.n_layers == 1
+
+
+def test_long_string_values_stay_in_the_file(tmp_path):
+    """A 30 MB string value (an embedded tokenizer.json) is neither copied nor decoded at
+    open: the model loads within the memory bound and the text is there on request."""
+    from hostile import bounded
+
+    from edgerun.formats.gguf import MappedString
+
+    b = GGUFBuilder()
+    b.kvs["tokenizer.huggingface.json"] = (STR, "{" + "x" * (30 << 20) + "}")
+    p = b.write(tmp_path / "long.gguf")
+    err, dt, peak = bounded(lambda: open_model(p))
+    assert err is None and peak < 20 << 20, (err, peak)
+    value = read_gguf(p).metadata["tokenizer.huggingface.json"]
+    assert isinstance(value, MappedString) and value.nbytes == (30 << 20) + 2
+    assert str(value)[:3] == "{xx"

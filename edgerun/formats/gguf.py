@@ -183,6 +183,10 @@ class GGUFFile:
 # (llama.cpp's ggml/src/gguf.cpp enforces the same: strings of at most 1 GiB, at most 4
 # dimensions, array payloads inside the file).
 MAX_STRING_BYTES = 1 << 30
+MAX_NAME_BYTES = 1 << 16  # metadata keys and tensor names (llama.cpp: names < 64 bytes)
+# String values up to this size are decoded at open; longer ones (an embedded tokenizer.json
+# can be 30 MB) stay in the mapped file as a MappedString, decoded when read.
+MAX_EAGER_STRING_BYTES = 1 << 20
 MAX_DIMS = 4
 MAX_COUNT = 1_000_000  # tensors or metadata keys; real models have a few thousand at most
 # Strings in all metadata arrays together (each is walked in Python): the largest real
@@ -229,14 +233,26 @@ class _Cursor:
         self.pos += n
         return v
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, limit: int = MAX_NAME_BYTES) -> str:
+        n = self.unpack("<Q", what)
+        if n > limit:
+            raise self.fail(f"length of {what}", f"at most {limit} bytes", n)
+        self.need(n, what)
+        raw = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def string_value(self, what: str) -> str | MappedString:
+        """A string value: decoded when small, else left in the file (no copy at open)."""
         n = self.unpack("<Q", what)
         if n > MAX_STRING_BYTES:
             raise self.fail(f"length of {what}", f"at most {MAX_STRING_BYTES} bytes", n)
         self.need(n, what)
-        raw = bytes(self.buf[self.pos : self.pos + n])
+        start = self.pos
         self.pos += n
-        return raw.decode("utf-8", errors="replace")
+        if n <= MAX_EAGER_STRING_BYTES:
+            return self.buf[start : start + n].decode("utf-8", errors="replace")
+        return MappedString(self.buf, start, n)
 
     def value(self, vtype: int, what: str) -> Any:
         try:
@@ -246,7 +262,7 @@ class _Cursor:
                 f"value type of {what}", f"a GGUF value type 0..{max(GGUFValueType)}", vtype
             ) from None
         if vt == GGUFValueType.STRING:
-            return self.string(what)
+            return self.string_value(what)
         if vt == GGUFValueType.ARRAY:
             itype = self.unpack("<I", f"element type of {what}")
             count = self.unpack("<Q", f"element count of {what}")
@@ -319,7 +335,44 @@ class _Cursor:
     def _check_strings(self, count: int, what: str) -> None:
         """Walk a string array with bounds checks; raises where it leaves the file."""
         for i in range(count):
-            self.string(f"string #{i} of {what}")
+            n = self.unpack("<Q", f"string #{i} of {what}")
+            if n > MAX_STRING_BYTES:
+                raise self.fail(
+                    f"length of string #{i} of {what}", f"at most {MAX_STRING_BYTES} bytes", n
+                )
+            self.need(n, f"string #{i} of {what}")
+            self.pos += n
+
+
+class MappedString:
+    """A long GGUF string value left in the mapped file; ``str(s)`` decodes it (UTF-8,
+    invalid bytes replaced). Code that expects a ``str`` for a key refuses it, as it would
+    refuse any other wrong type."""
+
+    __slots__ = ("_buf", "_start", "nbytes")
+
+    def __init__(self, buf: Any, start: int, nbytes: int) -> None:
+        self._buf, self._start, self.nbytes = buf, start, nbytes
+
+    def __str__(self) -> str:
+        return self._buf[self._start : self._start + self.nbytes].decode("utf-8", "replace")
+
+    def tolist(self) -> str:
+        """The decoded text (named as the arrays' method, for JSON export of metadata)."""
+        return str(self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return str(self) == other
+        if isinstance(other, MappedString):
+            return str(self) == str(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        head = self._buf[self._start : self._start + 40].decode("utf-8", "replace")
+        return f"MappedString({head!r}..., {self.nbytes} bytes)"
 
 
 class StringArray(Sequence[str]):

@@ -71,20 +71,25 @@ def _vocabulary(meta: dict[str, Any]) -> Sequence[str]:
             f"GGUF metadata 'tokenizer.ggml.tokens' should have at most {MAX_VOCAB} entries, "
             f"found {len(tokens)}"
         )
+    _check_token_lengths(tokens, "tokenizer.ggml.tokens", MAX_TOKEN_BYTES)
+    return tokens
+
+
+def _check_token_lengths(strings: Sequence[str], key: str, limit: int) -> None:
+    """Refuse an array holding a string longer than ``limit`` bytes, before decoding any."""
     from edgerun.formats.gguf import StringArray
 
-    if isinstance(tokens, StringArray):
-        longest = tokens.max_len()
+    if isinstance(strings, StringArray):
+        longest = strings.max_len()
     else:
-        longest = max((len(t) for t in tokens), default=0)
-        if longest > MAX_TOKEN_BYTES // 4:  # characters: measure the long ones in bytes
-            longest = max(len(t.encode("utf-8", "surrogatepass")) for t in tokens)
-    if longest > MAX_TOKEN_BYTES:
+        longest = max((len(t) for t in strings), default=0)
+        if longest > limit // 4:  # characters: measure the long ones in bytes
+            longest = max(len(t.encode("utf-8", "surrogatepass")) for t in strings)
+    if longest > limit:
         raise ModelFormatError(
-            f"GGUF metadata 'tokenizer.ggml.tokens' should hold tokens of at most "
-            f"{MAX_TOKEN_BYTES} bytes, found one of {longest}"
+            f"GGUF metadata '{key}' should hold entries of at most {limit} bytes, found one "
+            f"of {longest}"
         )
-    return tokens
 
 
 def _str_seq(tokens: Any, key: str = "tokenizer.ggml.tokens") -> Sequence[str]:

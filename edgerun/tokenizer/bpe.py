@@ -22,6 +22,7 @@ from edgerun.tokenizer.base import (
     _BYTE_TOKEN,
     _END_OF_TURN_TEXTS,
     _EOT_KEYS,
+    MAX_TOKEN_BYTES,
     TOKEN_TYPE_BYTE,
     TOKEN_TYPE_CONTROL,
     TOKEN_TYPE_NORMAL,
@@ -31,6 +32,7 @@ from edgerun.tokenizer.base import (
     _as_int,
     _ByteTable,
     _check_len,
+    _check_token_lengths,
     _int_array,
     _literal_regex,
     _meta_str,
@@ -139,6 +141,7 @@ class BPETokenizer(Tokenizer):
         merges = meta.get("tokenizer.ggml.merges")
         if merges is not None:
             merges = _str_seq(merges, "tokenizer.ggml.merges")
+            _check_token_lengths(merges, "tokenizer.ggml.merges", 2 * MAX_TOKEN_BYTES + 1)
         if merges is None or not len(merges):
             raise ModelFormatError(
                 "GGUF metadata has no 'tokenizer.ggml.merges', which a byte-level BPE "
