@@ -4,8 +4,8 @@ against running the same requests one after another, on the same loaded model.
 For N in --sessions: N requests with different prompts, each generating exactly -n tokens
 (EOS ignored), submitted at once to the model's BatchScheduler; then the same N requests
 sequentially. Reports aggregate tok/s (all tokens / wall time), aggregate decode tok/s
-(tokens / time from the first decode step to the last finish), per-session decode tok/s
-and TTFT (mean, p95). Runs alternate (batched, sequential) per repetition; medians.
+(tokens / time the scheduler spent in decode steps, prefill chunks excluded), per-session
+decode tok/s and TTFT (mean, p95). Runs alternate (batched, sequential) per repetition; medians.
 
 Usage: python benchmarks/concurrency.py [-m MODEL ...] [-s 1,2,4,8] [-n 64] [-r 3] [-t 2]
                                         [--json out.json]
@@ -14,6 +14,7 @@ Usage: python benchmarks/concurrency.py [-m MODEL ...] [-s 1,2,4,8] [-n 64] [-r 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -40,6 +41,7 @@ def _run(model, n_sessions: int, n_gen: int, concurrent: bool) -> dict:
         for i in range(n_sessions)
     ]
     sched = model.scheduler
+    c0 = dataclasses.replace(sched.counters)
     t0 = time.perf_counter()
     reqs = []
     if concurrent:
@@ -53,10 +55,8 @@ def _run(model, n_sessions: int, n_gen: int, concurrent: bool) -> dict:
             reqs.append(r)
     wall = time.perf_counter() - t0
     gen = sum(r.stats.generated_tokens for r in reqs)
-    if concurrent:
-        decode_span = max(r.t_finished for r in reqs) - min(r.t_decode for r in reqs)
-    else:
-        decode_span = sum(r.t_finished - r.t_decode for r in reqs)
+    c1 = sched.counters
+    decode_span = c1.decode_seconds - c0.decode_seconds  # time in decode steps only
     ttft = sorted(r.stats.ttft_seconds for r in reqs)
     p95 = ttft[min(len(ttft) - 1, int(round(0.95 * (len(ttft) - 1))))]
     return {

@@ -208,6 +208,7 @@ class BatchScheduler:
         self._waiting: list[Request] = []
         self._closed = False
         self._wake = threading.Event()
+        self.counters = SchedulerCounters()
         self._thread = threading.Thread(target=self._run, name="edgerun-scheduler", daemon=True)
         self._thread.start()
 
@@ -317,6 +318,10 @@ class BatchScheduler:
         for r, row in zip(decoding, logits):
             r.stats.batch_sizes.append(len(decoding))
             self._after_logits(r, row)
+        c = self.counters
+        c.decode_steps += 1
+        c.decode_tokens += len(decoding)
+        c.decode_seconds += time.perf_counter() - now
 
     def _start(self, r: Request) -> None:
         """First compute for r: reuse its cache's prefix, or a shared prefix's rows."""
@@ -352,9 +357,12 @@ class BatchScheduler:
         end = min(end, done + (self.prefill_chunk if others else PREFILL_CHUNK))
         if end > done:
             m.transformer.forward(ids[done:end], r.cache)
+            self.counters.prefill_tokens += end - done
         if r.prefix_len and r.cache.length == r.prefix_len:
             m.prefix_cache.store(r.cache, r.prefix_len)
-        r.stats.prompt_seconds += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        r.stats.prompt_seconds += dt
+        self.counters.prefill_seconds += dt
         if r.cache.length >= len(ids) - 1:
             r.decoding = True
             r.next_input = ids[-1]
@@ -383,6 +391,22 @@ class BatchScheduler:
             r._emit(r.matcher.feed(r.decoder.flush()) + r.matcher.flush())
         self._active.remove(r)
         r._finish(reason)
+
+
+@dataclass
+class SchedulerCounters:
+    """Totals since the scheduler started: how its time splits between decode steps
+    (tokens sampled for all sequences) and prefill chunks."""
+
+    decode_steps: int = 0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
 
 @dataclass
