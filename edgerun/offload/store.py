@@ -108,7 +108,7 @@ def prepare(model, sha256: str | None = None, progress: bool = True) -> tuple[Pa
     cpath = _calibration_path(path)
     if cpath.exists():
         try:
-            with np.load(cpath) as z:
+            with np.load(cpath, allow_pickle=False) as z:
                 return path, Calibration(np.asarray(z["quantiles"], np.float32))
         except (OSError, KeyError, ValueError):
             cpath.unlink(missing_ok=True)
@@ -184,6 +184,7 @@ class OffloadStore(ResidentStore):
             )
 
     def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
+        self.check_vectors(spec, layer)  # as ResidentStore.ffn: norms against the spec
         p, o = self.plan, self.options
         if p.mode == "dense":
             ffn = StreamingFFN(

@@ -117,7 +117,7 @@ def load_imatrix(path) -> dict[str, np.ndarray]:
     from edgerun.errors import InvalidArgumentError
 
     try:
-        with np.load(path) as z:
+        with np.load(path, allow_pickle=False) as z:
             return {k: np.asarray(z[k], dtype=np.float32) for k in z.files}
     except (OSError, ValueError) as e:
         raise InvalidArgumentError(f"cannot read imatrix file {str(path)!r}: {e}") from None
