@@ -108,3 +108,47 @@ def test_corrupt_conversation_is_reported_not_hiding_others(tmp_path):
     assert all(why for _, why in store.broken)
     assert json.loads(store.path(good).read_text())["messages"][0]["content"] == "hello"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_interrupted_conversion_keeps_the_previous_pack(tmp_path, smollm2_path):
+    """Ctrl+C (KeyboardInterrupt) halfway through `convert` leaves the previous pack
+    loadable and no half-written pack at the target."""
+    from edgerun.formats.pack import read_pack
+    from edgerun.tools import convert as tool
+    from edgerun.tools.convert import convert
+
+    out = tmp_path / "pack"
+    convert(str(smollm2_path), out, "keep", progress=False)
+    before = sorted(read_pack(out).tensor_names())
+    real = tool.write_pack
+
+    def interrupted(*a, **kw):
+        seen = []
+
+        def on_tensor(name):
+            seen.append(name)
+            if len(seen) == 20:
+                raise KeyboardInterrupt
+
+        a = list(a[:8])
+        kw["on_tensor"] = on_tensor
+        return real(*a, **kw)
+
+    tool.write_pack = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            convert(str(smollm2_path), out, "keep", progress=False)
+    finally:
+        tool.write_pack = real
+    assert sorted(read_pack(out).tensor_names()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pack"]  # no staging left
+
+
+def test_pack_writer_refuses_a_foreign_directory(tmp_path):
+    from edgerun.formats.pack import PackError, PackWriter
+    from edgerun.quant.formats import QuantType
+
+    (tmp_path / "mine.txt").write_text("keep me")
+    with pytest.raises(PackError, match="not an edgerun pack"):
+        PackWriter(tmp_path, [("t", QuantType.F32, (1, 4))])
+    assert (tmp_path / "mine.txt").read_text() == "keep me"

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shutil
 import struct
 from dataclasses import MISSING
 from dataclasses import fields as dc_fields
@@ -47,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec, validate_spec
+from edgerun.atomic import fsync_dir
 from edgerun.errors import ModelFormatError, ModelNotFoundError, UnsupportedError
 from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType, row_bytes
 
@@ -168,10 +170,26 @@ class PackWriter:
         plan: list[tuple[str, QuantType, tuple[int, int]]],
         shard_bytes: int = SHARD_BYTES,
     ) -> None:
-        self.dir = Path(out_dir)
-        if self.dir.exists() and not self.dir.is_dir():
-            raise PackError(f"{self.dir} exists and is not a directory")
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.final = Path(out_dir)
+        if self.final.exists() and not self.final.is_dir():
+            raise PackError(f"{self.final} exists and is not a directory")
+        if (
+            self.final.is_dir()
+            and any(self.final.iterdir())
+            and not (self.final / META_FILE).exists()
+        ):  # replacing it would delete files that are not ours
+            raise PackError(
+                f"{self.final} is a non-empty directory that is not an edgerun pack; "
+                "choose a new output directory"
+            )
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        # Everything goes to a staging directory beside the target and is renamed into place
+        # by close(): an interrupted or killed conversion leaves the previous pack (if any)
+        # intact and never a half-written one at the target path.
+        self.dir = self.final.with_name(f".{self.final.name}.tmp-{os.getpid()}")
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.dir.mkdir()
         # group into shards by size (declaration order)
         shards: list[list[tuple[str, QuantType, tuple[int, int]]]] = [[]]
         size = 0
@@ -266,10 +284,30 @@ class PackWriter:
         if missing:
             raise PackError(f"{self.dir}: tensor '{missing[0]}' was declared but never written")
         doc = {"format": PACK_FORMAT, "version": PACK_VERSION, **meta, "tensors": self.tensors}
-        tmp = self.dir / (META_FILE + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False, default=_json_list))
-        os.replace(tmp, self.dir / META_FILE)
-        return self.dir
+        (self.dir / META_FILE).write_text(
+            json.dumps(doc, indent=1, ensure_ascii=False, default=_json_list)
+        )
+        for f in self.dir.iterdir():  # every byte on disk before the rename makes it valid
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        fsync_dir(self.dir)
+        old = None
+        if self.final.exists():
+            old = self.final.with_name(f".{self.final.name}.old-{os.getpid()}")
+            os.replace(self.final, old)
+        os.replace(self.dir, self.final)
+        fsync_dir(self.final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        self.dir = self.final
+        return self.final
+
+    def abort(self) -> None:
+        """Drop the staging directory (an interrupted conversion); the target is untouched."""
+        for fh in self._files:
+            fh.close()
+        if self.dir != self.final:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _json_list(value: Any) -> Any:

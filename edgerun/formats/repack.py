@@ -89,35 +89,39 @@ def write_pack(
     shapes = source.shapes()
     names = list(shapes)
     writer = PackWriter(out, [(n, plan.types[n], shapes[n]) for n in names])
-    for name in names:
-        qt = plan.types[name]
-        if recipe == "keep":
-            data = source.tensor(name).data
-        else:
-            x = source.float_tensor(name)
-            data = quantize(x, qt, imatrix.get(name), method)
-        writer.write(name, data)
-        if on_tensor is not None:
-            on_tensor(name)
-    tok_section, extra = source.tokenizer_section()
-    for fname, blob in extra.items():
-        (out / fname).write_bytes(blob)
-    meta = {
-        "created_by": f"edgerun {ver}",
-        "spec": spec_to_json(source.spec),
-        "tokenizer": tok_section,
-        "quantization": {
-            "recipe": recipe,
-            "method": method,
-            "pure": pure,
-            "imatrix": imatrix_info,
-            "types": plan.counts(),
-            "fallbacks": {k: list(v) for k, v in plan.fallbacks.items()},
-        },
-        "source": {
-            "path": str(Path(source.path).resolve()),
-            "format": source.kind,
-            "sha256": source.sha256(),
-        },
-    }
-    return writer.close(meta)
+    try:
+        for name in names:
+            qt = plan.types[name]
+            if recipe == "keep":
+                data = source.tensor(name).data
+            else:
+                x = source.float_tensor(name)
+                data = quantize(x, qt, imatrix.get(name), method)
+            writer.write(name, data)
+            if on_tensor is not None:
+                on_tensor(name)
+        tok_section, extra = source.tokenizer_section()
+        for fname, blob in extra.items():
+            (writer.dir / fname).write_bytes(blob)
+        meta = {
+            "created_by": f"edgerun {ver}",
+            "spec": spec_to_json(source.spec),
+            "tokenizer": tok_section,
+            "quantization": {
+                "recipe": recipe,
+                "method": method,
+                "pure": pure,
+                "imatrix": imatrix_info,
+                "types": plan.counts(),
+                "fallbacks": {k: list(v) for k, v in plan.fallbacks.items()},
+            },
+            "source": {
+                "path": str(Path(source.path).resolve()),
+                "format": source.kind,
+                "sha256": source.sha256(),
+            },
+        }
+        return writer.close(meta)
+    except BaseException:  # Ctrl+C or an error: nothing half-written is left at `out`
+        writer.abort()
+        raise
