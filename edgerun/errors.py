@@ -27,3 +27,7 @@ class InvalidArgumentError(EdgerunError):
 
 class BudgetError(InvalidArgumentError):
     """A memory budget that cannot be met (below the minimum, or unreadable)."""
+
+
+class DiskSpaceError(EdgerunError):
+    """Not enough free space for a file edgerun writes (a model, an offload layout, a pack)."""

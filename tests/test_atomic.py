@@ -152,3 +152,29 @@ def test_pack_writer_refuses_a_foreign_directory(tmp_path):
     with pytest.raises(PackError, match="not an edgerun pack"):
         PackWriter(tmp_path, [("t", QuantType.F32, (1, 4))])
     assert (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+def test_full_disk_is_a_clear_error(tmp_path, monkeypatch):
+    """Writers check free space first (named error, nothing written), and a disk that fills
+    up during a write gives a DiskSpaceError naming the file, with the temp file removed."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    from edgerun.errors import DiskSpaceError
+    from edgerun.formats.pack import PackWriter
+    from edgerun.quant.formats import QuantType
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10 << 20, 10 << 20, 1024))
+    with pytest.raises(DiskSpaceError, match=r"pack p in .*: needs \d+ MiB, 0 MiB free"):
+        PackWriter(tmp_path / "p", [("t", QuantType.F32, (1024, 1024))])
+    assert not list(tmp_path.iterdir())
+
+    def full(tmp: Path) -> None:
+        tmp.write_bytes(b"x")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskSpaceError, match="disk is full writing chat.json"):
+        write_atomic(tmp_path / "chat.json", full)
+    assert not list(tmp_path.iterdir())

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec, validate_spec
-from edgerun.atomic import fsync_dir
+from edgerun.atomic import check_free_space, fsync_dir
 from edgerun.errors import ModelFormatError, ModelNotFoundError, UnsupportedError
 from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType, row_bytes
 
@@ -186,6 +186,8 @@ class PackWriter:
         # Everything goes to a staging directory beside the target and is renamed into place
         # by close(): an interrupted or killed conversion leaves the previous pack (if any)
         # intact and never a half-written one at the target path.
+        total = sum(_st_entry(q, shape)[2] + ALIGN for _, q, shape in plan)
+        check_free_space(self.final.parent, total, f"the pack {self.final.name}")
         self.dir = self.final.with_name(f".{self.final.name}.tmp-{os.getpid()}")
         if self.dir.exists():
             shutil.rmtree(self.dir)

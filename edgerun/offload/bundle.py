@@ -227,7 +227,10 @@ def write_bundle(
         index["file_size"] = _align(index_offset + len(blob))
         blob = json.dumps(index, separators=(",", ":")).encode()
 
+    from edgerun.atomic import check_free_space
+
     out.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(out.parent, index["file_size"], f"the offload layout {out.name}")
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         with (
@@ -266,6 +269,11 @@ def write_bundle(
             os.fsync(f.fileno())
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         os.replace(tmp, out)
+    except OSError as e:
+        from edgerun.atomic import disk_full_error
+
+        tmp.unlink(missing_ok=True)
+        raise disk_full_error(e, out, "the offload layout") from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
