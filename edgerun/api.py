@@ -103,6 +103,7 @@ class Model:
         ram_budget: int | str | None = None,
         offload: str | None = None,
         offload_options: dict | None = None,
+        context_policy: str = "error",
     ) -> None:
         t0 = time.perf_counter()
         self.kv_type = check_kv_type(kv_type)
@@ -153,6 +154,7 @@ class Model:
             self.governor,
             kv_type,
             lock=self.compute_lock,
+            context_policy=context_policy,
         )
         self.prefix_cache = PrefixCache()
         self._scheduler: BatchScheduler | None = None
@@ -451,6 +453,7 @@ def load(
     ram_budget: int | str | None = None,
     offload: str | None = None,
     offload_options: dict | None = None,
+    context_policy: str = "error",
 ) -> Model:
     """Load a model by registry name (default: the registry's default), alias or path.
 
@@ -464,6 +467,10 @@ def load(
     (offload "dense", the default: what the budget holds stays in RAM and the rest is
     streamed; or "sparse": only the neurons a token needs, with a windowed cache),
     sized by a placement plan.
+
+    context_policy "error" (default): a prompt longer than the context is an error and a
+    generation that fills it ends ("length"); "slide": attention sinks + a sliding window
+    (the first tokens and the newest are kept and recomputed; generate and chat only).
     """
     check_kv_type(kv_type)
     return Model(
@@ -474,6 +481,7 @@ def load(
         ram_budget=ram_budget,
         offload=offload,
         offload_options=offload_options,
+        context_policy=context_policy,
     )
 
 

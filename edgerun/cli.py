@@ -33,6 +33,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         default="f32",
         help="KV cache element type: f16 halves its memory (default: f32)",
     )
+    p.add_argument(
+        "--context-policy",
+        choices=("error", "slide"),
+        default="error",
+        help="a prompt or answer longer than the context: error (default; the answer stops at "
+        "the window) or slide (attention sinks + sliding window)",
+    )
     _add_offload_args(p)
 
 
@@ -201,6 +208,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         n_ctx=args.ctx,
         threads=args.threads,
         kv_type=args.kv_type,
+        context_policy=args.context_policy,
         **_offload_kwargs(args),
     )
     if _numba_env.kernel_cache_is_cold():

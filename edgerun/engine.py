@@ -20,6 +20,15 @@ from edgerun.tokenizer import StreamDecoder, Tokenizer
 
 PREFILL_CHUNK = 256  # tokens per forward call: bounds the attention score buffer
 
+# What happens when a prompt or a generation outgrows the context window:
+# - "error": a prompt that does not fit raises ContextOverflowError; a generation that fills
+#   the window ends with finish_reason "length" (nothing is dropped silently);
+# - "slide": attention sinks + sliding window (StreamingLLM, arXiv 2309.17453): the first
+#   SINK_TOKENS tokens are kept, the oldest of the rest dropped, and the kept tokens are
+#   recomputed at their new positions. A too-long prompt keeps its sinks and its end.
+CONTEXT_POLICIES = ("error", "slide")
+SINK_TOKENS = 4
+
 
 @dataclass(frozen=True)
 class WarmUp:
@@ -47,6 +56,7 @@ class GenerationStats:
     finish_reason: str = ""  # "stop" (EOS or stop string), "length", "cancelled"
     threads: int = 0  # threads the last tokens ran on (see cpu_share.ThreadGovernor)
     warmup: WarmUp | None = None  # set on the generation that paid for the warm-up
+    slides: int = 0  # times a full window slid (context_policy "slide")
 
     @property
     def prompt_tps(self) -> float:
@@ -105,7 +115,14 @@ class Generator:
         governor: ThreadGovernor | None = None,
         kv_type: str = "f32",
         lock: threading.RLock | None = None,
+        context_policy: str = "error",
     ) -> None:
+        if context_policy not in CONTEXT_POLICIES:
+            raise InvalidArgumentError(
+                f"context_policy must be one of {', '.join(CONTEXT_POLICIES)}, "
+                f"got {context_policy!r}"
+            )
+        self.context_policy = context_policy
         self.model = model
         self.lock = lock if lock is not None else threading.RLock()
         self.tokenizer = tokenizer
@@ -154,6 +171,8 @@ class Generator:
         ids = list(ids)
         if not ids:
             raise InvalidArgumentError("the prompt is empty: nothing to condition on")
+        if len(ids) > self.cache.n_ctx and self.context_policy == "slide":
+            ids = self._slid(ids, self.cache.n_ctx - max(1, self.cache.n_ctx // 4))
         if len(ids) > self.cache.n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(ids)} tokens but the context window is "
@@ -170,6 +189,21 @@ class Generator:
                 self.model.forward(ids[i : min(i + PREFILL_CHUNK, len(ids) - 1)], self.cache)
         with self.lock:
             return self.model.forward(ids[-1:], self.cache)
+
+    @staticmethod
+    def _slid(ids: list[int], keep: int) -> list[int]:
+        """The sinks and the last tokens of `ids`, `keep` in all."""
+        sinks = min(SINK_TOKENS, keep // 2)
+        return ids[:sinks] + ids[len(ids) - (keep - sinks) :]
+
+    def _slide(self) -> None:
+        """Make room in a full window: keep the sinks and the newest half, recompute them."""
+        kept = self._slid(list(self.cache.tokens), self.cache.n_ctx // 2)
+        self.cache.clear()
+        for i in range(0, len(kept), PREFILL_CHUNK):
+            with self.lock:
+                self.model.forward(kept[i : i + PREFILL_CHUNK], self.cache)
+        self.stats.slides += 1
 
     def stream(
         self,
@@ -217,7 +251,9 @@ class Generator:
                 if stats.generated_tokens == max_tokens:
                     break
                 if self.cache.room() == 0:
-                    break  # context full: finish_reason stays "length"
+                    if self.context_policy != "slide":
+                        break  # context full: finish_reason stays "length"
+                    self._slide()
                 self._pace()
                 with self.lock:
                     logits = self.model.forward([tok], self.cache)
