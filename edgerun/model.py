@@ -110,6 +110,26 @@ class Transformer:
             cached = self._rope_cache[base] = (n_ctx, cos, sin)
         return cached[1], cached[2]
 
+    def _qkv(self, layer: _Layer, qkv, positions, cos, sin):
+        """Projected q, k, v [n, dim] -> per-head, biased, q/k-normed and rotated."""
+        s = self.spec
+        q, k, v = qkv
+        n = q.shape[0]
+        if layer.q_bias is not None:
+            q += layer.q_bias
+            k += layer.k_bias
+            v += layer.v_bias
+        q = q.reshape(n, s.n_heads, s.head_dim)
+        k = k.reshape(n, s.n_kv_heads, s.head_dim)
+        v = v.reshape(n, s.n_kv_heads, s.head_dim)
+        if layer.q_norm is not None:
+            q = rmsnorm(q, layer.q_norm, s.norm_eps)
+            k = rmsnorm(k, layer.k_norm, s.norm_eps)
+        neox = s.rope_style == "neox"
+        rope_inplace(q, positions, cos, sin, neox)
+        rope_inplace(k, positions, cos, sin, neox)
+        return q, k, v
+
     def forward(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Run `tokens` after what `cache` holds; append them to the cache.
 
@@ -124,7 +144,6 @@ class Transformer:
         if ids.size and (ids.min() < 0 or ids.max() >= s.vocab_size):
             raise ValueError(f"token id out of range [0, {s.vocab_size})")
         positions = np.arange(start, start + n, dtype=np.int64)
-        neox = s.rope_style == "neox"
         eps = s.norm_eps
         h = qmatvec.embedding_rows(self.token_embd, ids)
         if s.embed_scale != 1.0:
@@ -132,19 +151,8 @@ class Transformer:
         for li, layer in enumerate(self.layers):
             cos, sin = self._rope(cache.n_ctx, s.rope_base_of(li))
             x = rmsnorm(h, layer.attn_norm, eps)
-            q, k, v = qmatvec.project_many((layer.q, layer.k, layer.v), x)
-            if layer.q_bias is not None:
-                q += layer.q_bias
-                k += layer.k_bias
-                v += layer.v_bias
-            q = q.reshape(n, s.n_heads, s.head_dim)
-            k = k.reshape(n, s.n_kv_heads, s.head_dim)
-            v = v.reshape(n, s.n_kv_heads, s.head_dim)
-            if layer.q_norm is not None:
-                q = rmsnorm(q, layer.q_norm, eps)
-                k = rmsnorm(k, layer.k_norm, eps)
-            rope_inplace(q, positions, cos, sin, neox)
-            rope_inplace(k, positions, cos, sin, neox)
+            qkv = qmatvec.project_many((layer.q, layer.k, layer.v), x)
+            q, k, v = self._qkv(layer, qkv, positions, cos, sin)
             cache.store(li, start, k, v)
             ctx = attention(q, cache.k[li], cache.v[li], start, s.window(li))
             att = qmatvec.project(layer.o, ctx)
@@ -188,7 +196,6 @@ class Transformer:
         starts = [c.length for c in caches]
         positions = np.asarray(starts, dtype=np.int64)
         n_ctx = max(c.n_ctx for c in caches)
-        neox = s.rope_style == "neox"
         eps = s.norm_eps
         mvb = qmatvec.matvec_batch
         h = qmatvec.embedding_rows(self.token_embd, ids)
@@ -198,19 +205,8 @@ class Transformer:
         for li, layer in enumerate(self.layers):
             cos, sin = self._rope(n_ctx, s.rope_base_of(li))
             x = rmsnorm(h, layer.attn_norm, eps)
-            q, k, v = mvb(layer.q, x), mvb(layer.k, x), mvb(layer.v, x)
-            if layer.q_bias is not None:
-                q += layer.q_bias
-                k += layer.k_bias
-                v += layer.v_bias
-            q = q.reshape(n, s.n_heads, s.head_dim)
-            k = k.reshape(n, s.n_kv_heads, s.head_dim)
-            v = v.reshape(n, s.n_kv_heads, s.head_dim)
-            if layer.q_norm is not None:
-                q = rmsnorm(q, layer.q_norm, eps)
-                k = rmsnorm(k, layer.k_norm, eps)
-            rope_inplace(q, positions, cos, sin, neox)
-            rope_inplace(k, positions, cos, sin, neox)
+            qkv = [mvb(layer.q, x), mvb(layer.k, x), mvb(layer.v, x)]
+            q, k, v = self._qkv(layer, qkv, positions, cos, sin)
             window = s.window(li)
             for b, c in enumerate(caches):
                 c.store(li, starts[b], k[b : b + 1], v[b : b + 1])

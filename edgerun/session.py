@@ -82,32 +82,23 @@ class Session:
     ) -> Request:
         if not isinstance(text, str):
             raise InvalidArgumentError(f"a message must be a string, got {type(text).__name__}")
-        if self.last is not None and not self.last.finished.is_set():
-            raise InvalidArgumentError(
-                "this session is still answering; wait for it or cancel it first"
-            )
+        self._check_idle()
         _check_max_tokens(max_tokens)
-        m = self.model
-        params = m.settings.sampling(seed, **sampling)
+        self.model.settings.sampling(seed, **sampling)  # bad values fail before the history
         self.messages.append({"role": "user", "content": text})
         try:
-            ids = self.prompt_ids()
-            prefix = self._prefix_len(ids)
-            r = m.scheduler.submit(
-                ids,
-                params,
-                max_tokens,
-                stop,
-                cache=self.cache,
-                prefix_len=prefix,
-                on_token=on_token,
+            return self._complete(
+                self.prompt_ids(), max_tokens, stop, seed, on_token, self._finished, sampling
             )
         except BaseException:
             self.messages.pop()
             raise
-        r.on_finish = self._finished
-        self.last = r
-        return r
+
+    def _check_idle(self) -> None:
+        if self.last is not None and not self.last.finished.is_set():
+            raise InvalidArgumentError(
+                "this session is still answering; wait for it or cancel it first"
+            )
 
     def complete(
         self,
@@ -121,10 +112,10 @@ class Session:
         """Generate after the token ids `ids` on this session's cache, leaving the history
         to the caller (an app that edits and re-renders its own conversation). The cache's
         common prefix with `ids` is reused."""
-        if self.last is not None and not self.last.finished.is_set():
-            raise InvalidArgumentError(
-                "this session is still answering; wait for it or cancel it first"
-            )
+        self._check_idle()
+        return self._complete(ids, max_tokens, stop, seed, on_token, None, sampling)
+
+    def _complete(self, ids, max_tokens, stop, seed, on_token, on_finish, sampling) -> Request:
         _check_max_tokens(max_tokens)
         m = self.model
         params = m.settings.sampling(seed, **sampling)
@@ -136,6 +127,7 @@ class Session:
             cache=self.cache,
             prefix_len=self._prefix_len(ids),
             on_token=on_token,
+            on_finish=on_finish,  # set before the scheduler can finish it
         )
         return self.last
 

@@ -219,6 +219,16 @@ def _vec(x: np.ndarray, cols: int, name: str) -> np.ndarray:
     return x
 
 
+def _rows(x: np.ndarray, w: QuantTensor, op: str) -> np.ndarray:
+    """x as C-contiguous float32 [n, cols of w], or an error naming the tensor."""
+    cols = w.shape[1]
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != cols:
+        raise InvalidArgumentError(f"{op} of {w.name}: x has shape {x.shape}, expected (n, {cols})")
+    return x
+
+
 def _out(out: np.ndarray | None, shape: tuple[int, ...], name: str) -> np.ndarray:
     if out is None:
         return np.empty(shape, np.float32)
@@ -290,13 +300,8 @@ def matvec_many(
 
 def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Y = X @ W.T for float32 X [n, cols] -> float32 [n, rows] (prefill)."""
-    rows, cols = w.shape
-    if x.dtype != np.float32 or not x.flags.c_contiguous:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.ndim != 2 or x.shape[1] != cols:
-        raise InvalidArgumentError(
-            f"matmul of {w.name}: x has shape {x.shape}, expected (n, {cols})"
-        )
+    rows = w.shape[0]
+    x = _rows(x, w, "matmul")
     n = x.shape[0]
     out = _out(out, (n, rows), w.name)
     if n == 0 or rows == 0:
@@ -321,13 +326,8 @@ def matvec_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -
     kernels (qmatvec_batch: each weight block unpacked once for all vectors); elsewhere,
     one matvec per vector.
     """
-    rows, cols = w.shape
-    if x.dtype != np.float32 or not x.flags.c_contiguous:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-    if x.ndim != 2 or x.shape[1] != cols:
-        raise InvalidArgumentError(
-            f"matvec_batch of {w.name}: x has shape {x.shape}, expected (n, {cols})"
-        )
+    rows = w.shape[0]
+    x = _rows(x, w, "matvec_batch")
     n = x.shape[0]
     out = _out(out, (n, rows), w.name)
     k = _MVB.get(w.qtype) if _path == "portable" else None

@@ -223,6 +223,7 @@ class BatchScheduler:
         eos_ids: Sequence[int] | None = None,
         prefix_len: int = 0,
         on_token: Callable[[str], None] | None = None,
+        on_finish: Callable[[Request], None] | None = None,
     ) -> Request:
         """Queue a generation of `prompt_ids` on `cache` (a fresh one if None).
 
@@ -250,6 +251,7 @@ class BatchScheduler:
             )
         eos = m.tokenizer.eos_ids if eos_ids is None else eos_ids
         r = Request(prompt_ids, params, max_tokens, stop, eos, cache, prefix_len, on_token)
+        r.on_finish = on_finish
         self._inbox.put(r)
         self._wake.set()
         return r

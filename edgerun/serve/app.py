@@ -255,14 +255,22 @@ def create_app(
     def _finish_reason(r) -> str:
         return "length" if r.stats.finish_reason == "length" else "stop"
 
+    def _sse_response(r, chunk_of, body: dict) -> StreamingResponse:
+        opts = body.get("stream_options") or {}
+        return StreamingResponse(
+            _stream(r, chunk_of, bool(opts.get("include_usage"))), media_type="text/event-stream"
+        )
+
     def _sse(obj: Any) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-    async def _stream(r, chunk_of, final_of, include_usage: bool) -> AsyncIterator[str]:
+    async def _stream(r, chunk_of, include_usage: bool) -> AsyncIterator[str]:
         try:
             async for piece in r:
                 yield _sse(chunk_of(piece))
-            yield _sse(final_of(_finish_reason(r)))
+            final = chunk_of(None)
+            final["choices"][0]["finish_reason"] = _finish_reason(r)
+            yield _sse(final)
             if include_usage:
                 yield _sse({**chunk_of(None), "choices": [], "usage": _usage(r)})
             yield "data: [DONE]\n\n"
@@ -302,16 +310,7 @@ def create_app(
                     "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
                 }
 
-            def final_of(reason):
-                c = chunk_of(None)
-                c["choices"][0]["finish_reason"] = reason
-                return c
-
-            opts = body.get("stream_options") or {}
-            return StreamingResponse(
-                _stream(r, chunk_of, final_of, bool(opts.get("include_usage"))),
-                media_type="text/event-stream",
-            )
+            return _sse_response(r, chunk_of, body)
         try:
             text = "".join([p async for p in r])
         except Exception as e:  # noqa: BLE001
@@ -365,16 +364,7 @@ def create_app(
                     ],
                 }
 
-            def final_of(reason):
-                c = chunk_of(None)
-                c["choices"][0]["finish_reason"] = reason
-                return c
-
-            opts = body.get("stream_options") or {}
-            return StreamingResponse(
-                _stream(r, chunk_of, final_of, bool(opts.get("include_usage"))),
-                media_type="text/event-stream",
-            )
+            return _sse_response(r, chunk_of, body)
         try:
             text = "".join([p async for p in r])
         except Exception as e:  # noqa: BLE001
