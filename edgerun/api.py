@@ -17,7 +17,7 @@ import numpy as np
 from edgerun import registry
 from edgerun.arch import spec_from_gguf
 from edgerun.chat import render_chat
-from edgerun.engine import PREFILL_CHUNK, GenerationStats, Generator, WarmUp
+from edgerun.engine import PREFILL_CHUNK, GenerationStats, Generator, WarmUp, check_token_ids
 from edgerun.errors import EdgerunError, InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import read_gguf
 from edgerun.kvcache import KVCache, check_kv_type
@@ -341,11 +341,7 @@ class Model:
         ids = [int(i) for i in ids]
         if not ids:
             raise InvalidArgumentError("logits() needs at least one token id")
-        bad = [i for i in ids if not 0 <= i < self.spec.vocab_size]
-        if bad:
-            raise InvalidArgumentError(
-                f"token id {bad[0]} is outside the vocabulary [0, {self.spec.vocab_size})"
-            )
+        check_token_ids(ids, self.spec.vocab_size)
         set_threads(self.threads)
         cache = KVCache(self.spec, len(ids), self.kv_type)
         parts = [
@@ -386,12 +382,8 @@ class Model:
     def render_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> str:
+        self._need_template()
         template = self.tokenizer.chat_template
-        if not template:
-            raise EdgerunError(
-                f"{self.path.name} has no chat template (a base model); use plain completion "
-                "(`generate`, or --raw on the command line)"
-            )
         tok = self.tokenizer
         return render_chat(
             template,

@@ -30,6 +30,26 @@ CONTEXT_POLICIES = ("error", "slide")
 SINK_TOKENS = 4
 
 
+def check_prompt(ids: Sequence[int], n_ctx: int, vocab_size: int | None = None) -> None:
+    """A prompt the model can take: not empty, within the context window, and (given a
+    vocabulary size) made of ids inside it. Each failure names the numbers."""
+    if not ids:
+        raise InvalidArgumentError("the prompt is empty: nothing to condition on")
+    if len(ids) > n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {len(ids)} tokens but the context window is "
+            f"{n_ctx}; use a larger context (-c / n_ctx) or a shorter prompt"
+        )
+    if vocab_size is not None:
+        check_token_ids(ids, vocab_size)
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
+    bad = [i for i in ids if not 0 <= int(i) < vocab_size]
+    if bad:
+        raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+
+
 @dataclass(frozen=True)
 class WarmUp:
     """The first run's kernel compile (or load from Numba's disk cache), timed on its own.
@@ -169,26 +189,24 @@ class Generator:
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Make the cache hold exactly `ids`; return the last position's logits."""
         ids = list(ids)
-        if not ids:
-            raise InvalidArgumentError("the prompt is empty: nothing to condition on")
         if len(ids) > self.cache.n_ctx and self.context_policy == "slide":
             ids = self._slid(ids, self.cache.n_ctx - max(1, self.cache.n_ctx // 4))
-        if len(ids) > self.cache.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(ids)} tokens but the context window is "
-                f"{self.cache.n_ctx}; use a larger context (-c / n_ctx) or a shorter prompt"
-            )
+        check_prompt(ids, self.cache.n_ctx)
         reuse = min(self.cache.common_prefix(ids), len(ids) - 1)
         self.cache.truncate(reuse)
         # The last prompt token always goes through the one-token decode path, so
         # its logits do not depend on how much of the prompt was cached: batched and
         # single-token kernels round differently, and a seed must give the same text.
-        for i in range(reuse, len(ids) - 1, PREFILL_CHUNK):
-            self._pace()
-            with self.lock:
-                self.model.forward(ids[i : min(i + PREFILL_CHUNK, len(ids) - 1)], self.cache)
+        self._forward_chunks(ids[reuse:-1])
         with self.lock:
             return self.model.forward(ids[-1:], self.cache)
+
+    def _forward_chunks(self, ids: list[int]) -> None:
+        """Append `ids` to the cache, PREFILL_CHUNK tokens per forward call."""
+        for i in range(0, len(ids), PREFILL_CHUNK):
+            self._pace()
+            with self.lock:
+                self.model.forward(ids[i : i + PREFILL_CHUNK], self.cache)
 
     @staticmethod
     def _slid(ids: list[int], keep: int) -> list[int]:
@@ -200,9 +218,7 @@ class Generator:
         """Make room in a full window: keep the sinks and the newest half, recompute them."""
         kept = self._slid(list(self.cache.tokens), self.cache.n_ctx // 2)
         self.cache.clear()
-        for i in range(0, len(kept), PREFILL_CHUNK):
-            with self.lock:
-                self.model.forward(kept[i : i + PREFILL_CHUNK], self.cache)
+        self._forward_chunks(kept)
         self.stats.slides += 1
 
     def stream(

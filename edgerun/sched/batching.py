@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edgerun.engine import PREFILL_CHUNK, GenerationStats, StopMatcher
+from edgerun.engine import PREFILL_CHUNK, GenerationStats, StopMatcher, check_prompt
 from edgerun.errors import ContextOverflowError, EdgerunError, InvalidArgumentError
 from edgerun.kvcache import KVCache
 from edgerun.sampling import Sampler, SamplingParams
@@ -233,22 +233,11 @@ class BatchScheduler:
         if self._closed:
             raise EdgerunError("the scheduler is closed")
         m = self.model
-        if not prompt_ids:
-            raise InvalidArgumentError("the prompt is empty: nothing to condition on")
         if max_tokens < 0:
             raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+        check_prompt(prompt_ids, m.n_ctx if cache is None else cache.n_ctx, m.spec.vocab_size)
         if cache is None:
             cache = KVCache(m.spec, m.n_ctx, m.kv_type)
-        if len(prompt_ids) > cache.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(prompt_ids)} tokens but the context window is "
-                f"{cache.n_ctx}; use a larger context (-c / n_ctx) or a shorter prompt"
-            )
-        bad = [i for i in prompt_ids if not 0 <= int(i) < m.spec.vocab_size]
-        if bad:
-            raise InvalidArgumentError(
-                f"token id {bad[0]} is outside the vocabulary [0, {m.spec.vocab_size})"
-            )
         eos = m.tokenizer.eos_ids if eos_ids is None else eos_ids
         r = Request(prompt_ids, params, max_tokens, stop, eos, cache, prefix_len, on_token)
         r.on_finish = on_finish
