@@ -28,6 +28,17 @@ SESSION_FORMAT = "edgerun-session/1"
 _MAX_META = 64 << 20  # a session's JSON metadata (history, tokens) is at most this long
 
 
+def system_prefix_len(model: Model, conversation: list[dict[str, str]], ids: Sequence[int]) -> int:
+    """How many leading tokens of `ids` (the rendered `conversation`) are its system turn
+    alone: the part sessions with the same system prompt share (model.prefix_cache).
+    0 when the conversation has no system turn or the template renders it differently."""
+    if not conversation or conversation[0]["role"] != "system":
+        return 0
+    head = model.encode_chat(conversation[:1], add_generation_prompt=False)
+    n = len(head)
+    return n if 0 < n < len(ids) and list(ids[:n]) == head else 0
+
+
 class SessionFileError(EdgerunError):
     """A saved session that is unreadable, corrupt, or from another model."""
 
@@ -56,14 +67,7 @@ class Session:
         return self.model.encode_chat(self._conversation())
 
     def _prefix_len(self, ids: Sequence[int]) -> int:
-        """Tokens of the system turn alone, when they lead `ids` (the shareable part)."""
-        if not self.system:
-            return 0
-        head = self.model.encode_chat(
-            [{"role": "system", "content": self.system}], add_generation_prompt=False
-        )
-        n = len(head)
-        return n if 0 < n < len(ids) and list(ids[:n]) == head else 0
+        return system_prefix_len(self.model, self._conversation(), ids)
 
     @property
     def stats(self) -> ResponseStats | None:

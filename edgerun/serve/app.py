@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from edgerun.errors import ContextOverflowError, EdgerunError
+from edgerun.session import system_prefix_len
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -249,7 +250,7 @@ def create_app(
         return {
             "prompt_tokens": st.prompt_tokens,
             "completion_tokens": st.generated_tokens,
-            "total_tokens": st.prompt_tokens + st.generated_tokens,
+            "total_tokens": st.total_tokens,
         }
 
     def _finish_reason(r) -> str:
@@ -284,11 +285,7 @@ def create_app(
             msgs = _messages(body)
             convo = model.with_system(msgs)
             ids = model.encode_chat(convo)
-            prefix = 0
-            if convo and convo[0]["role"] == "system":
-                head = model.encode_chat(convo[:1], add_generation_prompt=False)
-                prefix = len(head) if ids[: len(head)] == head else 0
-            r = _submit(ids, body, prefix)
+            r = _submit(ids, body, system_prefix_len(model, convo, ids))
         except Exception as e:  # noqa: BLE001 - every failure becomes error JSON
             return _error(e)
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
