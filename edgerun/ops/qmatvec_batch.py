@@ -25,7 +25,7 @@ from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from edgerun.ops.qmatvec_portable import _f16at, _q4k_sm, block_sums  # noqa: E402
+from edgerun.ops.qmatvec_portable import _f16at, _q4k_sm, block_sums, q6_value  # noqa: E402
 from edgerun.quant.formats import QuantType  # noqa: E402
 
 GROUP = 4  # vectors per pass over a row: 4 x 16 lane accumulators stay in registers
@@ -271,17 +271,9 @@ def mvb_q4_k(data, X, out):
 
 @njit(inline="always")
 def _q6_unpack(wq, ql, qh, s):
-    """mv_q6_k's 16 values of chunk s (0..3), as float32 (v - 32)."""
+    """mv_q6_k's 16 values of chunk s (0..3)."""
     for l in range(16):
-        if s == 0:
-            v = (ql[l] & 15) | ((qh[l] & 3) << 4)
-        elif s == 1:
-            v = (ql[l] & 15) | ((qh[l] & 12) << 2)
-        elif s == 2:
-            v = (ql[l] >> 4) | (qh[l] & 48)
-        else:
-            v = (ql[l] >> 4) | ((qh[l] >> 6) << 4)
-        wq[l] = np.float32(np.int32(v) - 32)
+        wq[l] = q6_value(ql, qh, l, s)
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -235,18 +235,25 @@ def mv_q4_k(data, x, out):
 
 
 @njit(inline="always")
+def q6_value(ql, qh, l, s):
+    """Element l (0..15) of chunk s (0..3, a constant at each call site) of a Q6_K half,
+    as float32 (v - 32): constant shifts per s."""
+    if s == 0:
+        v = (ql[l] & 15) | ((qh[l] & 3) << 4)
+    elif s == 1:
+        v = (ql[l] & 15) | ((qh[l] & 12) << 2)
+    elif s == 2:
+        v = (ql[l] >> 4) | (qh[l] & 48)
+    else:
+        v = (ql[l] >> 4) | ((qh[l] >> 6) << 4)
+    return np.float32(np.int32(v) - 32)
+
+
+@njit(inline="always")
 def _q6_group(acc, ql, qh, xb, ds, s):
-    """16 elements of chunk s (0..3) of a Q6_K half: constant shifts per s."""
+    """16 elements of chunk s (0..3) of a Q6_K half."""
     for l in range(16):
-        if s == 0:
-            v = (ql[l] & 15) | ((qh[l] & 3) << 4)
-        elif s == 1:
-            v = (ql[l] & 15) | ((qh[l] & 12) << 2)
-        elif s == 2:
-            v = (ql[l] >> 4) | (qh[l] & 48)
-        else:
-            v = (ql[l] >> 4) | ((qh[l] >> 6) << 4)
-        acc[l] += ds * (np.float32(np.int32(v) - 32) * xb[l])
+        acc[l] += ds * (q6_value(ql, qh, l, s) * xb[l])
 
 
 @njit(parallel=True, cache=True, nogil=True)
