@@ -35,23 +35,22 @@ SCRATCH_NEURONS = 1024
 PREFETCH_NEURONS = 4096
 
 
-def parse_budget(text: str | int, total_bytes: int | None = None) -> int:
+def parse_budget(text: str | int, total_bytes: int | None = None, what: str = "RAM budget") -> int:
     """'800M', '1.5G', '560MB', '60%' (of total_bytes, the machine's RAM) or bytes -> bytes."""
     if isinstance(text, int):
         if text <= 0:
-            raise BudgetError(f"RAM budget must be positive, got {text}")
+            raise BudgetError(f"{what} must be positive, got {text}")
         return text
     s = str(text).strip()
     m = re.fullmatch(r"(?i)(\d+(?:\.\d+)?)\s*(%|[kmgt]i?b?|b)?", s)
     if not m:
         raise BudgetError(
-            f"cannot read RAM budget {text!r}: expected a size like 800M, 1.5G or a "
-            "percentage like 60%"
+            f"cannot read {what} {text!r}: expected a size like 800M, 1.5G or a percentage like 60%"
         )
     value, unit = float(m.group(1)), (m.group(2) or "b").lower()
     if unit == "%":
         if not 0 < value <= 100:
-            raise BudgetError(f"RAM budget {text!r}: a percentage must be in (0, 100]")
+            raise BudgetError(f"{what} {text!r}: a percentage must be in (0, 100]")
         if total_bytes is None:
             import psutil
 
@@ -61,7 +60,7 @@ def parse_budget(text: str | int, total_bytes: int | None = None) -> int:
         scale = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[unit[0]]
         out = int(value * scale)
     if out <= 0:
-        raise BudgetError(f"RAM budget {text!r} is zero")
+        raise BudgetError(f"{what} {text!r} is zero")
     return out
 
 
@@ -80,6 +79,22 @@ class Footprint:
     record_bytes: int  # one neuron's bundled up row + down column on flash
     dense_ffn_bytes: int  # the FFN as the source file stores it, all layers
     kv_bytes_per_token: int
+    attn_weights: int = 0  # q, k, v, o weights of one layer (elements), for device sizing
+    # (block format, bytes) of the attention and the dense FFN, all layers, and the
+    # formats of the output head, a gate row, an up row and a bundled down column
+    attention_by_format: tuple[tuple[str, int], ...] = ()
+    ffn_by_format: tuple[tuple[str, int], ...] = ()
+    head_format: str = ""
+    gate_format: str = ""
+    up_format: str = ""
+    down_format: str = "Q8_0"
+    up_row_bytes: int = 0
+
+    def attention_formats(self) -> tuple[tuple[str, int], ...]:
+        return self.attention_by_format or (("", self.attention_bytes),)
+
+    def ffn_formats(self) -> tuple[tuple[str, int], ...]:
+        return self.ffn_by_format or (("", self.dense_ffn_bytes),)
 
     @property
     def gate_bytes(self) -> int:
@@ -107,7 +122,7 @@ class Plan:
     gate_resident: bool
     predictor_bytes: int
     scratch_bytes: int
-    cache_neurons: int  # per layer
+    cache_neurons: int  # per CPU layer
     cache_bytes: int
     flash_bytes: int  # what stays on flash
     read_bytes_per_token: float
@@ -115,6 +130,13 @@ class Plan:
     active_fraction: float
     gate_bytes: int = 0  # gate rows held in RAM (0 when they stay on flash)
     notes: list[str] = field(default_factory=list)
+    n_layers: int = 0
+    pinned_neurons: int = 0  # per CPU layer: the profile's hottest, never evicted
+    gpu_budget: int = 0
+    gpu_ffn_layers: tuple[int, ...] = ()  # layers whose FFN runs on the torch device
+    gpu_attention_layers: tuple[int, ...] = ()  # layers whose q/k/v/o run there
+    gpu_bytes: int = 0  # weights on the device
+    time_split: dict[str, float] = field(default_factory=dict)  # predicted s per token
 
     @property
     def used_bytes(self) -> int:
@@ -128,10 +150,44 @@ class Plan:
             + (self.gate_bytes if self.gate_resident else 0)
         )
 
+    def placement(self) -> list[tuple[str, str, str]]:
+        """(part, home, detail) rows: where every tensor group and neuron group lives."""
+        rows: list[tuple[str, str, str]] = []
+        L = self.n_layers
+        cpu_ffn = [i for i in range(L) if i not in set(self.gpu_ffn_layers)]
+        cpu_att = [i for i in range(L) if i not in set(self.gpu_attention_layers)]
+        if self.gpu_attention_layers:
+            rows.append(("attention q/k/v/o", "GPU", _layers(self.gpu_attention_layers)))
+        if self.gpu_ffn_layers:
+            rows.append(("FFN gate/up/down", "GPU", _layers(self.gpu_ffn_layers)))
+        if cpu_att:
+            rows.append(("attention q/k/v/o", "RAM", _layers(cpu_att)))
+        rows.append(("norms, output head, embedding rows", "RAM", "whole model"))
+        if not cpu_ffn:
+            return rows
+        where = _layers(cpu_ffn)
+        if self.mode == "resident":
+            rows.append(("FFN gate/up/down", "RAM (mmap)", where))
+            return rows
+        rows.append(("FFN gate rows", "RAM" if self.gate_resident else "flash", where))
+        if self.mode == "dense":
+            rows.append(("FFN neurons [0, held)", "RAM", f"{where}: {self.cache_neurons} a layer"))
+            rows.append(("FFN other neurons", "flash, streamed each token", where))
+            return rows
+        if self.pinned_neurons:
+            rows.append(
+                ("FFN hottest neurons", "RAM pinned", f"{where}: {self.pinned_neurons} a layer")
+            )
+        window = self.cache_neurons - self.pinned_neurons
+        if window > 0:
+            rows.append(("FFN recent neurons", "RAM window", f"{where}: {window} a layer"))
+        rows.append(("FFN cold neurons", "flash, read when active", where))
+        return rows
+
     def describe(self) -> str:
         mb = MiB
         rows = [
-            ("RAM budget", f"{self.budget / mb:,.0f} MiB"),
+            ("RAM budget", f"{self.budget / mb:,.0f} MiB" if self.budget < 1 << 60 else "none"),
             ("runtime floor (measured)", f"{self.floor / mb:,.0f} MiB"),
             ("KV cache", f"{self.kv_bytes / mb:,.0f} MiB"),
             (
@@ -146,36 +202,128 @@ class Plan:
             ("scratch for cache misses", f"{self.scratch_bytes / mb:,.0f} MiB"),
             (
                 "neuron cache",
-                f"{self.cache_bytes / mb:,.0f} MiB ({self.cache_neurons} neurons a layer)",
+                f"{self.cache_bytes / mb:,.0f} MiB ({self.cache_neurons} neurons a layer"
+                + (f", {self.pinned_neurons} pinned hot)" if self.pinned_neurons else ")"),
             ),
             ("stays on flash", f"{self.flash_bytes / mb:,.0f} MiB"),
             ("planned total", f"{self.used_bytes / mb:,.0f} MiB"),
+        ]
+        if self.gpu_budget:
+            rows.append(
+                (
+                    "GPU",
+                    f"{self.gpu_bytes / mb:,.0f} of {self.gpu_budget / mb:,.0f} MiB: FFN of "
+                    f"{len(self.gpu_ffn_layers)} layers, attention of "
+                    f"{len(self.gpu_attention_layers)}",
+                )
+            )
+        rows += [
             ("predicted read per token", f"{self.read_bytes_per_token / mb:,.1f} MiB"),
             ("predicted decode", f"{self.predicted_tok_s:,.1f} tok/s"),
         ]
+        if self.time_split:
+            split = ", ".join(f"{k} {v * 1e3:,.1f}" for k, v in self.time_split.items())
+            rows.append(("predicted ms per token", split))
         w = max(len(k) for k, _ in rows)
         head = "resident (no offloading)" if self.mode == "resident" else f"{self.mode} offloading"
         lines = [f"plan: {head}"] + [f"  {k:<{w}}  {v}" for k, v in rows]
+        if self.n_layers:
+            p = self.placement()
+            w1 = max(len(r[0]) for r in p)
+            w2 = max(len(r[1]) for r in p)
+            lines.append("  where each part lives:")
+            lines += [f"    {a:<{w1}}  {b:<{w2}}  {c}" for a, b, c in p]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
+def _layers(ids) -> str:
+    """'layers 0-23, 26' for a list of layer indices."""
+    ids = sorted(ids)
+    if not ids:
+        return "no layer"
+    out, start, prev = [], ids[0], ids[0]
+    for i in ids[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return "layers " + ", ".join(out)
+
+
 @dataclass(frozen=True)
 class DeviceFigures:
-    """Measured rates the prediction uses (defaults: this machine kind, PERF_NOTES)."""
+    """Measured rates the prediction uses (sched/calibration.py measures them; the
+    defaults are this machine kind's, PERF_NOTES)."""
 
     flash_read_bytes_s: float = 600e6  # O_DIRECT, 32-128 KiB reads, 4 threads
-    ram_stream_bytes_s: float = 20e9  # what the kernels stream from DRAM
+    ram_stream_bytes_s: float = 20e9  # quantized weight bytes the CPU kernels consume
+    flash_by_chunk: tuple[tuple[int, float], ...] = ()  # (read size, bytes/s)
+    layer_overhead_s: float = 0.0  # fixed cost of one layer's kernel calls
+    gpu_matvec_bytes_s: float = 0.0  # device weight bytes a second (0: no device)
+    gpu_call_s: float = 0.0  # one executor call's host->device->host round trip
+    cpu_by_format: tuple[tuple[str, float], ...] = ()  # (block format, matvec bytes/s)
+
+    def cpu_rate(self, fmt: str | None = None) -> float:
+        """The CPU kernels' bytes/s on `fmt` blocks (the mean rate when not measured)."""
+        for name, rate in self.cpu_by_format:
+            if name == fmt:
+                return rate
+        return self.ram_stream_bytes_s
+
+    def cpu_seconds(self, by_format, share: float = 1.0) -> float:
+        """Time to stream (format, bytes) pairs through the matvec kernels."""
+        return sum(share * n / self.cpu_rate(f) for f, n in by_format)
+
+    def flash_rate(self, chunk: int) -> float:
+        """Read throughput at `chunk`-byte reads, interpolated on log2(size)."""
+        pts = sorted(self.flash_by_chunk)
+        if not pts:
+            return self.flash_read_bytes_s
+        if chunk <= pts[0][0]:
+            return pts[0][1]
+        for (c0, r0), (c1, r1) in zip(pts, pts[1:]):
+            if chunk <= c1:
+                f = (math.log2(chunk) - math.log2(c0)) / (math.log2(c1) - math.log2(c0))
+                return r0 + f * (r1 - r0)
+        return pts[-1][1]
 
 
-def _resident_bytes(fp: Footprint) -> int:
+# Sparse reads coalesce active records into runs of about this size (gap 32 KiB);
+# dense streaming reads SCRATCH_NEURONS records at a time.
+SPARSE_READ_BYTES = 128 << 10
+DENSE_READ_BYTES = 1 << 20
+
+
+def _resident_bytes(fp: Footprint, cpu_attention_share: float = 1.0) -> int:
     return (
-        fp.attention_bytes
+        int(fp.attention_bytes * cpu_attention_share)
         + fp.norm_bytes
         + fp.head_bytes
         + min(fp.embedding_bytes, EMBEDDING_TOUCH_BYTES)
         + STEP_MARGIN_BYTES
     )
+
+
+def _streamed_resident_seconds(fp: Footprint, dev: DeviceFigures, att_share: float) -> float:
+    """CPU time of what a decode step reads of the resident part: attention (the share on
+    the CPU), norms, output head (the embedding when tied); not the margins."""
+    head = fp.head_bytes or fp.embedding_bytes
+    return dev.cpu_seconds(fp.attention_formats(), att_share) + dev.cpu_seconds(
+        ((fp.head_format, head), ("F32", fp.norm_bytes))
+    )
+
+
+def _neuron_seconds(fp: Footprint, dev: DeviceFigures, gate: bool = True) -> float:
+    """CPU time of one neuron computed from bundled rows: up row, down column (and the
+    gate row when it is computed with them)."""
+    up = fp.up_row_bytes or fp.record_bytes // 2
+    t = up / dev.cpu_rate(fp.up_format) + (fp.record_bytes - up) / dev.cpu_rate(fp.down_format)
+    if gate:
+        t += fp.gate_row_bytes / dev.cpu_rate(fp.gate_format)
+    return t
 
 
 def _scratch_bytes(fp: Footprint, prefetch: bool = False) -> int:
@@ -186,33 +334,115 @@ def _scratch_bytes(fp: Footprint, prefetch: bool = False) -> int:
     return 2 * min(fp.d_ff, SCRATCH_NEURONS) * fp.neuron_bytes + staged
 
 
-def _missed_fraction(cache_neurons: int, d_ff: int, frequencies=None) -> float:
+def _missed_fraction(cache_neurons: int, d_ff: int, frequencies=None, pinned: int = 0) -> float:
     """Share of a token's active neurons the cache does not hold.
 
-    With measured activation frequencies (per layer arrays), the cache is assumed to
-    hold the most frequent neurons; without them every neuron is equally likely.
+    With measured activation frequencies (per layer arrays), the `pinned` most frequent
+    neurons are always held and the rest of the cache (the window) is assumed to hold a
+    uniform share of the others; without a profile nothing is pinned and every neuron is
+    equally likely. (The window does better than uniform when tokens repeat neurons; the
+    prediction stays on the safe side.)
     """
     if d_ff == 0:
         return 0.0
-    if frequencies is None:
+    if frequencies is None or pinned <= 0:
         return max(0.0, 1.0 - cache_neurons / d_ff)
+    window = max(0, cache_neurons - pinned)
     miss = []
     for f in frequencies:
-        total = float(sum(f)) or 1.0
-        top = sorted(f, reverse=True)[:cache_neurons]
-        miss.append(max(0.0, 1.0 - float(sum(top)) / total))
+        f = sorted((float(v) for v in f), reverse=True)
+        total = sum(f) or 1.0
+        covered = sum(f[:pinned]) / total
+        rest = max(1, d_ff - pinned)
+        miss.append(max(0.0, (1.0 - covered) * (1.0 - window / rest)))
     return sum(miss) / len(miss)
 
 
-def resident_plan(fp: Footprint, file_bytes: int, budget: int, floor: int, n_ctx: int):
+def _gpu_layer_bytes(fp: Footprint, dtype_bytes: int) -> tuple[int, int]:
+    """(FFN, attention) bytes of one layer on the device."""
+    return 3 * fp.d_ff * fp.d_model * dtype_bytes, fp.attn_weights * dtype_bytes
+
+
+def _choose_gpu(
+    fp: Footprint,
+    gpu_budget: int,
+    dev: DeviceFigures,
+    dtype_bytes: int,
+    ffn_cost_s: float,
+    force: bool = False,
+) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """Greedy benefit per byte: each layer's FFN and attention are candidate groups; the
+    benefit is the CPU (and flash) time a token saves minus the device time and the call's
+    round trip. Layers are alike, so groups of one kind go in layer order. `force` places
+    groups that do not pay too (torch on the CPU, which only tests the path)."""
+    if gpu_budget <= 0 or dev.gpu_matvec_bytes_s <= 0:
+        return (), (), 0
+    L = fp.n_layers
+    ffn_dev, att_dev = _gpu_layer_bytes(fp, dtype_bytes)
+    att_cost = dev.cpu_seconds(fp.attention_formats()) / L
+    groups = []
+    for kind, nbytes, saved in (("ffn", ffn_dev, ffn_cost_s), ("attention", att_dev, att_cost)):
+        if nbytes <= 0:
+            continue
+        gain = saved - (nbytes / dev.gpu_matvec_bytes_s + dev.gpu_call_s)
+        if gain > 0 or force:
+            groups.append((gain / nbytes, kind, nbytes))
+    groups.sort(reverse=True)
+    left = gpu_budget
+    chosen: dict[str, list[int]] = {"ffn": [], "attention": []}
+    for _, kind, nbytes in groups:
+        k = int(min(L, left // nbytes))
+        chosen[kind] = list(range(k))
+        left -= k * nbytes
+    used = gpu_budget - left
+    return tuple(chosen["ffn"]), tuple(chosen["attention"]), used
+
+
+def _gpu_time(fp: Footprint, ffn_l, att_l, dev: DeviceFigures, dtype_bytes: int) -> float:
+    ffn_dev, att_dev = _gpu_layer_bytes(fp, dtype_bytes)
+    if not (ffn_l or att_l):
+        return 0.0
+    nbytes = len(ffn_l) * ffn_dev + len(att_l) * att_dev
+    return nbytes / dev.gpu_matvec_bytes_s + (len(ffn_l) + 2 * len(att_l)) * dev.gpu_call_s
+
+
+def resident_plan(
+    fp: Footprint,
+    file_bytes: int,
+    budget: int,
+    floor: int,
+    n_ctx: int,
+    device: DeviceFigures | None = None,
+    gpu_budget: int = 0,
+    gpu_dtype_bytes: int = 2,
+    gpu_force: bool = False,
+):
     """A Plan that keeps the whole model resident (mmap) when it fits the budget with
     room to spare, or None. Measured: when it fits, the page cache serves the mmap
     faster than any streaming (Qwen2.5-Coder-0.5B in 839 MiB: 11.0 tok/s mmap, 9.0
     dense offload)."""
+    dev = device or DeviceFigures()
     kv = n_ctx * fp.kv_bytes_per_token
     need = floor + kv + file_bytes + STEP_MARGIN_BYTES
     if need > budget:
         return None
+    L = fp.n_layers
+    ffn_l, att_l, gpu_used = _choose_gpu(
+        fp,
+        gpu_budget,
+        dev,
+        gpu_dtype_bytes,
+        dev.cpu_seconds(fp.ffn_formats()) / L,
+        gpu_force,
+    )
+    split = {
+        "cpu": _streamed_resident_seconds(fp, dev, 1 - len(att_l) / L)
+        + dev.cpu_seconds(fp.ffn_formats(), 1 - len(ffn_l) / L),
+        "layers": L * dev.layer_overhead_s,
+    }
+    if ffn_l or att_l:
+        split["gpu"] = _gpu_time(fp, ffn_l, att_l, dev, gpu_dtype_bytes)
+    t = sum(split.values())
     return Plan(
         mode="resident",
         budget=budget,
@@ -226,9 +456,15 @@ def resident_plan(fp: Footprint, file_bytes: int, budget: int, floor: int, n_ctx
         cache_bytes=0,
         flash_bytes=0,
         read_bytes_per_token=0.0,
-        predicted_tok_s=1.0 / ((file_bytes) / DeviceFigures().ram_stream_bytes_s),
+        predicted_tok_s=1.0 / t if t > 0 else float("inf"),
         active_fraction=1.0,
         notes=["the whole model fits the budget: it stays resident (mmap), nothing streams"],
+        n_layers=L,
+        gpu_budget=gpu_budget,
+        gpu_ffn_layers=ffn_l,
+        gpu_attention_layers=att_l,
+        gpu_bytes=gpu_used,
+        time_split=split,
     )
 
 
@@ -263,12 +499,23 @@ def plan(
     device: DeviceFigures | None = None,
     allow_predictor: bool = True,
     prefetch: bool = False,
+    hot_share: float = 0.0,
+    gpu_budget: int = 0,
+    gpu_dtype_bytes: int = 2,
+    gpu_force: bool = False,
 ) -> Plan:
-    """Split `budget` bytes between resident weights, gate, predictor and neuron cache.
+    """Split `budget` bytes between resident weights, gate, predictor and neuron cache,
+    and `gpu_budget` bytes between layers' FFNs and attention on a torch device.
 
     active_fraction is the share of neurons a token needs (1 - sparsity) in sparse
-    mode. Raises BudgetError naming the minimum when the budget cannot hold the
-    mandatory parts.
+    mode. With `frequencies` (a profile's per-layer activation counts) and hot_share > 0,
+    that share of each layer's cache is pinned with its hottest neurons. Layers whose
+    FFN goes to the GPU need no RAM for it, so the cache is split over the others.
+    Raises BudgetError naming the minimum when the budget cannot hold the mandatory parts.
+
+    Predicted time per token = the CPU's streamed bytes / its matvec rate + flash reads /
+    the read rate at their size + device bytes / the device rate + one round trip per
+    device call + a fixed cost per layer (DeviceFigures, measured by calibration).
     """
     if mode not in ("sparse", "dense"):
         raise InvalidArgumentError(f"offload mode must be 'sparse' or 'dense', got {mode!r}")
@@ -284,40 +531,70 @@ def plan(
             f"{n_ctx} tokens). Give --ram-budget {math.ceil(need / MiB)}M or more, or a "
             "smaller context (-c)."
         )
+    L = fp.n_layers
+    # What one layer's FFN costs a token on the CPU without a device: every byte read
+    # from flash (dense streaming, the worst case) plus its compute.
+    layer_ffn = fp.dense_ffn_bytes / L
+    ffn_cost = dev.cpu_seconds(fp.ffn_formats()) / L + layer_ffn / dev.flash_rate(DENSE_READ_BYTES)
+    ffn_l, att_l, gpu_used = _choose_gpu(fp, gpu_budget, dev, gpu_dtype_bytes, ffn_cost, gpu_force)
+    L_cpu = L - len(ffn_l)
+    att_share = 1 - len(att_l) / L
     kv = n_ctx * fp.kv_bytes_per_token
-    resident = _resident_bytes(fp)
+    resident = _resident_bytes(fp, att_share)
     scratch = _scratch_bytes(fp, prefetch and mode == "sparse")
     left = budget - floor - kv - resident - scratch
     notes: list[str] = []
-    L = fp.n_layers
-    if mode == "dense":
+    pinned = 0
+    gate_cpu = L_cpu * fp.d_ff * fp.gate_row_bytes
+    if L_cpu == 0:
+        per_layer, cache_bytes, read, compute_s = 0, 0, 0.0, 0.0
+        gate_resident, pred, gate_b = True, 0, 0
+    elif mode == "dense":
         # The paper's hybrid baseline: whole neurons held, the rest streamed every token.
-        per_layer = min(fp.d_ff, left // (L * fp.neuron_bytes))
-        cache_bytes = per_layer * L * fp.neuron_bytes
-        read = (fp.d_ff - per_layer) * L * fp.neuron_bytes
-        touched = fp.d_ff * L * fp.neuron_bytes
+        per_layer = min(fp.d_ff, left // (L_cpu * fp.neuron_bytes))
+        cache_bytes = per_layer * L_cpu * fp.neuron_bytes
+        read = (fp.d_ff - per_layer) * L_cpu * fp.neuron_bytes
+        compute_s = fp.d_ff * L_cpu * _neuron_seconds(fp, dev)
         gate_resident, pred, gate_b = False, 0, 0
     else:
-        gate_b = fp.gate_bytes
+        gate_b = gate_cpu
         gate_resident = not allow_predictor or left - gate_b >= 0.1 * (
             left - fp.predictor_bytes(predictor_rank)
         )
         pred = 0 if gate_resident else fp.predictor_bytes(predictor_rank)
         left -= gate_b if gate_resident else pred
         slot = fp.record_bytes if gate_resident else fp.neuron_bytes
-        per_layer = int(min(fp.d_ff, max(0, left) // (L * slot)))
-        cache_bytes = per_layer * L * slot
-        miss = _missed_fraction(per_layer, fp.d_ff, frequencies)
-        active = active_fraction * fp.d_ff * L
+        per_layer = int(min(fp.d_ff, max(0, left) // (L_cpu * slot)))
+        cache_bytes = per_layer * L_cpu * slot
+        if frequencies is not None and hot_share > 0:
+            pinned = int(hot_share * per_layer)
+        freqs = None
+        if frequencies is not None:
+            cpu = [i for i in range(L) if i not in set(ffn_l)]
+            freqs = [frequencies[i] for i in cpu]
+        miss = _missed_fraction(per_layer, fp.d_ff, freqs, pinned)
+        active = active_fraction * fp.d_ff * L_cpu
         read = active * miss * slot
-        touched = active * slot + (gate_b if gate_resident else pred)
+        compute_s = active * _neuron_seconds(fp, dev, gate=not gate_resident)
+        if gate_resident:
+            compute_s += gate_b / dev.cpu_rate(fp.gate_format)
+        else:
+            compute_s += pred / dev.cpu_rate()
         if not gate_resident:
             notes.append(
                 f"gate rows do not fit beside a useful cache; a rank-{predictor_rank} "
                 "predictor chooses the neurons"
             )
-    t = read / dev.flash_read_bytes_s + (touched + resident) / dev.ram_stream_bytes_s
-    flash = fp.dense_ffn_bytes - cache_bytes - (gate_b if gate_resident else 0)
+    chunk = DENSE_READ_BYTES if mode == "dense" else SPARSE_READ_BYTES
+    split = {
+        "cpu": compute_s + _streamed_resident_seconds(fp, dev, att_share),
+        "flash": read / dev.flash_rate(chunk),
+        "layers": L * dev.layer_overhead_s,
+    }
+    if ffn_l or att_l:
+        split["gpu"] = _gpu_time(fp, ffn_l, att_l, dev, gpu_dtype_bytes)
+    t = sum(split.values())
+    flash = fp.dense_ffn_bytes * L_cpu / L - cache_bytes - (gate_b if gate_resident else 0)
     return Plan(
         mode=mode,
         budget=budget,
@@ -329,12 +606,19 @@ def plan(
         scratch_bytes=scratch,
         cache_neurons=per_layer,
         cache_bytes=cache_bytes,
-        flash_bytes=max(0, flash),
+        flash_bytes=max(0, int(flash)),
         read_bytes_per_token=float(read),
         predicted_tok_s=1.0 / t if t > 0 else float("inf"),
         active_fraction=active_fraction if mode == "sparse" else 1.0,
         notes=notes,
         gate_bytes=gate_b if gate_resident else 0,
+        n_layers=L,
+        pinned_neurons=pinned,
+        gpu_budget=gpu_budget,
+        gpu_ffn_layers=ffn_l,
+        gpu_attention_layers=att_l,
+        gpu_bytes=gpu_used,
+        time_split=split,
     )
 
 
@@ -352,17 +636,34 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
     attn_extra = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_q_norm", "attn_k_norm")
     norm_roles = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm")
     attention = norms = dense_ffn = 0
+    att_fmt: dict[str, int] = {}
+    ffn_fmt: dict[str, int] = {}
+
+    def fmt(name: str) -> str:
+        return reader.tensor(name).qtype.name
+
     for i in range(spec.n_layers):
         for role in attn_roles + attn_extra:
-            attention += size.get(spec.layer_tensor(role, i), 0)
+            name = spec.layer_tensor(role, i)
+            if name in names:
+                attention += size[name]
+                att_fmt[fmt(name)] = att_fmt.get(fmt(name), 0) + size[name]
         for role in norm_roles:
             norms += size.get(spec.layer_tensor(role, i), 0)
         for role in ("ffn_gate", "ffn_up", "ffn_down"):
-            dense_ffn += size.get(spec.layer_tensor(role, i), 0)
+            name = spec.layer_tensor(role, i)
+            if name in names:
+                dense_ffn += size[name]
+                ffn_fmt[fmt(name)] = ffn_fmt.get(fmt(name), 0) + size[name]
     g = spec.global_tensors
     embd = size.get(g["token_embd"], 0)
     head = size.get(g["output"], 0)
     norms += size.get(g["output_norm"], 0)
+    attn_weights = 0
+    for role in attn_roles:
+        name = spec.layer_tensor(role, 0)
+        if name in names:
+            attn_weights += math.prod(reader.tensor(name).shape)
     gate = reader.tensor(spec.layer_tensor("ffn_gate", 0))
     up = reader.tensor(spec.layer_tensor("ffn_up", 0))
     record = row_bytes(up.qtype, spec.d_model) + row_bytes(QuantType[down_format], spec.d_model)
@@ -379,4 +680,12 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
         record_bytes=record,
         dense_ffn_bytes=dense_ffn,
         kv_bytes_per_token=spec.n_layers * 2 * spec.kv_dim * kv_item,
+        attn_weights=attn_weights,
+        attention_by_format=tuple(sorted(att_fmt.items())),
+        ffn_by_format=tuple(sorted(ffn_fmt.items())),
+        head_format=fmt(g["output"]) if g["output"] in names else fmt(g["token_embd"]),
+        gate_format=gate.qtype.name,
+        up_format=up.qtype.name,
+        down_format=down_format,
+        up_row_bytes=row_bytes(up.qtype, spec.d_model),
     )

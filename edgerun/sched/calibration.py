@@ -1,0 +1,230 @@
+"""Device figures for the placement planner, measured by a short calibration and cached.
+
+The planner predicts a token's time from three rates, so it measures them on the
+machine it runs on rather than assuming them:
+
+- flash: O_DIRECT read throughput by chunk size (4 KiB to 1 MiB), with the offload
+  reader's thread pool, on a scratch file in the directory the bundles live in;
+- CPU: how many bytes of quantized weights a second the matvec kernels consume, per
+  block format (a working set well past the last-level cache; on a compute-bound CPU
+  the formats differ 5x), plus the fixed cost of one layer's kernel calls (small
+  matrices, so the bytes do not matter);
+- GPU (with a torch device): matvec bytes a second in the device dtype and the
+  per-call host<->device round trip (edgerun/gpu/calibrate.py).
+
+Results are cached as JSON under the cache directory, keyed by CPU model, thread
+count, storage device and torch device, and re-measured after a week or on request.
+The whole calibration takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from edgerun.sched.placement import DeviceFigures
+
+__all__ = ["cached", "calibrate", "measure_cpu", "measure_flash"]
+
+CHUNKS = (4096, 32768, 131072, 1 << 20)
+MAX_AGE_S = 7 * 24 * 3600
+FLASH_FILE_BYTES = 64 << 20
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_flash(directory: Path, threads: int = 4, nbytes: int = FLASH_FILE_BYTES) -> dict:
+    """Direct-I/O read bytes/s by chunk size from a scratch file in `directory`."""
+    from edgerun.offload.io import DirectReader, aligned_empty
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".calibrate-{os.getpid()}.bin"
+    rng = np.random.default_rng(0)
+    try:
+        with open(path, "wb") as f:
+            block = rng.integers(0, 255, 1 << 22, dtype=np.uint8).tobytes()
+            for _ in range(nbytes // len(block)):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        if hasattr(os, "posix_fadvise"):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        out: dict[int, float] = {}
+        with DirectReader(path, threads=threads) as r:
+            for chunk in CHUNKS:
+                # small chunks: fewer bytes, so each size costs about the same time
+                total = min(nbytes, max(4 << 20, chunk * 1024))
+                n = total // chunk
+                offs = rng.permutation(nbytes // chunk)[:n] * chunk
+                buf = aligned_empty(n * chunk)
+                t0 = time.perf_counter()
+                r.read_into([(int(o), chunk) for o in np.sort(offs)], buf)
+                out[chunk] = n * chunk / (time.perf_counter() - t0)
+        return out
+    finally:
+        path.unlink(missing_ok=True)
+
+
+# Where each block keeps its f16 scale(s): byte offsets (random bytes there could be
+# NaN or subnormal and time the wrong thing).
+_SCALE_AT = {
+    "Q4_K": (0, 2),
+    "Q6_K": (208,),
+    "Q8_0": (0,),
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+}
+# The block formats the registry models and the bundles' down columns use.
+CPU_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+
+
+def _matrix(fmt: str, rows: int, cols: int, rng: np.random.Generator):
+    """A `fmt` tensor of random quants with sane scales (timing only, not values)."""
+    from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType, row_bytes
+
+    qt = QuantType[fmt]
+    raw = rng.integers(0, 255, (rows, row_bytes(qt, cols)), dtype=np.uint8)
+    blocks = raw.reshape(rows, -1, BLOCK_LAYOUT[qt][1])
+    scale = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    for at in _SCALE_AT[fmt]:
+        blocks[:, :, at : at + 2] = scale
+    return QuantTensor("calib", qt, (rows, cols), raw)
+
+
+def measure_cpu(
+    threads: int, repeats: int = 5, formats: tuple[str, ...] = CPU_FORMATS
+) -> tuple[dict[str, float], float]:
+    """({format: matvec bytes/s}, seconds of one layer's fixed cost).
+
+    Each rate is the best of `repeats` passes over a 64 MB working set of 8960x1536
+    matrices (Qwen2.5-1.5B's FFN shape), past the last-level cache.
+    """
+    from edgerun.ops import qmatvec
+    from edgerun.ops.norm import rmsnorm
+    from edgerun.sched.cpu_share import set_threads
+
+    set_threads(threads)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(1536).astype(np.float32)
+    rates: dict[str, float] = {}
+    for fmt in formats:
+        mats = []
+        while sum(m.nbytes for m in mats) < 64e6:
+            mats.append(_matrix(fmt, 8960, 1536, rng))
+        for m in mats[:2]:
+            qmatvec.matvec(m, x)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for m in mats:
+                qmatvec.matvec(m, x)
+            best = min(best, time.perf_counter() - t0)
+        rates[fmt] = sum(m.nbytes for m in mats) / best
+        del mats
+    # A layer issues about a dozen kernel calls; on tiny shapes they cost only overhead.
+    tiny = _matrix("Q4_K", 64, 256, rng)
+    xt = rng.standard_normal(256).astype(np.float32)
+    w = np.ones(256, np.float32)
+    for _ in range(20):
+        qmatvec.matvec(tiny, xt)
+        rmsnorm(xt.reshape(1, -1), w, 1e-6)
+    n = 200
+    t0 = time.perf_counter()
+    for _ in range(n):
+        qmatvec.matvec(tiny, xt)
+        rmsnorm(xt.reshape(1, -1), w, 1e-6)
+    per_call = (time.perf_counter() - t0) / (2 * n)
+    return rates, 12 * per_call
+
+
+def _key(threads: int, directory: Path, gpu_device: str | None) -> str:
+    try:
+        dev = os.stat(directory).st_dev
+    except OSError:
+        dev = 0
+    text = f"{_cpu_name()}|{os.cpu_count()}|{threads}|{dev}|{gpu_device or ''}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _paths(threads: int, directory: Path | None, gpu_device: str | None, cache: Path | None):
+    from edgerun.registry import cache_dir
+
+    directory = directory or cache_dir() / "offload"
+    cache = cache or cache_dir() / "calibration"
+    return directory, cache / f"{_key(threads, directory, gpu_device)}.json"
+
+
+def cached(
+    threads: int,
+    directory: Path | None = None,
+    gpu_device: str | None = None,
+    cache: Path | None = None,
+) -> DeviceFigures | None:
+    """The cached figures for this machine, threads and device when fresh, else None."""
+    _, path = _paths(threads, directory, gpu_device, cache)
+    try:
+        d = json.loads(path.read_text())
+        if time.time() - float(d.pop("measured_at")) >= MAX_AGE_S:
+            return None
+        d["flash_by_chunk"] = tuple(tuple(p) for p in d["flash_by_chunk"])
+        d["cpu_by_format"] = tuple(tuple(p) for p in d["cpu_by_format"])
+        return DeviceFigures(**d)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or broken: measured again
+
+
+def calibrate(
+    threads: int,
+    directory: Path | None = None,
+    gpu_device: str | None = None,
+    refresh: bool = False,
+    cache: Path | None = None,
+) -> DeviceFigures:
+    """This machine's DeviceFigures: from the cache when fresh, else measured (seconds)."""
+    if not refresh:
+        figs = cached(threads, directory, gpu_device, cache)
+        if figs is not None:
+            return figs
+    directory, path = _paths(threads, directory, gpu_device, cache)
+    directory.mkdir(parents=True, exist_ok=True)
+    flash = measure_flash(directory)
+    rates, layer_s = measure_cpu(threads)
+    gpu: dict = {}
+    if gpu_device is not None:
+        from edgerun.gpu.calibrate import measure_device
+
+        gpu = measure_device(gpu_device)
+    figs = DeviceFigures(
+        flash_read_bytes_s=flash[131072],
+        ram_stream_bytes_s=float(np.mean(list(rates.values()))),
+        cpu_by_format=tuple(sorted(rates.items())),
+        flash_by_chunk=tuple(sorted(flash.items())),
+        layer_overhead_s=layer_s,
+        gpu_matvec_bytes_s=float(gpu.get("matvec_bytes_per_s", 0.0)),
+        gpu_call_s=float(gpu.get("roundtrip_seconds", 0.0)),
+    )
+    from edgerun.atomic import write_bytes_atomic
+
+    data = json.dumps({**asdict(figs), "measured_at": time.time()}, indent=1)
+    write_bytes_atomic(path, data.encode())
+    return figs
