@@ -31,3 +31,7 @@ class BudgetError(InvalidArgumentError):
 
 class DiskSpaceError(EdgerunError):
     """Not enough free space for a file edgerun writes (a model, an offload layout, a pack)."""
+
+
+class GpuUnavailableError(EdgerunError):
+    """A torch device was asked for and cannot be used (torch missing, no CUDA device)."""

@@ -17,7 +17,7 @@ from edgerun.ops.attention import attention
 from edgerun.ops.norm import rmsnorm
 from edgerun.ops.rope import rope_inplace, rope_tables
 from edgerun.quant.formats import QuantTensor
-from edgerun.weights import WeightStore
+from edgerun.weights import AttentionProjections, ResidentProjections, WeightStore
 
 
 class _Layer:
@@ -27,6 +27,7 @@ class _Layer:
         "k",
         "v",
         "o",
+        "attn_proj",
         "ffn_norm",
         "ffn",
         "q_bias",
@@ -74,6 +75,11 @@ class Transformer:
                 setattr(layer, slot, store.vector(spec.layer_tensor(role, i)) if wanted else None)
             layer.ffn = store.ffn(spec, i)
             self._check_shapes(layer, i, source)
+            # q, k, v, o stay for shape checks and footprints; the projections go through
+            # attn_proj, which gpu/place.move_layers may replace (model.py never changes)
+            layer.attn_proj: AttentionProjections = ResidentProjections(
+                layer.q, layer.k, layer.v, layer.o
+            )
             self.layers.append(layer)
         if self.token_embd.shape != (spec.vocab_size, spec.d_model):
             raise ModelFormatError(
@@ -151,11 +157,11 @@ class Transformer:
         for li, layer in enumerate(self.layers):
             cos, sin = self._rope(cache.n_ctx, s.rope_base_of(li))
             x = rmsnorm(h, layer.attn_norm, eps)
-            qkv = qmatvec.project_many((layer.q, layer.k, layer.v), x)
+            qkv = layer.attn_proj.qkv(x)
             q, k, v = self._qkv(layer, qkv, positions, cos, sin)
             cache.store(li, start, k, v)
             ctx = attention(q, cache.k[li], cache.v[li], start, s.window(li))
-            att = qmatvec.project(layer.o, ctx)
+            att = layer.attn_proj.out(ctx)
             if layer.post_attn_norm is not None:
                 att = rmsnorm(att, layer.post_attn_norm, eps)
             h += att
@@ -205,13 +211,13 @@ class Transformer:
         for li, layer in enumerate(self.layers):
             cos, sin = self._rope(n_ctx, s.rope_base_of(li))
             x = rmsnorm(h, layer.attn_norm, eps)
-            qkv = [mvb(layer.q, x), mvb(layer.k, x), mvb(layer.v, x)]
+            qkv = layer.attn_proj.qkv_batch(x)
             q, k, v = self._qkv(layer, qkv, positions, cos, sin)
             window = s.window(li)
             for b, c in enumerate(caches):
                 c.store(li, starts[b], k[b : b + 1], v[b : b + 1])
                 ctx[b] = attention(q[b : b + 1], c.k[li], c.v[li], starts[b], window)[0]
-            att = mvb(layer.o, ctx)
+            att = layer.attn_proj.out_batch(ctx)
             if layer.post_attn_norm is not None:
                 att = rmsnorm(att, layer.post_attn_norm, eps)
             h += att

@@ -1,7 +1,8 @@
 """WeightStore: the only way model code reaches weights.
 
 Offloading (flash) and GPU hand-off become other stores that return other FFN
-executors from `ffn()`; model.py stays unchanged. ResidentStore keeps everything
+executors from `ffn()` (and, for the GPU, other attention projections than
+ResidentProjections); model.py stays unchanged. ResidentStore keeps everything
 where the file reader put it (for GGUF: views over one mmap, so "resident" costs
 page cache, not copies).
 """
@@ -15,7 +16,49 @@ import numpy as np
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ModelFormatError
 from edgerun.ffn import DenseFFN, FFNExecutor
+from edgerun.ops import qmatvec
 from edgerun.quant.formats import QuantTensor, QuantType
+
+
+class AttentionProjections(Protocol):
+    """What model.py needs of a layer's attention projections (float32 [n, dim] rows)."""
+
+    def qkv(self, x: np.ndarray) -> list[np.ndarray]:
+        """x [n, d_model] -> [q [n, q_dim], k [n, kv_dim], v [n, kv_dim]] (forward)."""
+        ...
+
+    def out(self, ctx: np.ndarray) -> np.ndarray:
+        """ctx [n, q_dim] -> [n, d_model] (forward)."""
+        ...
+
+    def qkv_batch(self, x: np.ndarray) -> list[np.ndarray]:
+        """Decode rows of different sequences (forward_batch)."""
+        ...
+
+    def out_batch(self, ctx: np.ndarray) -> np.ndarray: ...
+
+
+class ResidentProjections:
+    """q, k, v, o on the resident quantized matrices: the CPU kernels. Every row of the
+    batch methods equals the one-token result bit for bit (qmatvec.matvec_batch)."""
+
+    __slots__ = ("q", "k", "v", "o")
+
+    def __init__(self, q: QuantTensor, k: QuantTensor, v: QuantTensor, o: QuantTensor) -> None:
+        self.q, self.k, self.v, self.o = q, k, v, o
+
+    def qkv(self, x: np.ndarray) -> list[np.ndarray]:
+        return qmatvec.project_many((self.q, self.k, self.v), x)
+
+    def out(self, ctx: np.ndarray) -> np.ndarray:
+        return qmatvec.project(self.o, ctx)
+
+    def qkv_batch(self, x: np.ndarray) -> list[np.ndarray]:
+        mvb = qmatvec.matvec_batch
+        return [mvb(self.q, x), mvb(self.k, x), mvb(self.v, x)]
+
+    def out_batch(self, ctx: np.ndarray) -> np.ndarray:
+        return qmatvec.matvec_batch(self.o, ctx)
 
 
 class WeightStore(Protocol):
