@@ -14,6 +14,9 @@ Configurations (all in the same code and I/O path):
   window      sparse + windowed neuron cache
   full        sparse + window + prefetch of the next layer (every sparse config reads
               bundled [up | down] records)
+  hotcold     sparse + half of each layer's cache pinned with the hottest neurons of the
+              model's profile (`edgerun profile`), the other half windowed
+  pinned      sparse + the whole cache pinned with the hottest neurons
   llama.cpp   llama-cpp-python (mmap) under the same limit, when installed
 
 Needs root (cgroups, drop_caches). Usage:
@@ -40,8 +43,11 @@ CONFIGS = {
     "mmap": None,
     "dense": {"offload": "dense"},
     "sparse": {"offload": "sparse", "window": 0, "prefetch": False},
-    "window": {"offload": "sparse", "window": 5, "prefetch": False},
-    "full": {"offload": "sparse", "window": 5, "prefetch": True},
+    "window": {"offload": "sparse", "window": 5, "prefetch": False, "hot": 0.0},
+    "full": {"offload": "sparse", "window": 5, "prefetch": True, "hot": 0.0},
+    # hot/cold (PowerInfer): the profile's hottest neurons pinned, the rest windowed
+    "hotcold": {"offload": "sparse", "window": 5, "prefetch": False, "hot": 0.5},
+    "pinned": {"offload": "sparse", "window": 5, "prefetch": False, "hot": 1.0},
 }
 
 
@@ -93,7 +99,12 @@ def _child_edgerun(args: dict) -> dict:
             mm_ms=1e3 * s["mm_s"] / per,
             compute_ms=1e3 * s["compute_s"] / per,
             plan=s.get("plan", ""),
+            pinned=s.get("pinned", 0),
         )
+    if m.plan is not None:
+        # the planner's prediction with this machine's calibrated figures (the parent
+        # calibrated before the runs, so this reads the cache)
+        out["predicted_tok_s"] = m.predicted_plan().predicted_tok_s
     return out
 
 
@@ -261,13 +272,15 @@ def main() -> None:
         child_main(a.child)
         return
     from edgerun.api import resolve_model
+    from edgerun.sched.calibration import calibrate
     from edgerun.sched.placement import parse_budget
 
+    calibrate(a.threads)  # outside the cgroups; the children read the cached figures
     has_llama = importlib.util.find_spec("llama_cpp") is not None
     rows = []
     hdr = (
         f"{'model':<20} {'budget':>7} {'config':<9} {'tok/s':>6} {'MB/tok':>7} {'hit':>5} "
-        f"{'io ms':>6} {'mm ms':>6} {'cmp ms':>6} {'max MB':>7}  note"
+        f"{'io ms':>6} {'mm ms':>6} {'cmp ms':>6} {'max MB':>7} {'pred':>6}  note"
     )
     print(hdr)
     for model in a.models.split(","):
@@ -296,7 +309,8 @@ def main() -> None:
                 print(
                     f"{model:<20} {budget / 1e6:>6.0f}M {cfg:<9} {f('tok_s', '{:.2f}'):>6} "
                     f"{f('mb_per_token'):>7} {f('hit_rate', '{:.2f}'):>5} {f('io_ms'):>6} "
-                    f"{f('mm_ms'):>6} {f('compute_ms'):>6} {f('max_usage_mb', '{:.0f}'):>7}  "
+                    f"{f('mm_ms'):>6} {f('compute_ms'):>6} {f('max_usage_mb', '{:.0f}'):>7} "
+                    f"{f('predicted_tok_s', '{:.2f}'):>6}  "
                     f"{r.get('error', '')[:100]}",
                     flush=True,
                 )

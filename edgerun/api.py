@@ -104,6 +104,8 @@ class Model:
         offload: str | None = None,
         offload_options: dict | None = None,
         context_policy: str = "error",
+        gpu_budget: int | str | None = None,
+        gpu_device: str = "cuda",
     ) -> None:
         t0 = time.perf_counter()
         self.kv_type = check_kv_type(kv_type)
@@ -142,8 +144,10 @@ class Model:
         self.governor = ThreadGovernor(
             self.threads, default_threads(), adaptive=threads is None and wait_policy_spins()
         )
-        if ram_budget is not None or offload is not None:
-            self._offload(ram_budget, offload, offload_options)
+        self.gpu_placement = None
+        self._placement_args = (ram_budget, offload, offload_options, gpu_budget, gpu_device)
+        if ram_budget is not None or offload is not None or gpu_budget is not None:
+            self._offload(ram_budget, offload, offload_options, gpu_budget, gpu_device)
         # One forward at a time: the scheduler thread and direct generate() calls share
         # the weights and the kernels' thread pool.
         self.compute_lock = threading.RLock()
@@ -162,12 +166,21 @@ class Model:
         self.load_seconds = time.perf_counter() - t0
 
     def plan_for(
-        self, ram_budget, mode: str | None = None, options: dict | None = None
+        self,
+        ram_budget,
+        mode: str | None = None,
+        options: dict | None = None,
+        gpu_budget: int | str | None = None,
+        gpu_device: str | None = None,
+        device=None,
     ) -> tuple[Plan, OffloadOptions]:
-        """Where this model's parts would live under `ram_budget`, and the offload options.
+        """Where this model's parts would live under `ram_budget` (and `gpu_budget` on
+        torch device `gpu_device`), and the offload options.
 
         With only a budget (mode None) a model that fits stays resident; otherwise the
-        FFNs are offloaded in `mode` (default DEFAULT_OFFLOAD)."""
+        FFNs are offloaded in `mode` (default DEFAULT_OFFLOAD). In sparse mode a saved
+        neuron profile (`edgerun profile`) pins each layer's hottest neurons. `device`
+        (DeviceFigures) defaults to this machine's cached calibration."""
         from edgerun.offload.store import OffloadOptions
         from edgerun.sched.placement import parse_budget, plan, resident_plan
 
@@ -175,9 +188,24 @@ class Model:
             raise InvalidArgumentError("offloading needs a GGUF file, not an edgerun pack")
         fp = self._footprint()
         budget = parse_budget(ram_budget) if ram_budget is not None else 1 << 62
+        gpu = parse_budget(gpu_budget, what="GPU budget") if gpu_budget is not None else 0
         opts = OffloadOptions.from_dict(options)
-        if mode is None and ram_budget is not None:
-            fits = resident_plan(fp, self.path.stat().st_size, budget, self.floor_bytes, self.n_ctx)
+        dev = device if device is not None else self.device_figures(gpu_device if gpu else None)
+        dtype_bytes = self._gpu_dtype_bytes(gpu_device) if gpu else 2
+        # torch on the CPU is slower than our kernels; it is asked for to test the path
+        force = bool(gpu) and str(gpu_device).startswith("cpu")
+        if mode is None and (ram_budget is not None or gpu):
+            fits = resident_plan(
+                fp,
+                self.path.stat().st_size,
+                budget,
+                self.floor_bytes,
+                self.n_ctx,
+                device=dev,
+                gpu_budget=gpu,
+                gpu_dtype_bytes=dtype_bytes,
+                gpu_force=force,
+            )
             if fits is not None:
                 return fits, opts
         mode = mode or DEFAULT_OFFLOAD
@@ -185,6 +213,7 @@ class Model:
             raise InvalidArgumentError(f"offload must be 'sparse' or 'dense', got {mode!r}")
         if mode == "dense":
             opts.sparsity = 0.0
+        profile = self.neuron_profile(opts.profile) if mode == "sparse" and opts.hot > 0 else None
         p = plan(
             fp,
             budget,
@@ -194,22 +223,104 @@ class Model:
             active_fraction=max(0.05, 1.0 - opts.sparsity),
             allow_predictor=False,
             prefetch=opts.prefetch,
+            frequencies=None if profile is None else profile.counts,
+            hot_share=opts.hot if opts.window > 0 else 0.0,
+            device=dev,
+            gpu_budget=gpu,
+            gpu_dtype_bytes=dtype_bytes,
+            gpu_force=force,
         )
+        if force:
+            p.notes.append(
+                "--gpu-device cpu runs the torch path on the CPU (a test, not a speedup)"
+            )
         return p, opts
 
-    def _offload(self, ram_budget, mode: str | None, options: dict | None) -> None:
-        """Swap the resident FFNs for flash executors sized by a plan of the budget."""
+    def predicted_plan(self, threads: int | None = None):
+        """The plan of this model's placement (budgets and devices it was loaded with),
+        predicted with this machine's calibrated figures at `threads` (measured once and
+        cached): what `edgerun bench` compares its measurement to."""
+        from edgerun.sched.calibration import calibrate
+
+        ram, mode, opts, gpu, gpu_device = self._placement_args
+        gpu_dev = gpu_device if gpu is not None else None
+        figs = calibrate(threads or self.threads, gpu_device=gpu_dev)
+        if ram is None and mode is None and gpu is None:
+            ram = 1 << 62  # resident: a budget it fits
+        return self.plan_for(ram, mode, opts, gpu, gpu_dev, device=figs)[0]
+
+    def device_figures(self, gpu_device: str | None = None, measure: bool = False):
+        """This machine's measured rates (sched/calibration.py): cached ones, measured
+        when `measure` or a GPU is asked for and none are cached, else the defaults."""
+        from edgerun.sched.calibration import cached, calibrate
+
+        figs = cached(self.threads, gpu_device=gpu_device)
+        if figs is None and (measure or gpu_device is not None):
+            figs = calibrate(self.threads, gpu_device=gpu_device)
+        if figs is None:
+            from edgerun.sched.placement import DeviceFigures
+
+            figs = DeviceFigures()
+        return figs
+
+    def _gpu_dtype_bytes(self, gpu_device: str | None) -> int:
+        from edgerun.gpu import resolve_device
+        from edgerun.gpu.weights import default_dtype, element_bytes
+
+        return element_bytes(default_dtype(resolve_device(gpu_device or "cuda")))
+
+    def neuron_profile(self, path: str | os.PathLike | None = None):
+        """The neuron profile at `path`, else this model's saved one (`edgerun profile`),
+        or None when there is none."""
+        from edgerun.offload.profile import load_profile
+
+        return load_profile(self, path)
+
+    def _offload(
+        self,
+        ram_budget,
+        mode: str | None,
+        options: dict | None,
+        gpu_budget=None,
+        gpu_device: str = "cuda",
+    ) -> None:
+        """Swap the resident FFNs for flash executors sized by a plan of the budget, and
+        move the layers the plan gives the GPU onto the torch device."""
         from edgerun.offload.store import OffloadStore, prepare
 
-        self.plan, opts = self.plan_for(ram_budget, mode, options)
-        if self.plan.mode == "resident":
-            return
-        m = registry.find_by_file(self.path)
-        bundle, cal = prepare(self, sha256=getattr(m, "sha256", None))
-        self.store = OffloadStore(
-            self.file, str(self.path), self.spec, bundle, cal, self.plan, opts
-        )
-        self.transformer = Transformer(self.spec, self.store, str(self.path))
+        if gpu_budget is not None:
+            from edgerun.gpu import resolve_device
+
+            resolve_device(gpu_device)  # a missing torch or device fails before any work
+        self.plan, opts = self.plan_for(ram_budget, mode, options, gpu_budget, gpu_device)
+        if self.plan.mode != "resident":
+            m = registry.find_by_file(self.path)
+            bundle, cal = prepare(self, sha256=getattr(m, "sha256", None))
+            hot = None
+            if self.plan.pinned_neurons:
+                prof = self.neuron_profile(opts.profile)
+                hot = [prof.hot_order(i) for i in range(self.spec.n_layers)]
+            self.store = OffloadStore(
+                self.file, str(self.path), self.spec, bundle, cal, self.plan, opts, hot
+            )
+            self.transformer = Transformer(self.spec, self.store, str(self.path))
+        p = self.plan
+        if p.gpu_ffn_layers or p.gpu_attention_layers:
+            from edgerun.gpu.place import move_layers
+
+            weights = ResidentStore(self.file, str(self.path))
+            self.gpu_placement = [
+                move_layers(self.transformer, weights, list(layers), gpu_device, parts=(part,))
+                for layers, part in (
+                    (p.gpu_ffn_layers, "ffn"),
+                    (p.gpu_attention_layers, "attention"),
+                )
+                if layers
+            ]
+            if p.mode != "resident":
+                from edgerun.offload.store import release_file_pages
+
+                release_file_pages(self.file)  # the moved weights were read once, here
 
     def _footprint(self):
         from edgerun.sched.placement import footprint
@@ -446,6 +557,8 @@ def load(
     offload: str | None = None,
     offload_options: dict | None = None,
     context_policy: str = "error",
+    gpu_budget: int | str | None = None,
+    gpu_device: str = "cuda",
 ) -> Model:
     """Load a model by registry name (default: the registry's default), alias or path.
 
@@ -463,6 +576,10 @@ def load(
     context_policy "error" (default): a prompt longer than the context is an error and a
     generation that fills it ends ("length"); "slide": attention sinks + a sliding window
     (the first tokens and the newest are kept and recomputed; generate and chat only).
+
+    gpu_budget ("2G", bytes) moves the layers a plan chooses (FFNs first, then attention
+    projections) onto torch device `gpu_device` ("cuda", "cuda:1", or "cpu" to run the
+    same path on the CPU); needs the extra edgerun[gpu].
     """
     check_kv_type(kv_type)
     return Model(
@@ -474,6 +591,8 @@ def load(
         offload=offload,
         offload_options=offload_options,
         context_policy=context_policy,
+        gpu_budget=gpu_budget,
+        gpu_device=gpu_device,
     )
 
 

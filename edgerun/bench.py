@@ -87,12 +87,14 @@ def measure_bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> floa
 
 
 def weight_bytes_per_token(model: Model) -> int:
-    """Bytes of weights a decode step streams: every layer matrix plus the output head."""
-    tr = model.transformer
+    """Bytes of weights a dense decode step streams: every layer matrix plus the output
+    head, as the model file stores them (wherever the plan put them)."""
+    tr, spec = model.transformer, model.spec
     total = tr.output.nbytes
-    for layer in tr.layers:
+    for i, layer in enumerate(tr.layers):
         total += sum(getattr(layer, s).nbytes for s in ("q", "k", "v", "o"))
-        total += sum(getattr(layer.ffn, s).nbytes for s in ("gate", "up", "down"))
+        for role in ("ffn_gate", "ffn_up", "ffn_down"):
+            total += model.file.tensor(spec.layer_tensor(role, i)).nbytes
     return total
 
 
@@ -128,12 +130,15 @@ def run(
     bandwidth: bool = True,
     runtime_rss: int | None = None,
     progress: bool = True,
+    predict: bool = True,
 ) -> dict:
     """Run the pp/tg sweep and return a JSON-able report.
 
     runtime_rss: RSS measured before the model was loaded (interpreter, numpy,
     Numba), so the report can say how much of the peak the model itself costs.
     progress: a line (or bar) per timed run on stderr, never on stdout with the report.
+    predict: add the placement planner's predicted decode tok/s per thread count (from
+    calibrated device figures, sched/calibration.py) to set against the measurement.
     """
     threads = threads or [model.threads]
     rng = np.random.default_rng(0)
@@ -155,6 +160,16 @@ def run(
                 rows.append(row)
     wbytes = weight_bytes_per_token(model)
     peak_rss = peak_rss_bytes()  # before the bandwidth probe's buffer
+    predicted = {}
+    if predict:
+        for t in threads:
+            p = model.predicted_plan(t)
+            predicted[str(t)] = {
+                "tok_s": p.predicted_tok_s,
+                "mode": p.mode,
+                "split_s": p.time_split,
+                "gpu_layers": len(p.gpu_ffn_layers),
+            }
     bw = {t: measure_bandwidth(t) for t in threads} if bandwidth else {}
     set_threads(model.threads)
     formats = Counter()
@@ -177,6 +192,9 @@ def run(
         "kernels_compiled": warm.compiled,
         "weight_bytes_per_token": wbytes,
         "bandwidth_bytes_per_s": {str(t): b for t, b in bw.items()},
+        "predicted": predicted,
+        "offload": model.offload_stats(),
+        "gpu": [g.describe() for g in model.gpu_placement or []],
         "rows": [{**asdict(r), "median": r.median, "spread": r.spread} for r in rows],
     }
 
@@ -227,4 +245,15 @@ def format_table(rep: dict) -> str:
                 f"{r['median']:.1f} tok/s = {used / 1e9:.1f} GB/s of {bw / 1e9:.1f} GB/s measured "
                 f"({100 * used / bw:.0f}%; bound {bw / wb:.0f} tok/s)"
             )
+    for r in rep["rows"]:
+        pr = rep.get("predicted", {}).get(str(r["threads"]))
+        if r["test"].startswith("tg") and pr:
+            split = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in pr["split_s"].items())
+            lines.append(
+                f"predicted ({pr['mode']} plan, {r['threads']} threads): "
+                f"{pr['tok_s']:.1f} tok/s vs {r['median']:.1f} measured "
+                f"(measured/predicted {r['median'] / pr['tok_s']:.2f}; predicted ms: {split})"
+            )
+    for g in rep.get("gpu") or []:
+        lines.append(f"gpu: {g}")
     return "\n".join(lines)

@@ -63,16 +63,35 @@ def _add_offload_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="share of FFN neurons skipped per token in sparse offloading (default: measured)",
     )
+    _add_gpu_args(p)
+
+
+def _add_gpu_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gpu-budget",
+        default=None,
+        help="device memory for hot layers (2G, 512M): their FFN and attention run through "
+        "torch on --gpu-device (extra: edgerun[gpu])",
+    )
+    p.add_argument(
+        "--gpu-device",
+        default="cuda",
+        help="torch device for --gpu-budget: cuda (default), cuda:N, or cpu (the same path on "
+        "the CPU, for testing)",
+    )
 
 
 def _offload_kwargs(args: argparse.Namespace) -> dict:
     """load() keyword arguments for the offload flags (none when they are not given)."""
+    gpu = {}
+    if args.gpu_budget is not None:
+        gpu = dict(gpu_budget=args.gpu_budget, gpu_device=args.gpu_device)
     if args.ram_budget is None and args.offload is None:
         if args.sparsity is not None:
             raise EdgerunError("--sparsity applies to offloading: add --ram-budget or --offload")
-        return {}
+        return gpu
     opts = {} if args.sparsity is None else {"sparsity": args.sparsity}
-    return dict(ram_budget=args.ram_budget, offload=args.offload, offload_options=opts)
+    return dict(ram_budget=args.ram_budget, offload=args.offload, offload_options=opts, **gpu)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -138,7 +157,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "plan", help="where each part of a model lives under a RAM budget, and what it costs"
     )
     pl.add_argument("model", nargs="?", default=None, help="registry name or .gguf file")
-    pl.add_argument("--ram-budget", required=True, help="800M, 1.5G, 60%%")
+    pl.add_argument("--ram-budget", default=None, help="800M, 1.5G, 60%% (default: no limit)")
+    pl.add_argument("--recalibrate", action="store_true", help="measure the device figures again")
+    _add_gpu_args(pl)
     pl.add_argument(
         "--offload",
         choices=("sparse", "dense"),
@@ -454,13 +475,38 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from edgerun.api import Model, resolve_model
+    from edgerun.sched.calibration import calibrate
 
+    if args.ram_budget is None and args.gpu_budget is None and args.offload is None:
+        raise EdgerunError("plan: give --ram-budget and/or --gpu-budget (or --offload)")
     model = Model(resolve_model(args.model), n_ctx=args.ctx, kv_type=args.kv_type)
     opts = {} if args.sparsity is None else {"sparsity": args.sparsity}
-    p, _ = model.plan_for(args.ram_budget, args.offload, opts)
+    gpu_device = args.gpu_device if args.gpu_budget is not None else None
+    if gpu_device is not None:
+        from edgerun.gpu import resolve_device
+
+        resolve_device(gpu_device)
+    figs = calibrate(model.threads, gpu_device=gpu_device, refresh=args.recalibrate)
+    p, _ = model.plan_for(args.ram_budget, args.offload, opts, args.gpu_budget, gpu_device, figs)
     print(f"{model.path.name}: {model.spec.n_layers} layers, context {model.n_ctx} tokens")
     print(p.describe())
+    print(_figures_line(figs))
     return 0
+
+
+def _figures_line(figs) -> str:
+    flash = ", ".join(f"{c // 1024} KiB {r / 1e6:,.0f} MB/s" for c, r in figs.flash_by_chunk)
+    line = (
+        f"device figures (cached calibration; --recalibrate to measure again): CPU matvec "
+        f"{figs.ram_stream_bytes_s / 1e9:.2f} GB/s, {figs.layer_overhead_s * 1e3:.2f} ms a "
+        f"layer; flash {flash or f'{figs.flash_read_bytes_s / 1e6:,.0f} MB/s'}"
+    )
+    if figs.gpu_matvec_bytes_s:
+        line += (
+            f"; GPU matvec {figs.gpu_matvec_bytes_s / 1e9:.1f} GB/s, round trip "
+            f"{figs.gpu_call_s * 1e6:.0f} us"
+        )
+    return line
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:

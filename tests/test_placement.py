@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from edgerun.errors import BudgetError, EdgerunError
@@ -74,10 +75,24 @@ def test_gate_moves_to_flash_when_it_crowds_out_the_cache():
     assert big.gate_resident and big.predictor_bytes == 0
 
 
-def test_dense_mode_reads_more_than_sparse():
+def test_dense_mode_reads_more_than_a_sparse_few_neurons():
     d = plan(QWEN15, 800 * MB, FLOOR, 512, mode="dense")
-    s = plan(QWEN15, 800 * MB, FLOOR, 512, mode="sparse", active_fraction=0.3)
-    assert d.read_bytes_per_token > s.read_bytes_per_token
+    s = plan(QWEN15, 800 * MB, FLOOR, 512, mode="sparse", active_fraction=0.05)
+    assert d.read_bytes_per_token > 3 * s.read_bytes_per_token
+    # at 30% active the misses lie so close that merged reads cover whole layers
+    s30 = plan(QWEN15, 800 * MB, FLOOR, 512, mode="sparse", active_fraction=0.3)
+    assert s30.read_bytes_per_token > 0.9 * d.read_bytes_per_token
+
+
+def test_sparse_reads_model_the_readers_merging():
+    from edgerun.sched.placement import _sparse_read
+
+    rec = 2496
+    total, size = _sparse_read(10, 8960, rec)  # far apart: one aligned read each
+    assert total == pytest.approx(10 * (rec + 4096), rel=0.05) and size < 8192
+    total, size = _sparse_read(0.5 * 8960, 8960, rec)  # dense: the whole span, big reads
+    assert total == pytest.approx(8960 * rec, rel=0.01) and size > 1 << 20
+    assert _sparse_read(0, 8960, rec)[0] == 0
 
 
 def test_a_model_that_fits_stays_resident():
@@ -86,3 +101,128 @@ def test_a_model_that_fits_stays_resident():
     p = resident_plan(QWEN15, file_bytes, 2000 * MB, FLOOR, 512)
     assert p is not None and p.mode == "resident" and p.read_bytes_per_token == 0
     assert p.used_bytes <= 2000 * MB and "resident" in p.describe()
+
+
+# ---------------------------------------------------------------- devices, GPU, hot set
+from dataclasses import replace  # noqa: E402
+
+from edgerun.sched.placement import DeviceFigures  # noqa: E402
+
+QWEN15_ATT = replace(QWEN15, attn_weights=2 * 1536 * 1536 + 2 * 256 * 1536)
+# a device that streams f16 weights 20x faster than the CPU streams its blocks
+FAST_GPU = DeviceFigures(
+    flash_read_bytes_s=600e6,
+    ram_stream_bytes_s=10e9,
+    gpu_matvec_bytes_s=400e9,
+    gpu_call_s=30e-6,
+)
+
+
+def test_flash_rate_interpolates_between_measured_chunk_sizes():
+    d = DeviceFigures(flash_by_chunk=((4096, 100e6), (131072, 600e6), (1 << 20, 1200e6)))
+    assert d.flash_rate(1024) == 100e6 and d.flash_rate(8 << 20) == 1200e6
+    assert d.flash_rate(131072) == 600e6
+    mid = d.flash_rate(int(math.sqrt(131072 * (1 << 20))))  # halfway on log2(size)
+    assert mid == pytest.approx(900e6, rel=1e-6)
+    assert DeviceFigures(flash_read_bytes_s=5e8).flash_rate(4096) == 5e8
+
+
+def test_cpu_rate_per_format_falls_back_to_the_mean():
+    d = DeviceFigures(ram_stream_bytes_s=3e9, cpu_by_format=(("Q4_K", 1e9), ("Q8_0", 8e9)))
+    assert d.cpu_rate("Q4_K") == 1e9 and d.cpu_rate("Q6_K") == 3e9
+    assert d.cpu_seconds((("Q4_K", 1e9), ("Q8_0", 8e9))) == pytest.approx(2.0)
+
+
+def test_gpu_budget_takes_whole_ffns_first_and_fits_the_device():
+    ffn_dev = 3 * QWEN15.d_ff * QWEN15.d_model * 2
+    p = plan(QWEN15_ATT, 800 * MB, FLOOR, 512, mode="dense", device=FAST_GPU, gpu_budget=2 << 30)
+    assert p.gpu_bytes <= 2 << 30
+    assert len(p.gpu_ffn_layers) == min(28, (2 << 30) // ffn_dev)  # 26 of 28 layers
+    assert p.gpu_ffn_layers == tuple(range(len(p.gpu_ffn_layers)))
+    # the RAM the GPU layers' FFNs no longer need goes to the other layers' neurons
+    base = plan(QWEN15_ATT, 800 * MB, FLOOR, 512, mode="dense", device=FAST_GPU)
+    assert p.cache_neurons > base.cache_neurons
+    assert p.read_bytes_per_token < base.read_bytes_per_token / 5
+    assert p.predicted_tok_s > 3 * base.predicted_tok_s
+    table = p.describe()
+    assert "GPU" in table and "layers 0-25" in table and "layers 26-27" in table
+
+
+def test_all_layers_fit_the_device_then_attention_follows():
+    p = plan(QWEN15_ATT, 800 * MB, FLOOR, 512, mode="sparse", device=FAST_GPU, gpu_budget=8 << 30)
+    assert len(p.gpu_ffn_layers) == 28 and len(p.gpu_attention_layers) == 28
+    assert p.read_bytes_per_token == 0 and p.cache_bytes == 0
+
+
+def test_a_slow_device_gets_nothing_unless_forced():
+    slow = replace(FAST_GPU, gpu_matvec_bytes_s=1e9)  # slower than the CPU kernels
+    p = resident_plan(QWEN15_ATT, 1117 * MB, 4000 * MB, FLOOR, 512, slow, gpu_budget=1 << 30)
+    assert p.gpu_ffn_layers == () and p.gpu_bytes == 0
+    f = resident_plan(
+        QWEN15_ATT, 1117 * MB, 4000 * MB, FLOOR, 512, slow, gpu_budget=1 << 30, gpu_force=True
+    )
+    assert f.gpu_ffn_layers and f.gpu_bytes <= 1 << 30
+    # no device figures (no GPU measured): nothing moves
+    n = resident_plan(QWEN15_ATT, 1117 * MB, 4000 * MB, FLOOR, 512, gpu_budget=1 << 30)
+    assert n.gpu_bytes == 0
+
+
+def test_pinning_a_skewed_profile_predicts_fewer_reads():
+    rng = np.random.default_rng(0)
+    # a power law: a few neurons are active on most tokens
+    skewed = [np.sort(rng.pareto(1.2, QWEN15.d_ff))[::-1] for _ in range(QWEN15.n_layers)]
+    flat = [np.ones(QWEN15.d_ff) for _ in range(QWEN15.n_layers)]
+    kw = dict(mode="sparse", active_fraction=0.5)
+    window = plan(QWEN15, 900 * MB, FLOOR, 512, **kw)
+    hot = plan(QWEN15, 900 * MB, FLOOR, 512, frequencies=skewed, hot_share=1.0, **kw)
+    even = plan(QWEN15, 900 * MB, FLOOR, 512, frequencies=flat, hot_share=1.0, **kw)
+    assert hot.pinned_neurons == hot.cache_neurons > 0
+    assert hot.read_bytes_per_token < 0.8 * window.read_bytes_per_token
+    assert even.read_bytes_per_token == pytest.approx(window.read_bytes_per_token, rel=0.02)
+    assert "RAM pinned" in hot.describe()
+
+
+def test_calibration_is_cached_and_refreshed(tmp_path, monkeypatch):
+    from edgerun.sched import calibration
+
+    calls = []
+
+    def fake_flash(directory, threads=4, nbytes=0):
+        calls.append("flash")
+        return {4096: 1e8, 131072: 6e8, 1 << 20: 1e9}
+
+    monkeypatch.setattr(calibration, "measure_flash", fake_flash)
+    monkeypatch.setattr(calibration, "measure_cpu", lambda t: ({"Q4_K": 2e9}, 1e-4))
+    kw = dict(directory=tmp_path, cache=tmp_path / "c", isolate=False)
+    a = calibration.calibrate(2, **kw)
+    b = calibration.calibrate(2, **kw)
+    assert a == b and calls == ["flash"]
+    assert a.flash_rate(131072) == 6e8 and a.cpu_rate("Q4_K") == 2e9
+    calibration.calibrate(2, refresh=True, **kw)
+    assert calls == ["flash", "flash"]
+    for f in (tmp_path / "c").iterdir():  # a broken cache file is measured again
+        f.write_text("{not json")
+    calibration.calibrate(2, **kw)
+    assert calls == ["flash", "flash", "flash"]
+
+
+def test_measured_flash_and_cpu_figures_are_plausible(tmp_path):
+    from edgerun.sched.calibration import measure_cpu, measure_flash
+
+    flash = measure_flash(tmp_path, nbytes=8 << 20)
+    assert set(flash) == {4096, 32768, 131072, 1 << 20} and min(flash.values()) > 1e6
+    assert flash[1 << 20] > flash[4096]  # bigger reads are faster on any storage
+    rates, layer_s = measure_cpu(1, repeats=1, formats=("Q8_0",))
+    assert 1e8 < rates["Q8_0"] < 1e12 and 0 < layer_s < 0.05
+    assert not list(tmp_path.glob(".calibrate-*"))  # the scratch file is gone
+
+
+def test_calibration_runs_in_a_child_and_leaves_this_process_alone(tmp_path):
+    from edgerun.sched.calibration import cached, calibrate
+    from edgerun.sysinfo import peak_rss_bytes
+
+    before = peak_rss_bytes()
+    figs = calibrate(1, directory=tmp_path, cache=tmp_path / "c")
+    assert peak_rss_bytes() - before < 32 << 20  # the 130 MB of buffers were the child's
+    assert figs.cpu_rate("Q4_K") > 0 and figs.flash_rate(4096) > 0
+    assert cached(1, directory=tmp_path, cache=tmp_path / "c") == figs

@@ -31,6 +31,7 @@ __all__ = [
     "CountingFFN",
     "default_profile_path",
     "load_default_profile",
+    "load_profile",
     "profile_model",
     "profile_text",
     "read_text",
@@ -407,6 +408,16 @@ def load_default_profile(model, sparsity: float | None = None) -> NeuronProfile 
             "remake it with `edgerun profile MODEL`"
         )
     return prof
+
+
+def load_profile(model, path: str | Path | None = None) -> NeuronProfile | None:
+    """The profile at `path` checked against `model`'s file, else its default one (None
+    when there is none)."""
+    if path is None:
+        return load_default_profile(model)
+    from edgerun.offload.bundle import source_sha256
+
+    return NeuronProfile.load(path, expect_sha256=_model_sha(model) or source_sha256(model.path))
 
 
 def read_text(path: str | Path | None) -> str:

@@ -52,6 +52,11 @@ class OffloadOptions:
     prefetch: bool = False
     io_threads: int = 4
     gap_bytes: int = 32768
+    # Share of each layer's neuron cache pinned with the hottest neurons of a profile
+    # (`edgerun profile`, PowerInfer's hot set); the rest is the window. Used only when
+    # a profile exists; 0 turns the split off.
+    hot: float = 0.5
+    profile: str | None = None  # a profile file; default: the model's saved one, if any
 
     @classmethod
     def from_dict(cls, d: dict | None) -> OffloadOptions:
@@ -67,6 +72,8 @@ class OffloadOptions:
             raise InvalidArgumentError(f"offload sparsity must be in [0, 1), got {o.sparsity}")
         if o.window < 0:
             raise InvalidArgumentError(f"offload window must be >= 0 tokens, got {o.window}")
+        if not 0.0 <= o.hot <= 1.0:
+            raise InvalidArgumentError(f"offload hot share must be in [0, 1], got {o.hot}")
         return o
 
 
@@ -160,9 +167,13 @@ class OffloadStore(ResidentStore):
         calibration: Calibration,
         plan: Plan,
         options: OffloadOptions,
+        hot_order: list[np.ndarray] | None = None,
     ) -> None:
         super().__init__(reader, source)
         self.plan, self.options = plan, options
+        # per layer: neuron ids, most active first (a NeuronProfile's hot_order)
+        self.hot_order = hot_order
+        self.pinned = 0  # neurons pinned over all layers
         self.bundle = Bundle(bundle_path, threads=options.io_threads, gap_bytes=options.gap_bytes)
         if self.bundle.layers != list(range(spec.n_layers)):
             raise ModelFormatError(f"{bundle_path}: bundle does not hold every layer of {source}")
@@ -213,6 +224,7 @@ class OffloadStore(ResidentStore):
                 ly.d_ff, p.cache_neurons, {"record": ly.record_bytes}, window=o.window
             )
             self.caches.append(cache)
+            self._pin_hot(cache, layer)
         ffn = SparseFFN(
             self.bundle,
             layer,
@@ -227,6 +239,25 @@ class OffloadStore(ResidentStore):
         _chain(self._ffns, ffn, layer == spec.n_layers - 1)
         return ffn
 
+    def _pin_hot(self, cache: NeuronCache, layer: int) -> None:
+        """Pin the profile's hottest neurons of `layer` into `cache` (read once, here)."""
+        if self.hot_order is None or self.options.hot <= 0 or self.options.window <= 0:
+            return
+        n = int(self.options.hot * cache.capacity)
+        if n <= 0:
+            return
+        ids = np.sort(np.asarray(self.hot_order[layer][:n], np.int64))
+        missing, _ = cache.pin(ids)
+        missing = np.sort(missing)
+        if missing.size:
+            slots = cache.id_to_slot[missing]
+            for c0 in range(0, missing.size, self._chunk):
+                m = missing[c0 : c0 + self._chunk].astype(np.int32)
+                buf = self.scratch[: m.size]
+                self.bundle.read_records(layer, m, out=buf)
+                cache.parts["record"][slots[c0 : c0 + m.size]] = buf
+        self.pinned += int(ids.size)
+
     def offload_stats(self) -> dict:
         r = self.bundle.reader
         hits = sum(c.stats.hits for c in self.caches)
@@ -239,13 +270,14 @@ class OffloadStore(ResidentStore):
             "hit_rate": hits / (hits + misses) if hits + misses else float("nan"),
             "active_fraction": self.stats.active / self.stats.neurons if self.stats.neurons else 0,
             "plan": self.plan.describe(),
+            "pinned": self.pinned,
             "prefetch_hits": self.prefetcher.hits if self.prefetcher else 0,
             "prefetch_wasted": self.prefetcher.wasted if self.prefetcher else 0,
         }
 
     def reset_offload_stats(self) -> None:
         self.bundle.reader.reset_stats()
-        self.stats.reset()
+        self.stats.reset()  # pinning reads at load are not a token's
         if self.prefetcher is not None:
             self.prefetcher.hits = self.prefetcher.wasted = 0
         for c in self.caches:

@@ -183,12 +183,9 @@ def cached(
     """The cached figures for this machine, threads and device when fresh, else None."""
     _, path = _paths(threads, directory, gpu_device, cache)
     try:
-        d = json.loads(path.read_text())
-        if time.time() - float(d.pop("measured_at")) >= MAX_AGE_S:
+        if time.time() - path.stat().st_mtime >= MAX_AGE_S:
             return None
-        d["flash_by_chunk"] = tuple(tuple(p) for p in d["flash_by_chunk"])
-        d["cpu_by_format"] = tuple(tuple(p) for p in d["cpu_by_format"])
-        return DeviceFigures(**d)
+        return DeviceFigures(**_read(path))
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or broken: measured again
 
@@ -199,14 +196,20 @@ def calibrate(
     gpu_device: str | None = None,
     refresh: bool = False,
     cache: Path | None = None,
+    isolate: bool = True,
 ) -> DeviceFigures:
-    """This machine's DeviceFigures: from the cache when fresh, else measured (seconds)."""
+    """This machine's DeviceFigures: from the cache when fresh, else measured (seconds).
+
+    isolate: measure in a child process, so the buffers the measurement needs (~130 MB)
+    never count against this process's RAM budget or peak RSS."""
     if not refresh:
         figs = cached(threads, directory, gpu_device, cache)
         if figs is not None:
             return figs
     directory, path = _paths(threads, directory, gpu_device, cache)
     directory.mkdir(parents=True, exist_ok=True)
+    if isolate:
+        return _calibrate_in_child(threads, directory, gpu_device, path)
     flash = measure_flash(directory)
     rates, layer_s = measure_cpu(threads)
     gpu: dict = {}
@@ -228,3 +231,36 @@ def calibrate(
     data = json.dumps({**asdict(figs), "measured_at": time.time()}, indent=1)
     write_bytes_atomic(path, data.encode())
     return figs
+
+
+def _calibrate_in_child(
+    threads: int, directory: Path, gpu_device: str | None, path: Path
+) -> DeviceFigures:
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "edgerun.sched.calibration", str(threads), str(directory)]
+    cmd += [str(path)] + ([gpu_device] if gpu_device else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        from edgerun.errors import EdgerunError
+
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise EdgerunError(f"device calibration failed ({' '.join(cmd)}): {tail[0]}")
+    return DeviceFigures(**_read(path))
+
+
+def _read(path: Path) -> dict:
+    d = json.loads(path.read_text())
+    d.pop("measured_at")
+    d["flash_by_chunk"] = tuple(tuple(p) for p in d["flash_by_chunk"])
+    d["cpu_by_format"] = tuple(tuple(p) for p in d["cpu_by_format"])
+    return d
+
+
+if __name__ == "__main__":  # the isolated measurement: threads, directory, cache file, [gpu]
+    import sys
+
+    _t, _dir, _path = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    _gpu = sys.argv[4] if len(sys.argv) > 4 else None
+    calibrate(_t, _dir, _gpu, refresh=True, cache=_path.parent, isolate=False)
