@@ -84,8 +84,11 @@ def tok_s(label):
 cpu_rep, cpu = tok_s("cpu")
 gpu_rep, gpu = tok_s("gpu")
 print(f"model {cpu_rep['model']}, kernel path {cpu_rep['kernel_path']}")
-for extra in sorted(set(gpu_rep) - set(cpu_rep)):  # whatever the GPU run adds (placement)
-    print(f"gpu run {extra}: {gpu_rep[extra]}")
+for g in gpu_rep.get("gpu") or []:  # what the plan put on the device
+    print(f"gpu run placement: {g}")
+for label, rep in (("cpu", cpu_rep), ("gpu", gpu_rep)):
+    for t, pr in (rep.get("predicted") or {}).items():
+        print(f"{label} run, planner's predicted decode ({t} threads): {pr['tok_s']:.1f} tok/s")
 gpu_label = f"gpu ({os.environ['GPU_BUDGET']} on {os.environ['GPU_DEVICE']})"
 print(f"{'test':<6} {'cpu tok/s':>15} {gpu_label + ' tok/s':>29} {'ratio':>7}")
 for k in ("pp", "tg"):

@@ -102,8 +102,14 @@ def _child_edgerun(args: dict) -> dict:
             pinned=s.get("pinned", 0),
         )
     if m.plan is not None:
-        # the planner's prediction with this machine's calibrated figures (the parent
-        # calibrated before the runs, so this reads the cache)
+        # The planner's prediction: device figures the parent measured at the start, and
+        # the offload executors timed again here, just after this run (a few MB, direct
+        # I/O), since this machine's storage speed drifts by up to 2x within minutes.
+        bundle = getattr(m.store, "bundle", None)
+        if bundle is not None:
+            from edgerun.sched.calibration import offload_figures
+
+            offload_figures(Path(bundle.path), args["threads"], refresh=True)
         out["predicted_tok_s"] = m.predicted_plan().predicted_tok_s
     return out
 
@@ -199,6 +205,16 @@ def run_one(engine: str, path: str, budget: int | None, options, a) -> dict:
     return res
 
 
+def _bundle_of(path: str):
+    """The model's flash bundle when it exists (its first offloaded run makes it)."""
+    from edgerun import registry
+    from edgerun.offload.bundle import bundle_path, source_sha256
+
+    m = registry.find_by_file(Path(path))
+    p = bundle_path(path, getattr(m, "sha256", None) or source_sha256(path))
+    return p if p.exists() else None
+
+
 def _minimum_budget(path: str, ctx: int) -> int:
     """The smallest budget edgerun runs this model with (dense offloading's minimum,
     measured floor included)."""
@@ -272,10 +288,16 @@ def main() -> None:
         child_main(a.child)
         return
     from edgerun.api import resolve_model
-    from edgerun.sched.calibration import calibrate
+    from edgerun.sched.calibration import calibrate, offload_figures
     from edgerun.sched.placement import parse_budget
 
-    calibrate(a.threads)  # outside the cgroups; the children read the cached figures
+    # Measured now, outside the cgroups (the children read the cached figures): this
+    # machine's speed drifts, so a prediction is only fair against figures of the same run.
+    calibrate(a.threads, refresh=True)
+    for model in a.models.split(","):
+        bundle = _bundle_of(str(resolve_model(model)))
+        if bundle is not None:
+            offload_figures(bundle, a.threads, refresh=True)
     has_llama = importlib.util.find_spec("llama_cpp") is not None
     rows = []
     hdr = (

@@ -214,6 +214,12 @@ class Model:
         if mode == "dense":
             opts.sparsity = 0.0
         profile = self.neuron_profile(opts.profile) if mode == "sparse" and opts.hot > 0 else None
+        bundle = self._bundle_file()
+        offload = None
+        if bundle is not None and device is not None:  # a calibrated prediction: time the
+            from edgerun.sched.calibration import offload_figures  # executors on it too
+
+            offload = offload_figures(bundle, self.threads)
         p = plan(
             fp,
             budget,
@@ -229,6 +235,8 @@ class Model:
             gpu_budget=gpu,
             gpu_dtype_bytes=dtype_bytes,
             gpu_force=force,
+            gap_bytes=opts.gap_bytes,
+            offload=offload,
         )
         if force:
             p.notes.append(
@@ -248,6 +256,17 @@ class Model:
         if ram is None and mode is None and gpu is None:
             ram = 1 << 62  # resident: a budget it fits
         return self.plan_for(ram, mode, opts, gpu, gpu_dev, device=figs)[0]
+
+    def _bundle_file(self) -> Path | None:
+        """This model's flash bundle when it exists (made by the first offloaded run)."""
+        from edgerun.offload.bundle import bundle_path, source_sha256
+
+        st = getattr(self.store, "bundle", None)
+        if st is not None:
+            return Path(st.path)
+        m = registry.find_by_file(self.path)
+        p = bundle_path(self.path, getattr(m, "sha256", None) or source_sha256(self.path))
+        return p if p.exists() else None
 
     def device_figures(self, gpu_device: str | None = None, measure: bool = False):
         """This machine's measured rates (sched/calibration.py): cached ones, measured

@@ -18,7 +18,7 @@ from edgerun.ops import qmatvec
 from edgerun.ops.activations import glu
 from edgerun.quant.formats import QuantTensor
 
-__all__ = ["FFNExecutor", "DenseFFN", "decode_rows"]
+__all__ = ["FFNExecutor", "DenseFFN", "check_shapes", "decode_rows"]
 
 
 class FFNExecutor(Protocol):
@@ -43,6 +43,15 @@ def decode_rows(ffn: FFNExecutor, x: np.ndarray) -> np.ndarray:
     return np.concatenate([ffn(x[i : i + 1]) for i in range(x.shape[0])], axis=0)
 
 
+def check_shapes(tensors, source: str) -> None:
+    """(QuantTensor, expected shape) pairs: a ModelFormatError naming the first mismatch."""
+    for t, shape in tensors:
+        if t.shape != shape:
+            raise ModelFormatError(
+                f"{source}: tensor '{t.name}' has shape {t.shape}, expected {shape}"
+            )
+
+
 class DenseFFN:
     """down(act(gate x) * up x) on three resident quantized matrices."""
 
@@ -58,11 +67,9 @@ class DenseFFN:
         source: str = "model",
     ) -> None:
         d_ff, d_model = expected if expected is not None else gate.shape
-        for t, shape in ((gate, (d_ff, d_model)), (up, (d_ff, d_model)), (down, (d_model, d_ff))):
-            if t.shape != shape:
-                raise ModelFormatError(
-                    f"{source}: tensor '{t.name}' has shape {t.shape}, expected {shape}"
-                )
+        check_shapes(
+            ((gate, (d_ff, d_model)), (up, (d_ff, d_model)), (down, (d_model, d_ff))), source
+        )
         self.gate, self.up, self.down = gate, up, down
         self.activation = activation
         self.d_model, self.d_ff = d_model, d_ff

@@ -15,3 +15,20 @@ def smollm2(smollm2_path):
     import edgerun
 
     return edgerun.load(smollm2_path, n_ctx=1024, threads=2)
+
+
+@pytest.fixture(scope="module")
+def resident(smollm2_path):
+    """SmolLM2 resident with a 256-token context: the reference offloaded and placed
+    models are compared with."""
+    import edgerun
+
+    return edgerun.load(smollm2_path, n_ctx=256, threads=2)
+
+
+@pytest.fixture(scope="module")
+def text_ids(resident):
+    """48 tokens of real text: a prompt and the resident model's greedy continuation."""
+    prompt = "The three primary colours are red, yellow and"
+    out = list(resident.generate(resident.tokenize(prompt), max_tokens=40, temperature=0.0))
+    return resident.tokenize(prompt + "".join(out))[:48]

@@ -13,25 +13,11 @@ from edgerun.kvcache import KVCache
 
 pytestmark = pytest.mark.slow
 
-PROMPT = "The three primary colours are red, yellow and"
-
 
 def _decode_argmax(model, ids: list[int]) -> np.ndarray:
     """Feed ids one token at a time (the decode path); argmax after each."""
     cache = KVCache(model.spec, len(ids) + 1)
     return np.array([int(np.argmax(model.transformer.forward([t], cache))) for t in ids])
-
-
-@pytest.fixture(scope="module")
-def resident(smollm2_path):
-    return edgerun.load(smollm2_path, n_ctx=256, threads=2)
-
-
-@pytest.fixture(scope="module")
-def text_ids(resident):
-    ids = resident.tokenize(PROMPT)
-    out = list(resident.generate(ids, max_tokens=40, temperature=0.0))
-    return resident.tokenize(PROMPT + "".join(out))[:48]
 
 
 def _offloaded(path, **opts):

@@ -226,3 +226,39 @@ def test_calibration_runs_in_a_child_and_leaves_this_process_alone(tmp_path):
     assert peak_rss_bytes() - before < 32 << 20  # the 130 MB of buffers were the child's
     assert figs.cpu_rate("Q4_K") > 0 and figs.flash_rate(4096) > 0
     assert cached(1, directory=tmp_path, cache=tmp_path / "c") == figs
+
+
+def test_measured_offload_figures_drive_the_ffn_time():
+    from edgerun.sched.placement import OffloadFigures
+
+    off = OffloadFigures(
+        sparse_read_s=((0.02, 10e-6), (0.9, 2e-6)),
+        stream_read_s=2e-6,
+        neuron_compute_s=1e-6,
+        gate_compute_s=0.5e-6,
+    )
+    assert off.read_s(0.01) == 10e-6 and off.read_s(1.0) == 2e-6
+    assert off.read_s(0.46) == pytest.approx(6e-6)
+    d = plan(QWEN15, 800 * MB, FLOOR, 512, mode="dense", offload=off)
+    streamed = (QWEN15.d_ff - d.cache_neurons) * QWEN15.n_layers
+    assert d.time_split["flash"] == pytest.approx(streamed * 2e-6)
+    s = plan(QWEN15, 800 * MB, FLOOR, 512, mode="sparse", active_fraction=0.5, offload=off)
+    assert s.time_split["flash"] > 0 and s.predicted_tok_s > 0
+    slow = OffloadFigures(((0.02, 20e-6), (0.9, 4e-6)), 4e-6, 1e-6, 0.5e-6)
+    assert plan(QWEN15, 800 * MB, FLOOR, 512, mode="dense", offload=slow).predicted_tok_s < (
+        d.predicted_tok_s
+    )
+
+
+def test_offload_path_is_timed_on_a_real_bundle(tmp_path, smollm2_path):
+    from edgerun.offload.bundle import ensure_bundle
+    from edgerun.sched.calibration import measure_offload
+    from edgerun.sched.placement import DENSITIES
+
+    bundle = ensure_bundle(smollm2_path, progress=False)
+    off = measure_offload(bundle, threads=1)
+    assert [q for q, _ in off.sparse_read_s] == list(DENSITIES)
+    assert all(0 < s < 0.01 for _, s in off.sparse_read_s)
+    # scattered misses cost more per record than dense runs of them
+    assert off.read_s(0.02) > off.read_s(0.9)
+    assert 0 < off.neuron_compute_s < 1e-3 and 0 < off.gate_compute_s < 1e-3

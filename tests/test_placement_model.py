@@ -14,24 +14,10 @@ from edgerun.offload.profile import profile_model
 
 pytestmark = pytest.mark.slow
 
-PROMPT = "The three primary colours are red, yellow and"
-
 
 def _decode_logits(model, ids: list[int]) -> np.ndarray:
     cache = KVCache(model.spec, len(ids) + 1)
     return np.stack([model.transformer.forward([t], cache) for t in ids])
-
-
-@pytest.fixture(scope="module")
-def resident(smollm2_path):
-    return edgerun.load(smollm2_path, n_ctx=256, threads=2)
-
-
-@pytest.fixture(scope="module")
-def text_ids(resident):
-    ids = resident.tokenize(PROMPT)
-    out = list(resident.generate(ids, max_tokens=40, temperature=0.0))
-    return resident.tokenize(PROMPT + "".join(out))[:40]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgerun.errors import InvalidArgumentError, ModelFormatError
+from edgerun.errors import InvalidArgumentError
+from edgerun.ffn import check_shapes
 from edgerun.quant.formats import QuantTensor
 
 from . import import_torch, resolve_device
@@ -30,14 +31,6 @@ _F16_MAX = 65504.0
 def _device(device):
     torch = import_torch()
     return device if isinstance(device, torch.device) else resolve_device(str(device))
-
-
-def _check(tensors: tuple[tuple[QuantTensor, tuple[int, int]], ...], source: str) -> None:
-    for t, shape in tensors:
-        if t.shape != shape:
-            raise ModelFormatError(
-                f"{source}: tensor '{t.name}' has shape {t.shape}, expected {shape}"
-            )
 
 
 class _OnDevice:
@@ -97,7 +90,7 @@ class TorchFFN(_OnDevice):
         source: str = "model",
     ) -> None:
         d_ff, d_model = gate.shape
-        _check(((up, (d_ff, d_model)), (down, (d_model, d_ff))), source)
+        check_shapes(((up, (d_ff, d_model)), (down, (d_model, d_ff))), source)
         if activation not in ACTIVATIONS:
             raise InvalidArgumentError(
                 f"{source}: activation {activation!r} is not one of {', '.join(ACTIVATIONS)}"
@@ -146,7 +139,7 @@ class TorchProjections(_OnDevice):
     ) -> None:
         q_dim, d_model = q.shape
         kv_dim = k.rows
-        _check(
+        check_shapes(
             ((k, (kv_dim, d_model)), (v, (kv_dim, d_model)), (o, (d_model, q_dim))),
             source,
         )

@@ -54,8 +54,12 @@ class OffloadOptions:
     gap_bytes: int = 32768
     # Share of each layer's neuron cache pinned with the hottest neurons of a profile
     # (`edgerun profile`, PowerInfer's hot set); the rest is the window. Used only when
-    # a profile exists; 0 turns the split off.
-    hot: float = 0.5
+    # a profile exists; 0 turns the split off. Measured in a memory cgroup of the budget
+    # (benchmarks/offload.py, 2 runs each, results/hotcold.txt): Qwen2.5-Coder-1.5B at
+    # 800 MiB 0.66 tok/s all pinned, 0.45-0.49 half, 0.45 window only (reads 627 vs 603
+    # MB a token: no power law to exploit, but a static set pays under memory pressure);
+    # Qwen2.5-Coder-0.5B at 560 MiB 1.84 / 2.12 / 1.84.
+    hot: float = 1.0
     profile: str | None = None  # a profile file; default: the model's saved one, if any
 
     @classmethod

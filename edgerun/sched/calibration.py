@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edgerun.sched.placement import DeviceFigures
+from edgerun.sched.placement import DENSITIES, DeviceFigures, OffloadFigures
 
-__all__ = ["cached", "calibrate", "measure_cpu", "measure_flash"]
+__all__ = ["cached", "calibrate", "measure_cpu", "measure_flash", "offload_figures"]
 
 CHUNKS = (4096, 32768, 131072, 1 << 20)
 MAX_AGE_S = 7 * 24 * 3600
@@ -264,3 +264,112 @@ if __name__ == "__main__":  # the isolated measurement: threads, directory, cach
     _t, _dir, _path = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     _gpu = sys.argv[4] if len(sys.argv) > 4 else None
     calibrate(_t, _dir, _gpu, refresh=True, cache=_path.parent, isolate=False)
+
+
+# ------------------------------------------------------------------ offload path, per bundle
+def measure_offload(bundle_file: Path, threads: int, io_threads: int = 4) -> OffloadFigures:
+    """Per-neuron seconds of the offload executors' own reads and kernels on a real bundle.
+
+    A rate model from plain reads and dense matvecs predicted 2.3x too fast on
+    Qwen2.5-1.5B at 800 MiB (the executors read through a staging buffer and a gather,
+    in scratch-sized calls, and their row kernels differ from the dense ones), so this
+    times what they do: chunks of SCRATCH_NEURONS records read with `read_records` at
+    several miss densities, gate rows + records read contiguously (dense streaming), and
+    the up / down / gate row kernels on records just read; each the best of a few
+    repeats. About two seconds. (Timing StreamingFFN itself, reads overlapped with its
+    compute, predicted 1.4-1.6x too slow: in a real token attention also hides reads.)
+    """
+    from edgerun.offload.bundle import Bundle
+    from edgerun.offload.io import aligned_empty
+    from edgerun.ops import sparse_ffn as sf
+    from edgerun.sched.cpu_share import set_threads
+    from edgerun.sched.placement import SCRATCH_NEURONS
+
+    set_threads(threads)
+    rng = np.random.default_rng(2)
+    with Bundle(bundle_file, threads=io_threads) as b:
+        layers = b.layers
+        ly = b.layer(layers[0])
+        n, d = ly.d_ff, ly.d_model
+        chunk = min(n, SCRATCH_NEURONS)
+        rec = aligned_empty(chunk * ly.record_bytes).reshape(chunk, ly.record_bytes)
+        gate = aligned_empty(chunk * ly.gate_row_bytes).reshape(chunk, ly.gate_row_bytes)
+        x = rng.standard_normal(d).astype(np.float32)
+        out = np.zeros(d, np.float32)
+        coeff = rng.standard_normal(chunk).astype(np.float32)
+
+        def compute(m: int) -> None:
+            up = sf.matvec_rows(ly.up_format, d, rec[:m], None, x)
+            sf.accumulate_q8_0_rows(rec[:m], coeff[:m] * up, out, None, offset=ly.up_row_bytes)
+
+        compute(chunk)  # compile / warm
+        sf.matvec_rows(ly.gate_format, d, gate, None, x)
+        pick = iter(layers[i % len(layers)] for i in range(1, 10**6))
+
+        def best(fn, repeats: int) -> float:  # noise only ever adds time
+            out = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                out = min(out, time.perf_counter() - t0)
+            return out
+
+        read: list[tuple[float, float]] = []
+        for q in DENSITIES:
+            ids = np.flatnonzero(rng.random(n) < q).astype(np.int32)
+            if ids.size == 0:
+                ids = np.array([n // 2], np.int32)
+
+            def read_sparse(ids=ids) -> None:
+                layer = next(pick)  # another layer each time: nothing is cached anywhere
+                for c0 in range(0, ids.size, chunk):
+                    m = ids[c0 : c0 + chunk]
+                    b.read_records(layer, m, out=rec[: m.size])
+
+            read.append((q, best(read_sparse, 3) / ids.size))
+        ids = np.arange(n, dtype=np.int32)
+
+        def read_stream() -> None:  # dense streaming's reads: gate rows + records
+            layer = next(pick)
+            for c0 in range(0, n, chunk):
+                m = ids[c0 : c0 + chunk]
+                b.read_gate_rows(layer, m, out=gate[: m.size])
+                b.read_records(layer, m, out=rec[: m.size])
+
+        stream_s = best(read_stream, 3) / n
+        # Records just read (not cache-warm): compute over a full layer's worth of chunks.
+        bufs = [rec.copy() for _ in range(max(1, min(8, n // chunk)))]
+
+        def compute_all() -> None:
+            for r in bufs:
+                up = sf.matvec_rows(ly.up_format, d, r, None, x)
+                sf.accumulate_q8_0_rows(r, coeff * up, out, None, offset=ly.up_row_bytes)
+
+        neuron_s = best(compute_all, 3) / (len(bufs) * chunk)
+        gate_s = best(lambda: sf.matvec_rows(ly.gate_format, d, gate, None, x), 5) / chunk
+    return OffloadFigures(
+        sparse_read_s=tuple(read),
+        stream_read_s=stream_s,
+        neuron_compute_s=neuron_s,
+        gate_compute_s=gate_s,
+    )
+
+
+def offload_figures(bundle_file: Path, threads: int, refresh: bool = False) -> OffloadFigures:
+    """measure_offload for `bundle_file`, cached beside the device figures."""
+    from edgerun.atomic import write_bytes_atomic
+    from edgerun.registry import cache_dir
+
+    key = _key(threads, bundle_file.parent, None)
+    path = cache_dir() / "calibration" / f"{bundle_file.stem}-{key}.offload.json"
+    if not refresh:
+        try:
+            if time.time() - path.stat().st_mtime < MAX_AGE_S:
+                d = json.loads(path.read_text())
+                d["sparse_read_s"] = tuple(tuple(p) for p in d["sparse_read_s"])
+                return OffloadFigures(**d)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    figs = measure_offload(bundle_file, threads)
+    write_bytes_atomic(path, json.dumps(asdict(figs), indent=1).encode())
+    return figs

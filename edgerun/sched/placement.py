@@ -291,6 +291,31 @@ class DeviceFigures:
         return pts[-1][1]
 
 
+# Miss densities (share of a layer's neurons read in one token) the offload path is
+# timed at (sched/calibration.measure_offload).
+DENSITIES = (0.02, 0.1, 0.3, 0.6, 0.9)
+
+
+@dataclass(frozen=True)
+class OffloadFigures:
+    """Seconds per neuron of the offload executors on one model's bundle (measured)."""
+
+    sparse_read_s: tuple[tuple[float, float], ...]  # (miss density, s per missed record)
+    stream_read_s: float  # s per neuron streamed (gate row + record, contiguous)
+    neuron_compute_s: float  # up row . x and the down column added, from a record
+    gate_compute_s: float  # one gate row . x from a streamed gate row
+
+    def read_s(self, density: float) -> float:
+        """Seconds per missed record at this miss density (interpolated)."""
+        pts = sorted(self.sparse_read_s)
+        if density <= pts[0][0]:
+            return pts[0][1]
+        for (q0, s0), (q1, s1) in zip(pts, pts[1:]):
+            if density <= q1:
+                return s0 + (density - q0) / (q1 - q0) * (s1 - s0)
+        return pts[-1][1]
+
+
 # Dense streaming reads SCRATCH_NEURONS records at a time; sparse reads merge records
 # this close together (OffloadOptions.gap_bytes) into one read.
 DENSE_READ_BYTES = 1 << 20
@@ -528,6 +553,7 @@ def plan(
     gpu_dtype_bytes: int = 2,
     gpu_force: bool = False,
     gap_bytes: int = GAP_BYTES,
+    offload: OffloadFigures | None = None,
 ) -> Plan:
     """Split `budget` bytes between resident weights, gate, predictor and neuron cache,
     and `gpu_budget` bytes between layers' FFNs and attention on a torch device.
@@ -540,7 +566,9 @@ def plan(
 
     Predicted time per token = the CPU's streamed bytes / its matvec rate + flash reads /
     the read rate at their size + device bytes / the device rate + one round trip per
-    device call + a fixed cost per layer (DeviceFigures, measured by calibration).
+    device call + a fixed cost per layer (DeviceFigures, measured by calibration). With
+    `offload` (the executors timed on this model's bundle) the FFN's reads and compute
+    take those per-neuron seconds instead of the rate model.
     """
     if mode not in ("sparse", "dense"):
         raise InvalidArgumentError(f"offload mode must be 'sparse' or 'dense', got {mode!r}")
@@ -581,6 +609,9 @@ def plan(
         read = (fp.d_ff - per_layer) * L_cpu * fp.neuron_bytes
         compute_s = fp.d_ff * L_cpu * _neuron_seconds(fp, dev)
         gate_resident, pred, gate_b = False, 0, 0
+        if offload is not None:
+            read_s = (fp.d_ff - per_layer) * L_cpu * offload.stream_read_s
+            compute_s = fp.d_ff * L_cpu * (offload.neuron_compute_s + offload.gate_compute_s)
     else:
         gate_b = gate_cpu
         gate_resident = not allow_predictor or left - gate_b >= 0.1 * (
@@ -604,6 +635,10 @@ def plan(
         )
         read = layer_read * L_cpu
         compute_s = active * _neuron_seconds(fp, dev, gate=not gate_resident)
+        if offload is not None:
+            misses = active_fraction * fp.d_ff * miss
+            read_s = L_cpu * misses * offload.read_s(misses / fp.d_ff)
+            compute_s = active * offload.neuron_compute_s
         if gate_resident:
             compute_s += gate_b / dev.cpu_rate(fp.gate_format)
         else:
@@ -614,9 +649,11 @@ def plan(
                 "predictor chooses the neurons"
             )
     chunk = DENSE_READ_BYTES if mode == "dense" or L_cpu == 0 else min(read_size, 1 << 20)
+    if offload is None or L_cpu == 0:
+        read_s = read / dev.flash_rate(chunk)
     split = {
         "cpu": compute_s + _streamed_resident_seconds(fp, dev, att_share),
-        "flash": read / dev.flash_rate(chunk),
+        "flash": read_s,
         "layers": L * dev.layer_overhead_s,
     }
     if ffn_l or att_l:
