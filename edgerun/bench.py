@@ -160,6 +160,9 @@ def run(
                 rows.append(row)
     wbytes = weight_bytes_per_token(model)
     peak_rss = peak_rss_bytes()  # before the bandwidth probe's buffer
+    from edgerun.probe import probe
+
+    system = probe()  # the machine these figures are from (cached; measured once)
     predicted = {}
     if predict:
         for t in threads:
@@ -193,6 +196,7 @@ def run(
         "weight_bytes_per_token": wbytes,
         "bandwidth_bytes_per_s": {str(t): b for t, b in bw.items()},
         "predicted": predicted,
+        "system": system,
         "offload": model.offload_stats(),
         "gpu": [g.describe() for g in model.gpu_placement or []],
         "rows": [{**asdict(r), "median": r.median, "spread": r.spread} for r in rows],
@@ -256,4 +260,11 @@ def format_table(rep: dict) -> str:
             )
     for g in rep.get("gpu") or []:
         lines.append(f"gpu: {g}")
+    sysp = rep.get("system")
+    if sysp:
+        c = sysp["cpu"]
+        lines.append(
+            f"machine: {c['model']}, {c['usable_cores']} cores, {', '.join(c['simd'])}; "
+            f"{sysp['memory']['total_bytes'] / 2**30:.1f} GiB (`edgerun sysinfo`)"
+        )
     return "\n".join(lines)

@@ -153,6 +153,13 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _add_offload_args(b)
 
+    si = sub.add_parser("sysinfo", help="this machine: cores, SIMD, memory, bandwidth, storage")
+    si.add_argument("--refresh", action="store_true", help="measure again (else cached)")
+    si.add_argument("--json", action="store_true", help="print JSON")
+    si.add_argument(
+        "--storage-dir", default=None, help="where to measure storage (default: the models')"
+    )
+
     pl = sub.add_parser(
         "plan", help="where each part of a model lives under a RAM budget, and what it costs"
     )
@@ -473,6 +480,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sysinfo(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from edgerun.probe import format_probe, probe
+
+    p = probe(args.refresh, Path(args.storage_dir) if args.storage_dir else None)
+    print(json.dumps(p, indent=1) if args.json else format_probe(p))
+    return 0
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from edgerun.api import Model, resolve_model
     from edgerun.sched.calibration import calibrate
@@ -626,6 +644,7 @@ COMMANDS = {
     "info": _cmd_info,
     "list": _cmd_list,
     "plan": _cmd_plan,
+    "sysinfo": _cmd_sysinfo,
     "pull": _cmd_pull,
 }
 
