@@ -106,8 +106,21 @@ class Model:
         context_policy: str = "error",
         gpu_budget: int | str | None = None,
         gpu_device: str = "cuda",
+        device_profile=None,
     ) -> None:
         t0 = time.perf_counter()
+        self.device_profile = None
+        if device_profile is not None:  # emulate a smaller device: caps, slow storage
+            from edgerun.device_profile import DeviceProfile, load_device_profile
+            from edgerun.sched.placement import parse_budget
+
+            prof = device_profile
+            if not isinstance(prof, DeviceProfile):
+                prof = load_device_profile(prof)
+            self.device_profile = prof
+            threads = min(threads or default_threads(), prof.threads)
+            cap = prof.ram_budget_bytes
+            ram_budget = cap if ram_budget is None else min(parse_budget(ram_budget), cap)
         self.kv_type = check_kv_type(kv_type)
         self.path = Path(path)
         self.settings = settings if settings is not None else settings_for(self.path)
@@ -322,6 +335,8 @@ class Model:
             self.store = OffloadStore(
                 self.file, str(self.path), self.spec, bundle, cal, self.plan, opts, hot
             )
+            if self.device_profile is not None:
+                self.store.bundle.reader.throttle = self.device_profile.throttle()
             self.transformer = Transformer(self.spec, self.store, str(self.path))
         p = self.plan
         if p.gpu_ffn_layers or p.gpu_attention_layers:
@@ -578,6 +593,7 @@ def load(
     context_policy: str = "error",
     gpu_budget: int | str | None = None,
     gpu_device: str = "cuda",
+    device_profile=None,
 ) -> Model:
     """Load a model by registry name (default: the registry's default), alias or path.
 
@@ -612,6 +628,7 @@ def load(
         context_policy=context_policy,
         gpu_budget=gpu_budget,
         gpu_device=gpu_device,
+        device_profile=device_profile,
     )
 
 

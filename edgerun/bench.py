@@ -197,6 +197,7 @@ def run(
         "bandwidth_bytes_per_s": {str(t): b for t, b in bw.items()},
         "predicted": predicted,
         "system": system,
+        "device_profile": model.device_profile.describe() if model.device_profile else None,
         "offload": model.offload_stats(),
         "gpu": [g.describe() for g in model.gpu_placement or []],
         "rows": [{**asdict(r), "median": r.median, "spread": r.spread} for r in rows],
@@ -260,6 +261,11 @@ def format_table(rep: dict) -> str:
             )
     for g in rep.get("gpu") or []:
         lines.append(f"gpu: {g}")
+    if rep.get("device_profile"):
+        lines.append(
+            f"EMULATED device ({rep['device_profile']}). Threads, RAM and offloaded reads "
+            "follow the profile; the compute is this machine's, not the device's."
+        )
     sysp = rep.get("system")
     if sysp:
         c = sysp["cpu"]

@@ -151,6 +151,12 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("-r", "--repetitions", type=int, default=5)
     b.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth probe")
     b.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    b.add_argument(
+        "--profile",
+        default=None,
+        help="emulate a device: rpi4, rpi5, rpi5-nvme, laptop-8gb or a .toml file (threads and "
+        "RAM capped, offloaded reads at its storage speed; compute is this machine's)",
+    )
     _add_offload_args(b)
 
     si = sub.add_parser("sysinfo", help="this machine: cores, SIMD, memory, bandwidth, storage")
@@ -456,9 +462,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     tgs = _int_list(args.n_gen, "--n-gen")
     ctx = max(max(pps), max(tgs)) + 1
     runtime_rss = current_rss_bytes()
-    model = edgerun.load(
-        args.model, n_ctx=ctx, threads=threads[0] if threads else None, **_offload_kwargs(args)
-    )
+    kw = _offload_kwargs(args)
+    if args.profile is not None:
+        from edgerun.device_profile import load_device_profile
+
+        prof = load_device_profile(args.profile)
+        kw["device_profile"] = prof
+        if threads:
+            threads = [min(t, prof.threads) for t in threads]
+    model = edgerun.load(args.model, n_ctx=ctx, threads=threads[0] if threads else None, **kw)
     reports = []
     for pp in pps:
         for tg in tgs:

@@ -80,11 +80,15 @@ def can_drop_page_cache() -> bool:
 
 
 def measure_storage(
-    directory: Path, nbytes: int = SCRATCH_BYTES, chunks: tuple[int, ...] = CHUNKS
+    directory: Path,
+    nbytes: int = SCRATCH_BYTES,
+    chunks: tuple[int, ...] = CHUNKS,
+    throttle=None,
 ) -> dict:
     """Direct-I/O read bytes/s by chunk size, one read at a time (queue depth 1, as a
     storage datasheet quotes): {"sequential": {chunk: B/s}, "random": {...}, "direct":
-    whether O_DIRECT was available}."""
+    whether O_DIRECT was available}. With `throttle` (a device profile's), the reads go
+    through it: what an emulated device delivers."""
     from edgerun.offload.io import DirectReader, aligned_empty
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -106,6 +110,7 @@ def measure_storage(
                 os.close(fd)
         out: dict = {"sequential": {}, "random": {}}
         with DirectReader(path, threads=1) as r:
+            r.throttle = throttle
             out["direct"] = r.direct
             for chunk in chunks:
                 n = min(size // chunk, max(256, (8 << 20) // chunk))

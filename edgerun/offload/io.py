@@ -101,6 +101,9 @@ class DirectReader:
                     "use direct=None to fall back to buffered reads"
                 )
         self._fd: int | None = fd
+        # an offload/throttle.StorageThrottle makes reads take as long as on a slower
+        # device (device profiles); None reads at this machine's speed
+        self.throttle = None
         self._local = threading.local()
         self._lock = threading.Lock()
         # the calling thread does one share of every read, the pool the others
@@ -199,8 +202,12 @@ class DirectReader:
     def _run(self, fd: int, tasks: list[tuple[int, int, int]], dst: np.ndarray) -> tuple[int, int]:
         nbytes = calls = 0
         read = self._direct_one if self.direct else self._buffered_one
+        throttle = self.throttle
         for off, length, at in tasks:
+            deadline = throttle.admit(off, length) if throttle is not None else 0.0
             b, c = read(fd, off, length, dst, at)
+            if throttle is not None:
+                throttle.wait_until(deadline)  # as long as the emulated device takes
             nbytes += b
             calls += c
         return nbytes, calls

@@ -1,0 +1,128 @@
+"""Device profiles and the storage rate limiter that emulates their storage."""
+
+import threading
+import time
+
+import pytest
+
+from edgerun.device_profile import DeviceProfile, device_profiles, load_device_profile
+from edgerun.errors import EdgerunError, ModelFormatError
+from edgerun.offload.throttle import StorageThrottle, interpolate_rate
+from edgerun.probe import measure_storage
+
+
+def test_every_shipped_profile_loads_with_its_sources():
+    names = device_profiles()
+    assert {"rpi4", "rpi5", "rpi5-nvme", "laptop-8gb"} <= set(names)
+    for n in names:
+        p = load_device_profile(n)
+        assert isinstance(p, DeviceProfile) and p.name == n
+        assert 1 <= p.threads and 0 < p.ram_budget_bytes <= p.ram_bytes
+        assert p.sources or p.assumptions  # every figure says where it comes from
+        assert n in p.describe() and "MB/s" in p.describe()
+
+
+def test_interpolation_between_read_sizes():
+    pts = {4096: 10e6, 1 << 20: 40e6}
+    assert interpolate_rate(pts, 1024) == 10e6 and interpolate_rate(pts, 8 << 20) == 40e6
+    assert interpolate_rate(pts, 65536) == pytest.approx(10e6 + 0.5 * 30e6)
+
+
+@pytest.mark.parametrize(
+    "name, kind, size, nominal_mb_s",
+    [
+        ("rpi4", "sequential", 1 << 20, 40),
+        ("rpi4", "random", 4096, 13.1),
+        ("rpi5-nvme", "sequential", 1 << 20, 440),
+        ("rpi5-nvme", "random", 4096, 71),
+    ],
+)
+def test_throttled_reads_deliver_the_profiles_nominal_rate(
+    tmp_path, name, kind, size, nominal_mb_s
+):
+    prof = load_device_profile(name)
+    host = measure_storage(tmp_path, nbytes=16 << 20, chunks=(size,))[kind][size]
+    if host < 2 * nominal_mb_s * 1e6:  # a throttle slows a disk down, never speeds it up
+        pytest.skip(f"this disk ({host / 1e6:.0f} MB/s) is not faster than the emulated one")
+    got = measure_storage(tmp_path, nbytes=16 << 20, chunks=(size,), throttle=prof.throttle())
+    rate = got[kind][size] / 1e6
+    print(f"{name} {kind} {size} B: {rate:.1f} MB/s (nominal {nominal_mb_s}, host {host:.3g})")
+    assert abs(rate - nominal_mb_s) / nominal_mb_s < 0.10
+
+
+def test_concurrent_reads_queue_on_one_emulated_device():
+    t = StorageThrottle({4096: 4096 / 0.01}, {4096: 4096 / 0.01})  # 10 ms a read
+    done = []
+
+    def one(offset):
+        deadline = t.admit(offset, 4096)
+        t.wait_until(deadline)
+        done.append(time.perf_counter())
+
+    t0 = time.perf_counter()
+    ths = [threading.Thread(target=one, args=(i * 1_000_000,)) for i in range(4)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    assert time.perf_counter() - t0 == pytest.approx(0.04, abs=0.015)  # one after another
+    assert t.device_seconds == pytest.approx(0.04)
+
+
+def test_sequential_reads_are_recognised():
+    t = StorageThrottle({4096: 100e6}, {4096: 1e6})
+    t.admit(0, 4096)
+    before = t.device_seconds
+    t.admit(4096, 4096)  # continues the last read: the sequential rate
+    assert t.device_seconds - before == pytest.approx(4096 / 100e6)
+    t.admit(10 * 4096, 4096)  # a seek: the random rate
+    assert t.device_seconds - before == pytest.approx(4096 / 100e6 + 4096 / 1e6)
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("threads = 0", "threads"),
+        ('ram = "lots"', "RAM budget"),
+        ('ram_budget = "16G"', "ram_budget"),
+        ('sequential_mb_s = { "4K" = -1 }', "storage.sequential_mb_s.4K"),
+        ('random_mb_s = { "huge" = 5 }', "storage.random_mb_s.huge"),
+    ],
+)
+def test_a_bad_profile_names_the_field(tmp_path, text, field):
+    good = (load_device_profile("rpi4").path, text)
+    src = open(good[0]).read().splitlines()
+    key = text.split("=")[0].strip()
+    out = [text if line.split("=")[0].strip() == key else line for line in src]
+    f = tmp_path / "bad.toml"
+    f.write_text("\n".join(out))
+    with pytest.raises(ModelFormatError, match=field.replace(".", r"\.")):
+        load_device_profile(f)
+
+
+def test_unknown_profile_lists_the_known_ones():
+    with pytest.raises(EdgerunError, match="rpi4"):
+        load_device_profile("rpi9")
+
+
+@pytest.mark.slow
+def test_an_emulated_device_slows_offloaded_reads(smollm2_path, resident):
+    import edgerun
+
+    prof = load_device_profile("rpi4")
+    need = resident.minimum_ram_budget("dense") - resident.floor_bytes
+    from edgerun.sysinfo import current_rss_bytes
+
+    budget = current_rss_bytes() + (40 << 20) + need + (24 << 20)
+    m = edgerun.load(
+        smollm2_path, n_ctx=256, ram_budget=budget, offload="dense", device_profile=prof
+    )
+    assert m.threads <= prof.threads and m.device_profile is prof
+    thr = m.store.bundle.reader.throttle
+    assert isinstance(thr, StorageThrottle)
+    ids = m.tokenize("The three primary colours are")
+    list(m.generate(ids, max_tokens=4, temperature=0.0))
+    st = m.offload_stats()
+    assert st["bytes_read"] > 0 and thr.device_seconds > 0
+    # reads take at least as long as the emulated microSD needs for them
+    assert st["bytes_read"] / thr.device_seconds < 1.1 * 40e6
