@@ -152,6 +152,19 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth probe")
     b.add_argument("--json", action="store_true", help="print JSON instead of a table")
     b.add_argument(
+        "--suite",
+        action="store_true",
+        help="the standard matrix: installed models x formats x threads x modes (resident, two "
+        "RAM budgets), pp/tg/TTFT, each in a fresh process; resumes; report.md + JSON + plots",
+    )
+    b.add_argument("--out", default="edgerun-suite", help="suite output directory")
+    b.add_argument(
+        "--formats",
+        default=None,
+        help="suite formats, comma list (default: own,q8_0,q4_k_m,q3_g64_m,q2_g64_m)",
+    )
+    b.add_argument("--models", default=None, help="suite models, comma list (default: installed)")
+    b.add_argument(
         "--profile",
         default=None,
         help="emulate a device: rpi4, rpi5, rpi5-nvme, laptop-8gb or a .toml file (threads and "
@@ -460,6 +473,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise EdgerunError(f"--repetitions must be >= 1, got {args.repetitions}")
     pps = _int_list(args.n_prompt, "--n-prompt")
     tgs = _int_list(args.n_gen, "--n-gen")
+    if args.suite:
+        from pathlib import Path
+
+        from edgerun.bench_suite import FORMATS, default_cells, run_suite
+
+        cells = default_cells(
+            models=args.models.split(",") if args.models else None,
+            formats=tuple(args.formats.split(",")) if args.formats else FORMATS,
+            threads=threads,
+            n_prompt=pps[0],
+            n_gen=tgs[0],
+            repeats=args.repetitions,
+            profile=args.profile,
+        )
+        rows = run_suite(cells, Path(args.out))
+        bad = [r for r in rows if "error" in r]
+        print(f"{len(rows)} cells ({len(bad)} failed): {Path(args.out) / 'report.md'}")
+        return 1 if bad else 0
     ctx = max(max(pps), max(tgs)) + 1
     runtime_rss = current_rss_bytes()
     kw = _offload_kwargs(args)
