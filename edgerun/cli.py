@@ -478,13 +478,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         from edgerun.bench_suite import FORMATS, default_cells, run_suite
 
+        # the suite's own defaults (-p/-n/-r left as they are): a matrix in ~30 minutes
+        untouched = (args.n_prompt, args.n_gen, args.repetitions) == ("128", "128", 5)
         cells = default_cells(
             models=args.models.split(",") if args.models else None,
             formats=tuple(args.formats.split(",")) if args.formats else FORMATS,
             threads=threads,
-            n_prompt=pps[0],
-            n_gen=tgs[0],
-            repeats=args.repetitions,
+            n_prompt=64 if untouched else pps[0],
+            n_gen=32 if untouched else tgs[0],
+            repeats=1 if untouched else args.repetitions,
             profile=args.profile,
         )
         rows = run_suite(cells, Path(args.out))
