@@ -89,25 +89,11 @@ def measure_storage(
     storage datasheet quotes): {"sequential": {chunk: B/s}, "random": {...}, "direct":
     whether O_DIRECT was available}. With `throttle` (a device profile's), the reads go
     through it: what an emulated device delivers."""
-    from edgerun.offload.io import DirectReader, aligned_empty
+    from edgerun.offload.io import DirectReader, aligned_empty, scratch_file
 
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f".probe-{os.getpid()}.bin"
     rng = np.random.default_rng(0)
-    try:
-        block = rng.integers(0, 255, 1 << 22, dtype=np.uint8).tobytes()
-        with open(path, "wb") as f:
-            for _ in range(max(1, nbytes // len(block))):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
+    with scratch_file(directory, nbytes, "probe") as path:
         size = path.stat().st_size
-        if hasattr(os, "posix_fadvise"):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
         out: dict = {"sequential": {}, "random": {}}
         with DirectReader(path, threads=1) as r:
             r.throttle = throttle
@@ -124,8 +110,6 @@ def measure_storage(
                         r.read_into([(int(o), chunk)], buf)
                     out[kind][chunk] = n * chunk / (time.perf_counter() - t0)
         return out
-    finally:
-        path.unlink(missing_ok=True)
 
 
 def _cache_path() -> Path:

@@ -7,7 +7,8 @@ import pytest
 
 from edgerun.device_profile import DeviceProfile, device_profiles, load_device_profile
 from edgerun.errors import EdgerunError, ModelFormatError
-from edgerun.offload.throttle import StorageThrottle, interpolate_rate
+from edgerun.offload.io import interpolate_rate
+from edgerun.offload.throttle import StorageThrottle
 from edgerun.probe import measure_storage
 
 

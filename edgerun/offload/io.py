@@ -11,11 +11,13 @@ also overlap with nogil kernels on the calling thread.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -63,6 +65,46 @@ def _byte_view(out: np.ndarray) -> np.ndarray:
     if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
         raise InvalidArgumentError("read buffers must be writeable C-contiguous numpy arrays")
     return out.reshape(-1).view(np.uint8)
+
+
+@contextmanager
+def scratch_file(directory: Path, nbytes: int, tag: str = "scratch") -> Iterator[Path]:
+    """A file of `nbytes` random bytes in `directory`, on storage (fsynced) and out of the
+    page cache, for read measurements; deleted afterwards."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".{tag}-{os.getpid()}.bin"
+    block = np.random.default_rng(0).integers(0, 255, 1 << 22, dtype=np.uint8).tobytes()
+    try:
+        with open(path, "wb") as f:
+            for _ in range(max(1, nbytes // len(block))):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        if hasattr(os, "posix_fadvise"):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def interpolate_rate(points, size: int) -> float:
+    """Bytes/s at `size`-byte reads from (size, bytes/s) pairs or a {size: bytes/s} map,
+    interpolated on log2(size), clamped at the ends."""
+    items = points.items() if hasattr(points, "items") else points
+    pts = sorted((int(k), float(v)) for k, v in items)
+    if not pts:
+        raise InvalidArgumentError("read rates need at least one (size, bytes/s) point")
+    if size <= pts[0][0]:
+        return pts[0][1]
+    for (s0, r0), (s1, r1) in zip(pts, pts[1:]):
+        if size <= s1:
+            f = (math.log2(size) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
+            return r0 + f * (r1 - r0)
+    return pts[-1][1]
 
 
 class DirectReader:

@@ -11,30 +11,16 @@ a slower one cannot be sped up (the reported figure then is the real one).
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Mapping
 
 from edgerun.errors import InvalidArgumentError
+from edgerun.offload.io import interpolate_rate
 
 __all__ = ["StorageThrottle", "interpolate_rate"]
 
 SLACK_S = 0.005
-
-
-def interpolate_rate(points: Mapping[int, float], size: int) -> float:
-    """Bytes/s at `size`-byte reads from {size: bytes/s}, log2-linear, clamped at the ends."""
-    pts = sorted((int(k), float(v)) for k, v in points.items())
-    if not pts:
-        raise InvalidArgumentError("a storage profile needs at least one (size, rate) point")
-    if size <= pts[0][0]:
-        return pts[0][1]
-    for (s0, r0), (s1, r1) in zip(pts, pts[1:]):
-        if size <= s1:
-            f = (math.log2(size) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
-            return r0 + f * (r1 - r0)
-    return pts[-1][1]
 
 
 class StorageThrottle:

@@ -50,24 +50,10 @@ def _cpu_name() -> str:
 
 def measure_flash(directory: Path, threads: int = 4, nbytes: int = FLASH_FILE_BYTES) -> dict:
     """Direct-I/O read bytes/s by chunk size from a scratch file in `directory`."""
-    from edgerun.offload.io import DirectReader, aligned_empty
+    from edgerun.offload.io import DirectReader, aligned_empty, scratch_file
 
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f".calibrate-{os.getpid()}.bin"
     rng = np.random.default_rng(0)
-    try:
-        with open(path, "wb") as f:
-            block = rng.integers(0, 255, 1 << 22, dtype=np.uint8).tobytes()
-            for _ in range(nbytes // len(block)):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
-        if hasattr(os, "posix_fadvise"):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+    with scratch_file(directory, nbytes, "calibrate") as path:
         out: dict[int, float] = {}
         with DirectReader(path, threads=threads) as r:
             for chunk in CHUNKS:
@@ -80,8 +66,6 @@ def measure_flash(directory: Path, threads: int = 4, nbytes: int = FLASH_FILE_BY
                 r.read_into([(int(o), chunk) for o in np.sort(offs)], buf)
                 out[chunk] = n * chunk / (time.perf_counter() - t0)
         return out
-    finally:
-        path.unlink(missing_ok=True)
 
 
 # Where each block keeps its f16 scale(s): byte offsets (random bytes there could be

@@ -279,16 +279,11 @@ class DeviceFigures:
 
     def flash_rate(self, chunk: int) -> float:
         """Read throughput at `chunk`-byte reads, interpolated on log2(size)."""
-        pts = sorted(self.flash_by_chunk)
-        if not pts:
+        if not self.flash_by_chunk:
             return self.flash_read_bytes_s
-        if chunk <= pts[0][0]:
-            return pts[0][1]
-        for (c0, r0), (c1, r1) in zip(pts, pts[1:]):
-            if chunk <= c1:
-                f = (math.log2(chunk) - math.log2(c0)) / (math.log2(c1) - math.log2(c0))
-                return r0 + f * (r1 - r0)
-        return pts[-1][1]
+        from edgerun.offload.io import interpolate_rate
+
+        return interpolate_rate(self.flash_by_chunk, chunk)
 
 
 # Miss densities (share of a layer's neurons read in one token) the offload path is
