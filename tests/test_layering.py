@@ -28,7 +28,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 # modules (relative to edgerun/, a trailing "/" for a package) that may import tools/
-TOOLS_USERS = ("tools/", "cli.py", "api.py", "bench.py")
+TOOLS_USERS = ("tools/", "cli.py", "api.py", "bench.py", "bench_suite.py")
 
 
 def module_name(path: Path, root: Path) -> tuple[str, str]:
