@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,16 +35,6 @@ __all__ = ["cached", "calibrate", "measure_cpu", "measure_flash", "offload_figur
 CHUNKS = (4096, 32768, 131072, 1 << 20)
 MAX_AGE_S = 7 * 24 * 3600
 FLASH_FILE_BYTES = 64 << 20
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def measure_flash(directory: Path, threads: int = 4, nbytes: int = FLASH_FILE_BYTES) -> dict:
@@ -66,6 +55,16 @@ def measure_flash(directory: Path, threads: int = 4, nbytes: int = FLASH_FILE_BY
                 r.read_into([(int(o), chunk) for o in np.sort(offs)], buf)
                 out[chunk] = n * chunk / (time.perf_counter() - t0)
         return out
+
+
+def _best(fn, repeats: int) -> float:
+    """Seconds of the fastest of `repeats` calls: noise on a shared machine only adds."""
+    out = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out = min(out, time.perf_counter() - t0)
+    return out
 
 
 # Where each block keeps its f16 scale(s): byte offsets (random bytes there could be
@@ -117,13 +116,8 @@ def measure_cpu(
             mats.append(_matrix(fmt, 8960, 1536, rng))
         for m in mats[:2]:
             qmatvec.matvec(m, x)
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for m in mats:
-                qmatvec.matvec(m, x)
-            best = min(best, time.perf_counter() - t0)
-        rates[fmt] = sum(m.nbytes for m in mats) / best
+        seconds = _best(lambda mats=mats: [qmatvec.matvec(m, x) for m in mats], repeats)
+        rates[fmt] = sum(m.nbytes for m in mats) / seconds
         del mats
     # A layer issues about a dozen kernel calls; on tiny shapes they cost only overhead.
     tiny = _matrix("Q4_K", 64, 256, rng)
@@ -146,7 +140,9 @@ def _key(threads: int, directory: Path, gpu_device: str | None) -> str:
         dev = os.stat(directory).st_dev
     except OSError:
         dev = 0
-    text = f"{_cpu_name()}|{os.cpu_count()}|{threads}|{dev}|{gpu_device or ''}"
+    from edgerun.probe import cpu_features
+
+    text = f"{cpu_features()['model']}|{os.cpu_count()}|{threads}|{dev}|{gpu_device or ''}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -166,12 +162,11 @@ def cached(
 ) -> DeviceFigures | None:
     """The cached figures for this machine, threads and device when fresh, else None."""
     _, path = _paths(threads, directory, gpu_device, cache)
+    d = _fresh(path)
     try:
-        if time.time() - path.stat().st_mtime >= MAX_AGE_S:
-            return None
-        return DeviceFigures(**_read(path))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # missing or broken: measured again
+        return None if d is None else DeviceFigures(**_figures(d))
+    except (KeyError, TypeError):
+        return None  # broken: measured again
 
 
 def calibrate(
@@ -226,20 +221,35 @@ def _calibrate_in_child(
     cmd = [sys.executable, "-m", "edgerun.sched.calibration", str(threads), str(directory)]
     cmd += [str(path)] + ([gpu_device] if gpu_device else [])
     r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        from edgerun.errors import EdgerunError
+    from edgerun.errors import EdgerunError
 
+    if r.returncode != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
         raise EdgerunError(f"device calibration failed ({' '.join(cmd)}): {tail[0]}")
-    return DeviceFigures(**_read(path))
+    d = _fresh(path)
+    if d is None:
+        raise EdgerunError(f"device calibration wrote no figures to {path}")
+    return DeviceFigures(**_figures(d))
 
 
-def _read(path: Path) -> dict:
-    d = json.loads(path.read_text())
-    d.pop("measured_at")
-    d["flash_by_chunk"] = tuple(tuple(p) for p in d["flash_by_chunk"])
-    d["cpu_by_format"] = tuple(tuple(p) for p in d["cpu_by_format"])
-    return d
+def _fresh(path: Path) -> dict | None:
+    """A cache file's JSON when it is younger than MAX_AGE_S, else None."""
+    try:
+        if time.time() - path.stat().st_mtime >= MAX_AGE_S:
+            return None
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # missing or broken: measured again
+
+
+def _pairs(d: dict, *keys: str) -> dict:
+    """JSON lists of pairs back to the tuples the frozen dataclasses hold."""
+    return {**d, **{k: tuple(tuple(p) for p in d[k]) for k in keys}}
+
+
+def _figures(d: dict) -> dict:
+    d = {k: v for k, v in d.items() if k != "measured_at"}
+    return _pairs(d, "flash_by_chunk", "cpu_by_format")
 
 
 if __name__ == "__main__":  # the isolated measurement: threads, directory, cache file, [gpu]
@@ -290,14 +300,6 @@ def measure_offload(bundle_file: Path, threads: int, io_threads: int = 4) -> Off
         sf.matvec_rows(ly.gate_format, d, gate, None, x)
         pick = iter(layers[i % len(layers)] for i in range(1, 10**6))
 
-        def best(fn, repeats: int) -> float:  # noise only ever adds time
-            out = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn()
-                out = min(out, time.perf_counter() - t0)
-            return out
-
         read: list[tuple[float, float]] = []
         for q in DENSITIES:
             ids = np.flatnonzero(rng.random(n) < q).astype(np.int32)
@@ -310,7 +312,7 @@ def measure_offload(bundle_file: Path, threads: int, io_threads: int = 4) -> Off
                     m = ids[c0 : c0 + chunk]
                     b.read_records(layer, m, out=rec[: m.size])
 
-            read.append((q, best(read_sparse, 3) / ids.size))
+            read.append((q, _best(read_sparse, 3) / ids.size))
         ids = np.arange(n, dtype=np.int32)
 
         def read_stream() -> None:  # dense streaming's reads: gate rows + records
@@ -320,7 +322,7 @@ def measure_offload(bundle_file: Path, threads: int, io_threads: int = 4) -> Off
                 b.read_gate_rows(layer, m, out=gate[: m.size])
                 b.read_records(layer, m, out=rec[: m.size])
 
-        stream_s = best(read_stream, 3) / n
+        stream_s = _best(read_stream, 3) / n
         # Records just read (not cache-warm): compute over a full layer's worth of chunks.
         bufs = [rec.copy() for _ in range(max(1, min(8, n // chunk)))]
 
@@ -329,8 +331,8 @@ def measure_offload(bundle_file: Path, threads: int, io_threads: int = 4) -> Off
                 up = sf.matvec_rows(ly.up_format, d, r, None, x)
                 sf.accumulate_q8_0_rows(r, coeff * up, out, None, offset=ly.up_row_bytes)
 
-        neuron_s = best(compute_all, 3) / (len(bufs) * chunk)
-        gate_s = best(lambda: sf.matvec_rows(ly.gate_format, d, gate, None, x), 5) / chunk
+        neuron_s = _best(compute_all, 3) / (len(bufs) * chunk)
+        gate_s = _best(lambda: sf.matvec_rows(ly.gate_format, d, gate, None, x), 5) / chunk
     return OffloadFigures(
         sparse_read_s=tuple(read),
         stream_read_s=stream_s,
@@ -346,14 +348,12 @@ def offload_figures(bundle_file: Path, threads: int, refresh: bool = False) -> O
 
     key = _key(threads, bundle_file.parent, None)
     path = cache_dir() / "calibration" / f"{bundle_file.stem}-{key}.offload.json"
-    if not refresh:
+    d = None if refresh else _fresh(path)
+    if d is not None:
         try:
-            if time.time() - path.stat().st_mtime < MAX_AGE_S:
-                d = json.loads(path.read_text())
-                d["sparse_read_s"] = tuple(tuple(p) for p in d["sparse_read_s"])
-                return OffloadFigures(**d)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+            return OffloadFigures(**_pairs(d, "sparse_read_s"))
+        except (KeyError, TypeError):
+            pass  # broken: measured again
     figs = measure_offload(bundle_file, threads)
     write_bytes_atomic(path, json.dumps(asdict(figs), indent=1).encode())
     return figs
