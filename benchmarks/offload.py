@@ -275,7 +275,10 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=64, help="tokens to decode")
     ap.add_argument("-c", "--ctx", type=int, default=512)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("-r", "--repeats", type=int, default=1)
+    ap.add_argument("-r", "--repeats", type=int, default=1, help="runs of a cell in a row")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="passes over all cells, alternated (medians)"
+    )
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--json")
     ap.add_argument("--plot")
@@ -299,12 +302,28 @@ def main() -> None:
         if bundle is not None:
             offload_figures(bundle, a.threads, refresh=True)
     has_llama = importlib.util.find_spec("llama_cpp") is not None
-    rows = []
     hdr = (
         f"{'model':<20} {'budget':>7} {'config':<9} {'tok/s':>6} {'MB/tok':>7} {'hit':>5} "
-        f"{'io ms':>6} {'mm ms':>6} {'cmp ms':>6} {'max MB':>7} {'pred':>6}  note"
+        f"{'io ms':>6} {'mm ms':>6} {'cmp ms':>6} {'max MB':>7} {'pred':>6} {'meas/pred':>9}  note"
     )
-    print(hdr)
+
+    def line(r: dict) -> str:
+        def f(k, fmt="{:.1f}"):
+            return fmt.format(r[k]) if isinstance(r.get(k), (int, float)) else "-"
+
+        ratio = "-"
+        if r.get("predicted_tok_s") and isinstance(r.get("tok_s"), (int, float)):
+            ratio = f"{r['tok_s'] / r['predicted_tok_s']:.2f}"
+        return (
+            f"{r['model']:<20} {r['budget_mb']:>6.0f}M {r['config']:<9} {f('tok_s', '{:.2f}'):>6} "
+            f"{f('mb_per_token'):>7} {f('hit_rate', '{:.2f}'):>5} {f('io_ms'):>6} "
+            f"{f('mm_ms'):>6} {f('compute_ms'):>6} {f('max_usage_mb', '{:.0f}'):>7} "
+            f"{f('predicted_tok_s', '{:.2f}'):>6} {ratio:>9}  {r.get('error', '')[:100]}"
+        )
+
+    # Every cell once per round, rounds one after another: the machine's drift spreads
+    # over all cells instead of landing on one; the summary takes each cell's medians.
+    cells = []
     for model in a.models.split(","):
         path = str(resolve_model(model))
         for b in a.budgets.split(","):
@@ -313,29 +332,36 @@ def main() -> None:
             for cfg in a.configs.split(","):
                 if cfg == "llama.cpp" and not has_llama:
                     continue
-                engine = "llama.cpp" if cfg == "llama.cpp" else "edgerun"
-                reps = [
-                    run_one(engine, path, budget, CONFIGS.get(cfg), a) for _ in range(a.repeats)
-                ]
-                ok = [r for r in reps if "error" not in r]
-                r = dict(reps[-1])
-                if ok:
-                    r = dict(ok[-1])
-                    r["tok_s"] = statistics.median(x["tok_s"] for x in ok)
-                r.update(model=model, config=cfg, budget=b, budget_mb=budget / 1e6)
-                rows.append(r)
-
-                def f(k, fmt="{:.1f}", r=r):
-                    return fmt.format(r[k]) if isinstance(r.get(k), (int, float)) else "-"
-
-                print(
-                    f"{model:<20} {budget / 1e6:>6.0f}M {cfg:<9} {f('tok_s', '{:.2f}'):>6} "
-                    f"{f('mb_per_token'):>7} {f('hit_rate', '{:.2f}'):>5} {f('io_ms'):>6} "
-                    f"{f('mm_ms'):>6} {f('compute_ms'):>6} {f('max_usage_mb', '{:.0f}'):>7} "
-                    f"{f('predicted_tok_s', '{:.2f}'):>6}  "
-                    f"{r.get('error', '')[:100]}",
-                    flush=True,
-                )
+                cells.append((model, path, b, budget, cfg))
+    runs: dict[tuple, list[dict]] = {c: [] for c in cells}
+    print(hdr)
+    for rnd in range(a.rounds):
+        if a.rounds > 1:
+            print(f"-- round {rnd + 1} of {a.rounds}", flush=True)
+        for c in cells:
+            model, path, b, budget, cfg = c
+            engine = "llama.cpp" if cfg == "llama.cpp" else "edgerun"
+            for _ in range(a.repeats):
+                r = run_one(engine, path, budget, CONFIGS.get(cfg), a)
+                r.update(model=model, config=cfg, budget=b, budget_mb=budget / 1e6, round=rnd)
+                runs[c].append(r)
+                print(line(r), flush=True)
+    rows = []
+    for c in cells:
+        ok = [r for r in runs[c] if "error" not in r]
+        r = dict(ok[-1] if ok else runs[c][-1])
+        for k in ("tok_s", "predicted_tok_s", "mb_per_token", "io_ms", "compute_ms"):
+            vals = [x[k] for x in ok if isinstance(x.get(k), (int, float))]
+            if vals:
+                r[k] = statistics.median(vals)
+        r["n_runs"] = len(ok)
+        r["runs"] = runs[c]
+        rows.append(r)
+    if len(rows) and (a.rounds > 1 or a.repeats > 1):
+        print("\nmedians of each cell's runs")
+        print(hdr)
+        for r in rows:
+            print(line(r), flush=True)
     if not has_llama:
         print(
             'llama.cpp skipped: CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" '
