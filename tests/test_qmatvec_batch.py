@@ -46,7 +46,9 @@ def test_batch_close_to_reference():
     x = np.random.default_rng(2).standard_normal((4, w.shape[1])).astype(np.float32)
     ref = qm.matmul_reference(w, x)
     y = qm.matvec_batch(w, x)
-    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 2e-5
+    # the int8 paths quantize x (two-level int8 blocks, ~15 bits)
+    tol = 2e-4 if qm.quantizes_activations(w.qtype) else 2e-5
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < tol
 
 
 def test_batch_shape_error_names_tensor():

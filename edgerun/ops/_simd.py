@@ -131,6 +131,21 @@ def u2f(typingctx, v):
     return types.float32(v), codegen
 
 
+def has_avx2() -> bool:
+    """True when the host CPU runs the int8 kernels' AVX2 form (AVX2 + FMA + F16C, x86)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        import llvmlite.binding as llvm
+
+        feats = llvm.get_host_cpu_features()
+        return all(feats.get(f, False) for f in ("avx2", "fma", "f16c"))
+    except Exception:  # pragma: no cover
+        return False
+
+
 def has_vnni() -> bool:
     """True when the host CPU runs the VNNI kernels (AVX-512 F/BW/VL + VNNI)."""
     import platform

@@ -1,4 +1,5 @@
-"""AVX-512 VNNI block kernels: int8 activations x raw GGUF blocks with `vpdpbusd`.
+"""int8 block kernels: int8 activations x raw GGUF blocks with `vpdpbusd` (AVX-512 VNNI)
+or, on CPUs with only AVX2, `vpmaddubsw` + `vpmaddwd` (`DOT`; same lanes and results).
 
 x is quantized once per call to two-level int8 blocks of 32: q1 = rint(x / dx) with
 dx = max|x| / 127 (llama.cpp's q8 activations) plus the rounded residual
@@ -13,7 +14,8 @@ y = sum_b d_b dx'_b dot_b + bias_b sx_b.
 The vector code lives in `@intrinsic`s that emit LLVM IR; the row and block loops are
 ordinary Numba code. Accumulators are stack vectors (`acc16`, `acc4`) that LLVM
 promotes to registers. Only call these kernels on a CPU with AVX-512 BW/VL + VNNI
-(`has_vnni()`): defining them is harmless anywhere, running them elsewhere would crash.
+(`has_vnni()`) or AVX2 + FMA + F16C (`has_avx2()`; not Q8_0 there, see `_dot32_avx2`):
+defining them is harmless anywhere, running them elsewhere would crash.
 
 Measured on the 2-core Zen 4 (1 thread, weights in L2): ~9-10 cycles per 64 weights for
 Q4_1, i.e. a 1536x576 Q4_1 matvec in ~37 us (single-level q8: ~31 us; portable float
@@ -44,10 +46,13 @@ from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from edgerun.ops._simd import has_vnni  # noqa: E402,F401
+from edgerun.ops._simd import has_vnni  # noqa: E402
 from edgerun.ops.qmatvec_portable import _f16at  # noqa: E402
 
 F0 = np.float32(0.0)
+# The int8 dot these kernels are built on: AVX-512 VNNI's vpdpbusd where the CPU has it,
+# else AVX2's vpmaddubsw + vpmaddwd (same lanes, same int32 results for w <= 128).
+DOT = "vnni" if has_vnni() else "avx2"
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32 = ir.FloatType()
@@ -103,13 +108,23 @@ class _IR:
         u = self.b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
         return self.shuf(u, ir.Constant(vt, ir.Undefined), [0] * n)
 
-    def dpx(self, w, i, xo, n):
+    def dpx(self, w, i, xo, n, wide=False):
         """Dot of u8 weights w (<n x i8>, n = 64 or 32) with the two-level activations of
         array arg i at byte offset xo: q1 at xo, q2 at xo + n; returns 128*dot(w, q1) +
-        dot(w, q2) in int32 lanes (vpdpbusd, shift, vpdpbusd accumulating)."""
+        dot(w, q2) in int32 lanes (vpdpbusd, shift, vpdpbusd accumulating; on AVX2,
+        vpmaddubsw + vpmaddwd per 32 bytes)."""
         vt = _v(I8, n)
         x1 = self.load(i, xo, vt)
         x2 = self.load(i, xo, vt, n)
+        if DOT == "avx2":
+            dot = self._dot32_wide if wide else self._dot32_avx2
+            if n == 32:
+                return dot(w, x1, x2)
+            lo, hi = range(32), range(32, 64)
+            return self.concat(
+                dot(self.shuf(w, w, lo), self.shuf(x1, x1, lo), self.shuf(x2, x2, lo)),
+                dot(self.shuf(w, w, hi), self.shuf(x1, x1, hi), self.shuf(x2, x2, hi)),
+            )
         if n == 64:
             f = self.fn("llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32, V16I32, V16I32])
             it, k = V16I32, 16
@@ -120,6 +135,42 @@ class _IR:
         d1 = self.b.call(f, [ir.Constant(it, [0] * k), wb, self.b.bitcast(x1, it)])
         d1 = self.b.shl(d1, ir.Constant(it, [7] * k))
         return self.b.call(f, [d1, wb, self.b.bitcast(x2, it)])
+
+    def _dot32_avx2(self, w, x1, x2):
+        """128*dot(w, x1) + dot(w, x2) in 8 int32 lanes (4 bytes each, vpdpbusd's
+        layout) from vpmaddubsw (u8 x s8 pairs -> s16) and vpmaddwd (pairs -> s32).
+        vpmaddubsw saturates a pair sum at 2^15: exact while w <= 128 (2 * 128 * 127),
+        so Q8_0's unsigned bytes (w + 128, up to 255) take _dot32_wide."""
+        V16I16 = _v(I16, 16)
+        mub = self.fn("llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+        mwd = self.fn("llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+        p1 = self.b.call(mub, [w, x1])
+        p2 = self.b.call(mub, [w, x2])
+        d1 = self.b.call(mwd, [p1, ir.Constant(V16I16, [128] * 16)])
+        d2 = self.b.call(mwd, [p2, ir.Constant(V16I16, [1] * 16)])
+        return self.b.add(d1, d2)
+
+    def _dot32_wide(self, w, x1, x2):
+        """_dot32_avx2 for unsigned bytes up to 255 (Q8_0's w + 128), which would
+        saturate vpmaddubsw: with ws = w - 128 (the signed weights),
+        dot(w, x) = dot(|ws|, sign(x, ws)) + dot(128, x), each part's pair sums below
+        2^15 (2 * 128 * 127), added in int32."""
+        b = self.b
+        V16I16 = _v(I16, 16)
+        mub = self.fn("llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+        mwd = self.fn("llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+        sgn = self.fn("llvm.x86.avx2.psign.b", V32I8, [V32I8, V32I8])
+        absf = self.fn("llvm.abs.v32i8", V32I8, [V32I8, I1])
+        ws = b.xor(w, self.splat_i8(32, 0x80))
+        aw = b.call(absf, [ws, ir.Constant(I1, 0)])  # |-128| stays 0x80: 128 unsigned
+        c128 = self.splat_i8(32, 0x80)
+        out = None
+        for x, k in ((x1, 128), (x2, 1)):
+            kv = ir.Constant(V16I16, [k] * 16)
+            for p in (b.call(mub, [aw, b.call(sgn, [x, ws])]), b.call(mub, [c128, x])):
+                d = b.call(mwd, [p, kv])
+                out = d if out is None else b.add(out, d)
+        return out
 
     def fma(self, a, b, c):
         n = a.type.count
@@ -352,7 +403,7 @@ def q8_0_pair(typingctx, a16, a4, row, off, xq, xo, xds, so):
         off = args[3]
         w = r.concat(r.load(2, off, V32I8, 2), r.load(2, off, V32I8, 36))
         w = builder.xor(w, r.splat_i8(64, 0x80))  # signed -> unsigned (+128)
-        dot = r.dpx(w, 4, args[5], 64)
+        dot = r.dpx(w, 4, args[5], 64, wide=True)
         dm = _dd2(r, off, 34)
         _pair_common(r, dot, dm, r.load(6, args[7], V4F), _SV_NAT2)
         return context.get_dummy_value()
@@ -366,7 +417,7 @@ def q8_0_single(typingctx, a16, a4, row, off, xq, xo, xds, so):
         r = _IR(context, builder, sig, args)
         off = args[3]
         w = builder.xor(r.load(2, off, V32I8, 2), r.splat_i8(32, 0x80))
-        dot = r.dpx(w, 4, args[5], 32)
+        dot = r.dpx(w, 4, args[5], 32, wide=True)
         _single_common(r, dot, _dd(r, off, 0), r.load(6, args[7], V2F))
         return context.get_dummy_value()
 

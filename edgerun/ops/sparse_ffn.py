@@ -33,7 +33,7 @@ from numba import njit, prange  # noqa: E402
 
 from edgerun.errors import InvalidArgumentError  # noqa: E402
 from edgerun.ops import qmatvec  # noqa: E402
-from edgerun.ops._simd import h2f, has_vnni, stack16  # noqa: E402
+from edgerun.ops._simd import h2f, has_avx2, has_vnni, stack16  # noqa: E402
 from edgerun.quant.formats import QuantTensor, QuantType, row_bytes  # noqa: E402
 from edgerun.quant.reference import dequantize  # noqa: E402
 
@@ -59,7 +59,7 @@ _VNNI_KIND = {
     QuantType.Q4_K: (4, 256, False),
     QuantType.Q6_K: (5, 256, False),
 }
-_HAS_VNNI = has_vnni()
+_HAS_VNNI = has_vnni() or has_avx2()  # the int8 row kernels (qmatvec_vnni.DOT)
 
 if _HAS_VNNI:
     from edgerun.ops import qmatvec_vnni as _v
@@ -133,7 +133,12 @@ def matvec_rows(
     if n == 0:
         return out
     spec = _VNNI_KIND.get(qtype)
-    if _HAS_VNNI and spec is not None and qmatvec.kernel_path() == "vnni":
+    if (
+        _HAS_VNNI
+        and spec is not None
+        and qmatvec.kernel_path() in qmatvec.INT8_PATHS
+        and qmatvec.quantizes_activations(qtype)
+    ):
         kind, unit, nib2 = spec
         _mv_rows_vnni(
             kind, nib2, cols // unit, data.reshape(-1), data.shape[1], offset, idx, x, out
