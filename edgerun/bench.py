@@ -32,6 +32,7 @@ class BenchRow:
     threads: int
     test: str
     samples: list[float] = field(default_factory=list)  # tok/s per repetition
+    io_s: list[float] = field(default_factory=list)  # offload read wait per token, per run
 
     @property
     def median(self) -> float:
@@ -84,6 +85,19 @@ def measure_bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> floa
         _stream_sum(a)
         times.append(time.perf_counter() - t0)
     return a.nbytes / min(times)
+
+
+def _io_seconds(model: Model) -> float:
+    st = model.offload_stats()
+    return float(st["io_s"]) if st else 0.0
+
+
+def modelled_tok_s(tok_s: float, io_s_per_token: float, compute_scale: float) -> float:
+    """A device profile's modelled tok/s: the compute part of a token's time divided by
+    the profile's factor, the (already rate-limited) read wait kept as measured."""
+    t = 1.0 / tok_s
+    io = min(max(io_s_per_token, 0.0), t)
+    return 1.0 / ((t - io) / compute_scale + io)
 
 
 def weight_bytes_per_token(model: Model) -> int:
@@ -155,7 +169,9 @@ def run(
             for name, timer, n in tests:
                 row = BenchRow(t, name)
                 for _ in range(repeats):
+                    io0 = _io_seconds(model)
                     row.samples.append(timer(model, n, rng))
+                    row.io_s.append((_io_seconds(model) - io0) / n)
                     advance(1, description=f"bench {name}, {t} threads")
                 rows.append(row)
     wbytes = weight_bytes_per_token(model)
@@ -174,6 +190,23 @@ def run(
                 "gpu_layers": len(p.gpu_ffn_layers),
             }
     bw = {t: measure_bandwidth(t) for t in threads} if bandwidth else {}
+    prof = model.device_profile
+    modelled = None
+    if prof is not None and prof.compute_scale:
+        modelled = {
+            "compute_scale": prof.compute_scale,
+            "note": prof.compute_note,
+            "rows": [
+                {
+                    "threads": r.threads,
+                    "test": r.test,
+                    "tok_s": modelled_tok_s(
+                        r.median, statistics.median(r.io_s) if r.io_s else 0.0, prof.compute_scale
+                    ),
+                }
+                for r in rows
+            ],
+        }
     set_threads(model.threads)
     formats = Counter()
     for name in model.file.tensor_names():
@@ -198,6 +231,7 @@ def run(
         "predicted": predicted,
         "system": system,
         "device_profile": model.device_profile.describe() if model.device_profile else None,
+        "modelled": modelled,
         "offload": model.offload_stats(),
         "gpu": [g.describe() for g in model.gpu_placement or []],
         "rows": [{**asdict(r), "median": r.median, "spread": r.spread} for r in rows],
@@ -265,6 +299,15 @@ def format_table(rep: dict) -> str:
         lines.append(
             f"EMULATED device ({rep['device_profile']}). Threads, RAM and offloaded reads "
             "follow the profile; the compute is this machine's, not the device's."
+        )
+    mod = rep.get("modelled")
+    if mod:
+        figs = ", ".join(
+            f"{r['test']} {r['tok_s']:.1f} tok/s ({r['threads']} threads)" for r in mod["rows"]
+        )
+        lines.append(
+            f"MODELLED on the device (compute x{mod['compute_scale']:g}, a model, not a "
+            f"measurement: {mod['note']}): {figs}"
         )
     sysp = rep.get("system")
     if sysp:

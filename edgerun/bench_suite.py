@@ -55,9 +55,13 @@ def default_cells(
     repeats: int = 2,
     profile: str | None = None,
     max_resident_bytes: int = 600 << 20,
+    offload_n_gen: int = 32,
 ) -> list[Cell]:
     """The standard matrix. Models above `max_resident_bytes` run offloaded only and in
-    their own format (converting them takes longer than the rest of the suite)."""
+    their own format (converting them takes longer than the rest of the suite).
+    Offloaded cells generate at most `offload_n_gen` tokens: they decode at 0.5-2 tok/s,
+    so tg128 there alone would take the suite past its 30 minutes; the report's pp/tg
+    column says which lengths each row ran."""
     from edgerun import registry
     from edgerun.sysinfo import default_threads
 
@@ -76,7 +80,8 @@ def default_cells(
                 modes = ("resident", "budget75", "budget50")
             for t in ts:
                 for mode in modes:
-                    cells.append(Cell(m.name, fmt, t, mode, n_prompt, n_gen, repeats, profile))
+                    gen = n_gen if mode == "resident" else min(n_gen, offload_n_gen)
+                    cells.append(Cell(m.name, fmt, t, mode, n_prompt, gen, repeats, profile))
     return cells
 
 
@@ -111,11 +116,13 @@ def run_cell(cell: Cell) -> dict:
         # budget gives it a share of that, never less than the offloading minimum. The
         # floor is the one the real load below will measure (this process, now).
         need = Path(src).stat().st_size + KVCache.bytes_for(probe_model.spec, ctx, "f32")
-        least = probe_model.minimum_ram_budget() - probe_model.floor_bytes
+        least = probe_model.minimum_ram_budget()
         del probe_model
         share = int(cell.mode.removeprefix("budget")) / 100
         floor = current_rss_bytes() + KERNEL_FLOOR_BYTES + (8 << 20)
-        budget = floor + max(int(share * need), int(least * 1.05))
+        # never below the minimum plus 8%: the real load measures its floor again, a few
+        # MiB above this one (Qwen2.5-0.5B at 50%: 439 MiB asked, 441 needed)
+        budget = max(floor + int(share * need), int(least * 1.08))
         kw.update(ram_budget=budget, offload="dense")
     if cell.profile:
         kw["device_profile"] = cell.profile
@@ -132,12 +139,16 @@ def run_cell(cell: Cell) -> dict:
         progress=False,
         predict=False,
     )
-    ids = m.tokenize(m.render_chat([{"role": "user", "content": PROMPT}]))
+    # a chat prompt where the model has a template; a base model (Gemma 3 270M) gets it raw
+    chat = m.chat_template is not None
+    ids = m.tokenize(m.render_chat([{"role": "user", "content": PROMPT}]) if chat else PROMPT)
     t0 = time.perf_counter()
     for _ in m.generate(ids, max_tokens=1, temperature=0.0):
         break
     ttft = time.perf_counter() - t0
     rows = {r["test"][:2]: r["median"] for r in rep["rows"]}
+    mod = rep.get("modelled") or {}
+    modelled = {r["test"][:2]: r["tok_s"] for r in mod.get("rows", [])}
     return {
         **asdict(cell),
         "key": cell.key,
@@ -151,9 +162,13 @@ def run_cell(cell: Cell) -> dict:
         "pp_tok_s": rows.get("pp"),
         "tg_tok_s": rows.get("tg"),
         "ttft_s": ttft,
+        "ttft_prompt": "chat" if chat else "raw",
         "weight_bytes_per_token": rep["weight_bytes_per_token"],
         "peak_rss_bytes": peak_rss_bytes(),
         "device_profile": rep.get("device_profile"),
+        "compute_scale": mod.get("compute_scale"),
+        "pp_modelled_tok_s": modelled.get("pp"),
+        "tg_modelled_tok_s": modelled.get("tg"),
     }
 
 
@@ -170,8 +185,11 @@ def _done(rows_file: Path) -> dict[str, dict]:
     return out
 
 
-def run_suite(cells: list[Cell], out_dir: Path, timeout_s: int = 1800) -> list[dict]:
-    """Run the cells not yet in out_dir/rows.jsonl, each in a child; then the report."""
+def run_suite(
+    cells: list[Cell], out_dir: Path, timeout_s: int = 1800, real: list[dict] | None = None
+) -> list[dict]:
+    """Run the cells not yet in out_dir/rows.jsonl, each in a child; then the report
+    (with a real device's rows beside, when given)."""
     from edgerun.progress import progress_bar
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -206,15 +224,16 @@ def run_suite(cells: list[Cell], out_dir: Path, timeout_s: int = 1800) -> list[d
             done[c.key] = row
         advance.update(len(cells))
     rows = [done[c.key] for c in cells if c.key in done]  # the last try of each cell
-    write_report(rows, out_dir)
+    write_report(rows, out_dir, real)
     return rows
 
 
 def _table(rows: list[dict]) -> list[str]:
+    scaled = any(r.get("compute_scale") for r in rows)
     lines = [
-        "| model | format | bits/weight | threads | mode | pp tok/s | tg tok/s | TTFT s | "
-        "peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | format | bits/weight | threads | mode | pp/tg | pp tok/s | tg tok/s | "
+        "TTFT s | peak RSS MiB |" + (" modelled pp / tg tok/s |" if scaled else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if scaled else ""),
     ]
 
     def f(v, fmt="{:.1f}"):
@@ -224,7 +243,7 @@ def _table(rows: list[dict]) -> list[str]:
         if "error" in r:
             lines.append(
                 f"| {r['model']} | {r['fmt']} | - | {r['threads']} | {r['mode']} | "
-                f"error: {r['error'][:60]} | | | |"
+                f"| error: {r['error'][:60]} | | | |"
             )
             continue
         mode = r["mode"]
@@ -232,14 +251,77 @@ def _table(rows: list[dict]) -> list[str]:
             mode += f" ({r['budget_bytes'] / 2**20:.0f} MiB, {r['plan']})"
         lines.append(
             f"| {r['model']} | {r['fmt']} ({r['quant']}) | {f(r['bits_per_weight'], '{:.2f}')} "
-            f"| {r['threads']} | {mode} | {f(r['pp_tok_s'])} | {f(r['tg_tok_s'])} | "
+            f"| {r['threads']} | {mode} | {r.get('n_prompt', '-')}/{r.get('n_gen', '-')} "
+            f"| {f(r['pp_tok_s'])} "
+            f"| {f(r['tg_tok_s'])} | "
             f"{f(r['ttft_s'], '{:.2f}')} | {f(r['peak_rss_bytes'] / 2**20, '{:.0f}')} |"
+            + (
+                f" {f(r.get('pp_modelled_tok_s'))} / {f(r.get('tg_modelled_tok_s'))} |"
+                if scaled
+                else ""
+            )
         )
     return lines
 
 
-def write_report(rows: list[dict], out_dir: Path) -> Path:
-    """suite.json, report.md and (with matplotlib) plots from the rows."""
+def load_real_rows(path: Path) -> list[dict]:
+    """Rows of a suite run on a real device: its suite.json, rows.jsonl, or a directory
+    holding either (e.g. benchmarks/results/devices/rpi5/)."""
+    p = Path(path)
+    if p.is_dir():
+        p = next((p / n for n in ("suite.json", "rows.jsonl") if (p / n).exists()), p)
+    if not p.is_file():
+        raise EdgerunError(f"{path}: no suite.json or rows.jsonl of a real device's suite run")
+    try:
+        if p.suffix == ".jsonl":
+            rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+        else:
+            rows = json.loads(p.read_text())["rows"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise EdgerunError(f"{p}: not a suite result ({e})") from None
+    need = ("model", "fmt", "threads", "mode")
+    bad = [r for r in rows if not isinstance(r, dict) or any(k not in r for k in need)]
+    if bad:
+        raise EdgerunError(f"{p}: a row lacks one of the fields {', '.join(need)}")
+    return [r for r in rows if "error" not in r]
+
+
+def _num(v, fmt: str = "{:.1f}") -> str:
+    return fmt.format(v) if isinstance(v, (int, float)) else "-"
+
+
+def _real_beside(rows: list[dict], real: list[dict]) -> list[str]:
+    """The real device's decode beside the emulation's, cell by cell."""
+    key = ("model", "fmt", "threads", "mode")
+    mine = {tuple(r[k] for k in key): r for r in rows if "error" not in r}
+    lines = [
+        "## Real device beside the emulation",
+        "",
+        "| model | format | threads | mode | real tg tok/s | emulated tg | modelled tg | "
+        "real / modelled |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    n = 0
+    for r in real:
+        e = mine.get(tuple(r[k] for k in key))
+        if e is None:
+            continue
+        n += 1
+        mod = e.get("tg_modelled_tok_s")
+        real_tg = r.get("tg_tok_s")
+        ratio = f"{real_tg / mod:.2f}" if mod and real_tg else "-"
+        lines.append(
+            f"| {r['model']} | {r['fmt']} | {r['threads']} | {r['mode']} | {_num(real_tg)} | "
+            f"{_num(e.get('tg_tok_s'))} | {_num(mod)} | {ratio} |"
+        )
+    if not n:
+        lines.append("| (no cell of the real run matches this one) | | | | | | | |")
+    return lines + [""]
+
+
+def write_report(rows: list[dict], out_dir: Path, real: list[dict] | None = None) -> Path:
+    """suite.json, report.md and (with matplotlib) plots from the rows; with `real` (a
+    real device's rows, load_real_rows) a table sets them beside this run's."""
     from edgerun.probe import format_probe, probe
 
     sysp = probe()
@@ -254,7 +336,16 @@ def write_report(rows: list[dict], out_dir: Path) -> Path:
             "measurement on it.",
             "",
         ]
+    for scale in sorted({r["compute_scale"] for r in rows if r.get("compute_scale")}):
+        md += [
+            f"**Modelled** columns scale this machine's compute by x{scale:g} "
+            f"(the profile's factor, from published figures; the rate-limited reads are "
+            "kept as measured): a model of the device, not a measurement on it.",
+            "",
+        ]
     md += _table(rows) + [""]
+    if real:
+        md += _real_beside(rows, real)
     plots = _plots(rows, sysp, out_dir)
     md += [f"![{p.stem}]({p.name})" for p in plots]
     path = out_dir / "report.md"

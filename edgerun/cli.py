@@ -165,6 +165,13 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--models", default=None, help="suite models, comma list (default: installed)")
     b.add_argument(
+        "--compare",
+        default=None,
+        help="a real device's suite result (suite.json, rows.jsonl or their directory) to "
+        "set beside this run's (default with --profile P: benchmarks/results/devices/P/ "
+        "when it exists)",
+    )
+    b.add_argument(
         "--profile",
         default=None,
         help="emulate a device: rpi4, rpi5, rpi5-nvme, laptop-8gb or a .toml file (threads and "
@@ -478,18 +485,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         from edgerun.bench_suite import FORMATS, default_cells, run_suite
 
-        # the suite's own defaults (-p/-n/-r left as they are): a matrix in ~30 minutes
-        untouched = (args.n_prompt, args.n_gen, args.repetitions) == ("128", "128", 5)
+        # the suite's own repeats (-r left as it is): one, so the matrix fits in 30 minutes
+        untouched = args.repetitions == 5
         cells = default_cells(
             models=args.models.split(",") if args.models else None,
             formats=tuple(args.formats.split(",")) if args.formats else FORMATS,
             threads=threads,
-            n_prompt=64 if untouched else pps[0],
-            n_gen=32 if untouched else tgs[0],
+            n_prompt=pps[0],
+            n_gen=tgs[0],
             repeats=1 if untouched else args.repetitions,
             profile=args.profile,
         )
-        rows = run_suite(cells, Path(args.out))
+        from edgerun.bench_suite import load_real_rows
+
+        compare = args.compare
+        if compare is None and args.profile:
+            guess = Path("benchmarks/results/devices") / Path(args.profile).stem
+            compare = guess if guess.is_dir() else None
+        real = load_real_rows(Path(compare)) if compare else None
+        rows = run_suite(cells, Path(args.out), real=real)
         bad = [r for r in rows if "error" in r]
         print(f"{len(rows)} cells ({len(bad)} failed): {Path(args.out) / 'report.md'}")
         return 1 if bad else 0

@@ -3,7 +3,9 @@
 One TOML file each in edgerun/devices/ (or any path), with its assumptions and sources.
 A profile caps the threads and the RAM budget, and rate-limits the offload reader to the
 device's storage (offload/throttle.py: sequential and random MB/s by read size). Compute
-is not scaled unless the profile gives a measured factor; the report says so. What the
+is not scaled unless the profile gives a factor (`compute.scale`: the device's decode speed
+over this machine kind's, from published figures); bench then adds modelled figures,
+labelled as a model, beside the measured ones. What the
 emulation cannot change: the CPU's kernels (an x86 host runs its own path, not NEON) and
 reads through the page cache (a resident model's first load).
 """
@@ -40,7 +42,7 @@ class DeviceProfile:
     storage_name: str
     sequential: dict[int, float]  # read size -> bytes/s
     random: dict[int, float]
-    compute_scale: float | None  # measured tok/s factor against this machine, if known
+    compute_scale: float | None  # device decode speed / this machine's, where one is known
     compute_note: str
     simd: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
@@ -61,7 +63,7 @@ class DeviceProfile:
         )
         rnd = ", ".join(f"{_size_text(k)} {v / mb:,.0f}" for k, v in sorted(self.random.items()))
         scale = (
-            f"x{self.compute_scale:g} (measured)"
+            f"modelled x{self.compute_scale:g} ({self.compute_note})"
             if self.compute_scale
             else f"not scaled: {self.compute_note}"
         )

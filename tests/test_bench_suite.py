@@ -73,3 +73,38 @@ def test_the_report_labels_an_emulated_device(tmp_path):
     }
     text = write_report([row], tmp_path).read_text()
     assert "Emulated device" in text and "not a measurement" in text
+
+
+def test_real_device_rows_sit_beside_the_emulation(tmp_path):
+    from edgerun.bench_suite import load_real_rows
+    from edgerun.errors import EdgerunError
+
+    base = {"model": "smollm2-135m", "fmt": "own", "threads": 2, "mode": "resident"}
+    emulated = {
+        **base,
+        "key": "e",
+        "quant": "Q4_1",
+        "bits_per_weight": 5.9,
+        "pp_tok_s": 100.0,
+        "tg_tok_s": 80.0,
+        "ttft_s": 0.5,
+        "peak_rss_bytes": 300 << 20,
+        "weight_bytes_per_token": 90e6,
+        "device_profile": "rpi5: Raspberry Pi 5",
+        "compute_scale": 0.29,
+        "pp_modelled_tok_s": 29.0,
+        "tg_modelled_tok_s": 23.2,
+    }
+    real_dir = tmp_path / "devices" / "rpi5"
+    real_dir.mkdir(parents=True)
+    (real_dir / "rows.jsonl").write_text(json.dumps({**base, "tg_tok_s": 20.0}) + "\n")
+    real = load_real_rows(real_dir)
+    text = write_report([emulated], tmp_path, real).read_text()
+    assert "Real device beside the emulation" in text
+    assert "| smollm2-135m | own | 2 | resident | 20.0 | 80.0 | 23.2 | 0.86 |" in text
+    assert "Modelled" in text and "x0.29" in text
+    (real_dir / "rows.jsonl").write_text('{"model": "m"}\n')
+    with pytest.raises(EdgerunError, match="lacks one of the fields"):
+        load_real_rows(real_dir)
+    with pytest.raises(EdgerunError, match="no suite.json"):
+        load_real_rows(tmp_path / "nowhere")

@@ -127,3 +127,34 @@ def test_an_emulated_device_slows_offloaded_reads(smollm2_path, resident):
     assert st["bytes_read"] > 0 and thr.device_seconds > 0
     # reads take at least as long as the emulated microSD needs for them
     assert st["bytes_read"] / thr.device_seconds < 1.1 * 40e6
+
+
+def test_modelled_speed_scales_the_compute_and_keeps_the_reads():
+    from edgerun.bench import modelled_tok_s
+
+    # 100 ms a token, 40 of them waiting on (rate-limited) reads; compute at half speed
+    assert modelled_tok_s(10.0, 0.04, 0.5) == pytest.approx(1 / (0.06 / 0.5 + 0.04))
+    assert modelled_tok_s(10.0, 0.0, 0.29) == pytest.approx(2.9)
+    assert modelled_tok_s(10.0, 1.0, 0.29) == pytest.approx(10.0)  # all reads: unscaled
+
+
+def test_pi_profiles_carry_a_labelled_compute_factor():
+    for name in ("rpi4", "rpi5", "rpi5-nvme"):
+        p = load_device_profile(name)
+        assert 0 < p.compute_scale < 1
+        assert "published" in p.compute_note and "modelled" in p.describe()
+    assert load_device_profile("laptop-8gb").compute_scale is None
+
+
+def test_bench_with_a_scaled_profile_reports_modelled_figures(smollm2_path):
+    import edgerun
+    from edgerun import bench
+
+    m = edgerun.load(smollm2_path, n_ctx=64, device_profile="rpi5")
+    rep = bench.run(m, 8, 8, repeats=1, bandwidth=False, progress=False, predict=False)
+    mod = rep["modelled"]
+    assert mod["compute_scale"] == pytest.approx(0.29)
+    measured = {r["test"]: r["median"] for r in rep["rows"]}
+    for r in mod["rows"]:  # resident: nothing waits on reads, all of it scales
+        assert r["tok_s"] == pytest.approx(0.29 * measured[r["test"]])
+    assert "MODELLED on the device" in bench.format_table(rep)
