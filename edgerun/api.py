@@ -4,6 +4,7 @@ score, generate and chat."""
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import sys
 import threading
@@ -178,6 +179,19 @@ class Model:
         self._identity: str | None = None
         self.load_seconds = time.perf_counter() - t0
 
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of the weights on disk: the GGUF file, or all files of a pack."""
+        if self.path.is_dir():
+            return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+        return self.path.stat().st_size
+
+    def _resident_need(self) -> int:
+        from edgerun.sched.placement import STEP_MARGIN_BYTES
+
+        kv = self.n_ctx * self._footprint().kv_bytes_per_token
+        return self.floor_bytes + kv + self.model_bytes + STEP_MARGIN_BYTES
+
     def plan_for(
         self,
         ram_budget,
@@ -197,8 +211,6 @@ class Model:
         from edgerun.offload.store import OffloadOptions
         from edgerun.sched.placement import parse_budget, plan, resident_plan
 
-        if self.path.is_dir():
-            raise InvalidArgumentError("offloading needs a GGUF file, not an edgerun pack")
         fp = self._footprint()
         budget = parse_budget(ram_budget) if ram_budget is not None else 1 << 62
         gpu = parse_budget(gpu_budget, what="GPU budget") if gpu_budget is not None else 0
@@ -210,7 +222,7 @@ class Model:
         if mode is None and (ram_budget is not None or gpu):
             fits = resident_plan(
                 fp,
-                self.path.stat().st_size,
+                self.model_bytes,
                 budget,
                 self.floor_bytes,
                 self.n_ctx,
@@ -221,6 +233,12 @@ class Model:
             )
             if fits is not None:
                 return fits, opts
+        if self.path.is_dir():  # a pack that fits stays resident (above); flash needs GGUF
+            raise InvalidArgumentError(
+                f"{self.path}: offloading needs a GGUF file, not an edgerun pack; this pack "
+                f"needs a RAM budget of {math.ceil(self._resident_need() / 2**20)} MiB to stay "
+                "resident"
+            )
         mode = mode or DEFAULT_OFFLOAD
         if mode not in ("sparse", "dense"):
             raise InvalidArgumentError(f"offload must be 'sparse' or 'dense', got {mode!r}")

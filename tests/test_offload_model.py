@@ -95,3 +95,16 @@ def test_a_budget_the_model_fits_keeps_it_resident(smollm2_path):
 def test_budget_below_minimum_is_a_clear_error(smollm2_path):
     with pytest.raises(BudgetError, match=r"minimum .* \d+ MiB"):
         edgerun.load(smollm2_path, n_ctx=256, ram_budget="100M")
+
+
+def test_a_pack_under_a_budget_it_fits_stays_resident(smollm2_path, tmp_path):
+    from edgerun.errors import InvalidArgumentError
+    from edgerun.tools.convert import convert
+
+    out = tmp_path / "pack"
+    convert(str(smollm2_path), out, "keep", progress=False)
+    m = edgerun.load(out, n_ctx=128, ram_budget="4G")  # a device profile's budget, say
+    assert m.plan is not None and m.plan.mode == "resident"
+    assert m.model_bytes == sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    with pytest.raises(InvalidArgumentError, match="needs a GGUF file.*MiB to stay resident"):
+        edgerun.load(out, n_ctx=128, ram_budget="150M")
