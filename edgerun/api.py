@@ -120,6 +120,13 @@ class Model:
                 prof = load_device_profile(prof)
             self.device_profile = prof
             threads = min(threads or default_threads(), prof.threads)
+            if prof.kernels is not None:
+                # the device's CPU takes this kernel path (a Pi: the portable kernels);
+                # the path is the process's, so an emulated load sets it for all
+                from edgerun.ops import qmatvec
+
+                if prof.kernels in qmatvec.available_paths():
+                    qmatvec.set_kernel_path(prof.kernels)
             cap = prof.ram_budget_bytes
             ram_budget = cap if ram_budget is None else min(parse_budget(ram_budget), cap)
         self.kv_type = check_kv_type(kv_type)

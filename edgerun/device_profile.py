@@ -22,6 +22,8 @@ from edgerun.errors import EdgerunError, ModelFormatError
 
 __all__ = ["DeviceProfile", "device_profiles", "load_device_profile"]
 
+KERNEL_PATHS = ("portable", "avx2", "vnni")
+
 
 def _dir() -> Path:
     return Path(__file__).resolve().parent / "devices"
@@ -49,6 +51,7 @@ class DeviceProfile:
     assumptions: tuple[str, ...] = ()
     path: str = ""
     extra: dict = field(default_factory=dict)
+    kernels: str | None = None  # the kernel path the device's CPU takes (None: this host's)
 
     def throttle(self):
         """A StorageThrottle with this device's storage timing."""
@@ -71,7 +74,7 @@ class DeviceProfile:
             f"{self.name}: {self.title}; {self.threads} threads, RAM budget "
             f"{self.ram_budget_bytes / 2**30:.1f} of {self.ram_bytes / 2**30:.0f} GiB; "
             f"storage {self.storage_name}: sequential MB/s {seq}; random MB/s {rnd}; "
-            f"compute {scale}"
+            f"compute {scale}" + (f"; kernels {self.kernels}" if self.kernels else "")
         )
 
 
@@ -149,6 +152,12 @@ def load_device_profile(name_or_path: str | Path) -> DeviceProfile:
         raise ModelFormatError(
             f"{p}: field 'compute.scale': expected a factor > 0, found {scale!r}"
         )
+    kernels = comp.get("kernels")
+    if kernels is not None and kernels not in KERNEL_PATHS:
+        raise ModelFormatError(
+            f"{p}: field 'compute.kernels': expected one of {', '.join(KERNEL_PATHS)}, "
+            f"found {kernels!r}"
+        )
     src = data.get("sources", {})
     return DeviceProfile(
         name=need(data, "name", str),
@@ -165,4 +174,5 @@ def load_device_profile(name_or_path: str | Path) -> DeviceProfile:
         sources=tuple(src.get("published", ())),
         assumptions=tuple(src.get("assumptions", ())),
         path=str(p),
+        kernels=kernels,
     )

@@ -88,6 +88,7 @@ def test_sequential_reads_are_recognised():
         ('ram_budget = "16G"', "ram_budget"),
         ('sequential_mb_s = { "4K" = -1 }', "storage.sequential_mb_s.4K"),
         ('random_mb_s = { "huge" = 5 }', "storage.random_mb_s.huge"),
+        ('kernels = "neon"', "compute.kernels"),
     ],
 )
 def test_a_bad_profile_names_the_field(tmp_path, text, field):
@@ -149,9 +150,15 @@ def test_pi_profiles_carry_a_labelled_compute_factor():
 def test_bench_with_a_scaled_profile_reports_modelled_figures(smollm2_path):
     import edgerun
     from edgerun import bench
+    from edgerun.ops import qmatvec
 
-    m = edgerun.load(smollm2_path, n_ctx=64, device_profile="rpi5")
-    rep = bench.run(m, 8, 8, repeats=1, bandwidth=False, progress=False, predict=False)
+    before = qmatvec.kernel_path()
+    try:
+        m = edgerun.load(smollm2_path, n_ctx=64, device_profile="rpi5")
+        assert qmatvec.kernel_path() == "portable"  # a Pi's kernels, not this host's
+        rep = bench.run(m, 8, 8, repeats=1, bandwidth=False, progress=False, predict=False)
+    finally:
+        qmatvec.set_kernel_path(before)
     mod = rep["modelled"]
     assert mod["compute_scale"] == pytest.approx(0.29)
     measured = {r["test"]: r["median"] for r in rep["rows"]}
