@@ -193,12 +193,6 @@ class Model:
             return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
         return self.path.stat().st_size
 
-    def _resident_need(self) -> int:
-        from edgerun.sched.placement import STEP_MARGIN_BYTES
-
-        kv = self.n_ctx * self._footprint().kv_bytes_per_token
-        return self.floor_bytes + kv + self.model_bytes + STEP_MARGIN_BYTES
-
     def plan_for(
         self,
         ram_budget,
@@ -216,7 +210,7 @@ class Model:
         neuron profile (`edgerun profile`) pins each layer's hottest neurons. `device`
         (DeviceFigures) defaults to this machine's cached calibration."""
         from edgerun.offload.store import OffloadOptions
-        from edgerun.sched.placement import parse_budget, plan, resident_plan
+        from edgerun.sched.placement import parse_budget, plan, resident_need, resident_plan
 
         fp = self._footprint()
         budget = parse_budget(ram_budget) if ram_budget is not None else 1 << 62
@@ -241,9 +235,10 @@ class Model:
             if fits is not None:
                 return fits, opts
         if self.path.is_dir():  # a pack that fits stays resident (above); flash needs GGUF
+            need = resident_need(fp, self.model_bytes, self.floor_bytes, self.n_ctx)
             raise InvalidArgumentError(
                 f"{self.path}: offloading needs a GGUF file, not an edgerun pack; this pack "
-                f"needs a RAM budget of {math.ceil(self._resident_need() / 2**20)} MiB to stay "
+                f"needs a RAM budget of {math.ceil(need / 2**20)} MiB to stay "
                 "resident"
             )
         mode = mode or DEFAULT_OFFLOAD

@@ -59,7 +59,7 @@ def default_cells(
 ) -> list[Cell]:
     """The standard matrix. Models above `max_resident_bytes` run offloaded only and in
     their own format (converting them takes longer than the rest of the suite).
-    Offloaded cells generate at most `offload_n_gen` tokens: they decode at 0.5-2 tok/s,
+    Offloaded cells generate at most `offload_n_gen` tokens: they decode at 0.7-14 tok/s,
     so tg128 there alone would take the suite past its 30 minutes; the report's pp/tg
     column says which lengths each row ran."""
     from edgerun import registry
@@ -236,9 +236,7 @@ def _table(rows: list[dict]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if scaled else ""),
     ]
 
-    def f(v, fmt="{:.1f}"):
-        return fmt.format(v) if isinstance(v, (int, float)) else "-"
-
+    f = _num
     for r in rows:
         if "error" in r:
             lines.append(

@@ -483,7 +483,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.suite:
         from pathlib import Path
 
-        from edgerun.bench_suite import FORMATS, default_cells, run_suite
+        from edgerun.bench_suite import FORMATS, default_cells, load_real_rows, run_suite
 
         # the suite's own repeats (-r left as it is): one, so the matrix fits in 30 minutes
         untouched = args.repetitions == 5
@@ -496,8 +496,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             repeats=1 if untouched else args.repetitions,
             profile=args.profile,
         )
-        from edgerun.bench_suite import load_real_rows
-
         compare = args.compare
         if compare is None and args.profile:
             guess = Path("benchmarks/results/devices") / Path(args.profile).stem

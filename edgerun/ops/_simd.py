@@ -131,8 +131,9 @@ def u2f(typingctx, v):
     return types.float32(v), codegen
 
 
-def has_avx2() -> bool:
-    """True when the host CPU runs the int8 kernels' AVX2 form (AVX2 + FMA + F16C, x86)."""
+def _x86_has(llvm_names: tuple[str, ...], cpuinfo_names: tuple[str, ...]) -> bool:
+    """True on an x86 host whose CPU has every feature (llvmlite's names; /proc/cpuinfo's
+    where llvmlite cannot say)."""
     import platform
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -141,27 +142,24 @@ def has_avx2() -> bool:
         import llvmlite.binding as llvm
 
         feats = llvm.get_host_cpu_features()
-        return all(feats.get(f, False) for f in ("avx2", "fma", "f16c"))
-    except Exception:  # pragma: no cover
-        return False
-
-
-def has_vnni() -> bool:
-    """True when the host CPU runs the VNNI kernels (AVX-512 F/BW/VL + VNNI)."""
-    import platform
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    need = ("avx512f", "avx512bw", "avx512vl", "avx512vnni")
-    try:
-        import llvmlite.binding as llvm
-
-        feats = llvm.get_host_cpu_features()
-        return all(feats.get(f, False) for f in need)
+        return all(feats.get(f, False) for f in llvm_names)
     except Exception:  # pragma: no cover - fall back to the kernel's view of the CPU
         try:
             with open("/proc/cpuinfo") as f:
                 flags = f.read()
         except OSError:
             return False
-        return all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))
+        return all(f in flags for f in cpuinfo_names)
+
+
+def has_avx2() -> bool:
+    """True when the host CPU runs the int8 kernels' AVX2 form (AVX2 + FMA + F16C, x86)."""
+    return _x86_has(("avx2", "fma", "f16c"), ("avx2", "fma", "f16c"))
+
+
+def has_vnni() -> bool:
+    """True when the host CPU runs the VNNI kernels (AVX-512 F/BW/VL + VNNI)."""
+    return _x86_has(
+        ("avx512f", "avx512bw", "avx512vl", "avx512vnni"),
+        ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+    )

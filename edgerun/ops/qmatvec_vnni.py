@@ -14,7 +14,8 @@ y = sum_b d_b dx'_b dot_b + bias_b sx_b.
 The vector code lives in `@intrinsic`s that emit LLVM IR; the row and block loops are
 ordinary Numba code. Accumulators are stack vectors (`acc16`, `acc4`) that LLVM
 promotes to registers. Only call these kernels on a CPU with AVX-512 BW/VL + VNNI
-(`has_vnni()`) or AVX2 + FMA + F16C (`has_avx2()`; not Q8_0 there, see `_dot32_avx2`):
+(`has_vnni()`) or AVX2 + FMA + F16C (`has_avx2()`; Q8_0 there through `_dot32_wide`,
+and not in the GEMM, see `_dot32_avx2`):
 defining them is harmless anywhere, running them elsewhere would crash.
 
 Measured on the 2-core Zen 4 (1 thread, weights in L2): ~9-10 cycles per 64 weights for

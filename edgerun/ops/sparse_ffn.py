@@ -33,7 +33,7 @@ from numba import njit, prange  # noqa: E402
 
 from edgerun.errors import InvalidArgumentError  # noqa: E402
 from edgerun.ops import qmatvec  # noqa: E402
-from edgerun.ops._simd import h2f, has_avx2, has_vnni, stack16  # noqa: E402
+from edgerun.ops._simd import h2f, stack16  # noqa: E402
 from edgerun.quant.formats import QuantTensor, QuantType, row_bytes  # noqa: E402
 from edgerun.quant.reference import dequantize  # noqa: E402
 
@@ -59,9 +59,10 @@ _VNNI_KIND = {
     QuantType.Q4_K: (4, 256, False),
     QuantType.Q6_K: (5, 256, False),
 }
-_HAS_VNNI = has_vnni() or has_avx2()  # the int8 row kernels (qmatvec_vnni.DOT)
+# the int8 row kernels exist where qmatvec has an int8 path (qmatvec_vnni.DOT)
+_HAS_INT8 = any(p in qmatvec.INT8_PATHS for p in qmatvec.available_paths())
 
-if _HAS_VNNI:
+if _HAS_INT8:
     from edgerun.ops import qmatvec_vnni as _v
 
     @njit(cache=True, nogil=True, parallel=True)
@@ -133,12 +134,7 @@ def matvec_rows(
     if n == 0:
         return out
     spec = _VNNI_KIND.get(qtype)
-    if (
-        _HAS_VNNI
-        and spec is not None
-        and qmatvec.kernel_path() in qmatvec.INT8_PATHS
-        and qmatvec.quantizes_activations(qtype)
-    ):
+    if _HAS_INT8 and spec is not None and qmatvec.quantizes_activations(qtype):
         kind, unit, nib2 = spec
         _mv_rows_vnni(
             kind, nib2, cols // unit, data.reshape(-1), data.shape[1], offset, idx, x, out

@@ -476,6 +476,11 @@ def _gpu_time(fp: Footprint, ffn_l, att_l, dev: DeviceFigures, dtype_bytes: int)
     return nbytes / dev.gpu_matvec_bytes_s + (len(ffn_l) + 2 * len(att_l)) * dev.gpu_call_s
 
 
+def resident_need(fp: Footprint, file_bytes: int, floor: int, n_ctx: int) -> int:
+    """The budget that keeps the whole model resident: floor, KV cache, file, margins."""
+    return floor + n_ctx * fp.kv_bytes_per_token + file_bytes + STEP_MARGIN_BYTES
+
+
 def resident_plan(
     fp: Footprint,
     file_bytes: int,
@@ -493,8 +498,7 @@ def resident_plan(
     dense offload)."""
     dev = device or DeviceFigures()
     kv = n_ctx * fp.kv_bytes_per_token
-    need = floor + kv + file_bytes + STEP_MARGIN_BYTES
-    if need > budget:
+    if resident_need(fp, file_bytes, floor, n_ctx) > budget:
         return None
     L = fp.n_layers
     ffn_l, att_l, gpu_used = _choose_gpu(
@@ -631,13 +635,12 @@ def plan(
         per_layer = min(fp.d_ff, left // (L_cpu * fp.neuron_bytes))
         cache_bytes = per_layer * L_cpu * fp.neuron_bytes
         read = (fp.d_ff - per_layer) * L_cpu * fp.neuron_bytes
-        compute_s = fp.d_ff * L_cpu * _neuron_seconds(fp, dev)
         gate_resident, pred, gate_b = False, 0, 0
         neuron_s = _neuron_seconds(fp, dev)
         if offload is not None:
             read_s = (fp.d_ff - per_layer) * L_cpu * offload.stream_read_s
             neuron_s = offload.neuron_compute_s + offload.gate_compute_s
-            compute_s = fp.d_ff * L_cpu * neuron_s
+        compute_s = fp.d_ff * L_cpu * neuron_s
     else:
         gate_b = gate_cpu
         gate_resident = not allow_predictor or left - gate_b >= 0.1 * (
