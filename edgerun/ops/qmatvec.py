@@ -98,10 +98,8 @@ _MV_PORTABLE = {
 }
 
 # int8 paths: matvec kernels take three (data, out) slots: (d0, d1, d2, x, o0, o1, o2).
-# "vnni" (AVX-512 VNNI) runs every block format on them; "avx2" (the same kernels built on
-# vpmaddubsw, qmatvec_vnni.DOT) too, but Q8_0's prefill GEMM stays on the float kernels:
-# its unpacked bytes (w + 128) would saturate vpmaddubsw's pair sums (the matvec takes a
-# sign trick for them, qmatvec_vnni._dot32_wide).
+# "vnni" (AVX-512 VNNI) and "avx2" (the same kernels built on vpmaddwd with int16
+# activations, qmatvec_vnni.DOT) run every block format, matvec and prefill GEMM.
 _MV3_INT8: dict = {}
 _MM_INT8: dict = {}
 PATHS: tuple[str, ...] = ("portable",)
@@ -119,8 +117,6 @@ if has_vnni() or has_avx2():
         QuantType.Q6_K: _v.mv_q6_k,
     }
     _MM_INT8 = {q: _p.KIND_OF[q] for q in _MV3_INT8}
-    if _v.DOT == "avx2":  # the GEMM's unpacked Q8_0 bytes reach 255 (see above)
-        del _MM_INT8[QuantType.Q8_0]
 
 # kernels of formats defined outside this module (see register_kernels)
 _MM_EXTRA: dict = {}
@@ -167,10 +163,10 @@ def set_kernel_path(path: str = "auto") -> str:
     return _path
 
 
-def quantizes_activations(qtype: QuantType, many: bool = False) -> bool:
-    """Whether the current path quantizes x to int8 blocks for this weight format, in a
-    matvec or (many=True) in the prefill matmul of more than one token."""
-    return _path in INT8_PATHS and qtype in (_MM_INT8 if many else _MV3_INT8)
+def quantizes_activations(qtype: QuantType) -> bool:
+    """Whether the current path quantizes x to int8 blocks for this weight format (in
+    the matvec and the prefill matmul alike)."""
+    return _path in INT8_PATHS and qtype in _MV3_INT8
 
 
 _env = os.environ.get("EDGERUN_KERNELS", "auto").strip().lower() or "auto"
@@ -333,17 +329,19 @@ def matvec_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -
     """Y[v] = W @ x[v] for a few decode vectors x [n, cols] -> [n, rows].
 
     Each row equals `matvec(w, x[v])` bit for bit (batched decode must not change a
-    session's tokens). On the portable path the block formats go through the batched
-    kernels (qmatvec_batch: each weight block unpacked once for all vectors); elsewhere,
-    one matvec per vector.
+    session's tokens). The block formats read each weight row once for all vectors: on
+    the int8 paths through qmatvec_vnni.mvb_int8 (the matvec's row functions over a
+    cached row tile), on the portable path through qmatvec_batch (each block unpacked
+    once); other formats take one matvec per vector.
     """
     rows = w.shape[0]
     x = _rows(x, w, "matvec_batch")
     n = x.shape[0]
     out = _out(out, (n, rows), w.name)
-    k = _MVB.get(w.qtype) if _path == "portable" else None
-    if k is not None and n > 1:
-        k(_data(w), x, out)
+    if n > 1 and _path in INT8_PATHS and w.qtype in _MM_INT8:
+        _v.mvb_int8(_MM_INT8[w.qtype], _data(w), x, out)
+    elif n > 1 and _path == "portable" and w.qtype in _MVB:
+        _MVB[w.qtype](_data(w), x, out)
     else:
         for i in range(n):
             matvec(w, x[i], out[i])
