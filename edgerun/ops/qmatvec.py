@@ -102,6 +102,7 @@ _MV_PORTABLE = {
 # activations, qmatvec_vnni.DOT) run every block format, matvec and prefill GEMM.
 _MV3_INT8: dict = {}
 _MM_INT8: dict = {}
+_MVB_INT8: dict = {}
 PATHS: tuple[str, ...] = ("portable",)
 INT8_PATHS = ("avx2", "vnni")
 if has_vnni() or has_avx2():
@@ -117,6 +118,14 @@ if has_vnni() or has_avx2():
         QuantType.Q6_K: _v.mv_q6_k,
     }
     _MM_INT8 = {q: _p.KIND_OF[q] for q in _MV3_INT8}
+    _MVB_INT8 = {
+        QuantType.Q4_0: _v.mvb_q4_0,
+        QuantType.Q4_1: _v.mvb_q4_1,
+        QuantType.Q5_0: _v.mvb_q5_0,
+        QuantType.Q8_0: _v.mvb_q8_0,
+        QuantType.Q4_K: _v.mvb_q4_k,
+        QuantType.Q6_K: _v.mvb_q6_k,
+    }
 
 # kernels of formats defined outside this module (see register_kernels)
 _MM_EXTRA: dict = {}
@@ -330,16 +339,16 @@ def matvec_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -
 
     Each row equals `matvec(w, x[v])` bit for bit (batched decode must not change a
     session's tokens). The block formats read each weight row once for all vectors: on
-    the int8 paths through qmatvec_vnni.mvb_int8 (the matvec's row functions over a
-    cached row tile), on the portable path through qmatvec_batch (each block unpacked
+    the int8 paths through qmatvec_vnni.mvb_<fmt> (each block unpacked once for 4
+    vectors), on the portable path through qmatvec_batch (each block unpacked
     once); other formats take one matvec per vector.
     """
     rows = w.shape[0]
     x = _rows(x, w, "matvec_batch")
     n = x.shape[0]
     out = _out(out, (n, rows), w.name)
-    if n > 1 and _path in INT8_PATHS and w.qtype in _MM_INT8:
-        _v.mvb_int8(_MM_INT8[w.qtype], _data(w), x, out)
+    if n > 1 and _path in INT8_PATHS and w.qtype in _MVB_INT8:
+        _MVB_INT8[w.qtype](_data(w), x, out)
     elif n > 1 and _path == "portable" and w.qtype in _MVB:
         _MVB[w.qtype](_data(w), x, out)
     else:

@@ -837,6 +837,128 @@ def mv_q6_k(d0, d1, d2, x, o0, o1, o2):
             o2[i - n01] = _row_q6_k(f2, (i - n01) * b2, n, xq, xds, xs16)
 
 
+# --------------------------------------------------------------- batched decode blocks
+# A batch of G decode vectors runs each block intrinsic once per vector with that
+# vector's activations, scales and accumulators: the same IR, so every vector gets the
+# single kernel's float operations (bit-identical rows). The G copies load and unpack the
+# same weight bytes, and LLVM merges them (the accumulators are registers, nothing
+# stores in between): each block is unpacked once for all vectors.
+_ACC = 32  # floats of accumulator per vector (acc16 + a second acc16)
+
+
+@intrinsic
+def acc_vectors(typingctx, g):
+    """Pointer to g * _ACC zeroed float32 on the stack: g vectors' accumulators."""
+    if not isinstance(g, types.IntegerLiteral):
+        return None
+    n = g.literal_value * _ACC
+    vt = _v(F32, n)
+
+    def codegen(context, builder, sig, args):
+        p = cgutils.alloca_once(builder, vt)
+        builder.store(ir.Constant(vt, [0.0] * n), p)
+        return builder.bitcast(p, F32.as_pointer())
+
+    return types.CPointer(types.float32)(g), codegen
+
+
+def _i64(builder, v):
+    return v if v.type == I64 else builder.sext(v, I64)
+
+
+def _block_of(kind, part):
+    """The block intrinsic of a format: part 0 its pair (or K super-block), 1 its odd
+    last block; and whether it takes Q6_K's xs16 arguments."""
+    table = {
+        KIND_Q4_1: (q4_1_pair, q4_1_single),
+        KIND_Q4_0: (q4_0_pair, q4_0_single),
+        KIND_Q5_0: (q5_0_pair, q5_0_single),
+        KIND_Q8_0: (q8_0_pair, q8_0_single),
+        KIND_Q4_K: (q4_k_block, q4_k_block),  # K formats have no odd block (part 1 is
+        KIND_Q6_K: (q6_k_block, q6_k_block),  # typed in a branch that never runs)
+    }
+    return table[kind][part], kind == KIND_Q6_K
+
+
+@intrinsic
+def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16, so16):
+    """The format's block intrinsic (`_block_of(kind, part)`) run for g vectors (g, kind,
+    part literals): vector v's accumulators at acc + _ACC v (two acc16), its x at
+    xq[xo + 2 cols v], its scales at xds[so + cols/16 v] and xs16[so16 + cols/16 v]."""
+    lits = (g, kind, part)
+    if not all(isinstance(t, types.IntegerLiteral) for t in lits):
+        return None
+    single, q6 = _block_of(kind.literal_value, part.literal_value)
+    i64, fp = types.int64, types.CPointer(types.float32)
+    rest = (row, i64, xq, i64, xds, i64) + ((xs16, i64) if q6 else ())
+    ssig, scg = single._defn(typingctx, fp, fp, *rest)
+
+    def codegen(context, builder, sig, args):
+        cols_v = _i64(builder, args[3])
+        xstride = builder.mul(cols_v, ir.Constant(I64, 2))  # int8 x of one vector
+        sstride = builder.sdiv(cols_v, ir.Constant(I64, 16))  # its xds / xs16
+        base = [context.cast(builder, a, t0, t1) for a, t0, t1 in zip(args[5:], sig.args[5:], rest)]
+        for v in range(g.literal_value):
+            accs = [builder.gep(args[4], [ir.Constant(I64, _ACC * v + 16 * k)]) for k in (0, 1)]
+            vargs = list(base)
+            for i, stride in ((3, xstride), (5, sstride), (7, sstride)):
+                if i < len(vargs):
+                    vargs[i] = builder.add(vargs[i], builder.mul(stride, ir.Constant(I64, v)))
+            scg(context, builder, ssig, accs + vargs)
+        return context.get_dummy_value()
+
+    return types.void(g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16, so16), codegen
+
+
+@intrinsic
+def vector_results(typingctx, g, kind, acc, res):
+    """res[v] = vector v's row result from its accumulators, for v < g (literals), in the
+    single row function's float order (_row_<fmt>)."""
+    if not isinstance(g, types.IntegerLiteral) or not isinstance(kind, types.IntegerLiteral):
+        return None
+    k = kind.literal_value
+
+    def codegen(context, builder, sig, args):
+        b = builder
+        out = b.bitcast(args[3], F32.as_pointer())
+        for v in range(g.literal_value):
+            a = b.gep(args[2], [ir.Constant(I64, _ACC * v)])
+            t = b.gep(args[2], [ir.Constant(I64, _ACC * v + 16)])
+            h = b.load(b.bitcast(a, V16F.as_pointer()))
+            n = 16
+            while n > 1:  # hsum16's tree
+                half = n // 2
+                h = b.fadd(
+                    b.shuffle_vector(h, h, ir.Constant(_v(I32, half), list(range(half)))),
+                    b.shuffle_vector(h, h, ir.Constant(_v(I32, half), list(range(half, n)))),
+                )
+                n = half
+            h = b.extract_element(h, ir.Constant(I32, 0))
+
+            def lane(i, t=t):
+                return b.load(b.gep(t, [ir.Constant(I64, i)]))
+
+            if k in (KIND_Q4_K, KIND_Q6_K):  # _hsum(p, n) for n < 16: from 0.0, in order
+                tail = ir.Constant(F32, 0.0)
+                for i in range(8 if k == KIND_Q4_K else 4):
+                    tail = b.fadd(tail, lane(i))
+            else:
+                tail = b.fadd(lane(1), lane(3))  # the pair accumulator's bias lanes
+            c = {KIND_Q4_1: None, KIND_Q4_0: 8.0, KIND_Q5_0: 16.0, KIND_Q8_0: 128.0}.get(
+                k, 1.0 if k == KIND_Q4_K else 32.0
+            )
+            if c is None:
+                r = b.fadd(h, tail)
+            elif k == KIND_Q4_K:
+                r = b.fsub(h, tail)
+            else:
+                r = b.fsub(h, b.fmul(ir.Constant(F32, c), tail))
+            b.store(r, b.gep(out, [ir.Constant(I64, v)]))
+        return context.get_dummy_value()
+
+    return types.void(g, kind, acc, res), codegen
+
+
 # ----------------------------------------------------------------- row dispatch, batch
 KIND_Q8_0, KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K = 3, 4, 5, 6, 7, 8
 
@@ -849,51 +971,112 @@ def row_layout(kind):
     return 32, kind != KIND_Q8_0
 
 
+GROUP = 4  # vectors per pass over a row (4 x two acc16 fill most of AVX2's registers)
+
+
 @njit(inline="always")
-def row_dot(kind, flat, base, nunit, xq, xds, xs16):
-    """One row (nunit blocks at byte `base` of flat) . x, with x from quantize_x: the
-    same row function, hence the same float result, as the format's mv_* kernel."""
+def _unit_bytes(kind):
     if kind == KIND_Q4_K:
-        return _row_q4_k(flat, base, nunit, xq, xds, xs16)
+        return 144
     if kind == KIND_Q6_K:
-        return _row_q6_k(flat, base, nunit, xq, xds, xs16)
+        return 210
     if kind == KIND_Q8_0:
-        return _row_q8_0(flat, base, nunit, xq, xds, xs16)
+        return 34
+    if kind == KIND_Q5_0:
+        return 22
     if kind == KIND_Q4_1:
-        return _row_q4_1(flat, base, nunit, xq, xds, xs16)
-    if kind == KIND_Q4_0:
-        return _row_q4_0(flat, base, nunit, xq, xds, xs16)
-    return _row_q5_0(flat, base, nunit, xq, xds, xs16)
+        return 20
+    return 18
 
 
-_MVB_ROWS = 32  # rows per task of mvb_int8: their bytes stay in L1/L2 for all vectors
+@njit(inline="always")
+def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
+    """One row . g vectors (the g from vector v0, whose x starts at xq[xo], its scales at
+    xds[so] / xs16[so]) -> res[0:g]: the block loop of _row_<fmt>, every block for all g."""
+    acc = acc_vectors(g)
+    ub = _unit_bytes(kind)
+    if kind == KIND_Q4_K or kind == KIND_Q6_K:
+        for b in range(nunit):
+            o = so + b * 16
+            block_g(g, kind, 0, cols, acc, flat, base + b * ub, xq, xo + b * 512, xds, o, xs16, o)
+    else:
+        for p in range(nunit // 2):
+            o, w = so + p * 4, base + p * 2 * ub
+            block_g(g, kind, 0, cols, acc, flat, w, xq, xo + p * 128, xds, o, xs16, o)
+        if nunit & 1:
+            b = nunit - 1
+            o = so + b * 2
+            block_g(g, kind, 1, cols, acc, flat, base + b * ub, xq, xo + b * 64, xds, o, xs16, o)
+    vector_results(g, kind, acc, res)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def mvb_int8(kind, data, X, out):
-    """Batched decode: out[v] = W @ X[v] for a few vectors, each W row read from memory
-    once for all of them (a task's rows stay in cache while every vector passes over
-    them). Each out[v] equals the mv_* kernel on X[v] bit for bit: the same x
-    quantization and the same row function."""
+@njit(inline="always")
+def _mvb(kind, data, X, out):
     nv, cols = X.shape
     unit, nib2 = row_layout(kind)
     nunit = cols // unit
     nb = cols // 32
-    xq = np.empty((nv, 2 * cols), np.int8)
-    xds = np.empty((nv, 2 * nb), np.float32)
-    xs16 = np.empty((nv, 2 * nb), np.float32)
+    xs = 2 * nb  # scales per vector
+    xq = np.empty(nv * 2 * cols, np.int8)
+    xds = np.empty(nv * xs, np.float32)
+    xs16 = np.empty(nv * xs, np.float32)
     for v in range(nv):
-        quantize_x(X[v], nib2, xq[v], xds[v], xs16[v])
+        q = 2 * cols * v
+        quantize_x(X[v], nib2, xq[q : q + 2 * cols], xds[v * xs : v * xs + xs], xs16[v * xs :])
     rows = data.shape[0]
     flat = data.reshape(-1)
     rb = data.shape[1]
-    for t in prange((rows + _MVB_ROWS - 1) // _MVB_ROWS):
-        r0 = t * _MVB_ROWS
-        r1 = min(rows, r0 + _MVB_ROWS)
-        for v in range(nv):
-            q, d, s16, o = xq[v], xds[v], xs16[v], out[v]
-            for r in range(r0, r1):
-                o[r] = row_dot(kind, flat, r * rb, nunit, q, d, s16)
+    for r in prange(rows):
+        res = acc_vectors(1)  # >= GROUP floats
+        rv = numba.carray(res, GROUP)
+        base = r * rb
+        for v0 in range(0, nv, GROUP):
+            g = min(GROUP, nv - v0)
+            xo = 2 * cols * v0
+            so = xs * v0
+            if g == 4:
+                _rows_g(4, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res)
+            elif g == 3:
+                _rows_g(3, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res)
+            elif g == 2:
+                _rows_g(2, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res)
+            else:
+                _rows_g(1, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res)
+            for v in range(g):
+                out[v0 + v, r] = rv[v]
+
+
+# Batched decode, one kernel per format: out[v] = W @ X[v] for a few vectors, each row
+# read and unpacked once for GROUP vectors at a time. Row v equals the format's mv_*
+# kernel on X[v] bit for bit (the same x quantization, the same per-vector IR).
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q4_0(data, X, out):
+    _mvb(KIND_Q4_0, data, X, out)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q4_1(data, X, out):
+    _mvb(KIND_Q4_1, data, X, out)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q5_0(data, X, out):
+    _mvb(KIND_Q5_0, data, X, out)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q8_0(data, X, out):
+    _mvb(KIND_Q8_0, data, X, out)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q4_k(data, X, out):
+    _mvb(KIND_Q4_K, data, X, out)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q6_k(data, X, out):
+    _mvb(KIND_Q6_K, data, X, out)
 
 
 # --------------------------------------------------------------------------- matmul
