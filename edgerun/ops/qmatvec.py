@@ -16,9 +16,8 @@ from the row's blocks. The number of threads is whatever the caller set with
 Kernel paths: "portable" (float32 Numba code, any CPU) and the int8 paths: on x86 CPUs
 with AVX-512 VNNI "vnni", on other x86 CPUs with AVX2 "avx2" (x quantized once per call
 to two-level int8 blocks of 32 -- q1 plus a rounded residual q2, ~15 bits, so results
-match float32 to ~1e-4 -- and integer dot products with vpdpbusd, or vpmaddubsw +
-vpmaddwd on AVX2; F32/F16/BF16 weights, and Q8_0's prefill on AVX2, stay on the float
-kernels).
+match float32 to ~1e-4 -- and integer dot products with vpdpbusd, or on AVX2 vpmaddwd
+on the two levels as one int16 word; F32/F16/BF16 weights stay on the float kernels).
 On a 2-vCPU AVX2 EPYC the avx2 path runs Q4_K 5-7x and Q6_K 8-11x the portable one
 (1 thread, Qwen2.5-1.5B shapes). The fastest available path is the default;
 `EDGERUN_KERNELS=portable` in the environment or `set_kernel_path("portable")` forces
