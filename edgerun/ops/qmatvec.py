@@ -115,8 +115,14 @@ if has_vnni() or has_avx2():
         QuantType.Q8_0: _v.mv_q8_0,
         QuantType.Q4_K: _v.mv_q4_k,
         QuantType.Q6_K: _v.mv_q6_k,
+        QuantType.Q3_G64: _v.mv_q3_g64,
+        QuantType.Q2_G64: _v.mv_q2_g64,
     }
-    _MM_INT8 = {q: _p.KIND_OF[q] for q in _MV3_INT8}
+    _MM_INT8 = {
+        **{q: _p.KIND_OF[q] for q in _MV3_INT8 if q in _p.KIND_OF},
+        QuantType.Q3_G64: _v.KIND_Q3_G64,
+        QuantType.Q2_G64: _v.KIND_Q2_G64,
+    }
     _MVB_INT8 = {
         QuantType.Q4_0: _v.mvb_q4_0,
         QuantType.Q4_1: _v.mvb_q4_1,
@@ -124,6 +130,8 @@ if has_vnni() or has_avx2():
         QuantType.Q8_0: _v.mvb_q8_0,
         QuantType.Q4_K: _v.mvb_q4_k,
         QuantType.Q6_K: _v.mvb_q6_k,
+        QuantType.Q3_G64: _v.mvb_q3_g64,
+        QuantType.Q2_G64: _v.mvb_q2_g64,
     }
 
 # kernels of formats defined outside this module (see register_kernels)

@@ -505,6 +505,50 @@ def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
     return types.void(a16, a8, row, off, xq, xo, xds, so, xs16, so16), codegen
 
 
+def _lowbit_bytes(r, off, bits):
+    """edgerun's Q2_G64 / Q3_G64 block at byte off of arg 2 -> its 64 values as
+    <64 x i8> in element order (element 16 s + l: bits 2s..2s+1 of ql[l], for 3 bits
+    | bit 2s + (l >> 3) of qh[l & 7] as bit 2; edgerun.quant.lowbit)."""
+    b = r.b
+    ql = r.load(2, off, V16I8, 4)
+    if bits == 3:
+        qh = r.load(2, off, _v(I8, 8), 20)
+        h16 = r.concat(qh, b.lshr(qh, r.splat_i8(8, 1)))  # lane l: qh[l & 7] >> (l >> 3)
+    parts = []
+    for s_ in range(4):
+        p = b.and_(b.lshr(ql, r.splat_i8(16, 2 * s_)) if s_ else ql, r.splat_i8(16, 3))
+        if bits == 3:  # bit 2s of h16 -> bit 2
+            h = {0: b.shl(h16, r.splat_i8(16, 2)), 1: h16}.get(s_)
+            if h is None:
+                h = b.lshr(h16, r.splat_i8(16, 2 * s_ - 2))
+            p = b.or_(p, b.and_(h, r.splat_i8(16, 4)))
+        parts.append(p)
+    return r.concat(r.concat(parts[0], parts[1]), r.concat(parts[2], parts[3]))
+
+
+def _lowbit_block(bits):
+    def block(typingctx, a16, a4, row, off, xq, xo, xds, so):
+        """One 64-element block (x = d q + m): as a Q4_1 pair of two 32-element x blocks
+        sharing d and m."""
+
+        def codegen(context, builder, sig, args):
+            r = _IR(context, builder, sig, args)
+            off = args[3]
+            dot = r.dpx(_lowbit_bytes(r, off, bits), 4, args[5], 64)
+            dm = r.f16x(2, off, 2)  # [d, m]
+            _pair_common(r, dot, r.shuf(dm, dm, [0, 1, 0, 1]), r.load(6, args[7], V4F), _SV_NAT2)
+            return context.get_dummy_value()
+
+        return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
+
+    block.__name__ = f"q{bits}_g64_block"
+    return intrinsic(block)
+
+
+q2_g64_block = _lowbit_block(2)
+q3_g64_block = _lowbit_block(3)
+
+
 # ------------------------------------------------------------------ x quantization
 @intrinsic
 def amax32(typingctx, x, xo):
@@ -719,6 +763,26 @@ def _row_q6_k(row, base, nsb, xq, xds, xs16):
     return _hsum(a16, 16) - np.float32(32.0) * _hsum(ab, 4)
 
 
+@njit(inline="always")
+def _row_q2_g64(row, base, nblk, xq, xds, xs16):
+    a16 = acc16()
+    a4 = acc4()
+    for b in range(nblk):
+        q2_g64_block(a16, a4, row, base + b * 20, xq, b * 128, xds, b * 4)
+    s = numba.carray(a4, 4)
+    return _hsum(a16, 16) + (s[1] + s[3])
+
+
+@njit(inline="always")
+def _row_q3_g64(row, base, nblk, xq, xds, xs16):
+    a16 = acc16()
+    a4 = acc4()
+    for b in range(nblk):
+        q3_g64_block(a16, a4, row, base + b * 28, xq, b * 128, xds, b * 4)
+    s = numba.carray(a4, 4)
+    return _hsum(a16, 16) + (s[1] + s[3])
+
+
 # Every matvec kernel takes up to three matrices that share x (Q/K/V, gate/up): one
 # x quantization and one parallel launch for all of them; unused slots get 0-row arrays.
 
@@ -837,6 +901,44 @@ def mv_q6_k(d0, d1, d2, x, o0, o1, o2):
             o2[i - n01] = _row_q6_k(f2, (i - n01) * b2, n, xq, xds, xs16)
 
 
+@njit(parallel=True, cache=True, nogil=True)
+def mv_q2_g64(d0, d1, d2, x, o0, o1, o2):
+    cols = x.shape[0]
+    xq, xds, xs16 = _scratch(cols)
+    quantize_x(x, False, xq, xds, xs16)
+    n = cols // 64
+    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
+    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
+    n0, n1 = d0.shape[0], d1.shape[0]
+    n01 = n0 + n1
+    for i in prange(n01 + d2.shape[0]):
+        if i < n0:
+            o0[i] = _row_q2_g64(f0, i * b0, n, xq, xds, xs16)
+        elif i < n01:
+            o1[i - n0] = _row_q2_g64(f1, (i - n0) * b1, n, xq, xds, xs16)
+        else:
+            o2[i - n01] = _row_q2_g64(f2, (i - n01) * b2, n, xq, xds, xs16)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv_q3_g64(d0, d1, d2, x, o0, o1, o2):
+    cols = x.shape[0]
+    xq, xds, xs16 = _scratch(cols)
+    quantize_x(x, False, xq, xds, xs16)
+    n = cols // 64
+    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
+    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
+    n0, n1 = d0.shape[0], d1.shape[0]
+    n01 = n0 + n1
+    for i in prange(n01 + d2.shape[0]):
+        if i < n0:
+            o0[i] = _row_q3_g64(f0, i * b0, n, xq, xds, xs16)
+        elif i < n01:
+            o1[i - n0] = _row_q3_g64(f1, (i - n0) * b1, n, xq, xds, xs16)
+        else:
+            o2[i - n01] = _row_q3_g64(f2, (i - n01) * b2, n, xq, xds, xs16)
+
+
 # --------------------------------------------------------------- batched decode blocks
 # A batch of G decode vectors runs each block intrinsic once per vector with that
 # vector's activations, scales and accumulators: the same IR, so every vector gets the
@@ -875,7 +977,9 @@ def _block_of(kind, part):
         KIND_Q5_0: (q5_0_pair, q5_0_single),
         KIND_Q8_0: (q8_0_pair, q8_0_single),
         KIND_Q4_K: (q4_k_block, q4_k_block),  # K formats have no odd block (part 1 is
-        KIND_Q6_K: (q6_k_block, q6_k_block),  # typed in a branch that never runs)
+        KIND_Q6_K: (q6_k_block, q6_k_block),  # typed in a branch that never runs), nor
+        KIND_Q2_G64: (q2_g64_block, q2_g64_block),  # have the 64-element low-bit ones
+        KIND_Q3_G64: (q3_g64_block, q3_g64_block),
     }
     return table[kind][part], kind == KIND_Q6_K
 
@@ -944,9 +1048,9 @@ def vector_results(typingctx, g, kind, acc, res):
                     tail = b.fadd(tail, lane(i))
             else:
                 tail = b.fadd(lane(1), lane(3))  # the pair accumulator's bias lanes
-            c = {KIND_Q4_1: None, KIND_Q4_0: 8.0, KIND_Q5_0: 16.0, KIND_Q8_0: 128.0}.get(
-                k, 1.0 if k == KIND_Q4_K else 32.0
-            )
+            plus = (KIND_Q4_1, KIND_Q3_G64, KIND_Q2_G64)  # x = d q + m: + m sum(x)
+            c = {k_: None for k_ in plus} | {KIND_Q4_0: 8.0, KIND_Q5_0: 16.0, KIND_Q8_0: 128.0}
+            c = c.get(k, 1.0 if k == KIND_Q4_K else 32.0)
             if c is None:
                 r = b.fadd(h, tail)
             elif k == KIND_Q4_K:
@@ -961,6 +1065,7 @@ def vector_results(typingctx, g, kind, acc, res):
 
 # ----------------------------------------------------------------- row dispatch, batch
 KIND_Q8_0, KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K = 3, 4, 5, 6, 7, 8
+KIND_Q3_G64, KIND_Q2_G64 = 9, 10  # edgerun's own formats (edgerun.quant.lowbit)
 
 
 @njit(inline="always")
@@ -968,6 +1073,8 @@ def row_layout(kind):
     """(elements per block, nib2 x layout) of a block format's rows."""
     if kind == KIND_Q4_K or kind == KIND_Q6_K:
         return 256, False
+    if kind == KIND_Q3_G64 or kind == KIND_Q2_G64:
+        return 64, False
     return 32, kind != KIND_Q8_0
 
 
@@ -984,8 +1091,10 @@ def _unit_bytes(kind):
         return 34
     if kind == KIND_Q5_0:
         return 22
-    if kind == KIND_Q4_1:
+    if kind == KIND_Q4_1 or kind == KIND_Q2_G64:
         return 20
+    if kind == KIND_Q3_G64:
+        return 28
     return 18
 
 
@@ -999,6 +1108,10 @@ def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
         for b in range(nunit):
             o = so + b * 16
             block_g(g, kind, 0, cols, acc, flat, base + b * ub, xq, xo + b * 512, xds, o, xs16, o)
+    elif kind == KIND_Q3_G64 or kind == KIND_Q2_G64:
+        for b in range(nunit):
+            o = so + b * 4
+            block_g(g, kind, 0, cols, acc, flat, base + b * ub, xq, xo + b * 128, xds, o, xs16, o)
     else:
         for p in range(nunit // 2):
             o, w = so + p * 4, base + p * 2 * ub
@@ -1077,6 +1190,16 @@ def mvb_q4_k(data, X, out):
 @njit(parallel=True, cache=True, nogil=True)
 def mvb_q6_k(data, X, out):
     _mvb(KIND_Q6_K, data, X, out)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q3_g64(data, X, out):
+    _mvb(KIND_Q3_G64, data, X, out)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q2_g64(data, X, out):
+    _mvb(KIND_Q2_G64, data, X, out)
 
 
 # --------------------------------------------------------------------------- matmul
@@ -1237,6 +1360,25 @@ def st_q6(typingctx, U, uo, flat, qlo, qho):
     return types.void(U, uo, flat, qlo, qho), codegen
 
 
+def _st_lowbit(bits):
+    def st(typingctx, U, uo, flat, off):
+        """U[uo:uo+64] = the values of the low-bit block at flat[off] (element order)."""
+
+        def codegen(context, builder, sig, args):
+            r = _IR(context, builder, sig, args)
+            _store(r, 0, args[1], _lowbit_bytes(r, args[3], bits))
+            return context.get_dummy_value()
+
+        return types.void(U, uo, flat, off), codegen
+
+    st.__name__ = f"st_q{bits}_g64"
+    return intrinsic(st)
+
+
+st_q2_g64 = _st_lowbit(2)
+st_q3_g64 = _st_lowbit(3)
+
+
 @intrinsic
 def st_splat(typingctx, a, off, v, n):
     """a[off:off+n] = v for float32 a, n in (4, 8) (a literal)."""
@@ -1318,6 +1460,20 @@ def prep_row(kind, flat, base, cols, U, wsl, b16):
                 b16[b * 16 + k] = np.float32(-32.0) * ds
             for h in range(2):
                 st_q6(U, b * 256 + 128 * h, flat, o + 64 * h, o + 128 + 32 * h)
+    elif kind == KIND_Q3_G64 or kind == KIND_Q2_G64:
+        bs = 28 if kind == KIND_Q3_G64 else 20
+        for b in range(cols // 64):
+            o = base + b * bs
+            if kind == KIND_Q3_G64:
+                st_q3_g64(U, b * 64, flat, o)
+            else:
+                st_q2_g64(U, b * 64, flat, o)
+            d = _f16at(flat, o)
+            st_splat(wsl, b * 16, d, 8)
+            st_splat(wsl, b * 16 + 8, d, 8)
+            m = _f16at(flat, o + 2)
+            for g in range(4):
+                b16[b * 4 + g] = m
 
 
 @njit(parallel=True, cache=True, nogil=True)
