@@ -13,7 +13,9 @@ from edgerun.errors import ContextOverflowError, InvalidArgumentError
 from edgerun.kvcache import KVCache
 from edgerun.model import Transformer
 from edgerun.ops.activations import PARALLEL_MIN as _GLU_PARALLEL_MIN
+from edgerun.ops.activations import glu
 from edgerun.ops.norm import PARALLEL_MIN as _NORM_PARALLEL_MIN
+from edgerun.ops.norm import rmsnorm
 from edgerun.sampling import Sampler, SamplingParams
 from edgerun.sched.cpu_share import ThreadGovernor, set_threads
 from edgerun.tokenizer import StreamDecoder, Tokenizer
@@ -164,8 +166,9 @@ class Generator:
         """Run every kernel a prompt and a decode step use once, on a scratch cache.
 
         Numba compiles (or loads from its cache) each kernel on first call; doing that
-        here keeps it out of the prompt's and the decode's timings. The prompt is long
-        enough to take the parallel norm and GLU kernels too (they start at a size).
+        here keeps it out of the prompt's and the decode's timings. A 2-token prompt
+        takes the prefill kernels; the parallel norm and GLU kernels, which start at a
+        size, run on scratch rows (a prompt that long costs a second on a 1.5B model).
         Runs once per Generator; later calls return the first result.
         """
         if self.warmed is not None:
@@ -173,18 +176,29 @@ class Generator:
         from numba.core import event
 
         spec = self.model.spec
-        n = min(max(2, -(-max(_NORM_PARALLEL_MIN, _GLU_PARALLEL_MIN) // spec.d_model)), 256)
-        ids = [i % spec.vocab_size for i in range(1, n + 1)]
-        scratch = KVCache(spec, n + 1, self.cache.kv_type)
+        ids = [1 % spec.vocab_size, 2 % spec.vocab_size]
+        scratch = KVCache(spec, 3, self.cache.kv_type)
         t0 = time.perf_counter()
         with self.lock, event.install_recorder("numba:compile") as rec:
             self.model.forward(ids, scratch)
             self.model.forward(ids[-1:], scratch)
             pair = [KVCache(spec, 1, scratch.kv_type) for _ in range(2)]
-            self.model.forward_batch(ids[:2], pair)  # batched decode (sched/batching.py)
+            self.model.forward_batch(ids, pair)  # batched decode (sched/batching.py)
+            self._warm_parallel_kernels()
         compiled = sum(1 for e in rec.buffer if e[1].is_start)
         self.warmed = WarmUp(time.perf_counter() - t0, compiled)
         return self.warmed
+
+    def _warm_parallel_kernels(self) -> None:
+        """Run the parallel RMSNorm and GLU kernels once on zero rows of the model's width."""
+        spec = self.model.spec
+        layer = self.model.layers[0]
+        rows = -(-max(_NORM_PARALLEL_MIN, _GLU_PARALLEL_MIN) // spec.d_model)
+        x = np.zeros((rows, spec.d_model), np.float32)
+        rmsnorm(x, layer.attn_norm, spec.norm_eps)
+        activation = getattr(layer.ffn, "activation", None)
+        if activation is not None:
+            glu(x, x, activation)
 
     def prefill(self, ids: Sequence[int]) -> np.ndarray:
         """Make the cache hold exactly `ids`; return the last position's logits."""
