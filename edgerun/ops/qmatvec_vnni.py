@@ -202,16 +202,23 @@ def hsum16(typingctx, p):
     """Sum of the 16 float32 at p, as a tree (4 vector adds, not 15 dependent ones)."""
 
     def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        v = builder.load(builder.bitcast(args[0], V16F.as_pointer()))
-        n = 16
-        while n > 1:
-            h = n // 2
-            v = builder.fadd(r.shuf(v, v, range(h)), r.shuf(v, v, range(h, n)))
-            n = h
-        return builder.extract_element(v, ir.Constant(I32, 0))
+        return _tree_sum16(builder, args[0])
 
     return types.float32(p), codegen
+
+
+def _tree_sum16(builder, p):
+    """IR: hsum16's tree sum of the 16 float32 at pointer p (one order for every caller,
+    so batched rows round as single ones)."""
+    v = builder.load(builder.bitcast(p, V16F.as_pointer()))
+    n = 16
+    while n > 1:
+        h = n // 2
+        lo = ir.Constant(_v(I32, h), list(range(h)))
+        hi = ir.Constant(_v(I32, h), list(range(h, n)))
+        v = builder.fadd(builder.shuffle_vector(v, v, lo), builder.shuffle_vector(v, v, hi))
+        n = h
+    return builder.extract_element(v, ir.Constant(I32, 0))
 
 
 def _aptr(ir_, i, vt):
@@ -1028,16 +1035,7 @@ def vector_results(typingctx, g, kind, acc, res):
         for v in range(g.literal_value):
             a = b.gep(args[2], [ir.Constant(I64, _ACC * v)])
             t = b.gep(args[2], [ir.Constant(I64, _ACC * v + 16)])
-            h = b.load(b.bitcast(a, V16F.as_pointer()))
-            n = 16
-            while n > 1:  # hsum16's tree
-                half = n // 2
-                h = b.fadd(
-                    b.shuffle_vector(h, h, ir.Constant(_v(I32, half), list(range(half)))),
-                    b.shuffle_vector(h, h, ir.Constant(_v(I32, half), list(range(half, n)))),
-                )
-                n = half
-            h = b.extract_element(h, ir.Constant(I32, 0))
+            h = _tree_sum16(b, a)
 
             def lane(i, t=t):
                 return b.load(b.gep(t, [ir.Constant(I64, i)]))
