@@ -43,6 +43,7 @@ from edgerun.quant.formats import QuantTensor, QuantType, row_bytes  # noqa: E40
 from edgerun.quant.reference import dequantize  # noqa: E402
 
 __all__ = [
+    "activation_block",
     "available_paths",
     "embedding_rows",
     "kernel_path",
@@ -133,6 +134,12 @@ if has_vnni() or has_avx2():
         QuantType.Q3_G64: _v.mvb_q3_g64,
         QuantType.Q2_G64: _v.mvb_q2_g64,
     }
+# avx2 prefill of K-quants: one activation scale per super-block, integer accumulation
+_MM_SUPERBLOCK: dict = {}
+if has_avx2() and not has_vnni():
+    from edgerun.ops import qmatmul_superblock as _sb
+
+    _MM_SUPERBLOCK = {QuantType.Q4_K: _sb.KIND_Q4_K, QuantType.Q6_K: _sb.KIND_Q6_K}
 
 # kernels of formats defined outside this module (see register_kernels)
 _MM_EXTRA: dict = {}
@@ -177,6 +184,15 @@ def set_kernel_path(path: str = "auto") -> str:
     _path = path
     _mv3 = _MV3_INT8 if path in INT8_PATHS else {}
     return _path
+
+
+def activation_block(qtype: QuantType, ntokens: int) -> int:
+    """Elements per activation scale when `ntokens` rows of x meet a `qtype` matrix on
+    the current path (see quantize_x_reference): 256 for the avx2 K-quant prefill GEMM,
+    else 32."""
+    if ntokens > 1 and _path == "avx2" and qtype in _MM_SUPERBLOCK:
+        return 256
+    return 32
 
 
 def quantizes_activations(qtype: QuantType) -> bool:
@@ -332,7 +348,9 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
     if n == 1:
         matvec(w, x[0], out[0])
         return out
-    if _path in INT8_PATHS and w.qtype in _MM_INT8:
+    if _path == "avx2" and w.qtype in _MM_SUPERBLOCK:
+        _sb.mm_superblock(_MM_SUPERBLOCK[w.qtype], _data(w), x, out)
+    elif _path in INT8_PATHS and w.qtype in _MM_INT8:
         _v.mm_int8(_MM_INT8[w.qtype], _data(w), x, out)
     elif w.qtype in _MM_EXTRA:
         _MM_EXTRA[w.qtype](_data(w), x, out)
@@ -400,15 +418,16 @@ def embedding_rows(w: QuantTensor, ids: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- references
-def quantize_x_reference(x: np.ndarray) -> np.ndarray:
-    """What the int8 paths compute with instead of x (two-level int8 blocks of 32).
+def quantize_x_reference(x: np.ndarray, block: int = 32) -> np.ndarray:
+    """What the int8 paths compute with instead of x (two-level int8 blocks of `block`
+    elements, see activation_block).
 
     Per block: dx = max|x| / 127, q1 = rint(x / dx), q2 = rint((x - q1 dx) * 128 / dx);
     returns (128 q1 + q2) * dx / 128 (float32), within dx / 256 of x. The last axis must
-    be a multiple of 32.
+    be a multiple of `block`.
     """
     x = np.asarray(x, dtype=np.float32)
-    b = x.reshape(*x.shape[:-1], -1, 32)
+    b = x.reshape(*x.shape[:-1], -1, block)
     d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127.0)
     with np.errstate(divide="ignore"):
         inv = np.where(d == 0, np.float32(0.0), np.float32(1.0) / d).astype(np.float32)
