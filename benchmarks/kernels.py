@@ -1,16 +1,19 @@
-"""Per-format matvec / matmul timings on SmolLM2-shaped matrices.
+"""Per-format matvec / matmul timings on SmolLM2- or Qwen2.5-1.5B-shaped matrices.
 
     python benchmarks/kernels.py                 # all formats, 1 and 2 threads
     python benchmarks/kernels.py --formats Q4_1 Q8_0 --paths portable vnni
     python benchmarks/kernels.py --decode        # + the real SmolLM2 decode matvec sequence
+    python benchmarks/kernels.py --shapes qwen2.5-1.5b --formats Q4_K Q6_K --n 128
 
 Weights are cycled through enough copies to exceed the last-level cache, as in a real
 decode where every matrix streams from DRAM once per token. Times are medians of
 repeats (the machine is shared and noisy; with other processes on the 2 cores the
 2-thread numbers can be 10x off: libgomp's barrier waits for a descheduled thread).
-GB/s counts weight bytes only. "vs ref" is the speed-up over the numpy reference
-(dequantize + float64 matmul); "vs f32" over a BLAS float32 matvec on an already
-dequantized matrix (4-8x more bytes to read).
+GB/s counts weight bytes only; "roof" is that against the streaming-read bandwidth
+measured in the same run with as many threads (edgerun.bench.measure_bandwidth, best of
+5), the ceiling of a decode matvec. "GMAC/s" is the prefill matmul's. "vs ref" is the
+speed-up over the numpy reference (dequantize + float64 matmul); "vs f32" over a BLAS
+float32 matvec on an already dequantized matrix (4-8x more bytes to read).
 """
 
 from __future__ import annotations
@@ -34,7 +37,12 @@ from edgerun.ops import qmatvec as qm  # noqa: E402
 from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType  # noqa: E402
 from edgerun.quant.reference import dequantize, random_blocks  # noqa: E402
 
-SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]
+SHAPES = {
+    "smollm2": [(576, 576), (1536, 576), (576, 1536), (49152, 576)],
+    # q / o, k / v, gate / up, down, the output head
+    "qwen2.5-1.5b": [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536)],
+}
+REF_MAX_ELEMS = 50_000_000  # skip the numpy / BLAS references above this (the 1.5B head)
 FORMATS = ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q4_0", "F16", "BF16", "F32"]
 LLC_BYTES = 64 << 20  # cycle through at least this many weight bytes
 
@@ -60,15 +68,23 @@ def _copies(q: QuantType, rows: int, cols: int, rng) -> list[QuantTensor]:
 
 
 def bench_formats(args) -> None:
+    from edgerun.bench import measure_bandwidth
+
     rng = np.random.default_rng(0)
+    bw = {nt: measure_bandwidth(nt) for nt in args.threads}
     print(
-        f"{'format':6} {'shape':>11} {'path':8} {'thr':>3} {'matvec us':>10} {'GB/s':>6} "
-        f"{'vs ref':>7} {'vs f32':>7} {'matmul n=' + str(args.n) + ' us':>16} {'tok/s':>8}"
+        "streaming read bandwidth: "
+        + ", ".join(f"{nt} thr {b / 1e9:.1f} GB/s" for nt, b in bw.items())
+    )
+    print(
+        f"{'format':6} {'shape':>12} {'path':8} {'thr':>3} {'matvec us':>10} {'GB/s':>6} "
+        f"{'roof':>5} {'vs ref':>7} {'vs f32':>7} {'matmul n=' + str(args.n) + ' us':>16} "
+        f"{'tok/s':>8} {'GMAC/s':>7}"
     )
     for fname in args.formats:
         q = QuantType[fname]
         elems = BLOCK_LAYOUT[q][0]
-        for rows, cols in SHAPES:
+        for rows, cols in SHAPES[args.shapes]:
             if rows * cols > 10_000_000 and args.quick:
                 continue
             cols = -(-cols // elems) * elems  # K-quants: 576 -> 768 (a multiple of 256)
@@ -80,10 +96,12 @@ def bench_formats(args) -> None:
             outm = np.empty((args.n, rows), np.float32)
             # references: numpy dequantize + float64 matmul, and BLAS f32 on dense weights
             numba.set_num_threads(max(args.threads))
-            t_ref = _median_time(lambda i, w=ws[0], x=x: qm.matvec_reference(w, x), 3, 1)
-            wf = dequantize(q, ws[0].data)
-            t_f32 = _median_time(lambda i, wf=wf, x=x: wf @ x, 5, 3)
-            del wf
+            t_ref = t_f32 = float("nan")
+            if rows * cols <= REF_MAX_ELEMS:
+                t_ref = _median_time(lambda i, w=ws[0], x=x: qm.matvec_reference(w, x), 3, 1)
+                wf = dequantize(q, ws[0].data)
+                t_f32 = _median_time(lambda i, wf=wf, x=x: wf @ x, 5, 3)
+                del wf
             for path in args.paths:
                 if path not in qm.available_paths():
                     continue
@@ -104,9 +122,11 @@ def bench_formats(args) -> None:
                         max(1, min(len(ws), inner // 8)),
                     )
                     print(
-                        f"{fname:6} {rows:>5}x{cols:<5} {path:8} {nt:>3} {t * 1e6:>10.1f} "
-                        f"{nbytes / t / 1e9:>6.1f} {t_ref / t:>6.0f}x {t_f32 / t:>6.1f}x "
-                        f"{tm * 1e6:>16.1f} {args.n / tm:>8.0f}",
+                        f"{fname:6} {rows:>6}x{cols:<5} {path:8} {nt:>3} {t * 1e6:>10.1f} "
+                        f"{nbytes / t / 1e9:>6.1f} {nbytes / t / bw[nt]:>5.0%} "
+                        f"{t_ref / t:>6.0f}x {t_f32 / t:>6.1f}x "
+                        f"{tm * 1e6:>16.1f} {args.n / tm:>8.0f} "
+                        f"{rows * cols * args.n / tm / 1e9:>7.1f}",
                         flush=True,
                     )
     qm.set_kernel_path("auto")
@@ -185,6 +205,7 @@ def bench_decode(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--formats", nargs="+", default=FORMATS, choices=FORMATS)
+    ap.add_argument("--shapes", default="smollm2", choices=sorted(SHAPES))
     ap.add_argument("--paths", nargs="+", default=list(qm.available_paths()))
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--repeats", type=int, default=15)

@@ -55,6 +55,7 @@ from edgerun.ops.qmatvec_vnni import (  # noqa: E402
 
 SUPER = 256  # elements per K-quant super-block (one activation scale each)
 _RB = 16  # weight rows unpacked per parallel task
+_SPAN = 6  # super-blocks per column span (1536 columns)
 V16I16, V32I16, V128I16 = _v(I16, 16), _v(I16, 32), _v(I16, 128)
 
 
@@ -238,7 +239,6 @@ def mm_superblock(kind, data, X, out):
     rb = data.shape[1]
     nsb = cols // SUPER
     x16w = xs16.shape[1]
-    ng = x16w // 16
     xs16f = xs16.reshape(-1)
     for c in prange((rows + _RB - 1) // _RB):
         res = acc4()
@@ -252,39 +252,46 @@ def mm_superblock(kind, data, X, out):
             prep_row_sb(kind, flat, (r0 + i) * rb, cols, W[i], wd[i], b16[i])
         Wf = W.reshape(-1)
         bf = b16.reshape(-1)
-        for tt in range(n4 // 4):
-            t0 = tt * 4
+        part = np.zeros((n4, _RB), np.float32)
+        # columns in spans of _SPAN super-blocks, so that a token tile's words (4 x 512 B
+        # per super-block) stay in L1 while the tile's rows stream from L2
+        for c0 in range(0, nsb, _SPAN):
+            c1 = min(nsb, c0 + _SPAN)
+            for tt in range(n4 // 4):
+                t0 = tt * 4
+                for i in range(nr):
+                    a0 = acc16()
+                    a1 = acc16()
+                    a2 = acc16()
+                    a3 = acc16()
+                    for s in range(c0, c1):
+                        gemm4_sb(
+                            a0,
+                            a1,
+                            a2,
+                            a3,
+                            Wf,
+                            i * cols + s * SUPER,
+                            wd[i, s],
+                            xw,
+                            t0 * cols + s * SUPER,
+                            cols,
+                            xsb,
+                            t0 * nsb + s,
+                            nsb,
+                        )
+                    if kind == KIND_Q4_K:  # the mins: one 16-group per super-block
+                        for s in range(c0, c1):
+                            bo = i * x16w + s * 16
+                            fma16(a0, bf, bo, xs16f, t0 * x16w + s * 16)
+                            fma16(a1, bf, bo, xs16f, (t0 + 1) * x16w + s * 16)
+                            fma16(a2, bf, bo, xs16f, (t0 + 2) * x16w + s * 16)
+                            fma16(a3, bf, bo, xs16f, (t0 + 3) * x16w + s * 16)
+                    hsum4x16(a0, a1, a2, a3, res)
+                    for t in range(4):
+                        part[t0 + t, i] += rv[t]
+        for t in range(n):
             for i in range(nr):
-                a0 = acc16()
-                a1 = acc16()
-                a2 = acc16()
-                a3 = acc16()
-                for s in range(nsb):
-                    gemm4_sb(
-                        a0,
-                        a1,
-                        a2,
-                        a3,
-                        Wf,
-                        i * cols + s * SUPER,
-                        wd[i, s],
-                        xw,
-                        t0 * cols + s * SUPER,
-                        cols,
-                        xsb,
-                        t0 * nsb + s,
-                        nsb,
-                    )
-                if kind == KIND_Q4_K:
-                    for g in range(ng):
-                        bo = i * x16w + g * 16
-                        fma16(a0, bf, bo, xs16f, t0 * x16w + g * 16)
-                        fma16(a1, bf, bo, xs16f, (t0 + 1) * x16w + g * 16)
-                        fma16(a2, bf, bo, xs16f, (t0 + 2) * x16w + g * 16)
-                        fma16(a3, bf, bo, xs16f, (t0 + 3) * x16w + g * 16)
-                hsum4x16(a0, a1, a2, a3, res)
-                for t in range(min(4, n - t0)):
-                    out[t0 + t, r0 + i] = rv[t]
-
+                out[t, r0 + i] = part[t, i]
 
 KINDS = (KIND_Q4_K, KIND_Q6_K)
