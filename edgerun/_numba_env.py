@@ -45,7 +45,14 @@ def configure() -> None:
             os.environ["OMP_WAIT_POLICY"] = policy
     if "NUMBA_CACHE_DIR" not in os.environ:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "edgerun", "numba")
+        # the generic "int8" kernels differ from the CPU-specific ones only inside their
+        # intrinsics, which Numba's cache key does not see: they get a directory of their own
+        name = (
+            "numba-int8"
+            if os.environ.get("EDGERUN_KERNELS", "").strip().lower() == "int8"
+            else "numba"
+        )
+        os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "edgerun", name)
 
 
 def kernel_cache_is_cold() -> bool:

@@ -313,6 +313,71 @@ def test_vnni_kernel_emits_vpdpbusd():
     assert "vpdpbusd" in asm and "zmm" in asm
 
 
+_GENERIC_INT8 = """
+import sys
+import numpy as np
+from numba import njit
+from edgerun.ops import qmatvec as qm, qmatvec_vnni as v
+from edgerun.quant.formats import QuantTensor, QuantType
+from edgerun.quant.reference import random_blocks
+assert qm.available_paths()[-1] == qm.kernel_path() == v.DOT == "int8", qm.available_paths()
+rng = np.random.default_rng(0)
+res = {}
+for name, rows, cols in [("Q4_K", 40, 512), ("Q4_1", 33, 96)]:
+    q = QuantType[name]
+    w = QuantTensor("w", q, (rows, cols), random_blocks(q, rows, cols, rng))
+    X = rng.standard_normal((5, cols)).astype(np.float32)
+    res[name + "_data"] = w.data
+    res[name + "_x"] = X
+    res[name + "_mv"] = qm.matvec(w, X[0])
+    if name == "Q4_K":  # the super-block GEMM
+        res[name + "_mm"] = qm.matmul(w, X)
+fresh = njit(parallel=True)(v.mv_q4_k.py_func)  # uncached: inspect_asm needs a compile
+e, e0 = np.empty((0, 1), np.uint8), np.empty(0, np.float32)
+fresh(res["Q4_K_data"][:4], e, e, res["Q4_K_x"][0], np.empty(4, np.float32), e0, e0)
+res["asm_has_vpmaddwd"] = np.array("vpmaddwd" in "".join(fresh.inspect_asm().values()))
+np.savez(sys.argv[1], **res)
+"""
+
+
+@pytest.mark.skipif(
+    "avx2" not in qm.available_paths(), reason="not an AVX2 CPU without AVX-512 VNNI"
+)
+def test_generic_int8_path_matches_avx2(tmp_path):
+    """EDGERUN_KERNELS=int8 (the int8 kernels in LLVM's generic vector operations, the
+    path meant for ARM) gives the avx2 path's results bit for bit, and x86 compiles its
+    generic multiply-adds to vpmaddwd."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, EDGERUN_KERNELS="int8", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    out = tmp_path / "int8.npz"
+    run = subprocess.run(
+        [sys.executable, "-c", _GENERIC_INT8, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = np.load(out)
+    assert bool(got["asm_has_vpmaddwd"])
+    old = qm.kernel_path()
+    qm.set_kernel_path("avx2")
+    try:
+        for name in ("Q4_K", "Q4_1"):
+            q = QuantType[name]
+            data, X = got[name + "_data"], got[name + "_x"]
+            w = QuantTensor("w", q, (data.shape[0], X.shape[1]), data)
+            np.testing.assert_array_equal(got[name + "_mv"], qm.matvec(w, X[0]))
+            if name == "Q4_K":
+                np.testing.assert_array_equal(got[name + "_mm"], qm.matmul(w, X))
+    finally:
+        qm.set_kernel_path(old)
+
+
 @pytest.mark.skipif(
     "avx2" not in qm.available_paths(), reason="not an AVX2 CPU without AVX-512 VNNI"
 )

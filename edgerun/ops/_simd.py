@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import os
+
 from edgerun import _numba_env
 
 _numba_env.configure()
@@ -163,3 +165,18 @@ def has_vnni() -> bool:
         ("avx512f", "avx512bw", "avx512vl", "avx512vnni"),
         ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
     )
+
+
+def int8_dot() -> str | None:
+    """The int8 dot the int8 kernels are built on in this process: "vnni" (AVX-512 VNNI),
+    "avx2" (AVX2 + FMA + F16C), or "int8" (LLVM's generic vector operations, any target)
+    when `EDGERUN_KERNELS=int8` asks for it; None where no int8 path runs (the portable
+    float kernels only). "int8" is opt-in: on x86 it compiles to the avx2 path's
+    instructions, elsewhere (ARM) it has not been measured on hardware yet."""
+    if os.environ.get("EDGERUN_KERNELS", "").strip().lower() == "int8":
+        return "int8"
+    if has_vnni():
+        return "vnni"
+    if has_avx2():
+        return "avx2"
+    return None

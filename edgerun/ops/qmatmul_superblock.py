@@ -14,7 +14,8 @@ in element order, with dx = max|x| / 127 over the super-block
 int32: 32 products per lane of at most 4096 * 16320 (Q6_K) is < 2^31.
 
 Measured on the Zen 3 EPYC, 2 threads, 128 tokens: see benchmarks/results.
-Only call on a CPU with AVX2 + FMA + F16C (`_simd.has_avx2()`).
+Built on qmatvec_vnni's int16 dot (`DOT` "avx2" or the generic "int8"): only call where
+that path runs (qmatvec routes to it).
 """
 
 from __future__ import annotations
@@ -206,7 +207,6 @@ def gemm4_sb(typingctx, a0, a1, a2, a3, W, wo, wd, xw, xo, xstride, xsb, so, sst
     def codegen(context, builder, sig, args):
         r = _IR(context, builder, sig, args)
         b = builder
-        mwd = r.fn("llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
         wo, xo, xs, so, ss = args[5], args[8], args[9], args[11], args[12]
         xts = [b.add(xo, b.mul(xs, ir.Constant(xs.type, t))) for t in range(4)]
         acc = [ir.Constant(V8I32, [0] * 8)] * 4
@@ -214,7 +214,7 @@ def gemm4_sb(typingctx, a0, a1, a2, a3, W, wo, wd, xw, xo, xstride, xsb, so, sst
             wv = r.load(4, b.add(wo, ir.Constant(wo.type, 16 * g)), V16I16)
             for t in range(4):
                 xv = r.load(7, b.add(xts[t], ir.Constant(xs.type, 16 * g)), V16I16)
-                acc[t] = b.add(acc[t], b.call(mwd, [wv, xv]))
+                acc[t] = b.add(acc[t], r.madd16(wv, xv))
         for t in range(4):
             sx = r.load(10, b.add(so, b.mul(ss, ir.Constant(ss.type, t))), ir.FloatType())
             sv = r.splat(b.fmul(args[6], sx), 8)
@@ -293,5 +293,6 @@ def mm_superblock(kind, data, X, out):
         for t in range(n):
             for i in range(nr):
                 out[t, r0 + i] = part[t, i]
+
 
 KINDS = (KIND_Q4_K, KIND_Q6_K)

@@ -18,6 +18,9 @@ with AVX-512 VNNI "vnni", on other x86 CPUs with AVX2 "avx2" (x quantized once p
 to two-level int8 blocks of 32 -- q1 plus a rounded residual q2, ~15 bits, so results
 match float32 to ~1e-4 -- and integer dot products with vpdpbusd, or on AVX2 vpmaddwd
 on the two levels as one int16 word; F32/F16/BF16 weights stay on the float kernels).
+"int8" is the avx2 path's kernels spelled in LLVM's generic vector operations, for any
+CPU (`EDGERUN_KERNELS=int8`, opt-in: x86 compiles it to the same instructions; it has
+not run on ARM hardware yet).
 On a 2-vCPU AVX2 EPYC the avx2 path runs Q4_K 5-7x and Q6_K 8-11x the portable one
 (1 thread, Qwen2.5-1.5B shapes). The fastest available path is the default;
 `EDGERUN_KERNELS=portable` in the environment or `set_kernel_path("portable")` forces
@@ -38,7 +41,7 @@ import numpy as np  # noqa: E402
 from edgerun.errors import InvalidArgumentError  # noqa: E402
 from edgerun.ops import qmatvec_batch as _b  # noqa: E402
 from edgerun.ops import qmatvec_portable as _p  # noqa: E402
-from edgerun.ops._simd import has_avx2, has_vnni  # noqa: E402
+from edgerun.ops._simd import int8_dot  # noqa: E402
 from edgerun.quant.formats import QuantTensor, QuantType, row_bytes  # noqa: E402
 from edgerun.quant.reference import dequantize  # noqa: E402
 
@@ -104,8 +107,9 @@ _MV3_INT8: dict = {}
 _MM_INT8: dict = {}
 _MVB_INT8: dict = {}
 PATHS: tuple[str, ...] = ("portable",)
-INT8_PATHS = ("avx2", "vnni")
-if has_vnni() or has_avx2():
+INT8_PATHS = ("avx2", "vnni", "int8")
+WORD_PATHS = ("avx2", "int8")  # the int8 paths on int16 activation words (vpmaddwd's)
+if int8_dot() is not None:
     from edgerun.ops import qmatvec_vnni as _v
 
     PATHS = ("portable", _v.DOT)
@@ -136,7 +140,7 @@ if has_vnni() or has_avx2():
     }
 # avx2 prefill of K-quants: one activation scale per super-block, integer accumulation
 _MM_SUPERBLOCK: dict = {}
-if has_avx2() and not has_vnni():
+if int8_dot() in WORD_PATHS:
     from edgerun.ops import qmatmul_superblock as _sb
 
     _MM_SUPERBLOCK = {QuantType.Q4_K: _sb.KIND_Q4_K, QuantType.Q6_K: _sb.KIND_Q6_K}
@@ -188,9 +192,9 @@ def set_kernel_path(path: str = "auto") -> str:
 
 def activation_block(qtype: QuantType, ntokens: int) -> int:
     """Elements per activation scale when `ntokens` rows of x meet a `qtype` matrix on
-    the current path (see quantize_x_reference): 256 for the avx2 K-quant prefill GEMM,
-    else 32."""
-    if ntokens > 1 and _path == "avx2" and qtype in _MM_SUPERBLOCK:
+    the current path (see quantize_x_reference): 256 for the K-quant prefill GEMM of the
+    avx2 and int8 paths (qmatmul_superblock), else 32."""
+    if ntokens > 1 and _path in WORD_PATHS and qtype in _MM_SUPERBLOCK:
         return 256
     return 32
 
@@ -348,7 +352,7 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
     if n == 1:
         matvec(w, x[0], out[0])
         return out
-    if _path == "avx2" and w.qtype in _MM_SUPERBLOCK:
+    if _path in WORD_PATHS and w.qtype in _MM_SUPERBLOCK:
         _sb.mm_superblock(_MM_SUPERBLOCK[w.qtype], _data(w), x, out)
     elif _path in INT8_PATHS and w.qtype in _MM_INT8:
         _v.mm_int8(_MM_INT8[w.qtype], _data(w), x, out)

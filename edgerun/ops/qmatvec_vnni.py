@@ -56,13 +56,15 @@ from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from edgerun.ops._simd import has_vnni  # noqa: E402
+from edgerun.ops._simd import int8_dot  # noqa: E402
 from edgerun.ops.qmatvec_portable import _f16at  # noqa: E402
 
 F0 = np.float32(0.0)
 # The int8 dot these kernels are built on: AVX-512 VNNI's vpdpbusd where the CPU has it,
-# else AVX2's vpmaddwd on int16 activations (same lanes, same int32 results).
-DOT = "vnni" if has_vnni() else "avx2"
+# else AVX2's vpmaddwd on int16 activations (same lanes, same int32 results), or "int8":
+# the same int16 multiply-adds in LLVM's generic vector operations, for any LLVM target
+# (x86 lowers them to vpmaddwd; opt-in with EDGERUN_KERNELS=int8, see _simd.int8_dot).
+DOT = int8_dot() or "avx2"
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32 = ir.FloatType()
@@ -124,7 +126,7 @@ class _IR:
         (lane j: w bytes 4j..4j+3, vpdpbusd's layout). VNNI: q1 at xo, q2 at xo + n,
         vpdpbusd, shift, vpdpbusd accumulating. AVX2: the activations are int16 words
         (quantize_x's word layout) and each 32 bytes of w take two vpmaddwd."""
-        if DOT == "avx2":
+        if DOT != "vnni":
             if n == 32:
                 return self._dot32_words(w, i, xo)
             lo, hi = range(32), range(32, 64)
@@ -156,13 +158,24 @@ class _IR:
         two int8 levels."""
         b = self.b
         V16I16 = _v(I16, 16)
-        mwd = self.fn("llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
         v = b.bitcast(w, V16I16)
         even = b.and_(v, ir.Constant(V16I16, [255] * 16))
         odd = b.lshr(v, ir.Constant(V16I16, [8] * 16))
         x_even = self.load(i, xo, V16I16)
         x_odd = self.load(i, xo, V16I16, 32)
-        return b.add(b.call(mwd, [even, x_even]), b.call(mwd, [odd, x_odd]))
+        return b.add(self.madd16(even, x_even), self.madd16(odd, x_odd))
+
+    def madd16(self, a, x):
+        """vpmaddwd: <16 x i16> a, x -> <8 x i32> lanes a[2j] x[2j] + a[2j+1] x[2j+1].
+        The "int8" path spells it in generic IR (widen, multiply, add the even and odd
+        products), which x86 lowers to vpmaddwd and other targets to their widening
+        multiply-adds (ARM: smull/smlal)."""
+        b = self.b
+        if DOT == "avx2":
+            V16I16 = _v(I16, 16)
+            return b.call(self.fn("llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16]), [a, x])
+        p = b.mul(b.sext(a, V16I32), b.sext(x, V16I32))
+        return b.add(self.shuf(p, p, range(0, 16, 2)), self.shuf(p, p, range(1, 16, 2)))
 
     def fma(self, a, b, c):
         n = a.type.count
@@ -647,7 +660,7 @@ def quantize_x(x, nib2, xq, xds, xs16):
         xds[2 * b + 1] = d2 * np.float32(s0 + s1)
         xs16[2 * b] = d2 * np.float32(s0)
         xs16[2 * b + 1] = d2 * np.float32(s1)
-    if DOT == "avx2":
+    if DOT != "vnni":
         _to_words(xq, nb)
 
 
