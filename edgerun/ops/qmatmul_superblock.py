@@ -43,7 +43,6 @@ from edgerun.ops.qmatvec_vnni import (  # noqa: E402
     V16F,
     V16I32,
     V32I8,
-    V64I8,
     _acc_add,
     _store,
     _v,
@@ -52,6 +51,7 @@ from edgerun.ops.qmatvec_vnni import (  # noqa: E402
     amax32,
     fma16,
     hsum4x16,
+    q6_half_bytes,
 )
 
 SUPER = 256  # elements per K-quant super-block (one activation scale each)
@@ -142,15 +142,7 @@ def st_q6k128(typingctx, W, wo, flat, o, h):
         r = _IR(context, builder, sig, args)
         b = builder
         off = args[3]
-        ql = r.load(2, off, V64I8, 64 * hv)
-        qh = r.load(2, off, V32I8, 128 + 32 * hv)
-        lo = b.and_(ql, r.splat_i8(64, 15))
-        hi = b.lshr(ql, r.splat_i8(64, 4))
-        h01 = r.concat(qh, b.lshr(qh, r.splat_i8(32, 2)))
-        h23 = r.concat(b.lshr(qh, r.splat_i8(32, 4)), b.lshr(qh, r.splat_i8(32, 6)))
-        h01 = b.shl(b.and_(h01, r.splat_i8(64, 3)), r.splat_i8(64, 4))
-        h23 = b.shl(b.and_(h23, r.splat_i8(64, 3)), r.splat_i8(64, 4))
-        q = b.zext(r.concat(b.or_(lo, h01), b.or_(hi, h23)), V128I16)
+        q = b.zext(q6_half_bytes(r, 2, off, 64 * hv, off, 128 + 32 * hv), V128I16)
         sc8 = b.sext(r.load(2, off, _v(ir.IntType(8), 8), 192 + 8 * hv), _v(I16, 8))
         sc = r.shuf(sc8, sc8, [k // 16 for k in range(128)])
         w = b.mul(b.sub(q, ir.Constant(V128I16, [32] * 128)), sc)

@@ -1356,19 +1356,25 @@ def st_q6(typingctx, U, uo, flat, qlo, qho):
 
     def codegen(context, builder, sig, args):
         r = _IR(context, builder, sig, args)
-        b = builder
-        ql = r.load(2, args[3], V64I8)
-        qh = r.load(2, args[4], V32I8)
-        lo = b.and_(ql, r.splat_i8(64, 15))
-        hi = b.lshr(ql, r.splat_i8(64, 4))
-        h01 = r.concat(qh, b.lshr(qh, r.splat_i8(32, 2)))
-        h23 = r.concat(b.lshr(qh, r.splat_i8(32, 4)), b.lshr(qh, r.splat_i8(32, 6)))
-        h01 = b.shl(b.and_(h01, r.splat_i8(64, 3)), r.splat_i8(64, 4))
-        h23 = b.shl(b.and_(h23, r.splat_i8(64, 3)), r.splat_i8(64, 4))
-        _store(r, 0, args[1], r.concat(b.or_(lo, h01), b.or_(hi, h23)))
+        _store(r, 0, args[1], q6_half_bytes(r, 2, args[3], 0, args[4], 0))
         return context.get_dummy_value()
 
     return types.void(U, uo, flat, qlo, qho), codegen
+
+
+def q6_half_bytes(r, i, qlo, qlo_extra, qho, qho_extra):
+    """IR: the 128 6-bit values (element order, 0..63) of a Q6_K half from its 64 ql
+    bytes at qlo + qlo_extra and 32 qh bytes at qho + qho_extra of array arg i."""
+    b = r.b
+    ql = r.load(i, qlo, V64I8, qlo_extra)
+    qh = r.load(i, qho, V32I8, qho_extra)
+    lo = b.and_(ql, r.splat_i8(64, 15))
+    hi = b.lshr(ql, r.splat_i8(64, 4))
+    h01 = r.concat(qh, b.lshr(qh, r.splat_i8(32, 2)))
+    h23 = r.concat(b.lshr(qh, r.splat_i8(32, 4)), b.lshr(qh, r.splat_i8(32, 6)))
+    h01 = b.shl(b.and_(h01, r.splat_i8(64, 3)), r.splat_i8(64, 4))
+    h23 = b.shl(b.and_(h23, r.splat_i8(64, 3)), r.splat_i8(64, 4))
+    return r.concat(b.or_(lo, h01), b.or_(hi, h23))
 
 
 def _st_lowbit(bits):
