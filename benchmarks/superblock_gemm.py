@@ -1,0 +1,84 @@
+"""The K-quant prefill GEMM on one scale per super-block against the per-32 int8 GEMM.
+
+    python benchmarks/superblock_gemm.py            # 2 threads, 128 tokens
+    python benchmarks/superblock_gemm.py -t 1 -n 64
+
+Both kernels run in the same process on the same random Q4_K / Q6_K blocks of
+Qwen2.5-1.5B's shapes, alternating, median of the repeats: `qmatvec_vnni.mm_int8` (one
+activation scale per 32 elements; what every other block format's prefill runs) and
+`qmatmul_superblock.mm_superblock` (what `qmatvec.matmul` runs for Q4_K / Q6_K on the
+avx2 and int8 paths). Needs an AVX2 x86 CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from edgerun import _numba_env  # noqa: E402
+
+_numba_env.configure()
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+
+from edgerun.ops import qmatvec as qm  # noqa: E402
+from edgerun.quant.formats import QuantTensor, QuantType  # noqa: E402
+from edgerun.quant.reference import random_blocks  # noqa: E402
+
+SHAPES = [
+    ("Q4_K", 8960, 1536),
+    ("Q4_K", 1536, 1536),
+    ("Q6_K", 1536, 8960),
+    ("Q6_K", 8960, 1536),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-n", "--tokens", type=int, default=128)
+    ap.add_argument("-r", "--repeats", type=int, default=5)
+    args = ap.parse_args()
+    if qm.kernel_path() not in qm.WORD_PATHS:
+        sys.exit(f"needs the avx2 or int8 kernel path; this CPU runs {qm.kernel_path()!r}")
+    from edgerun.ops import qmatmul_superblock as sb
+    from edgerun.ops import qmatvec_vnni as v
+
+    numba.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    n = args.tokens
+    print(f"{args.threads} threads, {n} tokens, median of {args.repeats} alternating runs")
+    head = f"{'shape':16} {'per-32 ms':>10} {'GMAC/s':>7} {'super-block ms':>15} {'GMAC/s':>7}"
+    print(head + f" {'ratio':>6}")
+    for fmt, rows, cols in SHAPES:
+        q = QuantType[fmt]
+        kind = sb.KIND_Q4_K if q == QuantType.Q4_K else sb.KIND_Q6_K
+        w = QuantTensor("w", q, (rows, cols), random_blocks(q, rows, cols, rng))
+        data = np.ascontiguousarray(w.data).view(np.uint8).reshape(rows, -1)
+        X = rng.standard_normal((n, cols)).astype(np.float32)
+        out = np.empty((n, rows), np.float32)
+        args_ = (kind, data, X, out)
+        runs = {"old": lambda a=args_: v.mm_int8(*a), "new": lambda a=args_: sb.mm_superblock(*a)}
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        for f in runs.values():
+            f()  # compile / warm
+        for _ in range(args.repeats):
+            for k, f in runs.items():
+                t0 = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t0)
+        to, tn = float(np.median(times["old"])), float(np.median(times["new"]))
+        macs = rows * cols * n
+        print(
+            f"{fmt} {rows}x{cols:<6} {to * 1e3:>10.1f} {macs / to / 1e9:>7.1f} "
+            f"{tn * 1e3:>15.1f} {macs / tn / 1e9:>7.1f} {to / tn:>5.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
