@@ -1,4 +1,4 @@
-"""Prefill GEMM for Q4_K and Q6_K on AVX2: integer accumulation over whole super-blocks.
+"""Prefill GEMM for Q4_K and Q6_K on int16 words: integer accumulation over super-blocks.
 
 `qmatvec_vnni.mm_int8` scales every int32 lane in float (a convert, a multiply of the
 weight and activation scales, an fma per 8 lanes and token), because its activations
@@ -13,7 +13,8 @@ in element order, with dx = max|x| / 127 over the super-block
 (`qmatvec.quantize_x_reference(x, 256)`). Lane sums stay exact in
 int32: 32 products per lane of at most 4096 * 16320 (Q6_K) is < 2^31.
 
-Measured on the Zen 3 EPYC, 2 threads, 128 tokens: see benchmarks/results.
+Measured on the Zen 3 EPYC (128 tokens, Qwen2.5-1.5B's shapes): 1.4-2.4x the per-32 GEMM
+(`benchmarks/superblock_gemm.py`, `benchmarks/results/superblock_gemm.txt`).
 Built on qmatvec_vnni's int16 dot (`DOT` "avx2" or the generic "int8"): only call where
 that path runs (qmatvec routes to it).
 """
