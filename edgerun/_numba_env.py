@@ -34,6 +34,11 @@ def wait_policy() -> str | None:
     return "passive" if busy > 50.0 else None
 
 
+def requested_kernels() -> str:
+    """The kernel path EDGERUN_KERNELS asks for, lower-cased ("auto" when unset)."""
+    return os.environ.get("EDGERUN_KERNELS", "auto").strip().lower() or "auto"
+
+
 def configure() -> None:
     if "numba" in sys.modules:
         return  # too late to change compiler flags; kernels still run correctly
@@ -47,11 +52,7 @@ def configure() -> None:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         # the generic "int8" kernels differ from the CPU-specific ones only inside their
         # intrinsics, which Numba's cache key does not see: they get a directory of their own
-        name = (
-            "numba-int8"
-            if os.environ.get("EDGERUN_KERNELS", "").strip().lower() == "int8"
-            else "numba"
-        )
+        name = "numba-int8" if requested_kernels() == "int8" else "numba"
         os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "edgerun", name)
 
 

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import os
-
 from edgerun import _numba_env
 
 _numba_env.configure()
@@ -173,7 +171,7 @@ def int8_dot() -> str | None:
     when `EDGERUN_KERNELS=int8` asks for it; None where no int8 path runs (the portable
     float kernels only). "int8" is opt-in: on x86 it compiles to the avx2 path's
     instructions, elsewhere (ARM) it has not been measured on hardware yet."""
-    if os.environ.get("EDGERUN_KERNELS", "").strip().lower() == "int8":
+    if _numba_env.requested_kernels() == "int8":
         return "int8"
     if has_vnni():
         return "vnni"

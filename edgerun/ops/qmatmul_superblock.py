@@ -31,7 +31,7 @@ from llvmlite import ir  # noqa: E402
 from numba import njit, prange, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from edgerun.ops.qmatvec_portable import _f16at  # noqa: E402
+from edgerun.ops.qmatvec_portable import _f16at, _q4k_sm  # noqa: E402
 from edgerun.ops.qmatvec_vnni import (  # noqa: E402
     _IR,
     F0,
@@ -164,25 +164,13 @@ def prep_row_sb(kind, flat, base, cols, W, wd, b16):
             o = base + s * 144
             wd[s] = _f16at(flat, o)
             dmin = _f16at(flat, o + 2)
-            for g in range(4):
-                sc0 = 0
-                sc1 = 0
-                for p in range(2):
-                    j = 2 * g + p
-                    if j < 4:
-                        s_ = flat[o + 4 + j] & 63
-                        m_ = flat[o + 8 + j] & 63
-                    else:
-                        s_ = (flat[o + 8 + j] & 15) | ((flat[o + j] >> 6) << 4)
-                        m_ = (flat[o + 8 + j] >> 4) | ((flat[o + 4 + j] >> 6) << 4)
-                    if p == 0:
-                        sc0 = np.int32(s_)
-                    else:
-                        sc1 = np.int32(s_)
-                    bias = -(dmin * np.float32(m_))
-                    b16[s * 16 + 2 * j] = bias
-                    b16[s * 16 + 2 * j + 1] = bias
-                st_q4k64(W, s * SUPER + 64 * g, flat, o + 16 + 32 * g, sc0, sc1)
+            sm = flat[o + 4 : o + 16]
+            for g in range(4):  # sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles)
+                s0, m0 = _q4k_sm(sm, 2 * g)
+                s1, m1 = _q4k_sm(sm, 2 * g + 1)
+                b16[s * 16 + 4 * g : s * 16 + 4 * g + 2] = -(dmin * np.float32(m0))
+                b16[s * 16 + 4 * g + 2 : s * 16 + 4 * g + 4] = -(dmin * np.float32(m1))
+                st_q4k64(W, s * SUPER + 64 * g, flat, o + 16 + 32 * g, np.int32(s0), np.int32(s1))
     else:
         for s in range(nsb):
             o = base + s * 210

@@ -33,7 +33,6 @@ from edgerun import _numba_env
 
 _numba_env.configure()
 
-import os  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -106,6 +105,7 @@ _MV_PORTABLE = {
 _MV3_INT8: dict = {}
 _MM_INT8: dict = {}
 _MVB_INT8: dict = {}
+_MM_SUPERBLOCK: dict = {}
 PATHS: tuple[str, ...] = ("portable",)
 INT8_PATHS = ("avx2", "vnni", "int8")
 WORD_PATHS = ("avx2", "int8")  # the int8 paths on int16 activation words (vpmaddwd's)
@@ -138,12 +138,10 @@ if int8_dot() is not None:
         QuantType.Q3_G64: _v.mvb_q3_g64,
         QuantType.Q2_G64: _v.mvb_q2_g64,
     }
-# avx2 prefill of K-quants: one activation scale per super-block, integer accumulation
-_MM_SUPERBLOCK: dict = {}
-if int8_dot() in WORD_PATHS:
-    from edgerun.ops import qmatmul_superblock as _sb
+    if _v.DOT in WORD_PATHS:  # K-quant prefill: one activation scale per super-block
+        from edgerun.ops import qmatmul_superblock as _sb
 
-    _MM_SUPERBLOCK = {QuantType.Q4_K: _sb.KIND_Q4_K, QuantType.Q6_K: _sb.KIND_Q6_K}
+        _MM_SUPERBLOCK = {QuantType.Q4_K: _sb.KIND_Q4_K, QuantType.Q6_K: _sb.KIND_Q6_K}
 
 # kernels of formats defined outside this module (see register_kernels)
 _MM_EXTRA: dict = {}
@@ -205,7 +203,7 @@ def quantizes_activations(qtype: QuantType) -> bool:
     return _path in INT8_PATHS and qtype in _MV3_INT8
 
 
-_env = os.environ.get("EDGERUN_KERNELS", "auto").strip().lower() or "auto"
+_env = _numba_env.requested_kernels()
 set_kernel_path(_env if _env in ("auto", *PATHS) else "auto")  # vnni asked on a non-VNNI CPU
 
 

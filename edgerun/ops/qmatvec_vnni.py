@@ -57,7 +57,7 @@ from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 from edgerun.ops._simd import int8_dot  # noqa: E402
-from edgerun.ops.qmatvec_portable import _f16at  # noqa: E402
+from edgerun.ops.qmatvec_portable import _f16at, _q4k_sm  # noqa: E402
 
 F0 = np.float32(0.0)
 # The int8 dot these kernels are built on: AVX-512 VNNI's vpdpbusd where the CPU has it,
@@ -1454,13 +1454,9 @@ def prep_row(kind, flat, base, cols, U, wsl, b16):
             o = base + b * 144
             d = _f16at(flat, o)
             dmin = _f16at(flat, o + 2)
+            sm = flat[o + 4 : o + 16]
             for j in range(8):
-                if j < 4:
-                    s_ = flat[o + 4 + j] & 63
-                    m_ = flat[o + 8 + j] & 63
-                else:
-                    s_ = (flat[o + 8 + j] & 15) | ((flat[o + j] >> 6) << 4)
-                    m_ = (flat[o + 8 + j] >> 4) | ((flat[o + 4 + j] >> 6) << 4)
+                s_, m_ = _q4k_sm(sm, j)
                 st_splat(wsl, b * 64 + j * 8, d * np.float32(s_), 8)
                 bias = -(dmin * np.float32(m_))
                 b16[b * 16 + 2 * j] = bias
