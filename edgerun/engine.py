@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgerun.compute_thread import compute_thread
 from edgerun.errors import ContextOverflowError, InvalidArgumentError
 from edgerun.kvcache import KVCache
 from edgerun.model import Transformer
@@ -184,7 +185,7 @@ class Generator:
             self.model.forward(ids[-1:], scratch)
             pair = [KVCache(spec, 1, scratch.kv_type) for _ in range(2)]
             self.model.forward_batch(ids, pair)  # batched decode (sched/batching.py)
-            self._warm_parallel_kernels()
+            compute_thread().call(self._warm_parallel_kernels)
         compiled = sum(1 for e in rec.buffer if e[1].is_start)
         self.warmed = WarmUp(time.perf_counter() - t0, compiled)
         return self.warmed

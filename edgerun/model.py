@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec
+from edgerun.compute_thread import compute_thread
 from edgerun.errors import ModelFormatError
 from edgerun.ffn import FFNExecutor, decode_rows
 from edgerun.kvcache import KVCache
@@ -140,8 +141,12 @@ class Transformer:
         """Run `tokens` after what `cache` holds; append them to the cache.
 
         Returns logits float32 [len(tokens), vocab] if all_logits else [vocab]
-        for the last token.
+        for the last token. Runs on the process's compute thread (compute_thread.py:
+        one OpenMP pool, whichever thread calls).
         """
+        return compute_thread().call(self._forward, tokens, cache, all_logits)
+
+    def _forward(self, tokens: list[int], cache: KVCache, all_logits: bool) -> np.ndarray:
         s = self.spec
         n = len(tokens)
         cache.check_fits(n)
@@ -186,8 +191,11 @@ class Transformer:
         The projections read each weight once for all sequences (qmatvec.matvec_batch);
         attention runs per sequence on its own cache. Row b of the logits [n, vocab] equals
         `forward([tokens[b]], caches[b])` bit for bit, so a session decodes the same tokens
-        alone or batched with others.
+        alone or batched with others. Runs on the process's compute thread, as forward.
         """
+        return compute_thread().call(self._forward_batch, tokens, caches)
+
+    def _forward_batch(self, tokens: list[int], caches: list[KVCache]) -> np.ndarray:
         s = self.spec
         n = len(tokens)
         if n != len(caches) or n == 0:
