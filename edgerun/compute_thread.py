@@ -9,8 +9,8 @@ a decode step takes 7.5-8.3 ms from the thread that loaded the model, and 20-27 
 a second thread (a session's scheduler) once the first has run kernels; a region start
 3 us against 30 us. So every forward pass, whatever thread asks for it, runs here: one
 pool. A caller that ran parallel kernels itself (a kernel benchmark, a test) has its own
-pool released when it hands work over (`omp_pause_resource_all`), so it never leaves
-two pools alive.
+pool released when it hands work over (`omp_pause_resource_all`), and the compute thread
+frees its pool when idle, so two pools are never alive for long.
 
 This is process state by nature: the pools are the process's, so one instance serves
 every model (`compute_thread()`).
@@ -26,6 +26,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# Idle this long, the compute thread frees its own pool, so that kernels a caller runs
+# itself (a kernel benchmark, the planner's calibration) find no second pool either.
+# Decode steps follow each other within a millisecond; re-creating the pool costs ~0.2 ms.
+IDLE_RELEASE_S = 0.05
 
 __all__ = ["ComputeThread", "compute_thread", "release_thread_pool"]
 
@@ -127,7 +132,11 @@ class ComputeThread:
         import numba
 
         while True:
-            job = self._jobs.get()
+            try:
+                job = self._jobs.get(timeout=IDLE_RELEASE_S)
+            except queue.Empty:  # idle: free the pool for kernels other threads run
+                release_thread_pool()
+                job = self._jobs.get()
             if job is None:
                 return
             try:

@@ -1141,12 +1141,21 @@ def _mvb(kind, data, X, out):
     nunit = cols // unit
     nb = cols // 32
     xs = 2 * nb  # scales per vector
-    xq = np.empty(nv * 2 * cols, np.int8)
-    xds = np.empty(nv * xs, np.float32)
-    xs16 = np.empty(nv * xs, np.float32)
+    # A last group of 3 runs as 4 (the 4th a copy of the 3rd, its result dropped): the
+    # 4-vector pass costs less than the 3-vector one (SmolLM2's 576x576 Q4_1: 2.0x
+    # against 3.4x one vector's time)
+    npad = nv + 1 if nv % GROUP == 3 else nv
+    xq = np.empty(npad * 2 * cols, np.int8)
+    xds = np.empty(npad * xs, np.float32)
+    xs16 = np.empty(npad * xs, np.float32)
     for v in range(nv):
         q = 2 * cols * v
         quantize_x(X[v], nib2, xq[q : q + 2 * cols], xds[v * xs : v * xs + xs], xs16[v * xs :])
+    if npad > nv:
+        q = 2 * cols * nv
+        xq[q : q + 2 * cols] = xq[q - 2 * cols : q]
+        xds[nv * xs : npad * xs] = xds[(nv - 1) * xs : nv * xs]
+        xs16[nv * xs : npad * xs] = xs16[(nv - 1) * xs : nv * xs]
     rows = data.shape[0]
     flat = data.reshape(-1)
     rb = data.shape[1]
@@ -1158,10 +1167,8 @@ def _mvb(kind, data, X, out):
             g = min(GROUP, nv - v0)
             xo = 2 * cols * v0
             so = xs * v0
-            if g == 4:
+            if g >= 3:
                 _rows_g(4, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res)
-            elif g == 3:
-                _rows_g(3, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res)
             elif g == 2:
                 _rows_g(2, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res)
             else:
