@@ -24,7 +24,17 @@ import numpy as np
 INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36'
 
 
+def _hand_over() -> None:
+    """Free edgerun's OpenMP pool before llama.cpp runs: llama.cpp's OpenMP threads start
+    on this thread, and two live pools throttle each other's spinning
+    (edgerun/compute_thread.py). edgerun frees this thread's pool itself on its next call."""
+    from edgerun.compute_thread import compute_thread, release_thread_pool
+
+    compute_thread().call(release_thread_pool)
+
+
 def _llama_pp(llm, ids):
+    _hand_over()
     llm.reset()
     t0 = time.perf_counter()
     llm.eval(ids)
@@ -32,6 +42,7 @@ def _llama_pp(llm, ids):
 
 
 def _llama_tg(llm, first, n, context=()):
+    _hand_over()
     llm.reset()
     if context:
         llm.eval(list(context))  # untimed: decode is measured at this depth
