@@ -108,7 +108,10 @@ _MVB_INT8: dict = {}
 _MM_SUPERBLOCK: dict = {}
 PATHS: tuple[str, ...] = ("portable",)
 INT8_PATHS = ("avx2", "vnni", "int8")
-WORD_PATHS = ("avx2", "int8")  # the int8 paths on int16 activation words (vpmaddwd's)
+# K-quant prefill on one activation scale per super-block (qmatmul_superblock): every int8
+# path. Its int16 dot is generic IR where DOT is not "avx2"; on Zen 4 (vnni) it ran 1.2-2.0x
+# the per-32 vpdpbusd GEMM (benchmarks/superblock_gemm.py, Qwen2.5-1.5B's shapes).
+SUPERBLOCK_PATHS = INT8_PATHS
 if int8_dot() is not None:
     from edgerun.ops import qmatvec_vnni as _v
 
@@ -138,7 +141,7 @@ if int8_dot() is not None:
         QuantType.Q3_G64: _v.mvb_q3_g64,
         QuantType.Q2_G64: _v.mvb_q2_g64,
     }
-    if _v.DOT in WORD_PATHS:  # K-quant prefill: one activation scale per super-block
+    if _v.DOT in SUPERBLOCK_PATHS:  # K-quant prefill: one activation scale per super-block
         from edgerun.ops import qmatmul_superblock as _sb
 
         _MM_SUPERBLOCK = {QuantType.Q4_K: _sb.KIND_Q4_K, QuantType.Q6_K: _sb.KIND_Q6_K}
@@ -191,8 +194,8 @@ def set_kernel_path(path: str = "auto") -> str:
 def activation_block(qtype: QuantType, ntokens: int) -> int:
     """Elements per activation scale when `ntokens` rows of x meet a `qtype` matrix on
     the current path (see quantize_x_reference): 256 for the K-quant prefill GEMM of the
-    avx2 and int8 paths (qmatmul_superblock), else 32."""
-    if ntokens > 1 and _path in WORD_PATHS and qtype in _MM_SUPERBLOCK:
+    int8 paths (qmatmul_superblock), else 32."""
+    if ntokens > 1 and _path in SUPERBLOCK_PATHS and qtype in _MM_SUPERBLOCK:
         return 256
     return 32
 
@@ -350,7 +353,7 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
     if n == 1:
         matvec(w, x[0], out[0])
         return out
-    if _path in WORD_PATHS and w.qtype in _MM_SUPERBLOCK:
+    if _path in SUPERBLOCK_PATHS and w.qtype in _MM_SUPERBLOCK:
         _sb.mm_superblock(_MM_SUPERBLOCK[w.qtype], _data(w), x, out)
     elif _path in INT8_PATHS and w.qtype in _MM_INT8:
         _v.mm_int8(_MM_INT8[w.qtype], _data(w), x, out)
