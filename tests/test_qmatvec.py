@@ -300,6 +300,20 @@ def test_env_var_forces_portable():
 
 
 @pytest.mark.skipif("vnni" not in qm.available_paths(), reason="CPU without AVX-512 VNNI")
+def test_vnni_superblock_gemm_emits_vpdpwssd():
+    from numba import njit
+
+    from edgerun.ops import qmatmul_superblock as sb
+
+    fresh = njit(sb.mm_superblock.py_func)  # uncached and serial: inspect_asm needs a compile
+    data = random_blocks(QuantType.Q4_K, 4, 256, np.random.default_rng(0)).view(np.uint8)
+    X = np.ones((4, 256), np.float32)
+    fresh(sb.KIND_Q4_K, data.reshape(4, -1), X, np.empty((4, 4), np.float32))
+    asm = "".join(fresh.inspect_asm().values())
+    assert "vpdpwssd" in asm and "zmm" in asm
+
+
+@pytest.mark.skipif("vnni" not in qm.available_paths(), reason="CPU without AVX-512 VNNI")
 def test_vnni_kernel_emits_vpdpbusd():
     from numba import njit
 
@@ -367,13 +381,15 @@ np.savez(sys.argv[1], **res)
 
 
 @pytest.mark.skipif(
-    "avx2" not in qm.available_paths(), reason="not an AVX2 CPU without AVX-512 VNNI"
+    not {"avx2", "vnni"} & set(qm.available_paths()), reason="not an x86 CPU with AVX2"
 )
 def test_generic_int8_path_matches_avx2(tmp_path):
     """EDGERUN_KERNELS=int8 (the int8 kernels in LLVM's generic vector operations, the
-    path meant for ARM) gives the avx2 path's results bit for bit; x86 compiles its
+    path meant for ARM) gives the avx2 path's results bit for bit (on a VNNI CPU: the
+    super-block GEMM's, whose vpdpwssd sums are the same exact int32); x86 compiles its
     generic multiply-adds to vpmaddwd, and the same IR compiles for AArch64 (Cortex-A76)
     to NEON smull (codegen only: nothing here runs ARM code)."""
+    host = "avx2" if "avx2" in qm.available_paths() else "vnni"
     import subprocess
     import sys
 
@@ -394,13 +410,14 @@ def test_generic_int8_path_matches_avx2(tmp_path):
     # and for AArch64 its int16 multiply-adds become NEON widening multiplies
     assert int(got["arm_smull"]) > 0 and not bool(got["arm_x86_left"])
     old = qm.kernel_path()
-    qm.set_kernel_path("avx2")
+    qm.set_kernel_path(host)
     try:
         for name in ("Q4_K", "Q4_1"):
             q = QuantType[name]
             data, X = got[name + "_data"], got[name + "_x"]
             w = QuantTensor("w", q, (data.shape[0], X.shape[1]), data)
-            np.testing.assert_array_equal(got[name + "_mv"], qm.matvec(w, X[0]))
+            if host == "avx2":  # vnni's matvec sums its zmm lanes in another order
+                np.testing.assert_array_equal(got[name + "_mv"], qm.matvec(w, X[0]))
             if name == "Q4_K":
                 np.testing.assert_array_equal(got[name + "_mm"], qm.matmul(w, X))
     finally:

@@ -55,6 +55,7 @@ from edgerun.ops.qmatvec_vnni import (  # noqa: E402
     hsum4x16,
     q6_half_bytes,
 )
+from edgerun.ops.qmatvec_vnni import DOT as _DOT  # noqa: E402
 
 SUPER = 256  # elements per K-quant super-block (one activation scale each)
 _RB = 16  # weight rows unpacked per parallel task
@@ -181,6 +182,22 @@ def prep_row_sb(kind, flat, base, cols, W, wd, b16):
 
 
 # ------------------------------------------------------------------------ GEMM
+def _dot_vpdpwssd(r, wo, xts):
+    """AVX512-VNNI: the 4 tokens' super-block dots as <8 x i32>, from 8 vpdpwssd on 32
+    words each. Lane j of the 16 holds elements 32g + 2j, 32g + 2j + 1; adding the two
+    halves gives the lanes of the 16 vpmaddwd on 16 words (elements 16g + 2j, + 1), and
+    int32 sums are exact, so the result is the other branch's bit for bit."""
+    b = r.b
+    f = r.fn("llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32, V16I32, V16I32])
+    acc = [ir.Constant(V16I32, [0] * 16)] * 4
+    for g in range(8):
+        wv = b.bitcast(r.load(4, b.add(wo, ir.Constant(wo.type, 32 * g)), V32I16), V16I32)
+        for t in range(4):
+            xv = r.load(7, b.add(xts[t], ir.Constant(xts[t].type, 32 * g)), V32I16)
+            acc[t] = b.call(f, [acc[t], wv, b.bitcast(xv, V16I32)])
+    return [b.add(r.shuf(a, a, range(8)), r.shuf(a, a, range(8, 16))) for a in acc]
+
+
 @intrinsic
 def gemm4_sb(typingctx, a0, a1, a2, a3, W, wo, wd, xw, xo, xstride, xsb, so, sstride):
     """One super-block of one row for 4 tokens: a_t[0:8] += cvt(sum of vpmaddwd of
@@ -191,12 +208,15 @@ def gemm4_sb(typingctx, a0, a1, a2, a3, W, wo, wd, xw, xo, xstride, xsb, so, sst
         b = builder
         wo, xo, xs, so, ss = args[5], args[8], args[9], args[11], args[12]
         xts = [b.add(xo, b.mul(xs, ir.Constant(xs.type, t))) for t in range(4)]
-        acc = [ir.Constant(V8I32, [0] * 8)] * 4
-        for g in range(16):
-            wv = r.load(4, b.add(wo, ir.Constant(wo.type, 16 * g)), V16I16)
-            for t in range(4):
-                xv = r.load(7, b.add(xts[t], ir.Constant(xs.type, 16 * g)), V16I16)
-                acc[t] = b.add(acc[t], r.madd16(wv, xv))
+        if _DOT == "vnni":  # 8 vpdpwssd zmm per token: multiply, pair-add and accumulate
+            acc = _dot_vpdpwssd(r, wo, xts)
+        else:
+            acc = [ir.Constant(V8I32, [0] * 8)] * 4
+            for g in range(16):
+                wv = r.load(4, b.add(wo, ir.Constant(wo.type, 16 * g)), V16I16)
+                for t in range(4):
+                    xv = r.load(7, b.add(xts[t], ir.Constant(xs.type, 16 * g)), V16I16)
+                    acc[t] = b.add(acc[t], r.madd16(wv, xv))
         for t in range(4):
             sx = r.load(10, b.add(so, b.mul(ss, ir.Constant(ss.type, t))), ir.FloatType())
             sv = r.splat(b.fmul(args[6], sx), 8)
