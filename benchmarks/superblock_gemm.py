@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("-n", "--tokens", type=int, default=128)
     ap.add_argument("-r", "--repeats", type=int, default=5)
     args = ap.parse_args()
-    if qm.kernel_path() not in qm.SUPERBLOCK_PATHS:
+    if qm.kernel_path() not in qm.INT8_PATHS:
         sys.exit(f"needs an int8 kernel path; this CPU runs {qm.kernel_path()!r}")
     from edgerun.ops import qmatmul_superblock as sb
     from edgerun.ops import qmatvec_vnni as v

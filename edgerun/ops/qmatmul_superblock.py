@@ -15,9 +15,9 @@ int32: 32 products per lane of at most 4096 * 16320 (Q6_K) is < 2^31.
 
 Measured on the Zen 3 EPYC (128 tokens, Qwen2.5-1.5B's shapes): 1.4-2.4x the per-32 GEMM
 (`benchmarks/superblock_gemm.py`, `benchmarks/results/superblock_gemm.txt`).
-Built on qmatvec_vnni's int16 dot (`_IR.madd16`: vpmaddwd on "avx2", generic IR on the
-"vnni" and "int8" paths); qmatvec routes every int8 path's K-quant prefill here. On Zen 4
-(vnni path) it ran 1.2-2.0x the per-32 vpdpbusd GEMM.
+Its int16 dot is `vpdpwssd` zmm on the "vnni" path and qmatvec_vnni's `_IR.madd16`
+elsewhere (vpmaddwd on "avx2", generic IR on "int8"); qmatvec routes every int8 path's
+K-quant prefill here. On Zen 4 (vnni path) it ran 1.3-2.1x the per-32 vpdpbusd GEMM.
 """
 
 from __future__ import annotations

