@@ -221,11 +221,13 @@ def test_calibration_runs_in_a_child_and_leaves_this_process_alone(tmp_path):
     from edgerun.sched.calibration import cached, calibrate
     from edgerun.sysinfo import peak_rss_bytes
 
+    fresh = tmp_path / "offload"  # not made yet, as on a fresh machine
+    assert cached(1, directory=fresh, cache=tmp_path / "c") is None  # imports what it needs
     before = peak_rss_bytes()
-    figs = calibrate(1, directory=tmp_path, cache=tmp_path / "c")
+    figs = calibrate(1, directory=fresh, cache=tmp_path / "c")
     assert peak_rss_bytes() - before < 32 << 20  # the 130 MB of buffers were the child's
     assert figs.cpu_rate("Q4_K") > 0 and figs.flash_rate(4096) > 0
-    assert cached(1, directory=tmp_path, cache=tmp_path / "c") == figs
+    assert cached(1, directory=fresh, cache=tmp_path / "c") == figs
 
 
 def test_measured_offload_figures_drive_the_ffn_time():

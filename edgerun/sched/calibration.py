@@ -136,10 +136,13 @@ def measure_cpu(
 
 
 def _key(threads: int, directory: Path, gpu_device: str | None) -> str:
-    try:
-        dev = os.stat(directory).st_dev
-    except OSError:
-        dev = 0
+    dev = 0
+    for d in (directory, *directory.parents):  # a directory not made yet: its parent's
+        try:
+            dev = os.stat(d).st_dev
+            break
+        except OSError:
+            continue
     from edgerun.probe import cpu_features
 
     text = f"{cpu_features()['model']}|{os.cpu_count()}|{threads}|{dev}|{gpu_device or ''}"
