@@ -30,8 +30,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-type",
         choices=("f32", "f16"),
-        default="f32",
-        help="KV cache element type: f16 halves its memory (default: f32)",
+        default=None,
+        help="KV cache element type: f16 halves its memory (default: f32, or f16 with "
+        "--ram-budget)",
     )
     p.add_argument(
         "--context-policy",
@@ -201,7 +202,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--sparsity", type=float, default=None)
     pl.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens")
-    pl.add_argument("--kv-type", choices=("f32", "f16"), default="f32")
+    pl.add_argument(
+        "--kv-type", choices=("f32", "f16"), default=None, help="default: f16 with --ram-budget"
+    )
 
     cv = sub.add_parser(
         "convert", help="convert a GGUF / registry model / Hugging Face checkpoint to a pack"
@@ -554,7 +557,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     if args.ram_budget is None and args.gpu_budget is None and args.offload is None:
         raise EdgerunError("plan: give --ram-budget and/or --gpu-budget (or --offload)")
-    model = Model(resolve_model(args.model), n_ctx=args.ctx, kv_type=args.kv_type)
+    kv = args.kv_type or ("f16" if args.ram_budget is not None else "f32")
+    model = Model(resolve_model(args.model), n_ctx=args.ctx, kv_type=kv)
     opts = {} if args.sparsity is None else {"sparsity": args.sparsity}
     gpu_device = args.gpu_device if args.gpu_budget is not None else None
     if gpu_device is not None:

@@ -120,7 +120,7 @@ def test_an_emulated_device_slows_offloaded_reads(smollm2_path, resident):
         smollm2_path, n_ctx=256, ram_budget=budget, offload="dense", device_profile=prof
     )
     assert m.threads <= prof.threads and m.device_profile is prof
-    thr = m.store.bundle.reader.throttle
+    thr = m.store.flash_reader.throttle
     assert isinstance(thr, StorageThrottle)
     ids = m.tokenize("The three primary colours are")
     list(m.generate(ids, max_tokens=4, temperature=0.0))

@@ -1,15 +1,14 @@
-"""FFN executors over a flash bundle: the sparse one (CATS + windowing) and dense streaming.
+"""The sparse FFN executor over a flash bundle (CATS + windowing).
 
-Both compute down(act(gate x) * up x) of one layer with the up rows and down columns
+It computes down(act(gate x) * up x) of one layer with the up rows and down columns
 read from the bundle (edgerun/offload/bundle.py) instead of a resident matrix:
 
 - `SparseFFN`: the gate rows are resident, so g = gate x is exact; neurons with
   |act(g)| below the layer's calibrated threshold are skipped (CATS); the others'
   records come from the layer's NeuronCache (windowing), and only the missing ones
   are read. Threshold 0 keeps every neuron: the dense FFN through the same path.
-- `StreamingFFN`: LLM in a flash's "hybrid" baseline: the first neurons a budget
-  holds stay in RAM, the rest of the layer is read (gate rows and records) every token,
-  one chunk ahead of the compute (prefetch.ChunkPipeline).
+Dense streaming (LLM in a flash's "hybrid" baseline) needs no bundle: it streams the
+file's own rows (offload/rowstream.py).
 
 The I/O, cache bookkeeping and compute times are counted in one OffloadStats per model
 (the paper's per-token breakdown).
@@ -24,13 +23,13 @@ import numpy as np
 
 from edgerun.offload.bundle import Bundle
 from edgerun.offload.cache import NeuronCache
-from edgerun.offload.prefetch import ChunkPipeline, Prefetcher
+from edgerun.offload.prefetch import Prefetcher
 from edgerun.ops import qmatvec
 from edgerun.ops import sparse_ffn as sf
 from edgerun.ops.activations import glu
 from edgerun.quant.formats import QuantTensor
 
-__all__ = ["OffloadStats", "SparseFFN", "StreamingFFN"]
+__all__ = ["OffloadStats", "SparseFFN"]
 
 
 @dataclass
@@ -204,72 +203,3 @@ class SparseFFN:
         if x.shape[0] == 1:
             return self._decode(x[0]).reshape(1, -1)
         return self._prefill(x)
-
-
-class StreamingFFN:
-    """Dense FFN with neurons [0, held) in RAM and the rest read every token."""
-
-    def __init__(
-        self,
-        bundle: Bundle,
-        layer: int,
-        held: int,
-        activation: str,
-        pipeline: ChunkPipeline,
-        chunk: int,
-        stats: OffloadStats,
-    ) -> None:
-        ly = bundle.layer(layer)
-        self.bundle, self.layer, self.ly = bundle, layer, ly
-        self.pipeline = pipeline
-        self.next: StreamingFFN | None = None  # whose first chunk to start when done
-        self.activation = activation
-        self.stats = stats
-        self.d_model, self.d_ff = ly.d_model, ly.d_ff
-        ids = np.arange(held, dtype=np.int32)
-        self.held_gate = bundle.read_gate_rows(layer, ids) if held else None
-        self.held_rec = bundle.read_records(layer, ids) if held else None
-        stream = np.arange(held, ly.d_ff, dtype=np.int32)
-        self.chunks = [stream[c : c + chunk] for c in range(0, stream.size, chunk)]
-
-    def _part(self, gate_rows: np.ndarray, rec: np.ndarray, x: np.ndarray, out: np.ndarray):
-        ly = self.ly
-        if x.shape[0] == 1:
-            g = sf.matvec_rows(ly.gate_format, self.d_model, gate_rows, None, x[0])
-            up = sf.matvec_rows(ly.up_format, self.d_model, rec, None, x[0])
-            coeff = _glu(g, up, self.activation)
-            sf.accumulate_q8_0_rows(rec, coeff, out[0], None, offset=ly.up_row_bytes)
-            return
-        n = gate_rows.shape[0]
-        gt = QuantTensor("gate", ly.gate_format, (n, self.d_model), gate_rows)
-        ut = QuantTensor(
-            "up", ly.up_format, (n, self.d_model), np.ascontiguousarray(rec[:, : ly.up_row_bytes])
-        )
-        coeff = glu(qmatvec.matmul(gt, x), qmatvec.matmul(ut, x), self.activation)
-        sf.accumulate_q8_0_rows_many(rec, coeff, out, None, offset=ly.up_row_bytes)
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        st = self.stats
-        out = np.zeros((x.shape[0], self.d_model), np.float32)
-        t0 = time.perf_counter()
-        if self.held_gate is not None:
-            self._part(self.held_gate, self.held_rec, x, out)
-        st.compute_s += time.perf_counter() - t0
-        pipe = self.pipeline
-        for k, chunk in enumerate(self.chunks):
-            t0 = time.perf_counter()
-            g, r = pipe.get(self.layer, chunk)
-            t1 = time.perf_counter()
-            if k + 1 < len(self.chunks):
-                pipe.start(self.layer, self.chunks[k + 1])
-            elif self.next is not None and self.next.chunks:
-                pipe.start(self.next.layer, self.next.chunks[0])
-            self._part(g, r, x, out)
-            st.io_s += t1 - t0
-            st.compute_s += time.perf_counter() - t1
-        if not self.chunks and self.next is not None and self.next.chunks:
-            pipe.start(self.next.layer, self.next.chunks[0])
-        if x.shape[0] == 1:
-            st.active += self.d_ff
-            st.neurons += self.d_ff
-        return out

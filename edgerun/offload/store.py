@@ -1,8 +1,12 @@
-"""OffloadStore: attention, norms, embeddings and head resident; each FFN from flash.
+"""Weight stores with attention, norms, embeddings and head resident; FFNs from flash.
 
-It is a ResidentStore whose `ffn()` returns a flash executor (offload/ffn.py), sized
-by a placement Plan (sched/placement.py). The bundle and the sparsity calibration are
-made once per source file and kept in the cache directory (`prepare`).
+Both are ResidentStores whose `ffn()` returns a flash executor, sized by a placement
+Plan (sched/placement.py):
+- `DenseStreamStore` (dense plans): every FFN matrix keeps its first rows in RAM and
+  streams the rest from the GGUF itself (offload/rowstream.py); nothing to prepare.
+- `OffloadStore` (sparse plans): the bundled layout and CATS thresholds
+  (offload/ffn.py). The bundle and the sparsity calibration are made once per source
+  file and kept in the cache directory (`prepare`).
 
 Calibration (CATS thresholds) runs the resident model over calibration text in
 prefill chunks: one pass over the weights per chunk, so it stays cheap even when the
@@ -23,9 +27,9 @@ from edgerun.errors import InvalidArgumentError, ModelFormatError
 from edgerun.ffn import FFNExecutor
 from edgerun.offload.bundle import Bundle, ensure_bundle
 from edgerun.offload.cache import NeuronCache
-from edgerun.offload.ffn import OffloadStats, SparseFFN, StreamingFFN
+from edgerun.offload.ffn import OffloadStats, SparseFFN
 from edgerun.offload.io import aligned_empty
-from edgerun.offload.prefetch import ChunkPipeline, Prefetcher
+from edgerun.offload.prefetch import Prefetcher
 from edgerun.sched.placement import PREFETCH_NEURONS, SCRATCH_NEURONS, Plan
 from edgerun.weights import ResidentStore
 
@@ -186,12 +190,13 @@ class OffloadStore(ResidentStore):
         chunk = min(spec.d_ff, SCRATCH_NEURONS)
         self.scratch = aligned_empty(chunk * ly0.record_bytes).reshape(chunk, ly0.record_bytes)
         self.thresholds = calibration.thresholds(options.sparsity)
-        self.pipeline = None
-        if plan.mode == "dense":
-            self.pipeline = ChunkPipeline(self.bundle, chunk, ly0.gate_row_bytes, ly0.record_bytes)
+        if plan.mode != "sparse":
+            raise InvalidArgumentError(
+                f"OffloadStore computes sparse plans; a {plan.mode} plan takes DenseStreamStore"
+            )
         self._chunk = chunk
         self.caches: list[NeuronCache] = []
-        self._ffns: list[SparseFFN | StreamingFFN] = []
+        self._ffns: list[SparseFFN] = []
         self.prefetcher = None
         if options.prefetch and plan.mode == "sparse":
             self.prefetcher = Prefetcher(
@@ -201,18 +206,6 @@ class OffloadStore(ResidentStore):
     def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
         self.check_vectors(spec, layer)  # as ResidentStore.ffn: norms against the spec
         p, o = self.plan, self.options
-        if p.mode == "dense":
-            ffn = StreamingFFN(
-                self.bundle,
-                layer,
-                p.cache_neurons,
-                spec.activation,
-                self.pipeline,
-                self._chunk,
-                self.stats,
-            )
-            _chain(self._ffns, ffn, layer == spec.n_layers - 1)
-            return ffn
         from edgerun.quant.formats import QuantTensor
 
         ly = self.bundle.layer(layer)
@@ -262,6 +255,11 @@ class OffloadStore(ResidentStore):
                 cache.parts["record"][slots[c0 : c0 + m.size]] = buf
         self.pinned += int(ids.size)
 
+    @property
+    def flash_reader(self):
+        """The DirectReader all flash reads go through."""
+        return self.bundle.reader
+
     def offload_stats(self) -> dict:
         r = self.bundle.reader
         hits = sum(c.stats.hits for c in self.caches)
@@ -286,3 +284,94 @@ class OffloadStore(ResidentStore):
             self.prefetcher.hits = self.prefetcher.wasted = 0
         for c in self.caches:
             c.stats.hits = c.stats.misses = c.stats.evictions = 0
+
+
+class DenseStreamStore(ResidentStore):
+    """Resident attention/head/embeddings; each FFN matrix keeps its first rows in RAM and
+    streams the rest every token in the file's own format (offload/rowstream.py). Needs
+    no bundle and no calibration, and computes exactly what the resident model does.
+
+    The plan's `cache_neurons` per layer sets the share of every FFN matrix held:
+    gate and up rows [0, cache_neurons), down rows [0, cache_neurons / d_ff * d_model).
+    Layers in `skip` (moved to a GPU afterwards) stream nothing."""
+
+    def __init__(
+        self,
+        reader,
+        source: str,
+        spec: ModelSpec,
+        plan: Plan,
+        options: OffloadOptions,
+        skip: frozenset[int] = frozenset(),
+    ) -> None:
+        from edgerun.offload.io import DirectReader
+        from edgerun.offload.rowstream import RowStream, StreamStats
+
+        super().__init__(reader, source)
+        self.plan, self.options = plan, options
+        self.skip = skip
+        self.direct = DirectReader(reader.path, threads=options.io_threads)
+        self.row_stream = RowStream(self.direct)
+        self.stats = StreamStats()
+        self.held_bytes = 0
+
+    def _split(self, name: str, held: int):
+        from edgerun.offload.rowstream import SplitMatrix, read_rows, split_rows
+
+        t = self.matrix(name)
+        offset = self._reader.infos[name].offset
+        held, pieces = split_rows(t, held)
+        rb = t.data.shape[1]
+        kept = read_rows(self.direct, offset, t, held) if held else None
+        self.held_bytes += held * rb
+        spec = [
+            (self.row_stream.add(offset + r0 * rb, (r1 - r0) * rb), r0, r1) for r0, r1 in pieces
+        ]
+        return SplitMatrix(name, t, kept, spec)
+
+    def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
+        if layer in self.skip:
+            return super().ffn(spec, layer)
+        from edgerun.offload.rowstream import StreamedFFN
+
+        self.check_vectors(spec, layer)
+        h = min(spec.d_ff, self.plan.cache_neurons)
+        h_down = spec.d_model if h >= spec.d_ff else int(h * spec.d_model // spec.d_ff)
+        gate = self._split(spec.layer_tensor("ffn_gate", layer), h)
+        up = self._split(spec.layer_tensor("ffn_up", layer), h)
+        down = self._split(spec.layer_tensor("ffn_down", layer), h_down)
+        for t, shape in (
+            (gate, (spec.d_ff, spec.d_model)),
+            (up, (spec.d_ff, spec.d_model)),
+            (down, (spec.d_model, spec.d_ff)),
+        ):
+            if t.template.shape != shape:
+                raise ModelFormatError(
+                    f"{self._source}: tensor '{t.name}' has shape {t.template.shape}, "
+                    f"expected {shape}"
+                )
+        return StreamedFFN(gate, up, down, spec.activation, self.row_stream, self.stats)
+
+    @property
+    def flash_reader(self):
+        """The DirectReader all flash reads go through."""
+        return self.direct
+
+    def offload_stats(self) -> dict:
+        r = self.direct
+        return {
+            "bytes_read": int(r.bytes_read),
+            "io_s": self.stats.io_s,
+            "mm_s": 0.0,
+            "compute_s": self.stats.compute_s,
+            "hit_rate": float("nan"),
+            "active_fraction": 1.0,
+            "plan": self.plan.describe(),
+            "pinned": 0,
+            "prefetch_hits": 0,
+            "prefetch_wasted": 0,
+        }
+
+    def reset_offload_stats(self) -> None:
+        self.direct.reset_stats()
+        self.stats.reset()

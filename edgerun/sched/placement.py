@@ -101,6 +101,12 @@ class Footprint:
         return self.n_layers * self.d_ff * self.gate_row_bytes
 
     @property
+    def dense_neuron_bytes(self) -> float:
+        """One neuron's share of the FFN as the file stores it (gate and up rows, a
+        d_ff-th of down), averaged over the layers."""
+        return self.dense_ffn_bytes / (self.n_layers * self.d_ff)
+
+    @property
     def neuron_bytes(self) -> int:
         """Gate row + bundled record of one neuron."""
         return self.gate_row_bytes + self.record_bytes
@@ -131,6 +137,7 @@ class Plan:
     gate_bytes: int = 0  # gate rows held in RAM (0 when they stay on flash)
     notes: list[str] = field(default_factory=list)
     n_layers: int = 0
+    d_ff: int = 0  # neurons a layer (0: not recorded)
     pinned_neurons: int = 0  # per CPU layer: the profile's hottest, never evicted
     gpu_budget: int = 0
     gpu_ffn_layers: tuple[int, ...] = ()  # layers whose FFN runs on the torch device
@@ -169,10 +176,12 @@ class Plan:
         if self.mode == "resident":
             rows.append(("FFN gate/up/down", "RAM (mmap)", where))
             return rows
-        rows.append(("FFN gate rows", "RAM" if self.gate_resident else "flash", where))
+        if self.mode != "dense":
+            rows.append(("FFN gate rows", "RAM" if self.gate_resident else "flash", where))
         if self.mode == "dense":
-            rows.append(("FFN neurons [0, held)", "RAM", f"{where}: {self.cache_neurons} a layer"))
-            rows.append(("FFN other neurons", "flash, streamed each token", where))
+            share = f"{self.cache_neurons / self.d_ff:.0%}" if self.d_ff else "a share"
+            rows.append(("FFN first rows of gate/up/down", "RAM", f"{where}: {share} of each"))
+            rows.append(("FFN other rows", "flash, streamed each token (file format)", where))
             return rows
         if self.pinned_neurons:
             rows.append(
@@ -184,16 +193,18 @@ class Plan:
         rows.append(("FFN cold neurons", "flash, read when active", where))
         return rows
 
-    def describe(self) -> str:
+    def _ffn_rows(self) -> list[tuple[str, str]]:
         mb = MiB
-        rows = [
-            ("RAM budget", f"{self.budget / mb:,.0f} MiB" if self.budget < 1 << 60 else "none"),
-            ("runtime floor (measured)", f"{self.floor / mb:,.0f} MiB"),
-            ("KV cache", f"{self.kv_bytes / mb:,.0f} MiB"),
-            (
-                "resident: attention, norms, head, embeddings",
-                f"{self.resident_bytes / mb:,.0f} MiB",
-            ),  # noqa: E501
+        if self.mode == "dense":
+            return [
+                ("read-ahead ring", f"{self.scratch_bytes / mb:,.0f} MiB"),
+                (
+                    "FFN rows held in RAM",
+                    f"{self.cache_bytes / mb:,.0f} MiB ({self.cache_neurons} neurons' worth a "
+                    "layer)",
+                ),
+            ]
+        return [
             (
                 "gate rows",
                 f"{self.gate_bytes / mb:,.0f} MiB in RAM" if self.gate_resident else "on flash",
@@ -205,6 +216,19 @@ class Plan:
                 f"{self.cache_bytes / mb:,.0f} MiB ({self.cache_neurons} neurons a layer"
                 + (f", {self.pinned_neurons} pinned hot)" if self.pinned_neurons else ")"),
             ),
+        ]
+
+    def describe(self) -> str:
+        mb = MiB
+        rows = [
+            ("RAM budget", f"{self.budget / mb:,.0f} MiB" if self.budget < 1 << 60 else "none"),
+            ("runtime floor (measured)", f"{self.floor / mb:,.0f} MiB"),
+            ("KV cache", f"{self.kv_bytes / mb:,.0f} MiB"),
+            (
+                "resident: attention, norms, head, embeddings",
+                f"{self.resident_bytes / mb:,.0f} MiB",
+            ),  # noqa: E501
+            *self._ffn_rows(),
             ("stays on flash", f"{self.flash_bytes / mb:,.0f} MiB"),
             ("planned total", f"{self.used_bytes / mb:,.0f} MiB"),
         ]
@@ -354,6 +378,14 @@ def _scratch_bytes(fp: Footprint, prefetch: bool = False) -> int:
     return 2 * min(fp.d_ff, SCRATCH_NEURONS) * fp.neuron_bytes + staged
 
 
+def _ring_bytes() -> int:
+    """Dense streaming's read-ahead ring and the readers' staging buffers."""
+    from edgerun.offload.io import ALIGN, CHUNK
+    from edgerun.offload.rowstream import PIECE_BYTES, RING_SLOTS
+
+    return RING_SLOTS * (PIECE_BYTES + 2 * ALIGN) + 4 * (CHUNK + 2 * ALIGN)
+
+
 def _missed_fraction(cache_neurons: int, d_ff: int, frequencies=None, pinned: int = 0) -> float:
     """Share of a token's active neurons the cache does not hold.
 
@@ -400,32 +432,6 @@ def _sparse_read(
     total = min(misses * per_miss, d_ff * record + align)
     reads = max(1.0, misses * p_break)
     return total, total / reads
-
-
-def _pipelined_stream_seconds(
-    n_layers: int, chunks: int, read_s: float, compute_s: float, layer_s: float
-) -> float:
-    """Wall time of the FFN streaming and the layers around it, reads overlapped.
-
-    StreamingFFN reads one chunk ahead (offload/prefetch.ChunkPipeline): chunk i+1 of a
-    layer is read while chunk i computes, and the first chunk of layer l+1 while the
-    last chunk of layer l, the attention of l+1 and its held neurons compute. Only
-    layer 0's first chunk has nothing to hide behind. With per-layer totals read_s
-    (the layer's streamed reads), compute_s (their compute) and layer_s (attention,
-    held neurons, fixed cost) over `chunks` equal chunks:
-      layer 0   layer_s + r + (n-1) max(r, c)
-      layer l   max(r, c + layer_s) + (n-1) max(r, c)
-      end       c (the last chunk's compute)
-    Summing read and compute instead predicted Qwen2.5-1.5B 13-31% too slow at 680
-    and 560 MiB, where the reads are largest (results/planner.txt).
-    """
-    if chunks <= 0 or n_layers <= 0:
-        return n_layers * (layer_s + compute_s)
-    r, c = read_s / chunks, compute_s / chunks
-    steady = (chunks - 1) * max(r, c)
-    first = layer_s + r + steady
-    rest = (n_layers - 1) * (max(r, c + layer_s) + steady)
-    return first + rest + c
 
 
 def _gpu_layer_bytes(fp: Footprint, dtype_bytes: int) -> tuple[int, int]:
@@ -553,7 +559,7 @@ def minimum_budget(
 ) -> int:
     """The smallest budget `plan` accepts for this model and mode."""
     base = floor + n_ctx * fp.kv_bytes_per_token + _resident_bytes(fp)
-    scratch = _scratch_bytes(fp, prefetch and mode == "sparse")
+    scratch = _ring_bytes() if mode == "dense" else _scratch_bytes(fp, prefetch)
     if mode == "dense":
         return base + scratch
     if not allow_predictor:
@@ -593,9 +599,9 @@ def plan(
     the read rate at their size + device bytes / the device rate + one round trip per
     device call + a fixed cost per layer (DeviceFigures, measured by calibration). With
     `offload` (the executors timed on this model's bundle) the FFN's reads and compute
-    take those per-neuron seconds instead of the rate model. Dense streaming overlaps
-    its reads with compute, so only the wait they leave counts
-    (_pipelined_stream_seconds); sparse misses are read when the gate has chosen them,
+    take those per-neuron seconds instead of the rate model (sparse mode). Dense
+    streaming reads ahead continuously, overlapping all the compute, so only what the
+    reads take beyond it counts; sparse misses are read when the gate has chosen them,
     so their reads add.
     """
     if mode not in ("sparse", "dense"):
@@ -622,7 +628,7 @@ def plan(
     att_share = 1 - len(att_l) / L
     kv = n_ctx * fp.kv_bytes_per_token
     resident = _resident_bytes(fp, att_share)
-    scratch = _scratch_bytes(fp, prefetch and mode == "sparse")
+    scratch = _ring_bytes() if mode == "dense" else _scratch_bytes(fp, prefetch)
     left = budget - floor - kv - resident - scratch
     notes: list[str] = []
     pinned = 0
@@ -631,16 +637,20 @@ def plan(
         per_layer, cache_bytes, read, compute_s = 0, 0, 0.0, 0.0
         gate_resident, pred, gate_b = True, 0, 0
     elif mode == "dense":
-        # The paper's hybrid baseline: whole neurons held, the rest streamed every token.
-        per_layer = min(fp.d_ff, left // (L_cpu * fp.neuron_bytes))
-        cache_bytes = per_layer * L_cpu * fp.neuron_bytes
-        read = (fp.d_ff - per_layer) * L_cpu * fp.neuron_bytes
+        # The paper's hybrid baseline: the first rows of every FFN matrix held (the same
+        # share of each), the rest streamed every token in the file's format
+        # (offload/rowstream.py), held rows a multiple of ROW_MULTIPLE.
+        from edgerun.offload.rowstream import PIECE_BYTES, ROW_MULTIPLE
+
+        nb = fp.dense_neuron_bytes
+        per_layer = min(fp.d_ff, int(left // (L_cpu * nb)))
+        if per_layer < fp.d_ff:
+            per_layer -= per_layer % ROW_MULTIPLE
+        cache_bytes = int(per_layer * L_cpu * nb)
+        read = (fp.d_ff - per_layer) * L_cpu * nb
         gate_resident, pred, gate_b = False, 0, 0
-        neuron_s = _neuron_seconds(fp, dev)
-        if offload is not None:
-            read_s = (fp.d_ff - per_layer) * L_cpu * offload.stream_read_s
-            neuron_s = offload.neuron_compute_s + offload.gate_compute_s
-        compute_s = fp.d_ff * L_cpu * neuron_s
+        compute_s = dev.cpu_seconds(fp.ffn_formats(), L_cpu / L)
+        read_s = read / dev.flash_rate(PIECE_BYTES)
     else:
         gate_b = gate_cpu
         gate_resident = not allow_predictor or left - gate_b >= 0.1 * (
@@ -677,8 +687,8 @@ def plan(
                 f"gate rows do not fit beside a useful cache; a rank-{predictor_rank} "
                 "predictor chooses the neurons"
             )
-    chunk = DENSE_READ_BYTES if mode == "dense" or L_cpu == 0 else min(read_size, 1 << 20)
-    if offload is None or L_cpu == 0:
+    if L_cpu == 0 or (offload is None and mode == "sparse"):
+        chunk = DENSE_READ_BYTES if L_cpu == 0 else min(read_size, 1 << 20)
         read_s = read / dev.flash_rate(chunk)
     split = {
         "cpu": compute_s + _streamed_resident_seconds(fp, dev, att_share),
@@ -686,18 +696,9 @@ def plan(
         "layers": L * dev.layer_overhead_s,
     }
     if mode == "dense" and L_cpu and per_layer < fp.d_ff:
-        # reads overlap compute: only the wait they leave shows (_pipelined_stream_seconds)
-        streamed = fp.d_ff - per_layer
-        att_layer = dev.cpu_seconds(fp.attention_formats(), att_share) / L
-        layer_s = att_layer + per_layer * neuron_s + dev.layer_overhead_s
-        wall = _pipelined_stream_seconds(
-            L_cpu,
-            math.ceil(streamed / min(fp.d_ff, SCRATCH_NEURONS)),
-            read_s / L_cpu,
-            streamed * neuron_s,
-            layer_s,
-        )
-        split["flash"] = max(0.0, wall - L_cpu * (layer_s + streamed * neuron_s))
+        # one thread reads the streamed rows continuously, across layers and tokens,
+        # while everything else computes: only what the reads take beyond it shows
+        split["flash"] = max(0.0, read_s - split["cpu"] - split["layers"])
     if ffn_l or att_l:
         split["gpu"] = _gpu_time(fp, ffn_l, att_l, dev, gpu_dtype_bytes)
     t = sum(split.values())
@@ -720,6 +721,7 @@ def plan(
         notes=notes,
         gate_bytes=gate_b if gate_resident else 0,
         n_layers=L,
+        d_ff=fp.d_ff,
         pinned_neurons=pinned,
         gpu_budget=gpu_budget,
         gpu_ffn_layers=ffn_l,

@@ -1,0 +1,267 @@
+"""Dense FFN streaming in the source file's own format, read ahead continuously.
+
+Every FFN matrix is row-major, and a matvec's rows are independent, so any row range
+of gate, up or down is computed on its own with the resident kernels. Dense streaming
+(the paper's hybrid baseline) therefore needs no bundle: each matrix keeps rows
+[0, held) in RAM and its other rows are read every token, as the GGUF stores them,
+in pieces of about PIECE_BYTES. The results are bit-identical to the resident model.
+
+The pieces a token needs are the same every token and come in the same order (layer
+by layer: gate, up, down), so one reader thread reads them in that cycle, as far
+ahead as its ring of buffers allows, across layer and token boundaries: the storage is
+never idle while attention, the held rows or the sampler compute. Measured against
+the bundled stream (one chunk ahead, down columns requantized to Q8_0) on
+Qwen2.5-Coder-1.5B: benchmarks/results/offload_rowstream.txt.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgerun.errors import InvalidArgumentError
+from edgerun.offload.io import ALIGN, DirectReader, aligned_empty
+from edgerun.ops import qmatvec
+from edgerun.ops.activations import glu
+from edgerun.quant.formats import QuantTensor
+
+__all__ = ["PIECE_BYTES", "RING_SLOTS", "RowStream", "SplitMatrix", "StreamedFFN", "StreamStats"]
+
+PIECE_BYTES = 2 << 20  # one read: large enough for the storage's full rate
+RING_SLOTS = 4  # pieces read ahead (one of them is being computed)
+ROW_MULTIPLE = 64  # piece boundaries on multiples of the kernels' row tiles
+
+
+@dataclass
+class StreamStats:
+    io_s: float = 0.0  # compute waiting for a piece
+    compute_s: float = 0.0
+    tokens: int = 0
+
+    def reset(self) -> None:
+        self.io_s = self.compute_s = 0.0
+        self.tokens = 0
+
+
+class RowStream:
+    """A reader thread over a fixed cycle of file ranges, into a ring of buffers.
+
+    `take(k)` returns piece k's bytes (valid until `release()`); the reader is by then
+    reading the pieces after it. A consumer that asks out of order (an exception in the
+    middle of a forward, a layer moved elsewhere) makes the ring drop what it read ahead
+    and restart at the piece asked for: slower, never wrong.
+    """
+
+    def __init__(self, reader: DirectReader, slots: int = RING_SLOTS) -> None:
+        if slots < 2:
+            raise InvalidArgumentError(f"a row stream needs >= 2 buffers, got {slots}")
+        self.reader = reader
+        self.slots = slots
+        self.ranges: list[tuple[int, int]] = []
+        self._spans: list[tuple[int, int]] = []
+        self.slot_bytes = 0
+        self._bufs: list[np.ndarray] = []
+        self._free: deque[int] = deque()
+        self._ready: deque[tuple[int, int]] = deque()  # (piece, slot)
+        self._inflight: int | None = None
+        self._next = 0
+        self._gen = 0
+        self._held: int | None = None
+        self._closed = False
+        self._error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, offset: int, nbytes: int) -> int:
+        """Append a file range to the cycle (before the first take); its piece index."""
+        if self._thread is not None:
+            raise InvalidArgumentError("row stream: ranges are fixed once reading started")
+        a0 = offset - offset % ALIGN  # read as its aligned superset, straight in (O_DIRECT)
+        a1 = min(-(-(offset + nbytes) // ALIGN) * ALIGN, self.reader.size)
+        self.ranges.append((int(offset), int(nbytes)))
+        self._spans.append((a0, a1))
+        self.slot_bytes = max(self.slot_bytes, a1 - a0)
+        return len(self.ranges) - 1
+
+    def _start(self) -> None:
+        if not self.ranges:
+            raise InvalidArgumentError("a row stream needs at least one range")
+        self._bufs = [aligned_empty(self.slot_bytes) for _ in range(self.slots)]
+        self._free.extend(range(self.slots))
+        self._thread = threading.Thread(target=self._run, name="edgerun-rowstream", daemon=True)
+        self._thread.start()
+
+    @property
+    def nbytes(self) -> int:
+        """The ring's memory."""
+        return self.slots * self.slot_bytes
+
+    def _run(self) -> None:
+        cv = self._cv
+        while True:
+            with cv:
+                while not self._closed and not self._free:
+                    cv.wait()
+                if self._closed:
+                    return
+                slot = self._free.popleft()
+                k, gen = self._next, self._gen
+                self._next = (k + 1) % len(self.ranges)
+                self._inflight = k
+            try:
+                a0, a1 = self._spans[k]
+                self.reader.read_into([(a0, a1 - a0)], self._bufs[slot])
+            except BaseException as e:  # handed to the consumer, which raises it
+                with cv:
+                    self._error = e
+                    self._free.append(slot)
+                    self._inflight = None
+                    cv.notify_all()
+                return
+            with cv:
+                self._inflight = None
+                if gen == self._gen:
+                    self._ready.append((k, slot))
+                else:
+                    self._free.append(slot)
+                cv.notify_all()
+
+    def take(self, k: int) -> np.ndarray:
+        """Piece k's bytes (uint8, exactly the range asked for)."""
+        cv = self._cv
+        with cv:
+            if self._thread is None:
+                self._start()
+            if self._held is not None:
+                raise InvalidArgumentError("row stream: release() the last piece first")
+            while True:
+                if self._error is not None:
+                    raise self._error
+                if self._closed:
+                    raise InvalidArgumentError("row stream is closed")
+                if self._ready and self._ready[0][0] == k:
+                    _, slot = self._ready.popleft()
+                    break
+                if self._ready or (self._inflight != k and self._next != k):
+                    self._restart(k)  # out of order: drop the read-ahead
+                cv.wait()
+        self._held = slot
+        off, n = self.ranges[k]
+        a0 = self._spans[k][0]
+        return self._bufs[slot][off - a0 : off - a0 + n]
+
+    def _restart(self, k: int) -> None:
+        self._free.extend(s for _, s in self._ready)
+        self._ready.clear()
+        self._gen += 1
+        self._next = k
+        self._cv.notify_all()
+
+    def release(self) -> None:
+        with self._cv:
+            if self._held is not None:
+                self._free.append(self._held)
+                self._held = None
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+
+@dataclass
+class SplitMatrix:
+    """A matrix whose rows [0, held.rows) are in RAM and the rest stream as pieces.
+
+    pieces: (piece index in the stream, first row, end row)."""
+
+    name: str
+    template: QuantTensor  # the file's tensor: format, shape, row bytes
+    held: QuantTensor | None
+    pieces: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return self.template.shape[0]
+
+    def project(self, stream: RowStream, x: np.ndarray, stats: StreamStats) -> np.ndarray:
+        """x [n, cols] -> [n, rows], as qmatvec.project on the whole matrix computes it."""
+        t = self.template
+        out = np.empty((x.shape[0], self.rows), np.float32)
+        t0 = time.perf_counter()
+        h = 0
+        if self.held is not None:
+            h = self.held.shape[0]
+            out[:, :h] = qmatvec.project(self.held, x)
+        t1 = time.perf_counter()
+        stats.compute_s += t1 - t0
+        rb = t.data.shape[1]
+        for k, r0, r1 in self.pieces:
+            t0 = time.perf_counter()
+            buf = stream.take(k)
+            t1 = time.perf_counter()
+            try:
+                piece = QuantTensor(t.name, t.qtype, (r1 - r0, t.shape[1]), buf.reshape(-1, rb))
+                out[:, r0:r1] = qmatvec.project(piece, x)
+            finally:
+                stream.release()
+            stats.io_s += t1 - t0
+            stats.compute_s += time.perf_counter() - t1
+        return out
+
+
+class StreamedFFN:
+    """down(act(gate x) * up x) with each matrix split between RAM and the stream."""
+
+    def __init__(
+        self,
+        gate: SplitMatrix,
+        up: SplitMatrix,
+        down: SplitMatrix,
+        activation: str,
+        stream: RowStream | None,
+        stats: StreamStats,
+    ) -> None:
+        self.gate, self.up, self.down = gate, up, down
+        self.activation = activation
+        self.stream = stream
+        self.stats = stats
+        self.d_ff, self.d_model = gate.template.shape
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        s, st = self.stream, self.stats
+        g = self.gate.project(s, x, st)
+        u = self.up.project(s, x, st)
+        t0 = time.perf_counter()
+        h = glu(g, u, self.activation)
+        st.compute_s += time.perf_counter() - t0
+        return self.down.project(s, h, st)
+
+
+def split_rows(
+    t: QuantTensor, held: int, piece_bytes: int = PIECE_BYTES
+) -> tuple[int, list[tuple[int, int]]]:
+    """Rows [0, held') kept (held rounded down to ROW_MULTIPLE, so never more than the
+    plan gave) and the streamed row ranges, each about piece_bytes and on ROW_MULTIPLE
+    boundaries."""
+    rows, rb = t.shape[0], t.data.shape[1]
+    held = rows if held >= rows else max(0, held) // ROW_MULTIPLE * ROW_MULTIPLE
+    step = max(ROW_MULTIPLE, piece_bytes // rb // ROW_MULTIPLE * ROW_MULTIPLE)
+    return held, [(r, min(rows, r + step)) for r in range(held, rows, step)]
+
+
+def read_rows(reader: DirectReader, offset: int, t: QuantTensor, rows: int) -> QuantTensor:
+    """Rows [0, rows) of tensor t (at file `offset`) read into anonymous memory, so they
+    leave nothing in the page cache."""
+    rb = t.data.shape[1]
+    buf = np.empty((rows, rb), np.uint8)
+    if rows:
+        reader.read_into([(offset, rows * rb)], buf)
+    return QuantTensor(t.name, t.qtype, (rows, t.shape[1]), buf)
