@@ -156,8 +156,10 @@ class Model:
             check_template(self.tokenizer.chat_template)
         self.plan = None
         self.floor_bytes = current_rss_bytes() + KERNEL_FLOOR_BYTES
-        self.store = ResidentStore(self.file, str(self.path))
-        self.transformer = Transformer(self.spec, self.store, str(self.path))
+        offloading = ram_budget is not None or offload is not None or gpu_budget is not None
+        self.store = None  # built below: resident, or by _offload once the plan is known
+        if not offloading:
+            self._build_resident()
         self.threads = threads or default_threads()
         if self.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {self.threads}")
@@ -169,7 +171,7 @@ class Model:
         )
         self.gpu_placement = None
         self._placement_args = (ram_budget, offload, offload_options, gpu_budget, gpu_device)
-        if ram_budget is not None or offload is not None or gpu_budget is not None:
+        if offloading:
             self._offload(ram_budget, offload, offload_options, gpu_budget, gpu_device)
         # One forward at a time: the scheduler thread and direct generate() calls share
         # the weights and the kernels' thread pool.
@@ -182,6 +184,7 @@ class Model:
             self.kv_type,
             lock=self.compute_lock,
             context_policy=context_policy,
+            after_warm_up=self._drop_page_cache if offloading else None,
         )
         self.prefix_cache = PrefixCache()
         self._scheduler: BatchScheduler | None = None
@@ -249,7 +252,7 @@ class Model:
         if mode == "dense":
             opts.sparsity = 0.0
         profile = self.neuron_profile(opts.profile) if mode == "sparse" and opts.hot > 0 else None
-        bundle = self._bundle_file()
+        bundle = self._bundle_file() if mode == "sparse" else None  # dense streams the GGUF
         offload = None
         if bundle is not None and device is not None:  # a calibrated prediction: time the
             from edgerun.sched.calibration import offload_figures  # executors on it too
@@ -347,6 +350,8 @@ class Model:
 
             resolve_device(gpu_device)  # a missing torch or device fails before any work
         self.plan, opts = self.plan_for(ram_budget, mode, options, gpu_budget, gpu_device)
+        if self.plan.mode != "dense":  # sparse calibration runs the resident model first
+            self._build_resident()
         if self.plan.mode == "dense":
             from edgerun.offload.store import DenseStreamStore
 
@@ -391,6 +396,23 @@ class Model:
                 from edgerun.offload.store import release_file_pages
 
                 release_file_pages(self.file)  # the moved weights were read once, here
+        self._drop_page_cache()
+
+    def _drop_page_cache(self) -> None:
+        """Under a budget: drop the page cache loading left (offload/io.drop_own_page_cache);
+        a resident plan keeps the model file's, which it reads through the mmap."""
+        if self.plan is None or self.plan.mode == "resident":
+            return
+        import numba
+
+        from edgerun.offload.io import drop_own_page_cache
+
+        drop_own_page_cache([numba.config.CACHE_DIR] if numba.config.CACHE_DIR else [])
+
+    def _build_resident(self) -> None:
+        """The Transformer over the file's mapped tensors."""
+        self.store = ResidentStore(self.file, str(self.path))
+        self.transformer = Transformer(self.spec, self.store, str(self.path))
 
     def _footprint(self):
         from edgerun.sched.placement import footprint

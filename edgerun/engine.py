@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -139,7 +139,10 @@ class Generator:
         kv_type: str = "f32",
         lock: threading.RLock | None = None,
         context_policy: str = "error",
+        after_warm_up: Callable[[], object] | None = None,
     ) -> None:
+        """after_warm_up: called once the kernels are loaded (a budgeted model drops the
+        page cache their loading left)."""
         if context_policy not in CONTEXT_POLICIES:
             raise InvalidArgumentError(
                 f"context_policy must be one of {', '.join(CONTEXT_POLICIES)}, "
@@ -153,6 +156,7 @@ class Generator:
         self.stats = GenerationStats()
         self.governor = governor
         self.warmed: WarmUp | None = None
+        self.after_warm_up = after_warm_up
 
     def _pace(self) -> None:
         """Follow the governor's thread count (it changes only when other load does)."""
@@ -188,6 +192,8 @@ class Generator:
             compute_thread().call(self._warm_parallel_kernels)
         compiled = sum(1 for e in rec.buffer if e[1].is_start)
         self.warmed = WarmUp(time.perf_counter() - t0, compiled)
+        if self.after_warm_up is not None:
+            self.after_warm_up()
         return self.warmed
 
     def _warm_parallel_kernels(self) -> None:

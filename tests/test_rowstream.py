@@ -1,5 +1,8 @@
 """Dense streaming of FFN rows in the file's format (offload/rowstream.py)."""
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -94,3 +97,60 @@ def test_a_split_matrix_computes_exactly_what_the_whole_one_does(tmp_path, qtype
                 assert np.array_equal(m.project(stream, x, stats), qmatvec.project(t, x))
         assert reader.bytes_read >= 4 * (rows - held) * rb
         stream.close()
+
+
+def _cached_bytes(path) -> int:
+    """Bytes of `path` in the page cache (mincore over a fresh read-only mapping)."""
+    import ctypes
+    import mmap
+    import os
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = os.path.getsize(path)
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * pages)()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
+        view = np.frombuffer(m, np.uint8)
+        rc = libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), vec)
+        del view
+    if rc != 0:
+        pytest.skip("mincore is not available")
+    return int((np.frombuffer(vec, np.uint8) & 1).sum()) * mmap.PAGESIZE
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="posix_fadvise, mincore")
+def test_own_page_cache_is_dropped(tmp_path):
+    from edgerun.offload.io import drop_own_page_cache
+
+    path = tmp_path / "kernels" / "k.bin"
+    path.parent.mkdir()
+    path.write_bytes(np.ones(8 << 20, np.uint8).tobytes())
+    os.fsync(os.open(path, os.O_RDONLY))  # clean pages: only those can be dropped
+    path.read_bytes()
+    if _cached_bytes(path) < 4 << 20:
+        pytest.skip("this filesystem does not keep the file in the page cache")
+    assert drop_own_page_cache([tmp_path]) >= 1
+    assert _cached_bytes(path) < 1 << 20
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore")
+def test_a_budgeted_model_leaves_its_file_out_of_the_page_cache(smollm2_path, tmp_path):
+    """Dense streaming reads with direct I/O, and the resident tensors are read the same
+    way; nothing faults the mapping (whose readahead would pull in megabytes around
+    each fault). Checked in a fresh process on the file's page-cache residency."""
+    code = f"""
+import os, edgerun
+from edgerun.api import minimum_ram_budget
+fd = os.open({str(smollm2_path)!r}, os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+need = minimum_ram_budget({str(smollm2_path)!r}, n_ctx=256)
+m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=2, ram_budget=int(need * 1.1))
+print(type(m.store).__name__, "".join(m.generate("Paris is", max_tokens=8, temperature=0)))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("DenseStreamStore")
+    size = os.path.getsize(smollm2_path)
+    # the header (metadata, vocabulary) and the embedding rows used; not the weights
+    assert _cached_bytes(smollm2_path) < min(24 << 20, size // 3)

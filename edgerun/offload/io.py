@@ -329,3 +329,45 @@ class DirectReader:
         fd = getattr(self, "_fd", None)
         if fd is not None:
             os.close(fd)
+
+
+def drop_own_page_cache(directories: Sequence[str | os.PathLike] = ()) -> int:
+    """Drop the clean page-cache pages no mapping uses of the files this process has
+    mapped (its libraries, the model file) and of the files under `directories` (the
+    kernel cache); returns the files advised. Linux; elsewhere a no-op returning 0.
+
+    Why: a memory cgroup counts that page cache against the budget. Left behind by
+    imports and by the readahead of library faults (~100-170 MiB), it kept a cgroup of
+    the budget at its limit, and there direct I/O ran 2.4x slower (measured: 2 MiB
+    O_DIRECT reads 0.97 GB/s at the limit, 2.35 GB/s below it; Qwen2.5-Coder-1.5B at
+    800 MiB decoded 1.0 tok/s instead of 2.4). Mapped pages stay: POSIX_FADV_DONTNEED
+    leaves them alone."""
+    if not hasattr(os, "posix_fadvise"):
+        return 0
+    files: set[str] = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/"):
+                    files.add(parts[5].rstrip("\n"))
+    except OSError:
+        return 0
+    for d in directories:
+        root = Path(d)
+        if root.is_dir():
+            files.update(str(p) for p in root.rglob("*") if p.is_file())
+    n = 0
+    for path in files:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue  # deleted, or not ours to open
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            n += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return n
