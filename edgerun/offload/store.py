@@ -177,7 +177,10 @@ class OffloadStore(ResidentStore):
         options: OffloadOptions,
         hot_order: list[np.ndarray] | None = None,
     ) -> None:
-        super().__init__(reader, source)
+        from edgerun.offload.io import DirectReader
+
+        self._tensor_reader = DirectReader(reader.path, threads=options.io_threads)
+        super().__init__(_direct_tensors(reader, spec, self._tensor_reader), source)
         self.plan, self.options = plan, options
         # per layer: neuron ids, most active first (a NeuronProfile's hot_order)
         self.hot_order = hot_order
@@ -329,6 +332,13 @@ class DirectTensors:
         return QuantTensor(t.name, t.qtype, t.shape, data)
 
 
+def _direct_tensors(gguf, spec: ModelSpec, direct) -> DirectTensors:
+    g = spec.global_tensors
+    # the embedding stays mapped (rows read as used) unless it is also the head
+    mapped = frozenset({g["token_embd"]}) if g["output"] in gguf.infos else frozenset()
+    return DirectTensors(gguf, direct, mapped)
+
+
 class DenseStreamStore(ResidentStore):
     """Resident attention/head/embeddings; each FFN matrix keeps its first rows in RAM and
     streams the rest every token in the file's own format (offload/rowstream.py). Needs
@@ -351,10 +361,7 @@ class DenseStreamStore(ResidentStore):
         from edgerun.offload.rowstream import RowStream, StreamStats
 
         self.direct = DirectReader(reader.path, threads=options.io_threads)
-        g = spec.global_tensors
-        # the embedding stays mapped (rows read as used) unless it is also the head
-        mapped = frozenset({g["token_embd"]}) if g["output"] in reader.infos else frozenset()
-        super().__init__(DirectTensors(reader, self.direct, mapped), source)
+        super().__init__(_direct_tensors(reader, spec, self.direct), source)
         self.plan, self.options = plan, options
         self.skip = skip
         self.row_stream = RowStream(self.direct)
