@@ -552,12 +552,12 @@ def _cmd_sysinfo(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from edgerun.api import Model, resolve_model
+    from edgerun.api import Model, kv_type_for, resolve_model
     from edgerun.sched.calibration import calibrate
 
     if args.ram_budget is None and args.gpu_budget is None and args.offload is None:
         raise EdgerunError("plan: give --ram-budget and/or --gpu-budget (or --offload)")
-    kv = args.kv_type or ("f16" if args.ram_budget is not None else "f32")
+    kv = kv_type_for(args.kv_type, args.ram_budget)
     model = Model(resolve_model(args.model), n_ctx=args.ctx, kv_type=kv)
     opts = {} if args.sparsity is None else {"sparsity": args.sparsity}
     gpu_device = args.gpu_device if args.gpu_budget is not None else None

@@ -40,11 +40,9 @@ ROW_MULTIPLE = 64  # piece boundaries on multiples of the kernels' row tiles
 class StreamStats:
     io_s: float = 0.0  # compute waiting for a piece
     compute_s: float = 0.0
-    tokens: int = 0
 
     def reset(self) -> None:
         self.io_s = self.compute_s = 0.0
-        self.tokens = 0
 
 
 class RowStream:
@@ -94,11 +92,6 @@ class RowStream:
         self._free.extend(range(self.slots))
         self._thread = threading.Thread(target=self._run, name="edgerun-rowstream", daemon=True)
         self._thread.start()
-
-    @property
-    def nbytes(self) -> int:
-        """The ring's memory."""
-        return self.slots * self.slot_bytes
 
     def _run(self) -> None:
         cv = self._cv
@@ -196,10 +189,8 @@ class SplitMatrix:
         t = self.template
         out = np.empty((x.shape[0], self.rows), np.float32)
         t0 = time.perf_counter()
-        h = 0
         if self.held is not None:
-            h = self.held.shape[0]
-            out[:, :h] = qmatvec.project(self.held, x)
+            out[:, : self.held.shape[0]] = qmatvec.project(self.held, x)
         t1 = time.perf_counter()
         stats.compute_s += t1 - t0
         rb = t.data.shape[1]
@@ -226,7 +217,7 @@ class StreamedFFN:
         up: SplitMatrix,
         down: SplitMatrix,
         activation: str,
-        stream: RowStream | None,
+        stream: RowStream,
         stats: StreamStats,
     ) -> None:
         self.gate, self.up, self.down = gate, up, down

@@ -366,7 +366,6 @@ class DenseStreamStore(ResidentStore):
         self.skip = skip
         self.row_stream = RowStream(self.direct)
         self.stats = StreamStats()
-        self.held_bytes = 0
 
     def _split(self, name: str, held: int):
         from edgerun.offload.rowstream import SplitMatrix, read_rows, split_rows
@@ -376,42 +375,27 @@ class DenseStreamStore(ResidentStore):
         held, pieces = split_rows(t, held)
         rb = t.data.shape[1]
         kept = read_rows(self.direct, offset, t, held) if held else None
-        self.held_bytes += held * rb
         spec = [
             (self.row_stream.add(offset + r0 * rb, (r1 - r0) * rb), r0, r1) for r0, r1 in pieces
         ]
         return SplitMatrix(name, t, kept, spec)
 
     def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
-        if layer in self.skip:  # replaced by a device executor: mapped views, never read
-            from edgerun.ffn import DenseFFN
-
-            self.check_vectors(spec, layer)
-            v = self._reader.view
-            return DenseFFN(
-                *(v(spec.layer_tensor(r, layer)) for r in ("ffn_gate", "ffn_up", "ffn_down")),
-                spec.activation,
-                expected=(spec.d_ff, spec.d_model),
-                source=self._source,
-            )
+        from edgerun.ffn import DenseFFN, check_shapes
         from edgerun.offload.rowstream import StreamedFFN
 
         self.check_vectors(spec, layer)
+        names = [spec.layer_tensor(r, layer) for r in ("ffn_gate", "ffn_up", "ffn_down")]
+        views = [self._reader.view(n) for n in names]
+        if layer in self.skip:  # replaced by a device executor: mapped views, never read
+            return DenseFFN(
+                *views, spec.activation, expected=(spec.d_ff, spec.d_model), source=self._source
+            )
+        ff, dm = (spec.d_ff, spec.d_model), (spec.d_model, spec.d_ff)
+        check_shapes(zip(views, (ff, ff, dm)), self._source)  # before any row is read
         h = min(spec.d_ff, self.plan.cache_neurons)
         h_down = spec.d_model if h >= spec.d_ff else int(h * spec.d_model // spec.d_ff)
-        gate = self._split(spec.layer_tensor("ffn_gate", layer), h)
-        up = self._split(spec.layer_tensor("ffn_up", layer), h)
-        down = self._split(spec.layer_tensor("ffn_down", layer), h_down)
-        for t, shape in (
-            (gate, (spec.d_ff, spec.d_model)),
-            (up, (spec.d_ff, spec.d_model)),
-            (down, (spec.d_model, spec.d_ff)),
-        ):
-            if t.template.shape != shape:
-                raise ModelFormatError(
-                    f"{self._source}: tensor '{t.name}' has shape {t.template.shape}, "
-                    f"expected {shape}"
-                )
+        gate, up, down = (self._split(n, k) for n, k in zip(names, (h, h, h_down)))
         return StreamedFFN(gate, up, down, spec.activation, self.row_stream, self.stats)
 
     @property
