@@ -170,6 +170,11 @@ class Model:
         self.gpu_placement = None
         self._placement_args = (ram_budget, offload, offload_options, gpu_budget, gpu_device)
         if offloading:
+            if ram_budget is not None:  # compiling beside the budgeted weights thrashes
+                from edgerun.ops import qmatvec
+                from edgerun.tools.warm_kernels import ensure_kernels_compiled
+
+                ensure_kernels_compiled(self.path, self.kv_type, qmatvec.kernel_path())
             self._offload(ram_budget, offload, offload_options, gpu_budget, gpu_device)
         # One forward at a time: the scheduler thread and direct generate() calls share
         # the weights and the kernels' thread pool.

@@ -145,7 +145,9 @@ class RowStream:
         self._held = slot
         off, n = self.ranges[k]
         a0 = self._spans[k][0]
-        return self._bufs[slot][off - a0 : off - a0 + n]
+        piece = self._bufs[slot][off - a0 : off - a0 + n]
+        piece.flags.writeable = False  # the type mapped weights have (one compiled kernel)
+        return piece
 
     def _restart(self, k: int) -> None:
         self._free.extend(s for _, s in self._ready)
@@ -255,4 +257,5 @@ def read_rows(reader: DirectReader, offset: int, t: QuantTensor, rows: int) -> Q
     buf = np.empty((rows, rb), np.uint8)
     if rows:
         reader.read_into([(offset, rows * rb)], buf)
+    buf.flags.writeable = False  # the type mapped weights have (one compiled kernel)
     return QuantTensor(t.name, t.qtype, (rows, t.shape[1]), buf)

@@ -329,6 +329,7 @@ class DirectTensors:
             return t
         data = np.empty(t.data.shape, np.uint8)
         self.direct.read_into([(self.infos[name].offset, t.data.nbytes)], data)
+        data.flags.writeable = False  # as mapped weights are: the kernels' cached types
         return QuantTensor(t.name, t.qtype, t.shape, data)
 
 
