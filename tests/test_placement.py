@@ -275,3 +275,22 @@ def test_offload_path_is_timed_on_a_real_bundle(tmp_path, smollm2_path):
     # scattered misses cost more per record than dense runs of them
     assert off.read_s(0.02) > off.read_s(0.9)
     assert 0 < off.neuron_compute_s < 1e-3 and 0 < off.gate_compute_s < 1e-3
+
+
+def test_the_row_stream_rate_is_measured_and_used_for_dense_plans(tmp_path):
+    from dataclasses import replace
+
+    from edgerun.sched.calibration import measure_stream
+    from edgerun.sched.placement import DeviceFigures
+
+    rate = measure_stream(tmp_path, nbytes=16 << 20, cycles=2)
+    assert 1e6 < rate < 1e12 and not list(tmp_path.iterdir())  # scratch file removed
+    dev = DeviceFigures(flash_by_chunk=((1 << 20, 2e9),))
+    assert dev.stream_rate() == 2e9  # unmeasured: the rate of its piece size
+    slow = replace(dev, flash_stream_bytes_s=5e8)
+    assert slow.stream_rate() == 5e8
+    fast_plan = plan(QWEN15, 800 * MB, FLOOR, 512, mode="dense", device=dev)
+    slow_plan = plan(QWEN15, 800 * MB, FLOOR, 512, mode="dense", device=slow)
+    reads = slow_plan.read_bytes_per_token / 5e8  # storage-bound at this rate
+    assert 1 / slow_plan.predicted_tok_s == pytest.approx(reads)
+    assert slow_plan.predicted_tok_s < fast_plan.predicted_tok_s

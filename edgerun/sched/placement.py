@@ -289,6 +289,7 @@ class DeviceFigures:
     gpu_matvec_bytes_s: float = 0.0  # device weight bytes a second (0: no device)
     gpu_call_s: float = 0.0  # one executor call's host->device->host round trip
     cpu_by_format: tuple[tuple[str, float], ...] = ()  # (block format, matvec bytes/s)
+    flash_stream_bytes_s: float = 0.0  # dense streaming's one-thread piece reads (0: unknown)
 
     def cpu_rate(self, fmt: str | None = None) -> float:
         """The CPU kernels' bytes/s on `fmt` blocks (the mean rate when not measured)."""
@@ -308,6 +309,13 @@ class DeviceFigures:
         from edgerun.offload.io import interpolate_rate
 
         return interpolate_rate(self.flash_by_chunk, chunk)
+
+    def stream_rate(self) -> float:
+        """Dense streaming's read rate: measured on the row stream itself, else the
+        rate of its piece size."""
+        from edgerun.offload.rowstream import PIECE_BYTES
+
+        return self.flash_stream_bytes_s or self.flash_rate(PIECE_BYTES)
 
 
 # Miss densities (share of a layer's neurons read in one token) the offload path is
@@ -640,7 +648,7 @@ def plan(
         # The paper's hybrid baseline: the first rows of every FFN matrix held (the same
         # share of each), the rest streamed every token in the file's format
         # (offload/rowstream.py), held rows a multiple of ROW_MULTIPLE.
-        from edgerun.offload.rowstream import PIECE_BYTES, ROW_MULTIPLE
+        from edgerun.offload.rowstream import ROW_MULTIPLE
 
         nb = fp.dense_neuron_bytes
         per_layer = min(fp.d_ff, int(left // (L_cpu * nb)))
@@ -650,7 +658,7 @@ def plan(
         read = (fp.d_ff - per_layer) * L_cpu * nb
         gate_resident, pred, gate_b = False, 0, 0
         compute_s = dev.cpu_seconds(fp.ffn_formats(), L_cpu / L)
-        read_s = read / dev.flash_rate(PIECE_BYTES)
+        read_s = read / dev.stream_rate()
     else:
         gate_b = gate_cpu
         gate_resident = not allow_predictor or left - gate_b >= 0.1 * (
