@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from edgerun.offload.io import drop_page_cache
+
 __all__ = ["ensure_kernels_compiled", "warm_marker"]
 
 
@@ -57,26 +59,12 @@ def ensure_kernels_compiled(path: str | os.PathLike, kv_type: str, kernels: str)
     env = dict(os.environ, EDGERUN_KERNELS=kernels)
     cmd = [sys.executable, "-m", "edgerun.tools.warm_kernels", str(path), "--kv-type", kv_type]
     r = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    _drop_file_cache(Path(path))  # the child's mapped pages would count against the budget
+    drop_page_cache([path])  # the child's mapped pages would count against the budget
     if r.returncode != 0:
         return False
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(r.stdout.strip() + "\n")
     return True
-
-
-def _drop_file_cache(path: Path) -> None:
-    files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
-    for f in files:
-        try:
-            fd = os.open(f, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
