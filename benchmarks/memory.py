@@ -8,8 +8,9 @@ engine allocates for C positions: edgerun float32 K and V (f16 with --kv-type
 f16), llama.cpp its default f16. The budget checked is peak <= 1.3 x (GGUF file
 + KV cache); the same ratio with the runtime floor taken out shows what the
 model itself costs.
-llama.cpp is skipped (with the install command printed) when llama-cpp-python is
-not installed:
+llama.cpp is skipped, with the reason and the install command printed, when
+llama-cpp-python is not installed or its build crashes on this CPU (probed first in a
+child, see llamacpp_ref.py):
 
     CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36
 
@@ -20,15 +21,17 @@ Usage: python benchmarks/memory.py [-m MODEL ...] [-c 2048] [-p 128] [-n 128] [-
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llamacpp_ref import describe_exit, llama_cpp_unusable  # noqa: E402
 
 BUDGET = 1.3
-INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36'
 
 
 def _rss_now() -> int:
@@ -106,7 +109,9 @@ def _run_child(engine: str, path: str, args) -> dict:
     ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
-        raise RuntimeError(f"{engine} child failed:\n{out.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{engine} child failed ({describe_exit(out.returncode)}):\n{out.stderr[-2000:]}"
+        )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -125,8 +130,11 @@ def measure(model: str, args) -> list[dict]:
     spec = spec_from_gguf(gguf.metadata, str(path))
     n_ctx = min(args.ctx, spec.context_length)
     engines = ["edgerun"]
-    if importlib.util.find_spec("llama_cpp") is not None:
+    why_not = llama_cpp_unusable(str(path))
+    if why_not is None:
         engines.append("llama.cpp")
+    else:
+        print(f"measuring edgerun only: {why_not}", file=sys.stderr)
     runs: dict[str, list[dict]] = {e: [] for e in engines}
     for _ in range(args.repetitions):
         for e in engines:  # alternate, so both see the same machine state
@@ -193,11 +201,6 @@ def main(argv=None) -> int:
             res = fn(args.model[0], args.ctx, args.n_prompt, args.n_gen, args.threads)
         print(json.dumps(res))
         return 0
-    if importlib.util.find_spec("llama_cpp") is None:
-        print(
-            f"llama-cpp-python is not installed (measuring edgerun only); for the comparison:\n"
-            f"  {INSTALL}"
-        )
     rows = []
     for model in args.model or ["smollm2-135m"]:
         rows.extend(measure(model, args))

@@ -28,7 +28,6 @@ Needs root (cgroups, drop_caches). Usage:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -36,6 +35,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llamacpp_ref import llama_cpp_unusable  # noqa: E402
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 PROMPT = "Write a Python function that checks whether a number is prime."
@@ -301,7 +303,7 @@ def main() -> None:
         bundle = _bundle_of(str(resolve_model(model)))
         if bundle is not None:
             offload_figures(bundle, a.threads, refresh=True)
-    has_llama = importlib.util.find_spec("llama_cpp") is not None
+    why_no_llama: dict[str, str] = {}
     hdr = (
         f"{'model':<20} {'budget':>7} {'config':<9} {'tok/s':>6} {'MB/tok':>7} {'hit':>5} "
         f"{'io ms':>6} {'mm ms':>6} {'cmp ms':>6} {'max MB':>7} {'pred':>6} {'meas/pred':>9}  note"
@@ -330,8 +332,11 @@ def main() -> None:
             # the floor is measured per process and varies by a few MiB between runs
             budget = int(_minimum_budget(path, a.ctx) * 1.02) if b == "min" else parse_budget(b)
             for cfg in a.configs.split(","):
-                if cfg == "llama.cpp" and not has_llama:
-                    continue
+                if cfg == "llama.cpp":
+                    why = llama_cpp_unusable(path)
+                    if why is not None:
+                        why_no_llama[model] = why
+                        continue
                 cells.append((model, path, b, budget, cfg))
     runs: dict[tuple, list[dict]] = {c: [] for c in cells}
     print(hdr)
@@ -362,11 +367,8 @@ def main() -> None:
         print(hdr)
         for r in rows:
             print(line(r), flush=True)
-    if not has_llama:
-        print(
-            'llama.cpp skipped: CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" '
-            "pip install llama-cpp-python"
-        )
+    for model, why in why_no_llama.items():
+        print(f"llama.cpp skipped for {model}: {why}")
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(rows, indent=1))

@@ -13,15 +13,16 @@ Usage: python benchmarks/vs_llamacpp.py [-m MODEL] [-p 128] [-n 128] [-t 1,2] [-
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36'
+sys.path.insert(0, str(Path(__file__).parent))
+from llamacpp_ref import llama_cpp_unusable  # noqa: E402
 
 
 def _hand_over() -> None:
@@ -69,11 +70,6 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-type", choices=("f32", "f16"), default="f32", help="edgerun's KV cache")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if importlib.util.find_spec("llama_cpp") is None:
-        print(f"llama-cpp-python is not installed; to compare against llama.cpp run:\n  {INSTALL}")
-        return 0
-    from llama_cpp import Llama
-
     import edgerun
     from edgerun.bench import _time_decode, _time_prefill
     from edgerun.sched.cpu_share import set_threads
@@ -81,6 +77,12 @@ def main(argv=None) -> int:
     threads = [int(t) for t in args.threads.split(",")]
     n_ctx = max(args.n_prompt, args.depth + args.n_gen) + 8
     model = edgerun.load(args.model, n_ctx=n_ctx, kv_type=args.kv_type)
+    why_not = llama_cpp_unusable(str(model.path))
+    if why_not is not None:
+        print(f"no comparison: {why_not}")
+        return 0
+    from llama_cpp import Llama
+
     rng = np.random.default_rng(0)
     ids = rng.integers(0, model.spec.vocab_size, args.n_prompt).tolist()
     context = rng.integers(0, model.spec.vocab_size, args.depth).tolist()

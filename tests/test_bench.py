@@ -79,3 +79,14 @@ def test_stream_sum_is_the_array_sum():
 
     a = np.random.default_rng(0).random((8, 1000 * 16 + 7), dtype=np.float32)
     assert _stream_sum(a) == pytest.approx(float(a.sum(dtype=np.float64)), rel=1e-5)
+
+
+def test_a_reference_engine_that_cannot_decode_is_reported_not_fatal(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from llamacpp_ref import describe_exit, llama_cpp_unusable
+
+    assert describe_exit(-11) == "signal SIGSEGV" and describe_exit(1) == "exit 1"
+    bad = tmp_path / "not-a-model.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 60)
+    why = llama_cpp_unusable(str(bad))
+    assert why is not None and "llama-cpp-python" in why and "pip install" in why
