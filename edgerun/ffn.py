@@ -81,6 +81,5 @@ class DenseFFN:
     def decode_batch(self, x: np.ndarray) -> np.ndarray:
         """Rows of different sequences' decode steps: weights read once, each row equal to
         the one-token result (qmatvec.matvec_batch)."""
-        gate = qmatvec.matvec_batch(self.gate, x)
-        up = qmatvec.matvec_batch(self.up, x)
+        gate, up = qmatvec.matvec_batch_many((self.gate, self.up), x)
         return qmatvec.matvec_batch(self.down, glu(gate, up, self.activation))

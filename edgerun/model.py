@@ -14,7 +14,7 @@ from edgerun.errors import ModelFormatError
 from edgerun.ffn import FFNExecutor, decode_rows
 from edgerun.kvcache import KVCache
 from edgerun.ops import qmatvec
-from edgerun.ops.attention import attention
+from edgerun.ops.attention import BatchAttention, attention
 from edgerun.ops.norm import rmsnorm
 from edgerun.ops.rope import rope_inplace, rope_tables
 from edgerun.quant.formats import QuantTensor
@@ -216,15 +216,13 @@ class Transformer:
         if s.embed_scale != 1.0:
             h *= np.float32(s.embed_scale)
         ctx = np.empty((n, s.q_dim), np.float32)
+        attend = BatchAttention([c.k for c in caches], [c.v for c in caches], starts)
         for li, layer in enumerate(self.layers):
             cos, sin = self._rope(n_ctx, s.rope_base_of(li))
             x = rmsnorm(h, layer.attn_norm, eps)
             qkv = layer.attn_proj.qkv_batch(x)
             q, k, v = self._qkv(layer, qkv, positions, cos, sin)
-            window = s.window(li)
-            for b, c in enumerate(caches):
-                c.store(li, starts[b], k[b : b + 1], v[b : b + 1])
-                ctx[b] = attention(q[b : b + 1], c.k[li], c.v[li], starts[b], window)[0]
+            attend(li, q, k, v, s.window(li), ctx)
             att = layer.attn_proj.out_batch(ctx)
             if layer.post_attn_norm is not None:
                 att = rmsnorm(att, layer.post_attn_norm, eps)

@@ -54,8 +54,7 @@ class ResidentProjections:
         return qmatvec.project(self.o, ctx)
 
     def qkv_batch(self, x: np.ndarray) -> list[np.ndarray]:
-        mvb = qmatvec.matvec_batch
-        return [mvb(self.q, x), mvb(self.k, x), mvb(self.v, x)]
+        return qmatvec.matvec_batch_many((self.q, self.k, self.v), x)
 
     def out_batch(self, ctx: np.ndarray) -> np.ndarray:
         return qmatvec.matvec_batch(self.o, ctx)

@@ -55,3 +55,33 @@ def test_batch_shape_error_names_tensor():
     w = _tensor(QuantType.Q8_0, 4, 2, seed=0)
     with pytest.raises(InvalidArgumentError, match="tQ8_0"):
         qm.matvec_batch(w, np.zeros((2, 7), np.float32))
+
+
+@pytest.mark.parametrize(
+    "qs",
+    [
+        (QuantType.Q4_1, QuantType.Q4_1, QuantType.Q4_1),
+        (QuantType.Q4_K, QuantType.Q4_K),
+        (QuantType.Q4_K, QuantType.Q6_K, QuantType.Q4_K),  # Qwen's mixed q, k, v
+        (QuantType.Q8_0, QuantType.Q8_0, QuantType.Q8_0, QuantType.Q8_0),  # 3 + 1
+    ],
+    ids=lambda qs: "-".join(q.name for q in qs),
+)
+@pytest.mark.parametrize("n", [1, 3, 4, 6])
+def test_batch_many_equals_matvec_bitwise(qs, n, path):
+    """Matrices sharing x in one kernel call (Q/K/V, gate/up): each output equals its
+    own single-vector matvec, whatever the mix of formats and row counts."""
+    ws = [_tensor(q, 21 + 8 * i, 2, seed=i) for i, q in enumerate(qs)]
+    x = np.random.default_rng(n).standard_normal((n, ws[0].shape[1])).astype(np.float32)
+    got = qm.matvec_batch_many(ws, x)
+    assert len(got) == len(ws)
+    for w, y in zip(ws, got):
+        want = np.stack([qm.matvec(w, x[i]) for i in range(n)])
+        np.testing.assert_array_equal(y, want)
+
+
+def test_batch_many_names_the_matrix_that_does_not_fit():
+    a = _tensor(QuantType.Q8_0, 4, 2, seed=0)
+    b = _tensor(QuantType.Q8_0, 4, 3, seed=1)
+    with pytest.raises(InvalidArgumentError, match="tQ8_0 has 96 columns"):
+        qm.matvec_batch_many([a, b], np.zeros((2, 64), np.float32))

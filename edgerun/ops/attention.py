@@ -57,6 +57,24 @@ def _weighted_sum(o, p, v, lo, hi, inv):
         o[d] = x * inv
 
 
+@njit(inline="always")
+def _attend_row(qi, kh, vh, lo, hi, scale, sc, o):
+    """o = softmax(qi . kh[lo:hi] * scale) @ vh[lo:hi], scores in sc. The one body both
+    kernels inline, so a batched decode row equals the single-sequence one bit for bit."""
+    m = np.float32(-np.inf)
+    for t in range(lo, hi):
+        s = dot16(qi, kh[t]) * scale
+        sc[t] = s
+        if s > m:
+            m = s
+    total = np.float32(0.0)
+    for t in range(lo, hi):
+        e = np.exp(sc[t] - m)
+        sc[t] = e
+        total += e
+    _weighted_sum(o, sc, vh, lo, hi, np.float32(1.0) / total)
+
+
 @njit(cache=True, parallel=True, fastmath=True, nogil=True)
 def _attention(q, k, v, start, window, scale, scores, out):
     n, hq, hd = q.shape
@@ -70,20 +88,33 @@ def _attention(q, k, v, start, window, scale, scores, out):
         lo = 0
         if window > 0:
             lo = max(0, pos - window + 1)
-        sc = scores[job]
-        qi = q[i, h]
-        m = np.float32(-np.inf)
-        for t in range(lo, pos + 1):
-            s = dot16(qi, k[kh, t]) * scale
-            sc[t] = s
-            if s > m:
-                m = s
-        total = np.float32(0.0)
-        for t in range(lo, pos + 1):
-            e = np.exp(sc[t] - m)
-            sc[t] = e
-            total += e
-        _weighted_sum(out[i, h], sc, v[kh], lo, pos + 1, np.float32(1.0) / total)
+        _attend_row(q[i, h], k[kh], v[kh], lo, pos + 1, scale, scores[job], out[i, h])
+
+
+@njit(cache=True, parallel=True, fastmath=True, nogil=True)
+def _attention_batch(q, k_new, v_new, ks, vs, layer, starts, window, scale, scores, out):
+    n, hq, hd = q.shape
+    hkv = k_new.shape[1]
+    for b in range(n):  # store first: each query attends to its own new key too
+        kc = ks[b]
+        vc = vs[b]
+        pos = starts[b]
+        for h in range(hkv):
+            for d in range(hd):
+                kc[layer, h, pos, d] = k_new[b, h, d]
+                vc[layer, h, pos, d] = v_new[b, h, d]
+    group = hq // hkv
+    for job in prange(n * hq):
+        b = job // hq
+        h = job - b * hq
+        kh = h // group
+        pos = starts[b]
+        lo = 0
+        if window > 0:
+            lo = max(0, pos - window + 1)
+        kc = ks[b]
+        vc = vs[b]
+        _attend_row(q[b, h], kc[layer, kh], vc[layer, kh], lo, pos + 1, scale, scores[job], out[b, h])
 
 
 def attention(
@@ -111,3 +142,66 @@ def attention(
         out.reshape(n, hq, hd),
     )
     return out.reshape(n, hq * hd)
+
+
+class BatchAttention:
+    """Decode-step attention of n sequences, each against its own KV cache, in one
+    parallel kernel call per layer (not n calls of a few heads each, which left most of
+    the threads idle and paid the call overhead n times).
+
+    ks, vs: each cache's [layers, kv_heads, n_ctx, head_dim] arrays, one dtype for all
+    (f32, or f16 bits as uint16); starts: the position each new token takes. Built once
+    per step, called once per layer.
+    """
+
+    def __init__(self, ks: list[np.ndarray], vs: list[np.ndarray], starts: list[int]) -> None:
+        if len({a.shape[1:2] + a.shape[3:] for a in ks + vs}) != 1:
+            raise ValueError("BatchAttention: the caches differ in head layout")
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self._each = (ks, vs)
+        self.dtype = ks[0].dtype
+        if any(a.dtype != self.dtype for a in ks + vs):  # mixed f32 / f16 caches
+            self.dtype = None
+            return
+        self._ks = numba.typed.List(ks)
+        self._vs = numba.typed.List(vs)
+
+    def __call__(
+        self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int, out: np.ndarray
+    ) -> np.ndarray:
+        """Store k, v [n, kv_heads, hd] at each sequence's position, then attend
+        q [n, Hq, hd]; fills and returns out [n, Hq*hd]."""
+        n, hq, hd = q.shape
+        if self.dtype is None:
+            return self._one_by_one(layer, q, k, v, window, out)
+        if self.dtype == np.uint16:  # round to nearest even, keep the bits (KVCache.store)
+            k = k.astype(np.float16).view(np.uint16)
+            v = v.astype(np.float16).view(np.uint16)
+        scores = np.empty((n * hq, int(self.starts.max()) + 1), dtype=np.float32)
+        _attention_batch(
+            q,
+            np.ascontiguousarray(k, dtype=self.dtype),
+            np.ascontiguousarray(v, dtype=self.dtype),
+            self._ks,
+            self._vs,
+            np.int64(layer),
+            self.starts,
+            np.int64(window),
+            np.float32(1.0 / np.sqrt(hd)),
+            scores,
+            out.reshape(n, hq, hd),
+        )
+        return out.reshape(n, hq * hd)
+
+    def _one_by_one(self, layer, q, k, v, window, out):
+        out = out.reshape(q.shape[0], -1)
+        for b, (kc, vc) in enumerate(zip(*self._each)):
+            pos = int(self.starts[b])
+            kb, vb = k[b], v[b]
+            if kc.dtype == np.uint16:
+                kb = kb.astype(np.float16).view(np.uint16)
+                vb = vb.astype(np.float16).view(np.uint16)
+            kc[layer, :, pos] = kb
+            vc[layer, :, pos] = vb
+            out[b] = attention(q[b : b + 1], kc[layer], vc[layer], pos, window)[0]
+        return out

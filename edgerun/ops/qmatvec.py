@@ -68,6 +68,7 @@ _MVB = {
 }
 _NO_ROWS = np.empty((0, 1), np.uint8)
 _NO_OUT = np.empty(0, np.float32)
+_NO_OUT2 = np.empty((0, 0), np.float32)
 
 
 # ------------------------------------------------------------------ kernel tables
@@ -375,13 +376,50 @@ def matvec_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -
     n = x.shape[0]
     out = _out(out, (n, rows), w.name)
     if n > 1 and _path in INT8_PATHS and w.qtype in _MVB_INT8:
-        _MVB_INT8[w.qtype](_data(w), x, out)
+        _MVB_INT8[w.qtype](_data(w), _NO_ROWS, _NO_ROWS, x, out, _NO_OUT2, _NO_OUT2)
     elif n > 1 and _path == "portable" and w.qtype in _MVB:
         _MVB[w.qtype](_data(w), x, out)
     else:
         for i in range(n):
             matvec(w, x[i], out[i])
     return out
+
+
+def matvec_batch_many(ws: Sequence[QuantTensor], x: np.ndarray) -> list[np.ndarray]:
+    """[matvec_batch(W, x) for W in ws] for matrices that share the decode vectors x
+    [n, cols] (Q, K, V or gate, up). On the int8 paths consecutive matrices of one format
+    take one kernel call (up to three): x is quantized once and the threads start once,
+    as matvec_many does for one vector. Rows equal `matvec(W, x[v])` bit for bit."""
+    if not ws:
+        return []
+    w0 = ws[0]
+    x = _rows(x, w0, "matvec_batch_many")
+    n = x.shape[0]
+    for w in ws:
+        if w.shape[1] != w0.shape[1]:
+            raise InvalidArgumentError(
+                f"matvec_batch_many: {w.name} has {w.shape[1]} columns, {w0.name} has "
+                f"{w0.shape[1]}"
+            )
+    if n == 1 or _path not in INT8_PATHS:
+        return [matvec_batch(w, x) for w in ws]
+    res = [_out(None, (n, w.shape[0]), w.name) for w in ws]
+    i = 0
+    while i < len(ws):
+        q = ws[i].qtype
+        k = _MVB_INT8.get(q)
+        if k is None:
+            matvec_batch(ws[i], x, res[i])
+            i += 1
+            continue
+        same = 1
+        while same < 3 and i + same < len(ws) and ws[i + same].qtype == q:
+            same += 1
+        d = [_data(w) for w in ws[i : i + same]] + [_NO_ROWS] * (3 - same)
+        o = res[i : i + same] + [_NO_OUT2] * (3 - same)
+        k(d[0], d[1], d[2], x, o[0], o[1], o[2])
+        i += same
+    return res
 
 
 def project(w: QuantTensor, x: np.ndarray) -> np.ndarray:

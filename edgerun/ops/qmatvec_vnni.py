@@ -1135,7 +1135,10 @@ def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
 
 
 @njit(inline="always")
-def _mvb(kind, data, X, out):
+def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
+    """o_k[v] = W_k @ X[v] for up to three matrices W_k (d0, d1, d2) that share X: X is
+    quantized once and the rows of all of them share one parallel loop (Q/K/V, gate/up;
+    unused slots get 0-row arrays), as the mv_* kernels do for one vector."""
     nv, cols = X.shape
     unit, nib2 = row_layout(kind)
     nunit = cols // unit
@@ -1156,13 +1159,19 @@ def _mvb(kind, data, X, out):
         xq[q : q + 2 * cols] = xq[q - 2 * cols : q]
         xds[nv * xs : npad * xs] = xds[(nv - 1) * xs : nv * xs]
         xs16[nv * xs : npad * xs] = xs16[(nv - 1) * xs : nv * xs]
-    rows = data.shape[0]
-    flat = data.reshape(-1)
-    rb = data.shape[1]
-    for r in prange(rows):
+    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
+    n0, n1 = d0.shape[0], d1.shape[0]
+    n01 = n0 + n1
+    for row in prange(n01 + d2.shape[0]):
+        i = np.int64(row)  # one integer type for r in every branch
         res = acc_vectors(1)  # >= GROUP floats
         rv = numba.carray(res, GROUP)
-        base = r * rb
+        if i < n0:
+            flat, base, out, r = f0, i * d0.shape[1], o0, i
+        elif i < n01:
+            flat, base, out, r = f1, (i - n0) * d1.shape[1], o1, i - n0
+        else:
+            flat, base, out, r = f2, (i - n01) * d2.shape[1], o2, i - n01
         for v0 in range(0, nv, GROUP):
             g = min(GROUP, nv - v0)
             xo = 2 * cols * v0
@@ -1177,47 +1186,47 @@ def _mvb(kind, data, X, out):
                 out[v0 + v, r] = rv[v]
 
 
-# Batched decode, one kernel per format: out[v] = W @ X[v] for a few vectors, each row
-# read and unpacked once for GROUP vectors at a time. Row v equals the format's mv_*
+# Batched decode, one kernel per format: o_k[v] = W_k @ X[v] for a few vectors and up to
+# three matrices sharing them, each row read and unpacked once for GROUP vectors at a time. Row v equals the format's mv_*
 # kernel on X[v] bit for bit (the same x quantization, the same per-vector IR).
 @njit(parallel=True, cache=True, nogil=True)
-def mvb_q4_0(data, X, out):
-    _mvb(KIND_Q4_0, data, X, out)
+def mvb_q4_0(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q4_0, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def mvb_q4_1(data, X, out):
-    _mvb(KIND_Q4_1, data, X, out)
+def mvb_q4_1(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q4_1, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def mvb_q5_0(data, X, out):
-    _mvb(KIND_Q5_0, data, X, out)
+def mvb_q5_0(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q5_0, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def mvb_q8_0(data, X, out):
-    _mvb(KIND_Q8_0, data, X, out)
+def mvb_q8_0(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q8_0, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def mvb_q4_k(data, X, out):
-    _mvb(KIND_Q4_K, data, X, out)
+def mvb_q4_k(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q4_K, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def mvb_q6_k(data, X, out):
-    _mvb(KIND_Q6_K, data, X, out)
+def mvb_q6_k(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def mvb_q3_g64(data, X, out):
-    _mvb(KIND_Q3_G64, data, X, out)
+def mvb_q3_g64(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q3_G64, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def mvb_q2_g64(data, X, out):
-    _mvb(KIND_Q2_G64, data, X, out)
+def mvb_q2_g64(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q2_G64, d0, d1, d2, X, o0, o1, o2)
 
 
 # --------------------------------------------------------------------------- matmul

@@ -1,0 +1,76 @@
+"""Batched decode (Transformer.forward_batch, ops.attention.BatchAttention): every row
+must be the single-sequence result bit for bit, whatever the caches hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgerun.kvcache import KVCache
+from edgerun.ops.attention import BatchAttention, attention, attention_reference
+
+
+def _caches(hkv: int, hd: int, lengths: list[int], dtypes: list[str], rng) -> list[tuple]:
+    out = []
+    for n, dt in zip(lengths, dtypes):
+        k = rng.standard_normal((2, hkv, 40, hd)).astype(np.float32)
+        v = rng.standard_normal((2, hkv, 40, hd)).astype(np.float32)
+        if dt == "f16":
+            k, v = k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16)
+        out.append((k, v, n))
+    return out
+
+
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("dtypes", [["f32"] * 4, ["f16"] * 4, ["f32", "f16", "f16", "f32"]])
+def test_batch_attention_equals_one_sequence_at_a_time(window, dtypes):
+    rng = np.random.default_rng(7)
+    hq, hkv, hd = 6, 2, 40  # hd not a multiple of 16: the tail path too
+    lengths = [0, 3, 17, 38]
+    caches = _caches(hkv, hd, lengths, dtypes, rng)
+    solo = [(k.copy(), v.copy(), n) for k, v, n in caches]
+    q = rng.standard_normal((4, hq, hd)).astype(np.float32)
+    kn = rng.standard_normal((4, hkv, hd)).astype(np.float32)
+    vn = rng.standard_normal((4, hkv, hd)).astype(np.float32)
+    attend = BatchAttention([c[0] for c in caches], [c[1] for c in caches], lengths)
+    out = np.empty((4, hq * hd), np.float32)
+    got = attend(1, q, kn, vn, window, out)
+    for b, (k, v, n) in enumerate(solo):
+        kb, vb = kn[b], vn[b]
+        if k.dtype == np.uint16:
+            kb, vb = kb.astype(np.float16).view(np.uint16), vb.astype(np.float16).view(np.uint16)
+        k[1, :, n], v[1, :, n] = kb, vb
+        assert np.array_equal(caches[b][0], k) and np.array_equal(caches[b][1], v)
+        want = attention(q[b : b + 1], k[1], v[1], n, window)[0]
+        assert np.array_equal(got[b], want), f"row {b} ({dtypes[b]}, {n} cached)"
+        ref = attention_reference(q[b : b + 1], k[1], v[1], n, window)[0]
+        np.testing.assert_allclose(got[b], ref, atol=2e-5, rtol=1e-4)
+
+
+def test_batch_attention_rejects_caches_of_other_models():
+    a = np.zeros((2, 2, 8, 16), np.float32)
+    b = np.zeros((2, 4, 8, 16), np.float32)
+    with pytest.raises(ValueError, match="head layout"):
+        BatchAttention([a, b], [a, b], [0, 0])
+
+
+@pytest.mark.parametrize("kv_types", [("f32",) * 3, ("f16",) * 3, ("f16", "f32", "f16")])
+def test_forward_batch_rows_equal_forward_on_the_real_model(smollm2, kv_types):
+    tr = smollm2.transformer
+    ids = smollm2.tokenize("The lighthouse keeper climbed the spiral stairs every evening at dusk, and watched the boats come home.")
+    prefixes = [ids[:5], ids[2:11], ids[1:3]]
+    nxt = [ids[5], ids[11], ids[3]]
+
+    def prefilled() -> list[KVCache]:
+        caches = [KVCache(tr.spec, 32, t) for t in kv_types]
+        for p, c in zip(prefixes, caches):
+            tr.forward(p, c)
+        return caches
+
+    batched = prefilled()
+    rows = tr.forward_batch(nxt, batched)
+    alone = prefilled()
+    for b, (t, c) in enumerate(zip(nxt, alone)):
+        assert np.array_equal(rows[b], tr.forward([t], c)), f"row {b} ({kv_types[b]})"
+        assert np.array_equal(batched[b].k, c.k) and np.array_equal(batched[b].v, c.v)
+        assert batched[b].tokens == c.tokens
