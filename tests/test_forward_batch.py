@@ -57,7 +57,8 @@ def test_batch_attention_rejects_caches_of_other_models():
 @pytest.mark.parametrize("kv_types", [("f32",) * 3, ("f16",) * 3, ("f16", "f32", "f16")])
 def test_forward_batch_rows_equal_forward_on_the_real_model(smollm2, kv_types):
     tr = smollm2.transformer
-    ids = smollm2.tokenize("The lighthouse keeper climbed the spiral stairs every evening at dusk, and watched the boats come home.")
+    text = "The lighthouse keeper climbed the stairs every evening and watched the boats."
+    ids = smollm2.tokenize(text)
     prefixes = [ids[:5], ids[2:11], ids[1:3]]
     nxt = [ids[5], ids[11], ids[3]]
 

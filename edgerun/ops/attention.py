@@ -131,9 +131,9 @@ def _attend_row(qi, kh, vh, lo, hi, scale, sc, o):
         sc[t], sc[t + 1], sc[t + 2], sc[t + 3] = s0, s1, s2, s3
         m = max(m, max(max(s0, s1), max(s2, s3)))
         t += 4
-    for t in range(t, hi):
-        s = dot16(qi, kh[t]) * scale
-        sc[t] = s
+    for u in range(t, hi):
+        s = dot16(qi, kh[u]) * scale
+        sc[u] = s
         if s > m:
             m = s
     total = np.float32(0.0)
@@ -181,9 +181,9 @@ def _attention_batch(q, k_new, v_new, ks, vs, layer, starts, window, scale, scor
         lo = 0
         if window > 0:
             lo = max(0, pos - window + 1)
-        kc = ks[b]
-        vc = vs[b]
-        _attend_row(q[b, h], kc[layer, kh], vc[layer, kh], lo, pos + 1, scale, scores[job], out[b, h])
+        kc = ks[b][layer, kh]
+        vc = vs[b][layer, kh]
+        _attend_row(q[b, h], kc, vc, lo, pos + 1, scale, scores[job], out[b, h])
 
 
 def attention(
