@@ -1188,7 +1188,8 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
 
 # Batched decode, one kernel per format: o_k[v] = W_k @ X[v] for a few vectors and up to
 # three matrices sharing them, each row read and unpacked once for GROUP vectors at a
-# time. Row v equals the format's mv_* kernel on X[v] bit for bit (the same x quantization, the same per-vector IR).
+# time. Row v equals the format's mv_* kernel on X[v] bit for bit (the same x
+# quantization, the same per-vector IR).
 @njit(parallel=True, cache=True, nogil=True)
 def mvb_q4_0(d0, d1, d2, X, o0, o1, o2):
     _mvb(KIND_Q4_0, d0, d1, d2, X, o0, o1, o2)
