@@ -398,8 +398,7 @@ def matvec_batch_many(ws: Sequence[QuantTensor], x: np.ndarray) -> list[np.ndarr
     for w in ws:
         if w.shape[1] != w0.shape[1]:
             raise InvalidArgumentError(
-                f"matvec_batch_many: {w.name} has {w.shape[1]} columns, {w0.name} has "
-                f"{w0.shape[1]}"
+                f"matvec_batch_many: {w.name} has {w.shape[1]} columns, {w0.name} has {w0.shape[1]}"
             )
     if n == 1 or _path not in INT8_PATHS:
         return [matvec_batch(w, x) for w in ws]
