@@ -5,7 +5,8 @@ For N in --sessions: N requests with different prompts, each generating exactly 
 (EOS ignored), submitted at once to the model's BatchScheduler; then the same N requests
 sequentially. Reports aggregate tok/s (all tokens / wall time), aggregate decode tok/s
 (tokens / time the scheduler spent in decode steps, prefill chunks excluded), per-session
-decode tok/s and TTFT (mean, p95). Runs alternate (batched, sequential) per repetition; medians.
+decode tok/s and TTFT (mean, p95). Each repetition runs every N (batched, then sequential);
+medians over repetitions, and "x one" is the median of each repetition's N vs N=1 ratio.
 
 Usage: python benchmarks/concurrency.py [-m MODEL ...] [-s 1,2,4,8] [-n 64] [-r 3] [-t 2]
                                         [--json out.json]
@@ -85,27 +86,37 @@ def main(argv=None) -> int:
         model = edgerun.load(name, threads=args.threads, n_ctx=512)
         model.warm_up()
         _run(model, 2, 4, True)  # scheduler thread up, kernels hot
-        base = None
-        for n in [int(x) for x in args.sessions.split(",")]:
-            runs = {"batched": [], "sequential": []}
-            for _ in range(args.repetitions):
-                runs["batched"].append(_run(model, n, args.n_gen, True))
-                runs["sequential"].append(_run(model, n, args.n_gen, False))
+        sizes = [int(x) for x in args.sessions.split(",")]
+        runs = {n: {"batched": [], "sequential": []} for n in sizes}
+        # Repetitions outermost, every N inside each: on a shared (noisy) machine a slow
+        # spell then hits all N alike, and "x one" is the median of per-repetition ratios
+        for _ in range(args.repetitions):
+            for n in sizes:
+                runs[n]["batched"].append(_run(model, n, args.n_gen, True))
+                runs[n]["sequential"].append(_run(model, n, args.n_gen, False))
+        one = runs.get(1, {}).get("batched")
+        for n in sizes:
             med = {
                 mode: {k: statistics.median(x[k] for x in rs) for k in rs[0]}
-                for mode, rs in runs.items()
+                for mode, rs in runs[n].items()
             }
-            if n == 1:
-                base = med["batched"]["aggregate_decode_tps"]
             row = {"model": name, "sessions": n, **{m: v for m, v in med.items()}}
-            row["decode_vs_one"] = med["batched"]["aggregate_decode_tps"] / base if base else None
+            row["decode_vs_one"] = (
+                statistics.median(
+                    b["aggregate_decode_tps"] / a["aggregate_decode_tps"]
+                    for a, b in zip(one, runs[n]["batched"])
+                )
+                if one
+                else None
+            )
             seq_tps = med["sequential"]["aggregate_tps"]
             row["vs_sequential"] = med["batched"]["aggregate_tps"] / seq_tps
             rows.append(row)
             b, s = med["batched"], med["sequential"]
+            vs_one = f"{row['decode_vs_one']:.2f}x one" if one else "no N=1 run"
             print(
                 f"{name:20s} N={n}  batched: agg {b['aggregate_tps']:6.1f} tok/s, decode "
-                f"{b['aggregate_decode_tps']:6.1f} ({row['decode_vs_one']:.2f}x one), per-session "
+                f"{b['aggregate_decode_tps']:6.1f} ({vs_one}), per-session "
                 f"{b['per_session_tps']:5.1f}, TTFT mean {b['ttft_mean_s']:.2f} s p95 "
                 f"{b['ttft_p95_s']:.2f} s | sequential: agg {s['aggregate_tps']:6.1f}, TTFT mean "
                 f"{s['ttft_mean_s']:.2f} s p95 {s['ttft_p95_s']:.2f} s | batched/sequential "

@@ -470,10 +470,14 @@ class Model:
         return Session(self, system=system, n_ctx=n_ctx)
 
     def close(self) -> None:
-        """Stop the scheduler thread (cancels what is running)."""
+        """Stop the scheduler thread (cancels what is running) and the weight store's
+        reader thread, if it streams. Both start again when the model is used."""
         if self._scheduler is not None:
             self._scheduler.close()
             self._scheduler = None
+        close_store = getattr(self.store, "close", None)
+        if close_store is not None:
+            close_store()
 
     @property
     def identity(self) -> str:

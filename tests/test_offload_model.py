@@ -76,9 +76,13 @@ m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=2, offload="dense",
                  ram_budget=int(need * 1.1))
 m.reset_offload_stats()
 got = "".join(m.generate({prompt!r}, max_tokens=64, temperature=0))
-print(json.dumps(dict(got=got, read=m.offload_stats()["bytes_read"],
-                      held=m.plan.cache_neurons, d_ff=m.spec.d_ff,
-                      store=type(m.store).__name__)))
+read = m.offload_stats()["bytes_read"]
+import threading
+m.close()  # stops the row stream's reader; using the model again restarts it
+left = [t.name for t in threading.enumerate() if t.name == "edgerun-rowstream"]
+again = "".join(m.generate({prompt!r}, max_tokens=8, temperature=0))
+print(json.dumps(dict(got=got, read=read, held=m.plan.cache_neurons, d_ff=m.spec.d_ff,
+                      store=type(m.store).__name__, left=left, again=again)))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -86,6 +90,7 @@ print(json.dumps(dict(got=got, read=m.offload_stats()["bytes_read"],
     assert res["store"] == "DenseStreamStore" and res["held"] < res["d_ff"]
     assert res["read"] > 10 * 2**20  # tens of MB streamed over the 64 tokens
     assert res["got"] == want  # same numbers, other home
+    assert res["left"] == [] and want.startswith(res["again"]) and res["again"]
 
 
 def test_a_budget_the_model_fits_keeps_it_resident(smollm2_path):

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -63,6 +64,31 @@ def test_an_out_of_order_take_restarts_the_read_ahead(data_file):
         thread = stream._thread
         stream.close()
         assert thread is not None and not thread.is_alive()
+
+
+def test_close_stops_the_reader_and_a_later_take_restarts_it(data_file):
+    """Model.close() closes the stream of an idle model: no thread, no ring, and the
+    model still works when used again."""
+    path, data = data_file
+    ranges = [(0, 70_000), (500_000, 123_457)]
+    with DirectReader(path, threads=1) as reader:
+        stream = RowStream(reader, slots=2)
+        for off, n in ranges:
+            stream.add(off, n)
+        stream.take(0)
+        with pytest.raises(InvalidArgumentError, match="release"):
+            stream.close()  # a piece still in use keeps its buffer
+        stream.release()
+        first = stream._thread
+        stream.close()
+        assert not first.is_alive() and stream._thread is None and not stream._bufs
+        for k in (1, 0, 1):
+            off, n = ranges[k]
+            assert np.array_equal(stream.take(k), data[off : off + n])
+            stream.release()
+        assert stream._thread.is_alive() and stream._thread is not first
+        stream.close()
+        assert not any(t.name == "edgerun-rowstream" for t in threading.enumerate())
 
 
 def test_split_rows_hold_a_multiple_of_the_tile_and_cover_the_rest():

@@ -134,8 +134,6 @@ class RowStream:
             while True:
                 if self._error is not None:
                     raise self._error
-                if self._closed:
-                    raise InvalidArgumentError("row stream is closed")
                 if self._ready and self._ready[0][0] == k:
                     _, slot = self._ready.popleft()
                     break
@@ -164,11 +162,25 @@ class RowStream:
                 self._cv.notify_all()
 
     def close(self) -> None:
+        """Stop the reader thread and free the ring. A later take() starts both again,
+        so closing an idle model's stream loses nothing."""
         with self._cv:
+            if self._held is not None:
+                raise InvalidArgumentError("row stream: release() the last piece first")
             self._closed = True
             self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        with self._cv:
+            self._thread = None
+            self._closed = False
+            self._bufs = []
+            self._free.clear()
+            self._ready.clear()
+            self._inflight = None
+            self._next = 0
+            self._gen += 1
 
 
 @dataclass

@@ -368,6 +368,10 @@ class DenseStreamStore(ResidentStore):
         self.row_stream = RowStream(self.direct)
         self.stats = StreamStats()
 
+    def close(self) -> None:
+        """Stop the row stream's reader thread and free its ring (it restarts on use)."""
+        self.row_stream.close()
+
     def _split(self, name: str, held: int):
         from edgerun.offload.rowstream import SplitMatrix, read_rows, split_rows
 
