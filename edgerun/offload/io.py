@@ -27,6 +27,7 @@ from edgerun.errors import InvalidArgumentError, ModelFormatError, ModelNotFound
 
 ALIGN = 4096  # O_DIRECT needs offsets, lengths and buffer addresses aligned to the block size
 CHUNK = 1 << 20  # a longer range is split so one big read also spreads over the threads
+IO_THREADS = 4  # reader threads by default; each stages up to CHUNK of a direct read
 
 
 def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
@@ -118,7 +119,7 @@ class DirectReader:
     """
 
     def __init__(
-        self, path: str | os.PathLike, threads: int = 4, direct: bool | None = None
+        self, path: str | os.PathLike, threads: int = IO_THREADS, direct: bool | None = None
     ) -> None:
         """direct: None tries O_DIRECT and falls back; True requires it; False never uses it."""
         if threads < 1:

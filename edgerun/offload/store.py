@@ -28,7 +28,7 @@ from edgerun.ffn import FFNExecutor
 from edgerun.offload.bundle import Bundle, ensure_bundle
 from edgerun.offload.cache import NeuronCache
 from edgerun.offload.ffn import OffloadStats, SparseFFN
-from edgerun.offload.io import aligned_empty
+from edgerun.offload.io import IO_THREADS, aligned_empty
 from edgerun.offload.prefetch import Prefetcher
 from edgerun.sched.placement import PREFETCH_NEURONS, SCRATCH_NEURONS, Plan
 from edgerun.weights import ResidentStore
@@ -54,7 +54,7 @@ class OffloadOptions:
     # Off by default: measured on Qwen2.5-Coder-1.5B at 800 MiB, 10% sparsity, it read
     # 747 instead of 600 MB a token (mispredicted neurons) and ran 0.54 vs 0.60 tok/s.
     prefetch: bool = False
-    io_threads: int = 4
+    io_threads: int = IO_THREADS
     gap_bytes: int = 32768
     # Share of each layer's neuron cache pinned with the hottest neurons of a profile
     # (`edgerun profile`, PowerInfer's hot set); the rest is the window. Used only when

@@ -388,10 +388,10 @@ def _scratch_bytes(fp: Footprint, prefetch: bool = False) -> int:
 
 def _ring_bytes() -> int:
     """Dense streaming's read-ahead ring and the readers' staging buffers."""
-    from edgerun.offload.io import ALIGN, CHUNK
+    from edgerun.offload.io import ALIGN, CHUNK, IO_THREADS
     from edgerun.offload.rowstream import PIECE_BYTES, RING_SLOTS
 
-    return RING_SLOTS * (PIECE_BYTES + 2 * ALIGN) + 4 * (CHUNK + 2 * ALIGN)
+    return RING_SLOTS * (PIECE_BYTES + 2 * ALIGN) + IO_THREADS * (CHUNK + 2 * ALIGN)
 
 
 def _missed_fraction(cache_neurons: int, d_ff: int, frequencies=None, pinned: int = 0) -> float:
