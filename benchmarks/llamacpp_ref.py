@@ -16,6 +16,14 @@ import subprocess
 import sys
 
 INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36'
+# A preinstalled native build died with SIGSEGV on its first decode on an Intel Xeon with
+# AMX (a 2-vCPU VM); this one, AVX-512 VNNI without AMX, built from the sdist, ran there
+INSTALL_NO_AMX = (
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON '
+    "-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON "
+    "-DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF "
+    '-DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36'
+)
 
 _PROBE = """
 import sys
@@ -57,4 +65,5 @@ def llama_cpp_unusable(model_path: str, timeout_s: float = 300.0) -> str | None:
         f"llama-cpp-python is installed but its probe decode of {model_path} failed "
         f"({describe_exit(out.returncode)}) {tail[0]}".rstrip()
         + f"; a build for this CPU:\n  pip uninstall -y llama-cpp-python && {INSTALL}"
+        + f"\nor, where a native build crashes, one without AMX:\n  {INSTALL_NO_AMX}"
     )
