@@ -47,6 +47,18 @@ def test_batch_attention_equals_one_sequence_at_a_time(window, dtypes):
         np.testing.assert_allclose(got[b], ref, atol=2e-5, rtol=1e-4)
 
 
+def test_one_sequence_takes_the_single_kernel_with_the_same_result():
+    rng = np.random.default_rng(3)
+    ((k, v, n),) = _caches(2, 32, [9], ["f16"], rng)
+    k0, v0 = k.copy(), v.copy()
+    q = rng.standard_normal((1, 4, 32)).astype(np.float32)
+    kn = rng.standard_normal((1, 2, 32)).astype(np.float32)
+    got = BatchAttention([k], [v], [n])(0, q, kn, kn, 0, np.empty((1, 128), np.float32))
+    k0[0, :, n] = v0[0, :, n] = kn[0].astype(np.float16).view(np.uint16)
+    assert np.array_equal(k, k0) and np.array_equal(v, v0)
+    assert np.array_equal(got[0], attention(q, k0[0], v0[0], n)[0])
+
+
 def test_batch_attention_rejects_caches_of_other_models():
     a = np.zeros((2, 2, 8, 16), np.float32)
     b = np.zeros((2, 4, 8, 16), np.float32)
