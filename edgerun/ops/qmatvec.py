@@ -400,7 +400,9 @@ def matvec_batch_many(ws: Sequence[QuantTensor], x: np.ndarray) -> list[np.ndarr
             raise InvalidArgumentError(
                 f"matvec_batch_many: {w.name} has {w.shape[1]} columns, {w0.name} has {w0.shape[1]}"
             )
-    if n == 1 or _path not in INT8_PATHS:
+    if n == 1:  # one launch and one x quantization for all of them, as forward does
+        return [y.reshape(1, -1) for y in matvec_many(ws, x[0])]
+    if _path not in INT8_PATHS:
         return [matvec_batch(w, x) for w in ws]
     res = [_out(None, (n, w.shape[0]), w.name) for w in ws]
     i = 0
