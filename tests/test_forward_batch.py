@@ -66,6 +66,21 @@ def test_batch_attention_rejects_caches_of_other_models():
         BatchAttention([a, b], [a, b], [0, 0])
 
 
+def test_batch_attention_never_writes_outside_the_caches():
+    """The kernel writes through the caches' addresses: a position or layer outside them
+    is refused before it runs."""
+    ks = [np.zeros((2, 2, 8, 16), np.float32) for _ in range(2)]
+    vs = [np.zeros((2, 2, 8, 16), np.float32) for _ in range(2)]
+    with pytest.raises(ValueError, match="positions"):
+        BatchAttention(ks, vs, [3, 8])
+    attend = BatchAttention(ks, vs, [3, 7])
+    q, kv = np.zeros((2, 4, 16), np.float32), np.ones((2, 2, 16), np.float32)
+    with pytest.raises(ValueError, match="layer 2"):
+        attend(2, q, kv, kv, 0, np.empty((2, 64), np.float32))
+    attend(1, q, kv, kv, 0, np.empty((2, 64), np.float32))
+    assert ks[0][1, :, 3].all() and ks[1][1, :, 7].all() and ks[0][0].sum() == 0
+
+
 @pytest.mark.parametrize("kv_types", [("f32",) * 3, ("f16",) * 3, ("f16", "f32", "f16")])
 def test_forward_batch_rows_equal_forward_on_the_real_model(smollm2, kv_types):
     tr = smollm2.transformer

@@ -86,9 +86,10 @@ def test_close_stops_the_reader_and_a_later_take_restarts_it(data_file):
             off, n = ranges[k]
             assert np.array_equal(stream.take(k), data[off : off + n])
             stream.release()
-        assert stream._thread.is_alive() and stream._thread is not first
+        second = stream._thread
+        assert second.is_alive() and second is not first
         stream.close()
-        assert not any(t.name == "edgerun-rowstream" for t in threading.enumerate())
+        assert not second.is_alive() and second not in threading.enumerate()
 
 
 def test_split_rows_hold_a_multiple_of_the_tile_and_cover_the_rest():

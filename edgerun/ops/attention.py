@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from edgerun.ops._simd import dot16, hsum16, stack16, widen
 
@@ -160,18 +161,36 @@ def _attention(q, k, v, start, window, scale, scores, out):
         _attend_row(q[i, h], k[kh], v[kh], lo, pos + 1, scale, scores[job], out[i, h])
 
 
+@intrinsic
+def _cache_at(typingctx, addr, like):
+    """The int64 address of a cache array's element -> a pointer of `like`'s dtype."""
+    ptr = types.CPointer(like.dtype)
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(ptr))
+
+    return ptr(addr, like), codegen
+
+
 @njit(cache=True, parallel=True, fastmath=True, nogil=True)
-def _attention_batch(q, k_new, v_new, ks, vs, layer, starts, window, scale, scores, out):
+def _attention_batch(
+    q, k_new, v_new, kaddr, vaddr, nctx, layer, starts, window, scale, scores, out
+):
+    """Each sequence's cache is passed as the address of its [layers, kv_heads, n_ctx,
+    head_dim] array (kaddr, vaddr; n_ctx per cache): one signature for any number of
+    sequences, and no typed list (whose helpers Numba compiles anew in every process)."""
     n, hq, hd = q.shape
     hkv = k_new.shape[1]
+    item = k_new.itemsize
     for b in range(n):  # store first: each query attends to its own new key too
-        kc = ks[b]
-        vc = vs[b]
+        off = layer * hkv * nctx[b] * hd * item
+        kc = numba.carray(_cache_at(kaddr[b] + off, k_new), (hkv, nctx[b], hd))
+        vc = numba.carray(_cache_at(vaddr[b] + off, k_new), (hkv, nctx[b], hd))
         pos = starts[b]
         for h in range(hkv):
             for d in range(hd):
-                kc[layer, h, pos, d] = k_new[b, h, d]
-                vc[layer, h, pos, d] = v_new[b, h, d]
+                kc[h, pos, d] = k_new[b, h, d]
+                vc[h, pos, d] = v_new[b, h, d]
     group = hq // hkv
     for job in prange(n * hq):
         b = job // hq
@@ -181,9 +200,10 @@ def _attention_batch(q, k_new, v_new, ks, vs, layer, starts, window, scale, scor
         lo = 0
         if window > 0:
             lo = max(0, pos - window + 1)
-        kc = ks[b][layer, kh]
-        vc = vs[b][layer, kh]
-        _attend_row(q[b, h], kc, vc, lo, pos + 1, scale, scores[job], out[b, h])
+        off = layer * hkv * nctx[b] * hd * item
+        kc = numba.carray(_cache_at(kaddr[b] + off, k_new), (hkv, nctx[b], hd))
+        vc = numba.carray(_cache_at(vaddr[b] + off, k_new), (hkv, nctx[b], hd))
+        _attend_row(q[b, h], kc[kh], vc[kh], lo, pos + 1, scale, scores[job], out[b, h])
 
 
 def attention(
@@ -229,13 +249,23 @@ class BatchAttention:
         self.starts = np.asarray(starts, dtype=np.int64)
         self._each = (ks, vs)
         self.dtype = ks[0].dtype
-        # One sequence: the single kernel, no typed lists to build (~75 us each). Mixed
-        # f32 / f16 caches: one call per sequence.
-        if len(ks) == 1 or any(a.dtype != self.dtype for a in ks + vs):
+        # One sequence: the single kernel. Mixed f32 / f16 caches, or an array that is
+        # not one C-contiguous block: one call per sequence.
+        if (
+            len(ks) == 1
+            or any(a.dtype != self.dtype for a in ks + vs)
+            or not all(a.flags.c_contiguous and a.flags.writeable for a in ks + vs)
+            or any(k.shape != v.shape for k, v in zip(ks, vs))
+        ):
             self.dtype = None
             return
-        self._ks = numba.typed.List(ks)
-        self._vs = numba.typed.List(vs)
+        # the arrays stay referenced by self._each while the kernel writes through these
+        self._kaddr = np.array([a.ctypes.data for a in ks], dtype=np.int64)
+        self._vaddr = np.array([a.ctypes.data for a in vs], dtype=np.int64)
+        self._nctx = np.array([a.shape[2] for a in ks], dtype=np.int64)
+        self._layers = min(a.shape[0] for a in ks)
+        if ((self.starts < 0) | (self.starts >= self._nctx)).any():
+            raise ValueError(f"BatchAttention: positions {starts} outside the caches")
 
     def __call__(
         self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int, out: np.ndarray
@@ -245,6 +275,8 @@ class BatchAttention:
         n, hq, hd = q.shape
         if self.dtype is None:
             return self._one_by_one(layer, q, k, v, window, out)
+        if not 0 <= layer < self._layers:  # the kernel writes through raw addresses
+            raise ValueError(f"BatchAttention: layer {layer} outside the caches")
         if self.dtype == np.uint16:  # round to nearest even, keep the bits (KVCache.store)
             k = k.astype(np.float16).view(np.uint16)
             v = v.astype(np.float16).view(np.uint16)
@@ -253,8 +285,9 @@ class BatchAttention:
             q,
             np.ascontiguousarray(k, dtype=self.dtype),
             np.ascontiguousarray(v, dtype=self.dtype),
-            self._ks,
-            self._vs,
+            self._kaddr,
+            self._vaddr,
+            self._nctx,
             np.int64(layer),
             self.starts,
             np.int64(window),
