@@ -14,6 +14,7 @@ import numpy as np
 
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ContextOverflowError, InvalidArgumentError
+from edgerun.ops.attention import cache_values
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -86,9 +87,7 @@ class KVCache:
     def store(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """k, v [n, kv_heads, head_dim] for positions start .. start + n - 1."""
         n = k.shape[0]
-        if self.kv_type == "f16":  # round to nearest even, keep the bits
-            k = k.astype(np.float16).view(np.uint16)
-            v = v.astype(np.float16).view(np.uint16)
+        k, v = cache_values(k, self.k.dtype), cache_values(v, self.v.dtype)
         self.k[layer, :, start : start + n] = k.transpose(1, 0, 2)
         self.v[layer, :, start : start + n] = v.transpose(1, 0, 2)
 

@@ -10,6 +10,14 @@ from numba.extending import intrinsic
 from edgerun.ops._simd import dot16, hsum16, stack16, widen
 
 
+def cache_values(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """x (float32) as a KV cache of element type `dtype` stores it: f16 caches hold the
+    bits of x rounded to nearest even (uint16, Numba has no float16 on the CPU)."""
+    if dtype == np.uint16:
+        return x.astype(np.float16).view(np.uint16)
+    return x
+
+
 def attention_reference(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, window: int = 0
 ) -> np.ndarray:
@@ -251,13 +259,13 @@ class BatchAttention:
         self.dtype = ks[0].dtype
         # One sequence: the single kernel. Mixed f32 / f16 caches, or an array that is
         # not one C-contiguous block: one call per sequence.
-        if (
+        self.batched = not (
             len(ks) == 1
             or any(a.dtype != self.dtype for a in ks + vs)
             or not all(a.flags.c_contiguous and a.flags.writeable for a in ks + vs)
             or any(k.shape != v.shape for k, v in zip(ks, vs))
-        ):
-            self.dtype = None
+        )
+        if not self.batched:
             return
         # the arrays stay referenced by self._each while the kernel writes through these
         self._kaddr = np.array([a.ctypes.data for a in ks], dtype=np.int64)
@@ -273,13 +281,11 @@ class BatchAttention:
         """Store k, v [n, kv_heads, hd] at each sequence's position, then attend
         q [n, Hq, hd]; fills and returns out [n, Hq*hd]."""
         n, hq, hd = q.shape
-        if self.dtype is None:
+        if not self.batched:
             return self._one_by_one(layer, q, k, v, window, out)
         if not 0 <= layer < self._layers:  # the kernel writes through raw addresses
             raise ValueError(f"BatchAttention: layer {layer} outside the caches")
-        if self.dtype == np.uint16:  # round to nearest even, keep the bits (KVCache.store)
-            k = k.astype(np.float16).view(np.uint16)
-            v = v.astype(np.float16).view(np.uint16)
+        k, v = cache_values(k, self.dtype), cache_values(v, self.dtype)
         scores = np.empty((n * hq, int(self.starts.max()) + 1), dtype=np.float32)
         _attention_batch(
             q,
@@ -301,11 +307,7 @@ class BatchAttention:
         out = out.reshape(q.shape[0], -1)
         for b, (kc, vc) in enumerate(zip(*self._each)):
             pos = int(self.starts[b])
-            kb, vb = k[b], v[b]
-            if kc.dtype == np.uint16:
-                kb = kb.astype(np.float16).view(np.uint16)
-                vb = vb.astype(np.float16).view(np.uint16)
-            kc[layer, :, pos] = kb
-            vc[layer, :, pos] = vb
+            kc[layer, :, pos] = cache_values(k[b], kc.dtype)
+            vc[layer, :, pos] = cache_values(v[b], vc.dtype)
             out[b] = attention(q[b : b + 1], kc[layer], vc[layer], pos, window)[0]
         return out

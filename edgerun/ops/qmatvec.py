@@ -321,23 +321,34 @@ def matvec_many(
                 f"matvec_many: {w.name} has {w.shape[1]} columns, {w0.name} has {cols}"
             )
         res.append(_out(None if outs is None else outs[i], (w.shape[0],), w.name))
-    i = 0
-    while i < n:
-        q = ws[i].qtype
-        k = _mv3.get(q)
+    for i, count, k in _format_runs(ws, _mv3):
         if k is None:
-            _MV_PORTABLE[q](_data(ws[i]), x, res[i])
-            i += 1
-        elif i + 2 < n and ws[i + 1].qtype == q and ws[i + 2].qtype == q:
-            k(_data(ws[i]), _data(ws[i + 1]), _data(ws[i + 2]), x, res[i], res[i + 1], res[i + 2])
-            i += 3
-        elif i + 1 < n and ws[i + 1].qtype == q:
-            k(_data(ws[i]), _data(ws[i + 1]), _NO_ROWS, x, res[i], res[i + 1], _NO_OUT)
-            i += 2
+            _MV_PORTABLE[ws[i].qtype](_data(ws[i]), x, res[i])
         else:
-            k(_data(ws[i]), _NO_ROWS, _NO_ROWS, x, res[i], _NO_OUT, _NO_OUT)
-            i += 1
+            _call3(k, ws[i : i + count], x, res[i : i + count], _NO_OUT)
     return res
+
+
+def _format_runs(ws: Sequence[QuantTensor], kernels: dict):
+    """(first, count, kernel) over ws: runs of up to three consecutive matrices of one
+    format that `kernels` has a three-matrix kernel for; any other matrix alone, None."""
+    i = 0
+    while i < len(ws):
+        q = ws[i].qtype
+        k = kernels.get(q)
+        count = 1
+        while k is not None and count < 3 and i + count < len(ws) and ws[i + count].qtype == q:
+            count += 1
+        yield i, count, k
+        i += count
+
+
+def _call3(kernel, ws, x, outs, no_out) -> None:
+    """A three-matrix kernel on 1-3 matrices; unused slots get 0-row arrays."""
+    pad = 3 - len(ws)
+    d = [_data(w) for w in ws] + [_NO_ROWS] * pad
+    o = list(outs) + [no_out] * pad
+    kernel(d[0], d[1], d[2], x, o[0], o[1], o[2])
 
 
 def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -376,7 +387,7 @@ def matvec_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -
     n = x.shape[0]
     out = _out(out, (n, rows), w.name)
     if n > 1 and _path in INT8_PATHS and w.qtype in _MVB_INT8:
-        _MVB_INT8[w.qtype](_data(w), _NO_ROWS, _NO_ROWS, x, out, _NO_OUT2, _NO_OUT2)
+        _call3(_MVB_INT8[w.qtype], [w], x, [out], _NO_OUT2)
     elif n > 1 and _path == "portable" and w.qtype in _MVB:
         _MVB[w.qtype](_data(w), x, out)
     else:
@@ -405,21 +416,11 @@ def matvec_batch_many(ws: Sequence[QuantTensor], x: np.ndarray) -> list[np.ndarr
     if _path not in INT8_PATHS:
         return [matvec_batch(w, x) for w in ws]
     res = [_out(None, (n, w.shape[0]), w.name) for w in ws]
-    i = 0
-    while i < len(ws):
-        q = ws[i].qtype
-        k = _MVB_INT8.get(q)
+    for i, count, k in _format_runs(ws, _MVB_INT8):
         if k is None:
             matvec_batch(ws[i], x, res[i])
-            i += 1
-            continue
-        same = 1
-        while same < 3 and i + same < len(ws) and ws[i + same].qtype == q:
-            same += 1
-        d = [_data(w) for w in ws[i : i + same]] + [_NO_ROWS] * (3 - same)
-        o = res[i : i + same] + [_NO_OUT2] * (3 - same)
-        k(d[0], d[1], d[2], x, o[0], o[1], o[2])
-        i += same
+        else:
+            _call3(k, ws[i : i + count], x, res[i : i + count], _NO_OUT2)
     return res
 
 
