@@ -107,3 +107,22 @@ def test_attention_is_causal():
     b = attention(q, k2, v2, 0)
     np.testing.assert_array_equal(a[:2], b[:2])  # earlier queries never see a later key
     assert not np.allclose(a[2], b[2])
+
+
+@pytest.mark.parametrize("hd,dtype", [(128, np.float32), (256, np.float16), (80, np.float16)])
+def test_attention_vector_loads_on_strided_inputs_and_long_rows(hd, dtype):
+    """The kernel loads 16 lanes at a time from flat offsets: views that are not
+    C-contiguous (a query slice, a cache with padding) still give the reference result,
+    and rows of 4-position blocks plus a remainder (start 37: 38 positions) are complete."""
+    n, start, hq, hkv = 2, 37, 4, 2
+    L = start + n
+    q = rng.standard_normal((n, 2 * hq, hd)).astype(np.float32)[:, ::2]
+    k = rng.standard_normal((hkv, L + 5, hd + 16)).astype(dtype)[:, :, :hd]
+    v = rng.standard_normal((hkv, L + 5, hd + 16)).astype(dtype)[:, :, :hd]
+    assert not (q.flags.c_contiguous or k.flags.c_contiguous)
+    if dtype == np.float16:
+        out = attention(q, k.view(np.uint16), v.view(np.uint16), start)
+    else:
+        out = attention(q, k, v, start)
+    want = attention_reference(q, k.astype(np.float32), v.astype(np.float32), start)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)

@@ -8,6 +8,10 @@
 - `hsum16(acc)`, `dot16(a, b)`: the 16-lane sum and dot product built on it (the SLP
   vectorizer packs the lanes; Numba's loop vectorizer stays off). `dot16` widens `b`
   with `widen`, so it also reads f16 bits (uint16), as an f16 KV cache stores them.
+- `zero16`, `madd16`, `axpy16`, `vsum16`, `store16`: explicit 16-lane vector ops on a
+  stack16() accumulator and C-contiguous float32 / fp16-bits arrays (attention). Per-lane
+  code over slices let the SLP vectorizer gather k rows lane by lane (vgatherqps) and
+  build f16 vectors from 16 scalar loads: attention ran ~4x slower than these.
 """
 
 from __future__ import annotations
@@ -112,6 +116,117 @@ def dot16(a, b):
     for j in range(n16 * 16, n):
         t += a[j] * widen(b[j])
     return t
+
+
+_V16F = ir.VectorType(ir.FloatType(), 16)
+
+
+def _is_c_array(t, dtypes=(types.float32, types.uint16)) -> bool:
+    return isinstance(t, types.Array) and t.layout == "C" and t.dtype in dtypes
+
+
+def _load16(context, builder, aryty, ary, index):
+    """<16 x float> from a C-contiguous float32 or fp16-bits (uint16) array's flat
+    elements index..index+15: one vector load (and one vcvtph2ps), where per-lane code
+    let the SLP vectorizer assemble the vector from 16 scalar loads and shuffles."""
+    data = context.make_array(aryty)(context, builder, ary).data
+    ptr = builder.gep(data, [index])
+    if aryty.dtype == types.float32:
+        return builder.load(builder.bitcast(ptr, _V16F.as_pointer()), align=4)
+    bits = builder.load(builder.bitcast(ptr, ir.VectorType(_I16, 16).as_pointer()), align=2)
+    return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), _V16F)
+
+
+def _acc_ptr(builder, acc):
+    return builder.bitcast(acc, _V16F.as_pointer())
+
+
+@intrinsic
+def zero16(typingctx, acc):
+    """acc[0:16] = 0 (acc: a stack16() pointer)."""
+
+    def codegen(context, builder, sig, args):
+        builder.store(ir.Constant(_V16F, None), _acc_ptr(builder, args[0]), align=4)
+        return context.get_dummy_value()
+
+    return types.none(acc), codegen
+
+
+@intrinsic
+def madd16(typingctx, acc, a, ai, b, bi):
+    """acc[0:16] += a.flat[ai:ai+16] * widen(b.flat[bi:bi+16]), as 16-lane vector ops.
+    a: float32, b: float32 or fp16 bits, both C-contiguous; no bounds check (the caller's
+    loop bounds keep both in range)."""
+    if not (_is_c_array(a, (types.float32,)) and _is_c_array(b)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _acc_ptr(builder, args[0])
+        va = _load16(context, builder, sig.args[1], args[1], args[2])
+        vb = _load16(context, builder, sig.args[3], args[3], args[4])
+        prod = builder.fmul(va, vb, flags=("contract",))
+        acc_v = builder.fadd(builder.load(p, align=4), prod, flags=("contract",))
+        builder.store(acc_v, p, align=4)
+        return context.get_dummy_value()
+
+    return types.none(acc, a, ai, b, bi), codegen
+
+
+@intrinsic
+def axpy16(typingctx, acc, w, b, bi):
+    """acc[0:16] += w * widen(b.flat[bi:bi+16]) (w: float32; b as in madd16)."""
+    if not _is_c_array(b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _acc_ptr(builder, args[0])
+        wv = builder.insert_element(ir.Constant(_V16F, None), args[1], ir.Constant(_I32, 0))
+        wv = builder.shuffle_vector(wv, wv, ir.Constant(ir.VectorType(_I32, 16), None))
+        vb = _load16(context, builder, sig.args[2], args[2], args[3])
+        prod = builder.fmul(wv, vb, flags=("contract",))
+        acc_v = builder.fadd(builder.load(p, align=4), prod, flags=("contract",))
+        builder.store(acc_v, p, align=4)
+        return context.get_dummy_value()
+
+    return types.none(acc, types.float32, b, bi), codegen
+
+
+@intrinsic
+def vsum16(typingctx, acc):
+    """The sum of acc[0:16] as a fixed tree (8+8, 4+4, 2+2, 1+1): a few shuffles, not a
+    16-step serial chain."""
+
+    def codegen(context, builder, sig, args):
+        v = builder.load(_acc_ptr(builder, args[0]), align=4)
+        width = 16
+        while width > 1:
+            half = width // 2
+            mask = ir.VectorType(_I32, half)
+            lo = builder.shuffle_vector(v, v, ir.Constant(mask, list(range(half))))
+            hi = builder.shuffle_vector(v, v, ir.Constant(mask, list(range(half, width))))
+            v = builder.fadd(lo, hi)
+            width = half
+        return builder.extract_element(v, ir.Constant(_I32, 0))
+
+    return types.float32(acc), codegen
+
+
+@intrinsic
+def store16(typingctx, out, oi, acc, scale):
+    """out.flat[oi:oi+16] = acc[0:16] * scale (out: C-contiguous float32)."""
+    if not _is_c_array(out, (types.float32,)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        dst = builder.bitcast(builder.gep(data, [args[1]]), _V16F.as_pointer())
+        sv = builder.insert_element(ir.Constant(_V16F, None), args[3], ir.Constant(_I32, 0))
+        sv = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_I32, 16), None))
+        acc_v = builder.load(_acc_ptr(builder, args[2]), align=4)
+        builder.store(builder.fmul(acc_v, sv), dst, align=4)
+        return context.get_dummy_value()
+
+    return types.none(out, oi, acc, types.float32), codegen
 
 
 @intrinsic

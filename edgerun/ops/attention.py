@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from edgerun.ops._simd import dot16, hsum16, stack16, widen
+from edgerun.ops._simd import axpy16, madd16, stack16, store16, vsum16, widen, zero16
 
 
 def cache_values(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -44,46 +44,35 @@ def attention_reference(
 @njit(inline="always")
 def _weighted_sum(o, p, v, lo, hi, inv):
     """o[:hd] = inv * sum_t p[t] * v[t, :hd] for t in lo..hi-1. Columns in chunks of 64
-    (then 16) outside, positions inside: four independent 16-lane sums stay in registers
-    (o does not round-trip through memory once per position, and four FMA chains hide
-    each other's latency). Every column still sums over t in order."""
+    (then 16) outside, positions inside: four independent 16-lane vector sums stay in
+    registers (o does not round-trip through memory once per position, and four FMA
+    chains hide each other's latency). Every column still sums over t in order."""
     hd = o.shape[0]
     n16 = hd // 16
-    a0 = numba.carray(stack16(), 16)
-    a1 = numba.carray(stack16(), 16)
-    a2 = numba.carray(stack16(), 16)
-    a3 = numba.carray(stack16(), 16)
+    a0, a1, a2, a3 = stack16(), stack16(), stack16(), stack16()
     c = 0
     while c + 4 <= n16:
-        for l in range(16):
-            a0[l] = np.float32(0.0)
-            a1[l] = np.float32(0.0)
-            a2[l] = np.float32(0.0)
-            a3[l] = np.float32(0.0)
+        zero16(a0)
+        zero16(a1)
+        zero16(a2)
+        zero16(a3)
         for t in range(lo, hi):
             w = p[t]
-            vb = v[t, c * 16 : c * 16 + 64]
-            for l in range(16):
-                a0[l] += w * widen(vb[l])
-                a1[l] += w * widen(vb[16 + l])
-                a2[l] += w * widen(vb[32 + l])
-                a3[l] += w * widen(vb[48 + l])
-        for l in range(16):
-            o[c * 16 + l] = a0[l] * inv
-            o[c * 16 + 16 + l] = a1[l] * inv
-            o[c * 16 + 32 + l] = a2[l] * inv
-            o[c * 16 + 48 + l] = a3[l] * inv
+            base = t * hd + c * 16
+            axpy16(a0, w, v, base)
+            axpy16(a1, w, v, base + 16)
+            axpy16(a2, w, v, base + 32)
+            axpy16(a3, w, v, base + 48)
+        store16(o, c * 16, a0, inv)
+        store16(o, c * 16 + 16, a1, inv)
+        store16(o, c * 16 + 32, a2, inv)
+        store16(o, c * 16 + 48, a3, inv)
         c += 4
     while c < n16:
-        for l in range(16):
-            a0[l] = np.float32(0.0)
+        zero16(a0)
         for t in range(lo, hi):
-            w = p[t]
-            vb = v[t, c * 16 : c * 16 + 16]
-            for l in range(16):
-                a0[l] += w * widen(vb[l])
-        for l in range(16):
-            o[c * 16 + l] = a0[l] * inv
+            axpy16(a0, p[t], v, t * hd + c * 16)
+        store16(o, c * 16, a0, inv)
         c += 1
     for d in range(n16 * 16, hd):
         x = np.float32(0.0)
@@ -93,33 +82,24 @@ def _weighted_sum(o, p, v, lo, hi, inv):
 
 
 @njit(inline="always")
-def _dot16x4(a, k, t):
-    """dot16(a, k[t + j]) for j = 0..3: four independent 16-lane sums, so the serial
-    horizontal sums of four positions overlap (one at a time, each waited on its own:
-    ~70 cycles a 64-wide dot instead of ~30)."""
-    a0 = numba.carray(stack16(), 16)
-    a1 = numba.carray(stack16(), 16)
-    a2 = numba.carray(stack16(), 16)
-    a3 = numba.carray(stack16(), 16)
-    for l in range(16):
-        a0[l] = np.float32(0.0)
-        a1[l] = np.float32(0.0)
-        a2[l] = np.float32(0.0)
-        a3[l] = np.float32(0.0)
+def _dot16x4(a, k, t, a0, a1, a2, a3):
+    """a . k[t + j] for j = 0..3, in four independent 16-lane vector sums (a0..a3:
+    stack16 scratch), so the horizontal sums of four positions overlap instead of
+    each waiting on the one before."""
     n = a.shape[0]
-    for c in range(n // 16):
-        ac = a[c * 16 : c * 16 + 16]
-        b0 = k[t, c * 16 : c * 16 + 16]
-        b1 = k[t + 1, c * 16 : c * 16 + 16]
-        b2 = k[t + 2, c * 16 : c * 16 + 16]
-        b3 = k[t + 3, c * 16 : c * 16 + 16]
-        for l in range(16):
-            a0[l] += ac[l] * widen(b0[l])
-            a1[l] += ac[l] * widen(b1[l])
-            a2[l] += ac[l] * widen(b2[l])
-            a3[l] += ac[l] * widen(b3[l])
-    s0, s1, s2, s3 = hsum16(a0), hsum16(a1), hsum16(a2), hsum16(a3)
-    for j in range((n // 16) * 16, n):
+    n16 = n // 16
+    zero16(a0)
+    zero16(a1)
+    zero16(a2)
+    zero16(a3)
+    base = t * n
+    for c in range(n16):
+        madd16(a0, a, c * 16, k, base + c * 16)
+        madd16(a1, a, c * 16, k, base + n + c * 16)
+        madd16(a2, a, c * 16, k, base + 2 * n + c * 16)
+        madd16(a3, a, c * 16, k, base + 3 * n + c * 16)
+    s0, s1, s2, s3 = vsum16(a0), vsum16(a1), vsum16(a2), vsum16(a3)
+    for j in range(n16 * 16, n):
         x = a[j]
         s0 += x * widen(k[t, j])
         s1 += x * widen(k[t + 1, j])
@@ -129,19 +109,35 @@ def _dot16x4(a, k, t):
 
 
 @njit(inline="always")
+def _dot1(a, k, t, a0):
+    """a . k[t], as one lane of _dot16x4 computes it."""
+    n = a.shape[0]
+    n16 = n // 16
+    zero16(a0)
+    for c in range(n16):
+        madd16(a0, a, c * 16, k, t * n + c * 16)
+    s = vsum16(a0)
+    for j in range(n16 * 16, n):
+        s += a[j] * widen(k[t, j])
+    return s
+
+
+@njit(inline="always")
 def _attend_row(qi, kh, vh, lo, hi, scale, sc, o):
     """o = softmax(qi . kh[lo:hi] * scale) @ vh[lo:hi], scores in sc. The one body both
-    kernels inline, so a batched decode row equals the single-sequence one bit for bit."""
+    kernels inline, so a batched decode row equals the single-sequence one bit for bit.
+    qi, kh, vh, sc, o: C-contiguous (the vector loads index their flat elements)."""
+    a0, a1, a2, a3 = stack16(), stack16(), stack16(), stack16()
     m = np.float32(-np.inf)
     t = lo
     while t + 4 <= hi:
-        s0, s1, s2, s3 = _dot16x4(qi, kh, t)
+        s0, s1, s2, s3 = _dot16x4(qi, kh, t, a0, a1, a2, a3)
         s0, s1, s2, s3 = s0 * scale, s1 * scale, s2 * scale, s3 * scale
         sc[t], sc[t + 1], sc[t + 2], sc[t + 3] = s0, s1, s2, s3
         m = max(m, max(max(s0, s1), max(s2, s3)))
         t += 4
     for u in range(t, hi):
-        s = dot16(qi, kh[u]) * scale
+        s = _dot1(qi, kh, u, a0) * scale
         sc[u] = s
         if s > m:
             m = s
@@ -228,10 +224,14 @@ def attention(
     scores = np.empty((n * hq, length), dtype=np.float32)
     if out is None:
         out = np.empty((n, hq, hd), dtype=np.float32)
+    elif not out.flags.c_contiguous:
+        raise ValueError("attention: out must be C-contiguous")
+    # the kernel's vector loads index flat elements: C-contiguous views (a cache layer,
+    # a projection's rows already are; anything else is copied)
     _attention(
-        q,
-        k,
-        v,
+        np.ascontiguousarray(q, dtype=np.float32),
+        np.ascontiguousarray(k),
+        np.ascontiguousarray(v),
         np.int64(start),
         np.int64(window),
         np.float32(1.0 / np.sqrt(hd)),
@@ -288,7 +288,7 @@ class BatchAttention:
         k, v = cache_values(k, self.dtype), cache_values(v, self.dtype)
         scores = np.empty((n * hq, int(self.starts.max()) + 1), dtype=np.float32)
         _attention_batch(
-            q,
+            np.ascontiguousarray(q, dtype=np.float32),
             np.ascontiguousarray(k, dtype=self.dtype),
             np.ascontiguousarray(v, dtype=self.dtype),
             self._kaddr,
