@@ -288,23 +288,39 @@ def _sig(a16, a4, row, off, xq, xo, xds, so):
     return types.void(a16, a4, row, off, xq, xo, xds, so)
 
 
-@intrinsic
-def q4_1_pair(typingctx, a16, a4, row, off, xq, xo, xds, so):
-    def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        off = args[3]
-        q = r.concat(r.load(2, off, V16I8, 4), r.load(2, off, V16I8, 24))
-        dot = r.dpx(_nib_pair(r, q), 4, args[5], 64)
-        # both (d, m) pairs as one <2 x i32> -> <4 x half> -> one vcvtph2ps
-        w2 = builder.insert_element(
-            ir.Constant(_v(I32, 2), ir.Undefined), r.load(2, off, I32), ir.Constant(I32, 0)
-        )
-        w2 = builder.insert_element(w2, r.load(2, off, I32, 20), ir.Constant(I32, 1))
-        dm = builder.fpext(builder.bitcast(w2, _v(HALF, 4)), V4F)
-        _pair_common(r, dot, dm, r.load(6, args[7], V4F), _SV_NIB2)
-        return context.get_dummy_value()
+def _unpack_q4_1(r, off):
+    """A Q4_1 block pair at off -> (64 weight bytes in the nib2 order, [d_a, m_a, d_b,
+    m_b], the dot lanes' block map)."""
+    b = r.b
+    q = r.concat(r.load(2, off, V16I8, 4), r.load(2, off, V16I8, 24))
+    # both (d, m) pairs as one <2 x i32> -> <4 x half> -> one vcvtph2ps
+    w2 = b.insert_element(
+        ir.Constant(_v(I32, 2), ir.Undefined), r.load(2, off, I32), ir.Constant(I32, 0)
+    )
+    w2 = b.insert_element(w2, r.load(2, off, I32, 20), ir.Constant(I32, 1))
+    dm = b.fpext(b.bitcast(w2, _v(HALF, 4)), V4F)
+    return _nib_pair(r, q), dm, _SV_NIB2
 
-    return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
+
+def _pair_intrinsic(unpack, name):
+    """The block-pair intrinsic of a format whose `unpack(r, off)` gives (weight bytes,
+    4 scale lanes, lane map): one dpx, then _pair_common."""
+
+    def pair(typingctx, a16, a4, row, off, xq, xo, xds, so):
+        def codegen(context, builder, sig, args):
+            r = _IR(context, builder, sig, args)
+            w, dm, lanes = unpack(r, args[3])
+            dot = r.dpx(w, 4, args[5], 64)
+            _pair_common(r, dot, dm, r.load(6, args[7], V4F), lanes)
+            return context.get_dummy_value()
+
+        return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
+
+    pair.__name__ = name
+    return intrinsic(pair)
+
+
+q4_1_pair = _pair_intrinsic(_unpack_q4_1, "q4_1_pair")
 
 
 @intrinsic
@@ -336,18 +352,12 @@ def _dd2(r, off, stride):
     return r.shuf(f, f, [0, 0, 1, 1])
 
 
-@intrinsic
-def q4_0_pair(typingctx, a16, a4, row, off, xq, xo, xds, so):
-    def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        off = args[3]
-        q = r.concat(r.load(2, off, V16I8, 2), r.load(2, off, V16I8, 20))
-        dot = r.dpx(_nib_pair(r, q), 4, args[5], 64)
-        dm = _dd2(r, off, 18)
-        _pair_common(r, dot, dm, r.load(6, args[7], V4F), _SV_NIB2)
-        return context.get_dummy_value()
+def _unpack_q4_0(r, off):
+    q = r.concat(r.load(2, off, V16I8, 2), r.load(2, off, V16I8, 20))
+    return _nib_pair(r, q), _dd2(r, off, 18), _SV_NIB2
 
-    return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
+
+q4_0_pair = _pair_intrinsic(_unpack_q4_0, "q4_0_pair")
 
 
 @intrinsic
@@ -366,29 +376,23 @@ def _hbits(r, off, extra):
     return r.load(2, off, I32, extra)
 
 
-@intrinsic
-def q5_0_pair(typingctx, a16, a4, row, off, xq, xo, xds, so):
-    def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        b = builder
-        off = args[3]
-        q = r.concat(r.load(2, off, V16I8, 6), r.load(2, off, V16I8, 28))
-        w = _nib_pair(r, q)  # [lo_a lo_b | hi_a hi_b]
-        ha = b.zext(_hbits(r, off, 2), I64)
-        hb = b.zext(_hbits(r, off, 24), I64)
-        m16 = ir.Constant(I64, 0xFFFF)
-        sh16, sh32, sh48 = (ir.Constant(I64, v) for v in (16, 32, 48))
-        mask = b.or_(
-            b.or_(b.and_(ha, m16), b.shl(b.and_(hb, m16), sh16)),
-            b.or_(b.shl(b.lshr(ha, sh16), sh32), b.shl(b.lshr(hb, sh16), sh48)),
-        )
-        hv = b.select(b.bitcast(mask, _v(I1, 64)), r.splat_i8(64, 16), r.splat_i8(64, 0))
-        dot = r.dpx(b.or_(w, hv), 4, args[5], 64)
-        dm = _dd2(r, off, 22)
-        _pair_common(r, dot, dm, r.load(6, args[7], V4F), _SV_NIB2)
-        return context.get_dummy_value()
+def _unpack_q5_0(r, off):
+    b = r.b
+    q = r.concat(r.load(2, off, V16I8, 6), r.load(2, off, V16I8, 28))
+    w = _nib_pair(r, q)  # [lo_a lo_b | hi_a hi_b]
+    ha = b.zext(_hbits(r, off, 2), I64)
+    hb = b.zext(_hbits(r, off, 24), I64)
+    m16 = ir.Constant(I64, 0xFFFF)
+    sh16, sh32, sh48 = (ir.Constant(I64, v) for v in (16, 32, 48))
+    mask = b.or_(
+        b.or_(b.and_(ha, m16), b.shl(b.and_(hb, m16), sh16)),
+        b.or_(b.shl(b.lshr(ha, sh16), sh32), b.shl(b.lshr(hb, sh16), sh48)),
+    )
+    hv = b.select(b.bitcast(mask, _v(I1, 64)), r.splat_i8(64, 16), r.splat_i8(64, 0))
+    return b.or_(w, hv), _dd2(r, off, 22), _SV_NIB2
 
-    return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
+
+q5_0_pair = _pair_intrinsic(_unpack_q5_0, "q5_0_pair")
 
 
 @intrinsic
@@ -408,19 +412,13 @@ def q5_0_single(typingctx, a16, a4, row, off, xq, xo, xds, so):
     return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
 
 
-@intrinsic
-def q8_0_pair(typingctx, a16, a4, row, off, xq, xo, xds, so):
-    def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        off = args[3]
-        w = r.concat(r.load(2, off, V32I8, 2), r.load(2, off, V32I8, 36))
-        w = builder.xor(w, r.splat_i8(64, 0x80))  # signed -> unsigned (+128)
-        dot = r.dpx(w, 4, args[5], 64)
-        dm = _dd2(r, off, 34)
-        _pair_common(r, dot, dm, r.load(6, args[7], V4F), _SV_NAT2)
-        return context.get_dummy_value()
+def _unpack_q8_0(r, off):
+    w = r.concat(r.load(2, off, V32I8, 2), r.load(2, off, V32I8, 36))
+    w = r.b.xor(w, r.splat_i8(64, 0x80))  # signed -> unsigned (+128)
+    return w, _dd2(r, off, 34), _SV_NAT2
 
-    return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
+
+q8_0_pair = _pair_intrinsic(_unpack_q8_0, "q8_0_pair")
 
 
 @intrinsic
@@ -546,23 +544,18 @@ def _lowbit_bytes(r, off, bits):
     return r.concat(r.concat(parts[0], parts[1]), r.concat(parts[2], parts[3]))
 
 
-def _lowbit_block(bits):
-    def block(typingctx, a16, a4, row, off, xq, xo, xds, so):
+def _unpack_g64(bits):
+    def unpack(r, off):
         """One 64-element block (x = d q + m): as a Q4_1 pair of two 32-element x blocks
         sharing d and m."""
+        dm = r.f16x(2, off, 2)  # [d, m]
+        return _lowbit_bytes(r, off, bits), r.shuf(dm, dm, [0, 1, 0, 1]), _SV_NAT2
 
-        def codegen(context, builder, sig, args):
-            r = _IR(context, builder, sig, args)
-            off = args[3]
-            dot = r.dpx(_lowbit_bytes(r, off, bits), 4, args[5], 64)
-            dm = r.f16x(2, off, 2)  # [d, m]
-            _pair_common(r, dot, r.shuf(dm, dm, [0, 1, 0, 1]), r.load(6, args[7], V4F), _SV_NAT2)
-            return context.get_dummy_value()
+    return unpack
 
-        return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
 
-    block.__name__ = f"q{bits}_g64_block"
-    return intrinsic(block)
+def _lowbit_block(bits):
+    return _pair_intrinsic(_unpack_g64(bits), f"q{bits}_g64_block")
 
 
 q2_g64_block = _lowbit_block(2)
@@ -965,15 +958,18 @@ def mv_q3_g64(d0, d1, d2, x, o0, o1, o2):
 # single kernel's float operations (bit-identical rows). The G copies load and unpack the
 # same weight bytes, and LLVM merges them (the accumulators are registers, nothing
 # stores in between): each block is unpacked once for all vectors.
+KIND_Q8_0, KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K = 3, 4, 5, 6, 7, 8
+KIND_Q3_G64, KIND_Q2_G64 = 9, 10  # edgerun's own formats (edgerun.quant.lowbit)
 _ACC = 32  # floats of accumulator per vector (acc16 + a second acc16)
 
 
 @intrinsic
 def acc_vectors(typingctx, g):
-    """Pointer to g * _ACC zeroed float32 on the stack: g vectors' accumulators."""
+    """Pointer to g * _ACC + 16 zeroed float32 on the stack: g vectors' accumulators,
+    then the bias lanes of batched block pairs (4 per vector, _pair_batch)."""
     if not isinstance(g, types.IntegerLiteral):
         return None
-    n = g.literal_value * _ACC
+    n = 1 << (g.literal_value * _ACC + 16 - 1).bit_length()  # a power of two: SROA
     vt = _v(F32, n)
 
     def codegen(context, builder, sig, args):
@@ -1004,6 +1000,39 @@ def _block_of(kind, part):
     return table[kind][part], kind == KIND_Q6_K
 
 
+_PAIR_UNPACK = {
+    KIND_Q4_1: _unpack_q4_1,
+    KIND_Q4_0: _unpack_q4_0,
+    KIND_Q5_0: _unpack_q5_0,
+    KIND_Q8_0: _unpack_q8_0,
+    KIND_Q2_G64: _unpack_g64(2),
+    KIND_Q3_G64: _unpack_g64(3),
+}
+
+
+def _pair_batch(r, g, unpack, xstride):
+    """One block pair (or 64-element low-bit block) for g vectors, r's args laid out as
+    (acc, acc, row, off, xq, xo, xds, so, xsi, soi). The weights are unpacked once; the
+    scale products of all g vectors are one 4g-lane multiply of [d_a, m_a, d_b, m_b]
+    repeated by xsi[soi:soi + 4g] (each vector's [dx_a, sx_a, dx_b, sx_b], interleaved by
+    _mvb) and their bias sums one add into the lanes after the g accumulators. Each lane
+    is the product and sum _pair_common forms for one vector, so rows stay bit-identical;
+    per vector only the dot, its conversion, one lane shuffle and the FMA remain (the
+    single path repeats the scale load, multiply and bias add for every vector)."""
+    b = r.b
+    w, dm, lanes = unpack(r, r.args[3])
+    n = 4 * g
+    prod = b.fmul(r.shuf(dm, dm, [0, 1, 2, 3] * g), r.load(8, r.args[9], _v(F32, n)))
+    bias = b.bitcast(b.gep(r.args[0], [ir.Constant(I64, _ACC * g)]), _v(F32, n).as_pointer())
+    b.store(b.fadd(b.load(bias), prod), bias)
+    for v in range(g):
+        xo = b.add(r.args[5], b.mul(xstride, ir.Constant(I64, v)))
+        df = b.sitofp(r.dpx(w, 4, xo, 64), V16F)
+        sv = r.shuf(prod, prod, [4 * v + i for i in lanes])
+        a = b.bitcast(b.gep(r.args[0], [ir.Constant(I64, _ACC * v)]), V16F.as_pointer())
+        b.store(r.fma(df, sv, b.load(a)), a)
+
+
 @intrinsic
 def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16, so16):
     """The format's block intrinsic (`_block_of(kind, part)`) run for g vectors (g, kind,
@@ -1016,11 +1045,22 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
     i64, fp = types.int64, types.CPointer(types.float32)
     rest = (row, i64, xq, i64, xds, i64) + ((xs16, i64) if q6 else ())
     ssig, scg = single._defn(typingctx, fp, fp, *rest)
+    unpack = _PAIR_UNPACK.get(kind.literal_value) if part.literal_value == 0 else None
+    batched = unpack is not None and g.literal_value >= 2
 
     def codegen(context, builder, sig, args):
         cols_v = _i64(builder, args[3])
         xstride = builder.mul(cols_v, ir.Constant(I64, 2))  # int8 x of one vector
         sstride = builder.sdiv(cols_v, ir.Constant(I64, 16))  # its xds / xs16
+        if batched:
+            tys = (fp, fp, row, i64, xq, i64, xds, i64, xs16, i64)
+            vals = [args[4], args[4]] + [
+                context.cast(builder, a, t0, t1)
+                for a, t0, t1 in zip(args[5:], sig.args[5:], tys[2:])
+            ]
+            r = _IR(context, builder, types.void(*tys), vals)
+            _pair_batch(r, g.literal_value, unpack, xstride)
+            return context.get_dummy_value()
         base = [context.cast(builder, a, t0, t1) for a, t0, t1 in zip(args[5:], sig.args[5:], rest)]
         for v in range(g.literal_value):
             accs = [builder.gep(args[4], [ir.Constant(I64, _ACC * v + 16 * k)]) for k in (0, 1)]
@@ -1057,6 +1097,16 @@ def vector_results(typingctx, g, kind, acc, res):
                 tail = ir.Constant(F32, 0.0)
                 for i in range(8 if k == KIND_Q4_K else 4):
                     tail = b.fadd(tail, lane(i))
+            elif k in _PAIR_UNPACK and g.literal_value >= 2:
+                # the batched pairs' bias lanes, then the odd last block's (0.0 if none):
+                # the order in which the single path's acc4 summed them
+                def both(i, v=v):
+                    gl = b.load(
+                        b.gep(args[2], [ir.Constant(I64, _ACC * g.literal_value + 4 * v + i)])
+                    )
+                    return b.fadd(gl, lane(i))
+
+                tail = b.fadd(both(1), both(3))
             else:
                 tail = b.fadd(lane(1), lane(3))  # the pair accumulator's bias lanes
             plus = (KIND_Q4_1, KIND_Q3_G64, KIND_Q2_G64)  # x = d q + m: + m sum(x)
@@ -1075,8 +1125,6 @@ def vector_results(typingctx, g, kind, acc, res):
 
 
 # ----------------------------------------------------------------- row dispatch, batch
-KIND_Q8_0, KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K = 3, 4, 5, 6, 7, 8
-KIND_Q3_G64, KIND_Q2_G64 = 9, 10  # edgerun's own formats (edgerun.quant.lowbit)
 
 
 @njit(inline="always")
@@ -1122,11 +1170,12 @@ def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
     elif kind == KIND_Q3_G64 or kind == KIND_Q2_G64:
         for b in range(nunit):
             o = so + b * 4
-            block_g(g, kind, 0, cols, acc, flat, base + b * ub, xq, xo + b * 128, xds, o, xs16, o)
-    else:
+            w = base + b * ub
+            block_g(g, kind, 0, cols, acc, flat, w, xq, xo + b * 128, xds, o, xs16, so + b * 16)
+    else:  # xs16: the interleaved scales of _mvb's vector group (_pair_batch)
         for p in range(nunit // 2):
             o, w = so + p * 4, base + p * 2 * ub
-            block_g(g, kind, 0, cols, acc, flat, w, xq, xo + p * 128, xds, o, xs16, o)
+            block_g(g, kind, 0, cols, acc, flat, w, xq, xo + p * 128, xds, o, xs16, so + p * 16)
         if nunit & 1:
             b = nunit - 1
             o = so + b * 2
@@ -1159,6 +1208,15 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
         xq[q : q + 2 * cols] = xq[q - 2 * cols : q]
         xds[nv * xs : npad * xs] = xds[(nv - 1) * xs : nv * xs]
         xs16[nv * xs : npad * xs] = xs16[(nv - 1) * xs : nv * xs]
+    if kind != KIND_Q4_K and kind != KIND_Q6_K:
+        # block pairs: each group of GROUP vectors' [dx_a, sx_a, dx_b, sx_b] of pair q
+        # side by side at xs * v0 + 16 q (_pair_batch loads them as one vector)
+        xs16 = np.zeros(((npad + GROUP - 1) // GROUP) * GROUP * xs, np.float32)
+        for v in range(npad):
+            at = (v - v % GROUP) * xs + (v % GROUP) * 4
+            for q in range(xs // 4):
+                for j in range(4):
+                    xs16[at + 16 * q + j] = xds[v * xs + 4 * q + j]
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     n0, n1 = d0.shape[0], d1.shape[0]
     n01 = n0 + n1
