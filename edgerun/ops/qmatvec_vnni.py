@@ -957,7 +957,9 @@ def mv_q3_g64(d0, d1, d2, x, o0, o1, o2):
 # vector's activations, scales and accumulators: the same IR, so every vector gets the
 # single kernel's float operations (bit-identical rows). The G copies load and unpack the
 # same weight bytes, and LLVM merges them (the accumulators are registers, nothing
-# stores in between): each block is unpacked once for all vectors.
+# stores in between): each block is unpacked once for all vectors. Block pairs (and
+# the G64 blocks) go further (_pair_batch): one unpack, and the scale products and bias
+# sums of all the vectors in one vector operation each.
 KIND_Q8_0, KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K = 3, 4, 5, 6, 7, 8
 KIND_Q3_G64, KIND_Q2_G64 = 9, 10  # edgerun's own formats (edgerun.quant.lowbit)
 _ACC = 32  # floats of accumulator per vector (acc16 + a second acc16)
