@@ -141,6 +141,35 @@ def _acc_ptr(builder, acc):
     return builder.bitcast(acc, _V16F.as_pointer())
 
 
+def _splat16(builder, x):
+    """<16 x float> with every lane x."""
+    v = builder.insert_element(ir.Constant(_V16F, None), x, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 16), None))
+
+
+def _accumulate16(builder, acc, a, b):
+    """acc[0:16] += a * b (<16 x float> a, b; contracted to one FMA)."""
+    p = _acc_ptr(builder, acc)
+    prod = builder.fmul(a, b, flags=("contract",))
+    builder.store(builder.fadd(builder.load(p, align=4), prod, flags=("contract",)), p, align=4)
+
+
+def tree_sum16(builder, p):
+    """IR: the sum of the 16 float32 at pointer p as a fixed tree (8+8, 4+4, 2+2, 1+1),
+    not a 16-step serial chain; one order for every caller (vsum16, the VNNI kernels'
+    hsum16), so batched rows round as single ones."""
+    v = builder.load(_acc_ptr(builder, p), align=4)
+    width = 16
+    while width > 1:
+        half = width // 2
+        mask = ir.VectorType(_I32, half)
+        lo = builder.shuffle_vector(v, v, ir.Constant(mask, list(range(half))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(mask, list(range(half, width))))
+        v = builder.fadd(lo, hi)
+        width = half
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
 @intrinsic
 def zero16(typingctx, acc):
     """acc[0:16] = 0 (acc: a stack16() pointer)."""
@@ -161,12 +190,9 @@ def madd16(typingctx, acc, a, ai, b, bi):
         return None
 
     def codegen(context, builder, sig, args):
-        p = _acc_ptr(builder, args[0])
         va = _load16(context, builder, sig.args[1], args[1], args[2])
         vb = _load16(context, builder, sig.args[3], args[3], args[4])
-        prod = builder.fmul(va, vb, flags=("contract",))
-        acc_v = builder.fadd(builder.load(p, align=4), prod, flags=("contract",))
-        builder.store(acc_v, p, align=4)
+        _accumulate16(builder, args[0], va, vb)
         return context.get_dummy_value()
 
     return types.none(acc, a, ai, b, bi), codegen
@@ -179,13 +205,8 @@ def axpy16(typingctx, acc, w, b, bi):
         return None
 
     def codegen(context, builder, sig, args):
-        p = _acc_ptr(builder, args[0])
-        wv = builder.insert_element(ir.Constant(_V16F, None), args[1], ir.Constant(_I32, 0))
-        wv = builder.shuffle_vector(wv, wv, ir.Constant(ir.VectorType(_I32, 16), None))
         vb = _load16(context, builder, sig.args[2], args[2], args[3])
-        prod = builder.fmul(wv, vb, flags=("contract",))
-        acc_v = builder.fadd(builder.load(p, align=4), prod, flags=("contract",))
-        builder.store(acc_v, p, align=4)
+        _accumulate16(builder, args[0], _splat16(builder, args[1]), vb)
         return context.get_dummy_value()
 
     return types.none(acc, types.float32, b, bi), codegen
@@ -193,20 +214,10 @@ def axpy16(typingctx, acc, w, b, bi):
 
 @intrinsic
 def vsum16(typingctx, acc):
-    """The sum of acc[0:16] as a fixed tree (8+8, 4+4, 2+2, 1+1): a few shuffles, not a
-    16-step serial chain."""
+    """The sum of acc[0:16] (tree_sum16)."""
 
     def codegen(context, builder, sig, args):
-        v = builder.load(_acc_ptr(builder, args[0]), align=4)
-        width = 16
-        while width > 1:
-            half = width // 2
-            mask = ir.VectorType(_I32, half)
-            lo = builder.shuffle_vector(v, v, ir.Constant(mask, list(range(half))))
-            hi = builder.shuffle_vector(v, v, ir.Constant(mask, list(range(half, width))))
-            v = builder.fadd(lo, hi)
-            width = half
-        return builder.extract_element(v, ir.Constant(_I32, 0))
+        return tree_sum16(builder, args[0])
 
     return types.float32(acc), codegen
 
@@ -220,10 +231,8 @@ def store16(typingctx, out, oi, acc, scale):
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         dst = builder.bitcast(builder.gep(data, [args[1]]), _V16F.as_pointer())
-        sv = builder.insert_element(ir.Constant(_V16F, None), args[3], ir.Constant(_I32, 0))
-        sv = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_I32, 16), None))
         acc_v = builder.load(_acc_ptr(builder, args[2]), align=4)
-        builder.store(builder.fmul(acc_v, sv), dst, align=4)
+        builder.store(builder.fmul(acc_v, _splat16(builder, args[3])), dst, align=4)
         return context.get_dummy_value()
 
     return types.none(out, oi, acc, types.float32), codegen

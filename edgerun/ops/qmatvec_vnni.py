@@ -56,7 +56,7 @@ from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from edgerun.ops._simd import int8_dot  # noqa: E402
+from edgerun.ops._simd import int8_dot, tree_sum16  # noqa: E402
 from edgerun.ops.qmatvec_portable import _f16at, _q4k_sm  # noqa: E402
 
 F0 = np.float32(0.0)
@@ -215,23 +215,9 @@ def hsum16(typingctx, p):
     """Sum of the 16 float32 at p, as a tree (4 vector adds, not 15 dependent ones)."""
 
     def codegen(context, builder, sig, args):
-        return _tree_sum16(builder, args[0])
+        return tree_sum16(builder, args[0])
 
     return types.float32(p), codegen
-
-
-def _tree_sum16(builder, p):
-    """IR: hsum16's tree sum of the 16 float32 at pointer p (one order for every caller,
-    so batched rows round as single ones)."""
-    v = builder.load(builder.bitcast(p, V16F.as_pointer()))
-    n = 16
-    while n > 1:
-        h = n // 2
-        lo = ir.Constant(_v(I32, h), list(range(h)))
-        hi = ir.Constant(_v(I32, h), list(range(h, n)))
-        v = builder.fadd(builder.shuffle_vector(v, v, lo), builder.shuffle_vector(v, v, hi))
-        n = h
-    return builder.extract_element(v, ir.Constant(I32, 0))
 
 
 def _aptr(ir_, i, vt):
@@ -1012,6 +998,12 @@ _PAIR_UNPACK = {
 }
 
 
+def _pairs_batched(kind: int, g: int) -> bool:
+    """Whether a g-vector pass runs the format's block pairs through _pair_batch (block_g
+    and vector_results must agree on where the bias lanes are)."""
+    return kind in _PAIR_UNPACK and g >= 2
+
+
 def _pair_batch(r, g, unpack, xstride):
     """One block pair (or 64-element low-bit block) for g vectors, r's args laid out as
     (acc, acc, row, off, xq, xo, xds, so, xsi, soi). The weights are unpacked once; the
@@ -1047,8 +1039,7 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
     i64, fp = types.int64, types.CPointer(types.float32)
     rest = (row, i64, xq, i64, xds, i64) + ((xs16, i64) if q6 else ())
     ssig, scg = single._defn(typingctx, fp, fp, *rest)
-    unpack = _PAIR_UNPACK.get(kind.literal_value) if part.literal_value == 0 else None
-    batched = unpack is not None and g.literal_value >= 2
+    batched = part.literal_value == 0 and _pairs_batched(kind.literal_value, g.literal_value)
 
     def codegen(context, builder, sig, args):
         cols_v = _i64(builder, args[3])
@@ -1061,7 +1052,7 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
                 for a, t0, t1 in zip(args[5:], sig.args[5:], tys[2:])
             ]
             r = _IR(context, builder, types.void(*tys), vals)
-            _pair_batch(r, g.literal_value, unpack, xstride)
+            _pair_batch(r, g.literal_value, _PAIR_UNPACK[kind.literal_value], xstride)
             return context.get_dummy_value()
         base = [context.cast(builder, a, t0, t1) for a, t0, t1 in zip(args[5:], sig.args[5:], rest)]
         for v in range(g.literal_value):
@@ -1090,7 +1081,7 @@ def vector_results(typingctx, g, kind, acc, res):
         for v in range(g.literal_value):
             a = b.gep(args[2], [ir.Constant(I64, _ACC * v)])
             t = b.gep(args[2], [ir.Constant(I64, _ACC * v + 16)])
-            h = _tree_sum16(b, a)
+            h = tree_sum16(b, a)
 
             def lane(i, t=t):
                 return b.load(b.gep(t, [ir.Constant(I64, i)]))
@@ -1099,7 +1090,7 @@ def vector_results(typingctx, g, kind, acc, res):
                 tail = ir.Constant(F32, 0.0)
                 for i in range(8 if k == KIND_Q4_K else 4):
                     tail = b.fadd(tail, lane(i))
-            elif k in _PAIR_UNPACK and g.literal_value >= 2:
+            elif _pairs_batched(k, g.literal_value):
                 # the batched pairs' bias lanes, then the odd last block's (0.0 if none):
                 # the order in which the single path's acc4 summed them
                 def both(i, v=v):
@@ -1162,7 +1153,9 @@ def _unit_bytes(kind):
 @njit(inline="always")
 def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
     """One row . g vectors (the g from vector v0, whose x starts at xq[xo], its scales at
-    xds[so] / xs16[so]) -> res[0:g]: the block loop of _row_<fmt>, every block for all g."""
+    xds[so] / xs16[so]) -> res[0:g]: the block loop of _row_<fmt>, every block for all g.
+    xs16: Q6_K's 16-element sums, or for the block-pair formats the group's interleaved
+    scales (_mvb, _pair_batch)."""
     acc = acc_vectors(g)
     ub = _unit_bytes(kind)
     if kind == KIND_Q4_K or kind == KIND_Q6_K:
@@ -1210,15 +1203,16 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
         xq[q : q + 2 * cols] = xq[q - 2 * cols : q]
         xds[nv * xs : npad * xs] = xds[(nv - 1) * xs : nv * xs]
         xs16[nv * xs : npad * xs] = xs16[(nv - 1) * xs : nv * xs]
+    aux = xs16  # the rows' extra scales: Q6_K's xs16, or the pairs' interleaved ones
     if kind != KIND_Q4_K and kind != KIND_Q6_K:
         # block pairs: each group of GROUP vectors' [dx_a, sx_a, dx_b, sx_b] of pair q
         # side by side at xs * v0 + 16 q (_pair_batch loads them as one vector)
-        xs16 = np.zeros(((npad + GROUP - 1) // GROUP) * GROUP * xs, np.float32)
+        aux = np.zeros(((npad + GROUP - 1) // GROUP) * GROUP * xs, np.float32)
         for v in range(npad):
             at = (v - v % GROUP) * xs + (v % GROUP) * 4
             for q in range(xs // 4):
                 for j in range(4):
-                    xs16[at + 16 * q + j] = xds[v * xs + 4 * q + j]
+                    aux[at + 16 * q + j] = xds[v * xs + 4 * q + j]
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     n0, n1 = d0.shape[0], d1.shape[0]
     n01 = n0 + n1
@@ -1237,11 +1231,11 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
             xo = 2 * cols * v0
             so = xs * v0
             if g >= 3:
-                _rows_g(4, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res)
+                _rows_g(4, kind, flat, base, nunit, cols, xq, xo, xds, so, aux, res)
             elif g == 2:
-                _rows_g(2, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res)
+                _rows_g(2, kind, flat, base, nunit, cols, xq, xo, xds, so, aux, res)
             else:
-                _rows_g(1, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res)
+                _rows_g(1, kind, flat, base, nunit, cols, xq, xo, xds, so, aux, res)
             for v in range(g):
                 out[v0 + v, r] = rv[v]
 
