@@ -309,16 +309,31 @@ def _pair_intrinsic(unpack, name):
 q4_1_pair = _pair_intrinsic(_unpack_q4_1, "q4_1_pair")
 
 
-@intrinsic
-def q4_1_single(typingctx, a16, a4, row, off, xq, xo, xds, so):
-    def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        off = args[3]
-        dot = r.dpx(_nib_single(r, r.load(2, off, V16I8, 4)), 4, args[5], 32)
-        _single_common(r, dot, r.f16x(2, off, 2), r.load(6, args[7], V2F))
-        return context.get_dummy_value()
+def _single_body(r, unpack):
+    """One odd last block of 32 (r's args as _sig): unpack(r, off) gives its 32 weight
+    bytes and [d, m] (or [d, d]); one 32-byte dot, then _single_common."""
+    w, dm = unpack(r, r.args[3])
+    dot = r.dpx(w, 4, r.args[5], 32)
+    _single_common(r, dot, dm, r.load(6, r.args[7], V2F))
 
-    return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
+
+def _single_intrinsic(unpack, name):
+    def single(typingctx, a16, a4, row, off, xq, xo, xds, so):
+        def codegen(context, builder, sig, args):
+            _single_body(_IR(context, builder, sig, args), unpack)
+            return context.get_dummy_value()
+
+        return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
+
+    single.__name__ = name
+    return intrinsic(single)
+
+
+def _unpack1_q4_1(r, off):
+    return _nib_single(r, r.load(2, off, V16I8, 4)), r.f16x(2, off, 2)
+
+
+q4_1_single = _single_intrinsic(_unpack1_q4_1, "q4_1_single")
 
 
 def _dd(r, off, extra):
@@ -346,16 +361,11 @@ def _unpack_q4_0(r, off):
 q4_0_pair = _pair_intrinsic(_unpack_q4_0, "q4_0_pair")
 
 
-@intrinsic
-def q4_0_single(typingctx, a16, a4, row, off, xq, xo, xds, so):
-    def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        off = args[3]
-        dot = r.dpx(_nib_single(r, r.load(2, off, V16I8, 2)), 4, args[5], 32)
-        _single_common(r, dot, _dd(r, off, 0), r.load(6, args[7], V2F))
-        return context.get_dummy_value()
+def _unpack1_q4_0(r, off):
+    return _nib_single(r, r.load(2, off, V16I8, 2)), _dd(r, off, 0)
 
-    return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
+
+q4_0_single = _single_intrinsic(_unpack1_q4_0, "q4_0_single")
 
 
 def _hbits(r, off, extra):
@@ -381,21 +391,14 @@ def _unpack_q5_0(r, off):
 q5_0_pair = _pair_intrinsic(_unpack_q5_0, "q5_0_pair")
 
 
-@intrinsic
-def q5_0_single(typingctx, a16, a4, row, off, xq, xo, xds, so):
-    def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        b = builder
-        off = args[3]
-        w = _nib_single(r, r.load(2, off, V16I8, 6))
-        hv = b.select(
-            b.bitcast(_hbits(r, off, 2), _v(I1, 32)), r.splat_i8(32, 16), r.splat_i8(32, 0)
-        )
-        dot = r.dpx(b.or_(w, hv), 4, args[5], 32)
-        _single_common(r, dot, _dd(r, off, 0), r.load(6, args[7], V2F))
-        return context.get_dummy_value()
+def _unpack1_q5_0(r, off):
+    b = r.b
+    w = _nib_single(r, r.load(2, off, V16I8, 6))
+    hv = b.select(b.bitcast(_hbits(r, off, 2), _v(I1, 32)), r.splat_i8(32, 16), r.splat_i8(32, 0))
+    return b.or_(w, hv), _dd(r, off, 0)
 
-    return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
+
+q5_0_single = _single_intrinsic(_unpack1_q5_0, "q5_0_single")
 
 
 def _unpack_q8_0(r, off):
@@ -407,17 +410,11 @@ def _unpack_q8_0(r, off):
 q8_0_pair = _pair_intrinsic(_unpack_q8_0, "q8_0_pair")
 
 
-@intrinsic
-def q8_0_single(typingctx, a16, a4, row, off, xq, xo, xds, so):
-    def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        off = args[3]
-        w = builder.xor(r.load(2, off, V32I8, 2), r.splat_i8(32, 0x80))
-        dot = r.dpx(w, 4, args[5], 32)
-        _single_common(r, dot, _dd(r, off, 0), r.load(6, args[7], V2F))
-        return context.get_dummy_value()
+def _unpack1_q8_0(r, off):
+    return r.b.xor(r.load(2, off, V32I8, 2), r.splat_i8(32, 0x80)), _dd(r, off, 0)
 
-    return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
+
+q8_0_single = _single_intrinsic(_unpack1_q8_0, "q8_0_single")
 
 
 @intrinsic
@@ -429,39 +426,51 @@ def q4_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so):
         r = _IR(context, builder, sig, args)
         b = builder
         off = args[3]
-        dm = r.f16x(2, off, 2)  # [d, dmin]
-        s = r.load(2, off, V16I8, 4)  # 12 scale bytes (+4 ignored)
-        A = r.shuf(s, s, [0, 1, 2, 3])
-        B = r.shuf(s, s, [4, 5, 6, 7])
-        C = r.shuf(s, s, [8, 9, 10, 11])
-        c63, c15 = ir.Constant(_v(I8, 4), [63] * 4), ir.Constant(_v(I8, 4), [15] * 4)
-        c6, c4 = ir.Constant(_v(I8, 4), [6] * 4), ir.Constant(_v(I8, 4), [4] * 4)
-        sc_lo = b.and_(A, c63)
-        sc_hi = b.or_(b.and_(C, c15), b.shl(b.lshr(A, c6), c4))
-        mn_lo = b.and_(B, c63)
-        mn_hi = b.or_(b.lshr(C, c4), b.shl(b.lshr(B, c6), c4))
-        sc = b.uitofp(r.concat(sc_lo, sc_hi), V8F)
-        mn = b.uitofp(r.concat(mn_lo, mn_hi), V8F)
+        dsc, dmn = _q4k_scales(r, off)
         xs16 = r.load(6, args[7], V16F)  # [dx_0, sx_0, ..., dx_7, sx_7]
         dx8 = r.shuf(xs16, xs16, range(0, 16, 2))
         sx8 = r.shuf(xs16, xs16, range(1, 16, 2))
-        d = b.extract_element(dm, ir.Constant(I32, 0))
-        dmin = b.extract_element(dm, ir.Constant(I32, 1))
-        ds = b.fmul(b.fmul(r.splat(d, 8), sc), dx8)  # d * sc_j * dx_j
-        mterm = b.fmul(b.fmul(r.splat(dmin, 8), mn), sx8)
+        ds = b.fmul(dsc, dx8)  # d * sc_j * dx_j
+        mterm = b.fmul(dmn, sx8)
         _acc_add(r, 1, V8F, lambda a: b.fadd(a, mterm))
         for g in range(4):
-            q = r.load(2, off, V32I8, 16 + 32 * g)
-            lo = b.and_(q, r.splat_i8(32, 15))
-            hi = b.lshr(q, r.splat_i8(32, 4))
             xo = b.add(args[5], ir.Constant(args[5].type, 128 * g))
-            dot = r.dpx(r.concat(lo, hi), 4, xo, 64)
+            dot = r.dpx(_q4k_chunk(r, off, g), 4, xo, 64)
             sv = r.shuf(ds, ds, [2 * g] * 8 + [2 * g + 1] * 8)
             df = b.sitofp(dot, V16F)
             _acc_add(r, 0, V16F, lambda a, df=df, sv=sv: r.fma(df, sv, a))
         return context.get_dummy_value()
 
     return _sig(a16, a8, row, off, xq, xo, xds, so), codegen
+
+
+def _q4k_scales(r, off):
+    """A Q4_K super-block's 8 sub-block scales and mins, as floats already multiplied by
+    d and dmin: (d sc_j, dmin m_j), <8 x float> each."""
+    b = r.b
+    dm = r.f16x(2, off, 2)  # [d, dmin]
+    s = r.load(2, off, V16I8, 4)  # 12 scale bytes (+4 ignored)
+    A = r.shuf(s, s, [0, 1, 2, 3])
+    B = r.shuf(s, s, [4, 5, 6, 7])
+    C = r.shuf(s, s, [8, 9, 10, 11])
+    c63, c15 = ir.Constant(_v(I8, 4), [63] * 4), ir.Constant(_v(I8, 4), [15] * 4)
+    c6, c4 = ir.Constant(_v(I8, 4), [6] * 4), ir.Constant(_v(I8, 4), [4] * 4)
+    sc_lo = b.and_(A, c63)
+    sc_hi = b.or_(b.and_(C, c15), b.shl(b.lshr(A, c6), c4))
+    mn_lo = b.and_(B, c63)
+    mn_hi = b.or_(b.lshr(C, c4), b.shl(b.lshr(B, c6), c4))
+    sc = b.uitofp(r.concat(sc_lo, sc_hi), V8F)
+    mn = b.uitofp(r.concat(mn_lo, mn_hi), V8F)
+    d = b.extract_element(dm, ir.Constant(I32, 0))
+    dmin = b.extract_element(dm, ir.Constant(I32, 1))
+    return b.fmul(r.splat(d, 8), sc), b.fmul(r.splat(dmin, 8), mn)
+
+
+def _q4k_chunk(r, off, g):
+    """Weights 64 g .. 64 g + 63 of a Q4_K super-block as u8 (low nibbles of 32 bytes,
+    then their high nibbles: the sub-blocks 2g and 2g + 1)."""
+    q = r.load(2, off, V32I8, 16 + 32 * g)
+    return r.concat(r.b.and_(q, r.splat_i8(32, 15)), r.b.lshr(q, r.splat_i8(32, 4)))
 
 
 @intrinsic
@@ -479,14 +488,7 @@ def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
             ql = r.load(2, off, V64I8, 64 * h)
             qh = r.load(2, off, V32I8, 128 + 32 * h)
             for p in range(2):
-                if p == 0:
-                    lo = b.and_(ql, r.splat_i8(64, 15))
-                    qhv = r.concat(qh, b.lshr(qh, r.splat_i8(32, 2)))
-                else:
-                    lo = b.lshr(ql, r.splat_i8(64, 4))
-                    qhv = r.concat(b.lshr(qh, r.splat_i8(32, 4)), b.lshr(qh, r.splat_i8(32, 6)))
-                qhv = b.shl(b.and_(qhv, r.splat_i8(64, 3)), r.splat_i8(64, 4))
-                w = b.or_(lo, qhv)  # chunks 2p, 2p+1 of this half, 0..63
+                w = _q6k_chunk(r, ql, qh, p)
                 xoff = b.add(xo, ir.Constant(xo.type, 256 * h + 128 * p))
                 dot = r.dpx(w, 4, xoff, 64)
                 k = 8 * h + 4 * p  # first of 4 scales (16 elements each)
@@ -507,6 +509,20 @@ def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
         return context.get_dummy_value()
 
     return types.void(a16, a8, row, off, xq, xo, xds, so, xs16, so16), codegen
+
+
+def _q6k_chunk(r, ql, qh, p):
+    """Of one half of a Q6_K super-block (ql: its 64 low-nibble bytes, qh: its 32
+    high-bit bytes), the 6-bit weights of 32-element chunks 2p and 2p + 1 as u8 0..63."""
+    b = r.b
+    if p == 0:
+        lo = b.and_(ql, r.splat_i8(64, 15))
+        qhv = r.concat(qh, b.lshr(qh, r.splat_i8(32, 2)))
+    else:
+        lo = b.lshr(ql, r.splat_i8(64, 4))
+        qhv = r.concat(b.lshr(qh, r.splat_i8(32, 4)), b.lshr(qh, r.splat_i8(32, 6)))
+    qhv = b.shl(b.and_(qhv, r.splat_i8(64, 3)), r.splat_i8(64, 4))
+    return b.or_(lo, qhv)
 
 
 def _lowbit_bytes(r, off, bits):
@@ -953,11 +969,11 @@ _ACC = 32  # floats of accumulator per vector (acc16 + a second acc16)
 
 @intrinsic
 def acc_vectors(typingctx, g):
-    """Pointer to g * _ACC + 16 zeroed float32 on the stack: g vectors' accumulators,
-    then the bias lanes of batched block pairs (4 per vector, _pair_batch)."""
+    """Pointer to g * (_ACC + 8) zeroed float32 on the stack: g vectors' accumulators,
+    then the bias lanes of batched blocks (up to 8 per vector, _bias_lanes)."""
     if not isinstance(g, types.IntegerLiteral):
         return None
-    n = 1 << (g.literal_value * _ACC + 16 - 1).bit_length()  # a power of two: SROA
+    n = 1 << (g.literal_value * (_ACC + 8) - 1).bit_length()  # a power of two: SROA
     vt = _v(F32, n)
 
     def codegen(context, builder, sig, args):
@@ -998,10 +1014,86 @@ _PAIR_UNPACK = {
 }
 
 
+_K_KINDS = (KIND_Q4_K, KIND_Q6_K)
+
+
 def _pairs_batched(kind: int, g: int) -> bool:
     """Whether a g-vector pass runs the format's block pairs through _pair_batch (block_g
     and vector_results must agree on where the bias lanes are)."""
     return kind in _PAIR_UNPACK and g >= 2
+
+
+def _bias_lanes(kind: int) -> int:
+    """Bias lanes per vector after a batch's accumulators (Q4_K: its 8 mins terms)."""
+    return 8 if kind == KIND_Q4_K else 4
+
+
+def _bias_add(r, g, vals):
+    """The bias lanes after g vectors' accumulators (r.args[0]) += vals."""
+    b = r.b
+    p = b.bitcast(b.gep(r.args[0], [ir.Constant(I64, _ACC * g)]), vals.type.as_pointer())
+    b.store(b.fadd(b.load(p), vals), p)
+
+
+def _acc_fma(r, v, df, sv):
+    """Vector v's acc16 += df * sv."""
+    b = r.b
+    a = b.bitcast(b.gep(r.args[0], [ir.Constant(I64, _ACC * v)]), V16F.as_pointer())
+    b.store(r.fma(df, sv, b.load(a)), a)
+
+
+def _x_at(r, xstride, v, extra):
+    """Byte offset of vector v's activations + extra (r.args[5]: vector 0's)."""
+    b = r.b
+    return b.add(r.args[5], b.add(b.mul(xstride, ir.Constant(I64, v)), ir.Constant(I64, extra)))
+
+
+def _q4k_batch(r, g, xstride):
+    """One Q4_K super-block for g vectors (args as _pair_batch; aux at soi: the g
+    vectors' 8 dx, then at soi + 32 their 8 sx, _mvb). Scales and mins are unpacked
+    once; d sc dx of all vectors is one 8g-lane multiply and their mins terms one
+    multiply and add into the bias lanes. Per vector: the 4 dots, conversions, lane
+    shuffles and FMAs. The same products and sums per lane as q4_k_block."""
+    b = r.b
+    off = r.args[3]
+    dsc, dmn = _q4k_scales(r, off)
+    n = 8 * g
+    lanes = list(range(8)) * g
+    ds = b.fmul(r.shuf(dsc, dsc, lanes), r.load(8, r.args[9], _v(F32, n)))
+    _bias_add(r, g, b.fmul(r.shuf(dmn, dmn, lanes), r.load(8, r.args[9], _v(F32, n), 32)))
+    for c in range(4):
+        w = _q4k_chunk(r, off, c)
+        for v in range(g):
+            df = b.sitofp(r.dpx(w, 4, _x_at(r, xstride, v, 128 * c), 64), V16F)
+            _acc_fma(r, v, df, r.shuf(ds, ds, [8 * v + 2 * c] * 8 + [8 * v + 2 * c + 1] * 8))
+
+
+def _q6k_batch(r, g, xstride):
+    """One Q6_K super-block for g vectors (args as _pair_batch; aux at soi + 32 c for
+    chunk pair c: the g vectors' [dx_a, dx_a, dx_b, dx_b], then at + 16 their four
+    16-element sums, _mvb). Per chunk pair one 4g-lane multiply gives every vector's
+    scales and one multiply and add its -32 bias terms; per vector the dot, its
+    conversion, a lane shuffle and the FMA. The same products and sums per lane as
+    q6_k_block."""
+    b = r.b
+    off = r.args[3]
+    dv4 = r.splat(r.f16(2, off, 208), 4)
+    n = 4 * g
+    for h in range(2):
+        ql = r.load(2, off, V64I8, 64 * h)
+        qh = r.load(2, off, V32I8, 128 + 32 * h)
+        for p in range(2):
+            w = _q6k_chunk(r, ql, qh, p)
+            k, c = 8 * h + 4 * p, 2 * h + p
+            dsc = b.fmul(dv4, b.sitofp(r.load(2, off, _v(I8, 4), 192 + k), V4F))
+            dsc = r.shuf(dsc, dsc, [0, 1, 2, 3] * g)
+            sv4 = b.fmul(dsc, r.load(8, r.args[9], _v(F32, n), 32 * c))
+            _bias_add(r, g, b.fmul(dsc, r.load(8, r.args[9], _v(F32, n), 32 * c + 16)))
+            for v in range(g):
+                xo = _x_at(r, xstride, v, 256 * h + 128 * p)
+                df = b.sitofp(r.dpx(w, 4, xo, 64), V16F)
+                sv = r.shuf(sv4, sv4, [4 * v + i for i in range(4) for _ in range(4)])
+                _acc_fma(r, v, df, sv)
 
 
 def _pair_batch(r, g, unpack, xstride):
@@ -1017,14 +1109,10 @@ def _pair_batch(r, g, unpack, xstride):
     w, dm, lanes = unpack(r, r.args[3])
     n = 4 * g
     prod = b.fmul(r.shuf(dm, dm, [0, 1, 2, 3] * g), r.load(8, r.args[9], _v(F32, n)))
-    bias = b.bitcast(b.gep(r.args[0], [ir.Constant(I64, _ACC * g)]), _v(F32, n).as_pointer())
-    b.store(b.fadd(b.load(bias), prod), bias)
+    _bias_add(r, g, prod)
     for v in range(g):
-        xo = b.add(r.args[5], b.mul(xstride, ir.Constant(I64, v)))
-        df = b.sitofp(r.dpx(w, 4, xo, 64), V16F)
-        sv = r.shuf(prod, prod, [4 * v + i for i in lanes])
-        a = b.bitcast(b.gep(r.args[0], [ir.Constant(I64, _ACC * v)]), V16F.as_pointer())
-        b.store(r.fma(df, sv, b.load(a)), a)
+        df = b.sitofp(r.dpx(w, 4, _x_at(r, xstride, v, 0), 64), V16F)
+        _acc_fma(r, v, df, r.shuf(prod, prod, [4 * v + i for i in lanes]))
 
 
 @intrinsic
@@ -1039,7 +1127,9 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
     i64, fp = types.int64, types.CPointer(types.float32)
     rest = (row, i64, xq, i64, xds, i64) + ((xs16, i64) if q6 else ())
     ssig, scg = single._defn(typingctx, fp, fp, *rest)
-    batched = part.literal_value == 0 and _pairs_batched(kind.literal_value, g.literal_value)
+    k = kind.literal_value
+    batched = part.literal_value == 0 and (k in _K_KINDS or _pairs_batched(k, g.literal_value))
+    batch_fn = {KIND_Q4_K: _q4k_batch, KIND_Q6_K: _q6k_batch}.get(k)
 
     def codegen(context, builder, sig, args):
         cols_v = _i64(builder, args[3])
@@ -1052,7 +1142,10 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
                 for a, t0, t1 in zip(args[5:], sig.args[5:], tys[2:])
             ]
             r = _IR(context, builder, types.void(*tys), vals)
-            _pair_batch(r, g.literal_value, _PAIR_UNPACK[kind.literal_value], xstride)
+            if batch_fn is not None:
+                batch_fn(r, g.literal_value, xstride)
+            else:
+                _pair_batch(r, g.literal_value, _PAIR_UNPACK[k], xstride)
             return context.get_dummy_value()
         base = [context.cast(builder, a, t0, t1) for a, t0, t1 in zip(args[5:], sig.args[5:], rest)]
         for v in range(g.literal_value):
@@ -1086,10 +1179,12 @@ def vector_results(typingctx, g, kind, acc, res):
             def lane(i, t=t):
                 return b.load(b.gep(t, [ir.Constant(I64, i)]))
 
-            if k in (KIND_Q4_K, KIND_Q6_K):  # _hsum(p, n) for n < 16: from 0.0, in order
+            if k in _K_KINDS:  # _hsum(p, n) for n < 16: from 0.0, in order
                 tail = ir.Constant(F32, 0.0)
-                for i in range(8 if k == KIND_Q4_K else 4):
-                    tail = b.fadd(tail, lane(i))
+                nl = _bias_lanes(k)
+                for i in range(nl):
+                    at = _ACC * g.literal_value + nl * v + i
+                    tail = b.fadd(tail, b.load(b.gep(args[2], [ir.Constant(I64, at)])))
             elif _pairs_batched(k, g.literal_value):
                 # the batched pairs' bias lanes, then the odd last block's (0.0 if none):
                 # the order in which the single path's acc4 summed them
@@ -1153,15 +1248,16 @@ def _unit_bytes(kind):
 @njit(inline="always")
 def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
     """One row . g vectors (the g from vector v0, whose x starts at xq[xo], its scales at
-    xds[so] / xs16[so]) -> res[0:g]: the block loop of _row_<fmt>, every block for all g.
-    xs16: Q6_K's 16-element sums, or for the block-pair formats the group's interleaved
-    scales (_mvb, _pair_batch)."""
+    xds[so]) -> res[0:g]: the block loop of _row_<fmt>, every block for all g. xs16: the
+    group's interleaved scales (_mvb; _pair_batch, _q4k_batch, _q6k_batch)."""
     acc = acc_vectors(g)
     ub = _unit_bytes(kind)
-    if kind == KIND_Q4_K or kind == KIND_Q6_K:
+    if kind == KIND_Q4_K or kind == KIND_Q6_K:  # xs16: the group's K scales (_mvb)
+        ka = 1 if kind == KIND_Q4_K else 2
         for b in range(nunit):
-            o = so + b * 16
-            block_g(g, kind, 0, cols, acc, flat, base + b * ub, xq, xo + b * 512, xds, o, xs16, o)
+            o, w = so + b * 16, base + b * ub
+            a = ka * (so + 64 * b)
+            block_g(g, kind, 0, cols, acc, flat, w, xq, xo + b * 512, xds, o, xs16, a)
     elif kind == KIND_Q3_G64 or kind == KIND_Q2_G64:
         for b in range(nunit):
             o = so + b * 4
@@ -1203,11 +1299,31 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
         xq[q : q + 2 * cols] = xq[q - 2 * cols : q]
         xds[nv * xs : npad * xs] = xds[(nv - 1) * xs : nv * xs]
         xs16[nv * xs : npad * xs] = xs16[(nv - 1) * xs : nv * xs]
-    aux = xs16  # the rows' extra scales: Q6_K's xs16, or the pairs' interleaved ones
-    if kind != KIND_Q4_K and kind != KIND_Q6_K:
+    # each group of GROUP vectors' scales side by side, so that a block's scale products
+    # for all of them are one vector multiply (_pair_batch, _q4k_batch, _q6k_batch)
+    ng = (npad + GROUP - 1) // GROUP
+    if kind == KIND_Q4_K:  # per super-block b at xs * v0 + 64 b: 8 dx per vector, then 8 sx
+        aux = np.zeros(ng * GROUP * xs, np.float32)
+        for v in range(npad):
+            at, x0 = (v - v % GROUP) * xs + (v % GROUP) * 8, v * xs
+            for b in range(nunit):
+                for j in range(8):
+                    aux[at + 64 * b + j] = xds[x0 + 16 * b + 2 * j]
+                    aux[at + 64 * b + 32 + j] = xds[x0 + 16 * b + 2 * j + 1]
+    elif kind == KIND_Q6_K:  # per super-block b at 2 xs v0 + 128 b, chunk pair c at + 32 c:
+        aux = np.zeros(ng * GROUP * 2 * xs, np.float32)  # [dx_a dx_a dx_b dx_b] per vector,
+        for v in range(npad):  # then 4 sums of 16 elements per vector
+            at, x0 = (v - v % GROUP) * 2 * xs + (v % GROUP) * 4, v * xs
+            for b in range(nunit):
+                for c in range(4):
+                    o = at + 128 * b + 32 * c
+                    for j in range(4):
+                        aux[o + j] = xds[x0 + 16 * b + 4 * c + 2 * (j // 2)]
+                        aux[o + 16 + j] = xs16[x0 + 16 * b + 4 * c + j]
+    else:
         # block pairs: each group of GROUP vectors' [dx_a, sx_a, dx_b, sx_b] of pair q
         # side by side at xs * v0 + 16 q (_pair_batch loads them as one vector)
-        aux = np.zeros(((npad + GROUP - 1) // GROUP) * GROUP * xs, np.float32)
+        aux = np.zeros(ng * GROUP * xs, np.float32)
         for v in range(npad):
             at = (v - v % GROUP) * xs + (v % GROUP) * 4
             for q in range(xs // 4):
