@@ -52,6 +52,7 @@ _numba_env.configure()
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from llvmlite import ir  # noqa: E402
+from llvmlite.binding import llvm_version_info  # noqa: E402
 from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
@@ -288,13 +289,14 @@ def _unpack_q4_1(r, off):
     return _nib_pair(r, q), dm, _SV_NIB2
 
 
-def _pair_intrinsic(unpack, name):
+def _pair_intrinsic(unpack, name, nbytes):
     """The block-pair intrinsic of a format whose `unpack(r, off)` gives (weight bytes,
-    4 scale lanes, lane map): one dpx, then _pair_common."""
+    4 scale lanes, lane map) of the nbytes at off: one dpx, then _pair_common."""
 
     def pair(typingctx, a16, a4, row, off, xq, xo, xds, so):
         def codegen(context, builder, sig, args):
             r = _IR(context, builder, sig, args)
+            _prefetch_ahead(r, args[3], nbytes)
             w, dm, lanes = unpack(r, args[3])
             dot = r.dpx(w, 4, args[5], 64)
             _pair_common(r, dot, dm, r.load(6, args[7], V4F), lanes)
@@ -306,7 +308,7 @@ def _pair_intrinsic(unpack, name):
     return intrinsic(pair)
 
 
-q4_1_pair = _pair_intrinsic(_unpack_q4_1, "q4_1_pair")
+q4_1_pair = _pair_intrinsic(_unpack_q4_1, "q4_1_pair", 40)
 
 
 def _single_body(r, unpack):
@@ -358,7 +360,7 @@ def _unpack_q4_0(r, off):
     return _nib_pair(r, q), _dd2(r, off, 18), _SV_NIB2
 
 
-q4_0_pair = _pair_intrinsic(_unpack_q4_0, "q4_0_pair")
+q4_0_pair = _pair_intrinsic(_unpack_q4_0, "q4_0_pair", 36)
 
 
 def _unpack1_q4_0(r, off):
@@ -388,7 +390,7 @@ def _unpack_q5_0(r, off):
     return b.or_(w, hv), _dd2(r, off, 22), _SV_NIB2
 
 
-q5_0_pair = _pair_intrinsic(_unpack_q5_0, "q5_0_pair")
+q5_0_pair = _pair_intrinsic(_unpack_q5_0, "q5_0_pair", 44)
 
 
 def _unpack1_q5_0(r, off):
@@ -407,7 +409,7 @@ def _unpack_q8_0(r, off):
     return w, _dd2(r, off, 34), _SV_NAT2
 
 
-q8_0_pair = _pair_intrinsic(_unpack_q8_0, "q8_0_pair")
+q8_0_pair = _pair_intrinsic(_unpack_q8_0, "q8_0_pair", 68)
 
 
 def _unpack1_q8_0(r, off):
@@ -426,6 +428,7 @@ def q4_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so):
         r = _IR(context, builder, sig, args)
         b = builder
         off = args[3]
+        _prefetch_ahead(r, off, 144)
         dsc, dmn = _q4k_scales(r, off)
         xs16 = r.load(6, args[7], V16F)  # [dx_0, sx_0, ..., dx_7, sx_7]
         dx8 = r.shuf(xs16, xs16, range(0, 16, 2))
@@ -442,6 +445,30 @@ def q4_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so):
         return context.get_dummy_value()
 
     return _sig(a16, a8, row, off, xq, xo, xds, so), codegen
+
+
+# Software prefetch distance of the matvec block intrinsics, in bytes of the weight row.
+# Rows of 8960 columns (the 1.5B's down projection: 5 KB a row, 22 KB of activations)
+# streamed at ~17 GB/s against ~36 for its 1536-column gate and up: with the activations
+# filling L1, the hardware prefetchers keep too few weight lines in flight. Fetching each
+# block's lines 2 KB ahead measured (Zen 5 EPYC, 2 threads, alternating in one process):
+# the 1.5B's 14 Q4_K down matrices 16-18 -> 26-28 GB/s, its Q6_K ones 31 -> 37, the
+# 1536-column gate 35 -> 37; decode 27.5 -> 31.4 tok/s (1.14x; 1 thread 1.03x),
+# Qwen2.5-0.5B 1.08x, SmolLM2 1.08x, Gemma 3 270M 1.04x.
+PREFETCH_BYTES = 2048
+# the intrinsic's name carries its pointer type: opaque from LLVM 17, typed before
+_PREFETCH = "llvm.prefetch.p0" if llvm_version_info >= (17,) else "llvm.prefetch.p0i8"
+
+
+def _prefetch_ahead(r, off, nbytes):
+    """Prefetch (for reading, into all cache levels) the lines of the nbytes at row byte
+    off + PREFETCH_BYTES. A prefetch never faults, so past the array's end is harmless."""
+    b = r.b
+    f = r.fn(_PREFETCH, ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+    p = r.ptr(2, off, I8)
+    for k in range(0, nbytes, 64):
+        q = b.gep(p, [ir.Constant(I64, PREFETCH_BYTES + k)])
+        b.call(f, [q, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
 def _q4k_scales(r, off):
@@ -482,6 +509,7 @@ def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
         r = _IR(context, builder, sig, args)
         b = builder
         off, xo, so = args[3], args[5], args[7]
+        _prefetch_ahead(r, off, 210)
         d = r.f16(2, off, 208)
         dv4 = r.splat(d, 4)
         for h in range(2):
@@ -557,7 +585,7 @@ def _unpack_g64(bits):
 
 
 def _lowbit_block(bits):
-    return _pair_intrinsic(_unpack_g64(bits), f"q{bits}_g64_block")
+    return _pair_intrinsic(_unpack_g64(bits), f"q{bits}_g64_block", 20 if bits == 2 else 28)
 
 
 q2_g64_block = _lowbit_block(2)
