@@ -305,7 +305,9 @@ def _pair_intrinsic(unpack, name, nbytes):
         return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
 
     pair.__name__ = name
-    return intrinsic(pair)
+    fn = intrinsic(pair)
+    fn.unpack, fn.nbytes = unpack, nbytes  # for the batched blocks (_pair_batch)
+    return fn
 
 
 q4_1_pair = _pair_intrinsic(_unpack_q4_1, "q4_1_pair", 40)
@@ -1032,13 +1034,13 @@ def _block_of(kind, part):
     return table[kind][part], kind == KIND_Q6_K
 
 
-_PAIR_UNPACK = {
-    KIND_Q4_1: _unpack_q4_1,
-    KIND_Q4_0: _unpack_q4_0,
-    KIND_Q5_0: _unpack_q5_0,
-    KIND_Q8_0: _unpack_q8_0,
-    KIND_Q2_G64: _unpack_g64(2),
-    KIND_Q3_G64: _unpack_g64(3),
+_PAIR_UNPACK = {  # the pair intrinsics, whose unpack and nbytes _pair_batch uses
+    KIND_Q4_1: q4_1_pair,
+    KIND_Q4_0: q4_0_pair,
+    KIND_Q5_0: q5_0_pair,
+    KIND_Q8_0: q8_0_pair,
+    KIND_Q2_G64: q2_g64_block,
+    KIND_Q3_G64: q3_g64_block,
 }
 
 
@@ -1084,6 +1086,7 @@ def _q4k_batch(r, g, xstride):
     shuffles and FMAs. The same products and sums per lane as q4_k_block."""
     b = r.b
     off = r.args[3]
+    _prefetch_ahead(r, off, 144)
     dsc, dmn = _q4k_scales(r, off)
     n = 8 * g
     lanes = list(range(8)) * g
@@ -1105,6 +1108,7 @@ def _q6k_batch(r, g, xstride):
     q6_k_block."""
     b = r.b
     off = r.args[3]
+    _prefetch_ahead(r, off, 210)
     dv4 = r.splat(r.f16(2, off, 208), 4)
     n = 4 * g
     for h in range(2):
@@ -1124,7 +1128,7 @@ def _q6k_batch(r, g, xstride):
                 _acc_fma(r, v, df, sv)
 
 
-def _pair_batch(r, g, unpack, xstride):
+def _pair_batch(r, g, unpack, nbytes, xstride):
     """One block pair (or 64-element low-bit block) for g vectors, r's args laid out as
     (acc, acc, row, off, xq, xo, xds, so, xsi, soi). The weights are unpacked once; the
     scale products of all g vectors are one 4g-lane multiply of [d_a, m_a, d_b, m_b]
@@ -1134,6 +1138,7 @@ def _pair_batch(r, g, unpack, xstride):
     per vector only the dot, its conversion, one lane shuffle and the FMA remain (the
     single path repeats the scale load, multiply and bias add for every vector)."""
     b = r.b
+    _prefetch_ahead(r, r.args[3], nbytes)
     w, dm, lanes = unpack(r, r.args[3])
     n = 4 * g
     prod = b.fmul(r.shuf(dm, dm, [0, 1, 2, 3] * g), r.load(8, r.args[9], _v(F32, n)))
@@ -1173,7 +1178,8 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
             if batch_fn is not None:
                 batch_fn(r, g.literal_value, xstride)
             else:
-                _pair_batch(r, g.literal_value, _PAIR_UNPACK[k], xstride)
+                pair = _PAIR_UNPACK[k]
+                _pair_batch(r, g.literal_value, pair.unpack, pair.nbytes, xstride)
             return context.get_dummy_value()
         base = [context.cast(builder, a, t0, t1) for a, t0, t1 in zip(args[5:], sig.args[5:], rest)]
         for v in range(g.literal_value):
