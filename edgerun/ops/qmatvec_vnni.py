@@ -453,11 +453,15 @@ def q4_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so):
 # Rows of 8960 columns (the 1.5B's down projection: 5 KB a row, 22 KB of activations)
 # streamed at ~17 GB/s against ~36 for its 1536-column gate and up: with the activations
 # filling L1, the hardware prefetchers keep too few weight lines in flight. Fetching each
-# block's lines 2 KB ahead measured (Zen 5 EPYC, 2 threads, alternating in one process):
-# the 1.5B's 14 Q4_K down matrices 16-18 -> 26-28 GB/s, its Q6_K ones 31 -> 37, the
-# 1536-column gate 35 -> 37; decode 27.5 -> 31.4 tok/s (1.14x; 1 thread 1.03x),
-# Qwen2.5-0.5B 1.08x, SmolLM2 1.08x, Gemma 3 270M 1.04x.
-PREFETCH_BYTES = 2048
+# block's lines ahead measured (Zen 5 EPYC, 2 threads, alternating in one process):
+# - 2 KB: the 1.5B's 14 Q4_K down matrices 16-18 -> 26-28 GB/s, its Q6_K ones 31 -> 37,
+#   the 1536-column gate 35 -> 37; decode 27.5 -> 31.4 tok/s (1.14x; 1 thread 1.03x),
+#   Qwen2.5-0.5B 1.08x, SmolLM2 1.08x, Gemma 3 270M 1.04x;
+# - 1, 2, 4, 8, 12, 16 KB on the 1.5B's down: Q4_K 21, 26.5, 30-35, 33-39, 39.5, 38.6
+#   GB/s, Q6_K (2-16 KB) 28, 37, 42, 44, 46; its gate and Qwen2.5-0.5B's flat within
+#   noise. 8 KB against 2 KB in decode: 1.5B 1.06x, 0.5B 1.05x, Gemma 1.07x, SmolLM2
+#   0.95-1.04x (noise).
+PREFETCH_BYTES = 8192
 # the intrinsic's name carries its pointer type: opaque from LLVM 17, typed before
 _PREFETCH = "llvm.prefetch.p0" if llvm_version_info >= (17,) else "llvm.prefetch.p0i8"
 
