@@ -481,8 +481,20 @@ def _q4k_scales(r, off):
     """A Q4_K super-block's 8 sub-block scales and mins, as floats already multiplied by
     d and dmin: (d sc_j, dmin m_j), <8 x float> each."""
     b = r.b
-    dm = r.f16x(2, off, 2)  # [d, dmin]
-    s = r.load(2, off, V16I8, 4)  # 12 scale bytes (+4 ignored)
+    dm, sc8, mn8 = q4k_scale_bytes(r, 2, off)
+    sc = b.uitofp(sc8, V8F)
+    mn = b.uitofp(mn8, V8F)
+    d = b.extract_element(dm, ir.Constant(I32, 0))
+    dmin = b.extract_element(dm, ir.Constant(I32, 1))
+    return b.fmul(r.splat(d, 8), sc), b.fmul(r.splat(dmin, 8), mn)
+
+
+def q4k_scale_bytes(r, i, off):
+    """The Q4_K super-block at byte off of array arg i -> ([d, dmin] <2 x float>, its 8
+    6-bit sub-block scales and its 8 mins as <8 x i8>)."""
+    b = r.b
+    dm = r.f16x(i, off, 2)  # [d, dmin]
+    s = r.load(i, off, V16I8, 4)  # 12 scale bytes (+4 ignored)
     A = r.shuf(s, s, [0, 1, 2, 3])
     B = r.shuf(s, s, [4, 5, 6, 7])
     C = r.shuf(s, s, [8, 9, 10, 11])
@@ -492,11 +504,7 @@ def _q4k_scales(r, off):
     sc_hi = b.or_(b.and_(C, c15), b.shl(b.lshr(A, c6), c4))
     mn_lo = b.and_(B, c63)
     mn_hi = b.or_(b.lshr(C, c4), b.shl(b.lshr(B, c6), c4))
-    sc = b.uitofp(r.concat(sc_lo, sc_hi), V8F)
-    mn = b.uitofp(r.concat(mn_lo, mn_hi), V8F)
-    d = b.extract_element(dm, ir.Constant(I32, 0))
-    dmin = b.extract_element(dm, ir.Constant(I32, 1))
-    return b.fmul(r.splat(d, 8), sc), b.fmul(r.splat(dmin, 8), mn)
+    return dm, r.concat(sc_lo, sc_hi), r.concat(mn_lo, mn_hi)
 
 
 def _q4k_chunk(r, off, g):
