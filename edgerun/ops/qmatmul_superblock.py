@@ -44,7 +44,6 @@ from edgerun.ops.qmatvec_vnni import (  # noqa: E402
     V8I32,
     V16F,
     V16I32,
-    V32I8,
     _acc_add,
     _store,
     _v,
@@ -53,6 +52,7 @@ from edgerun.ops.qmatvec_vnni import (  # noqa: E402
     amax32,
     fma16,
     hsum4x16,
+    q4k_nibbles,
     q4k_scale_bytes,
     q6_half_bytes,
 )
@@ -135,9 +135,7 @@ def prep_q4k_sb(typingctx, W, wo, wd, so, b16, bo, flat, o):
         _store(r, 4, args[5], r.shuf(neg, neg, [k // 2 for k in range(16)]))
         sc = b.zext(sc8, _v(I16, 8))
         for g in range(4):  # sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles)
-            q = r.load(6, off, V32I8, 16 + 32 * g)
-            parts = (b.and_(q, r.splat_i8(32, 15)), b.lshr(q, r.splat_i8(32, 4)))
-            for k, v in enumerate(parts):
+            for k, v in enumerate(q4k_nibbles(r, 6, off, g)):
                 sv = r.shuf(sc, sc, [2 * g + k] * 32)
                 wo_k = b.add(args[1], ir.Constant(args[1].type, 64 * g + 32 * k))
                 _store(r, 0, wo_k, b.mul(b.zext(v, V32I16), sv))

@@ -116,6 +116,12 @@ class _IR:
         n = a.type.count
         return self.shuf(a, b, range(2 * n))
 
+    def pack2(self, a, c):
+        """<2 x T> [a, c] of two scalars of type T."""
+        vt = _v(a.type, 2)
+        v = self.b.insert_element(ir.Constant(vt, ir.Undefined), a, ir.Constant(I32, 0))
+        return self.b.insert_element(v, c, ir.Constant(I32, 1))
+
     def splat(self, v, n):
         vt = _v(v.type, n)
         u = self.b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
@@ -281,10 +287,7 @@ def _unpack_q4_1(r, off):
     b = r.b
     q = r.concat(r.load(2, off, V16I8, 4), r.load(2, off, V16I8, 24))
     # both (d, m) pairs as one <2 x i32> -> <4 x half> -> one vcvtph2ps
-    w2 = b.insert_element(
-        ir.Constant(_v(I32, 2), ir.Undefined), r.load(2, off, I32), ir.Constant(I32, 0)
-    )
-    w2 = b.insert_element(w2, r.load(2, off, I32, 20), ir.Constant(I32, 1))
+    w2 = r.pack2(r.load(2, off, I32), r.load(2, off, I32, 20))
     dm = b.fpext(b.bitcast(w2, _v(HALF, 4)), V4F)
     return _nib_pair(r, q), dm, _SV_NIB2
 
@@ -313,18 +316,15 @@ def _pair_intrinsic(unpack, name, nbytes):
 q4_1_pair = _pair_intrinsic(_unpack_q4_1, "q4_1_pair", 40)
 
 
-def _single_body(r, unpack):
-    """One odd last block of 32 (r's args as _sig): unpack(r, off) gives its 32 weight
-    bytes and [d, m] (or [d, d]); one 32-byte dot, then _single_common."""
-    w, dm = unpack(r, r.args[3])
-    dot = r.dpx(w, 4, r.args[5], 32)
-    _single_common(r, dot, dm, r.load(6, r.args[7], V2F))
-
-
 def _single_intrinsic(unpack, name):
+    """The odd-last-block intrinsic of a format whose `unpack(r, off)` gives its 32
+    weight bytes and [d, m] (or [d, d]): one 32-byte dot, then _single_common."""
+
     def single(typingctx, a16, a4, row, off, xq, xo, xds, so):
         def codegen(context, builder, sig, args):
-            _single_body(_IR(context, builder, sig, args), unpack)
+            r = _IR(context, builder, sig, args)
+            w, dm = unpack(r, args[3])
+            _single_common(r, r.dpx(w, 4, args[5], 32), dm, r.load(6, args[7], V2F))
             return context.get_dummy_value()
 
         return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
@@ -348,12 +348,8 @@ def _dd(r, off, extra):
 def _dd2(r, off, stride):
     """fp16 d of blocks a (at off) and b (at off + stride) -> <4 x float> [da, da, db, db]
     with one conversion."""
-    b = r.b
-    h = b.insert_element(
-        ir.Constant(_v(I16, 2), ir.Undefined), r.load(2, off, I16), ir.Constant(I32, 0)
-    )
-    h = b.insert_element(h, r.load(2, off, I16, stride), ir.Constant(I32, 1))
-    f = b.fpext(b.bitcast(h, _v(HALF, 2)), V2F)
+    h = r.pack2(r.load(2, off, I16), r.load(2, off, I16, stride))
+    f = r.b.fpext(r.b.bitcast(h, _v(HALF, 2)), V2F)
     return r.shuf(f, f, [0, 0, 1, 1])
 
 
@@ -382,11 +378,7 @@ def _unpack_q5_0(r, off):
     w = _nib_pair(r, q)  # [lo_a lo_b | hi_a hi_b]
     # the high bits in the same order, [a 0:16, b 0:16, a 16:32, b 16:32]: one 16-bit
     # lane shuffle of the two 32-bit qh (scalar shifts and ors took ~10 instructions)
-    h2 = b.insert_element(
-        ir.Constant(_v(I32, 2), ir.Undefined), _hbits(r, off, 2), ir.Constant(I32, 0)
-    )
-    h2 = b.insert_element(h2, _hbits(r, off, 24), ir.Constant(I32, 1))
-    h4 = b.bitcast(h2, _v(I16, 4))
+    h4 = b.bitcast(r.pack2(_hbits(r, off, 2), _hbits(r, off, 24)), _v(I16, 4))
     mask = b.bitcast(r.shuf(h4, h4, [0, 2, 1, 3]), I64)
     hv = b.select(b.bitcast(mask, _v(I1, 64)), r.splat_i8(64, 16), r.splat_i8(64, 0))
     return b.or_(w, hv), _dd2(r, off, 22), _SV_NIB2
@@ -507,11 +499,16 @@ def q4k_scale_bytes(r, i, off):
     return dm, r.concat(sc_lo, sc_hi), r.concat(mn_lo, mn_hi)
 
 
+def q4k_nibbles(r, i, off, g):
+    """Of the Q4_K super-block at byte off of array arg i, sub-blocks 2g and 2g + 1 as
+    <32 x u8> each: the low and the high nibbles of its 32 quant bytes at 16 + 32 g."""
+    q = r.load(i, off, V32I8, 16 + 32 * g)
+    return r.b.and_(q, r.splat_i8(32, 15)), r.b.lshr(q, r.splat_i8(32, 4))
+
+
 def _q4k_chunk(r, off, g):
-    """Weights 64 g .. 64 g + 63 of a Q4_K super-block as u8 (low nibbles of 32 bytes,
-    then their high nibbles: the sub-blocks 2g and 2g + 1)."""
-    q = r.load(2, off, V32I8, 16 + 32 * g)
-    return r.concat(r.b.and_(q, r.splat_i8(32, 15)), r.b.lshr(q, r.splat_i8(32, 4)))
+    """Weights 64 g .. 64 g + 63 of a Q4_K super-block (arg 2) as <64 x u8>."""
+    return r.concat(*q4k_nibbles(r, 2, off, g))
 
 
 @intrinsic
@@ -1031,19 +1028,18 @@ def _i64(builder, v):
 
 
 def _block_of(kind, part):
-    """The block intrinsic of a format: part 0 its pair (or K super-block), 1 its odd
-    last block; and whether it takes Q6_K's xs16 arguments."""
+    """The single-vector block intrinsic of a non-K format: part 0 its pair, 1 its odd
+    last block (the 64-element low-bit formats have none: part 1 is typed in a branch
+    that never runs)."""
     table = {
         KIND_Q4_1: (q4_1_pair, q4_1_single),
         KIND_Q4_0: (q4_0_pair, q4_0_single),
         KIND_Q5_0: (q5_0_pair, q5_0_single),
         KIND_Q8_0: (q8_0_pair, q8_0_single),
-        KIND_Q4_K: (q4_k_block, q4_k_block),  # K formats have no odd block (part 1 is
-        KIND_Q6_K: (q6_k_block, q6_k_block),  # typed in a branch that never runs), nor
-        KIND_Q2_G64: (q2_g64_block, q2_g64_block),  # have the 64-element low-bit ones
+        KIND_Q2_G64: (q2_g64_block, q2_g64_block),
         KIND_Q3_G64: (q3_g64_block, q3_g64_block),
     }
-    return table[kind][part], kind == KIND_Q6_K
+    return table[kind][part]
 
 
 _PAIR_UNPACK = {  # the pair intrinsics, whose unpack and nbytes _pair_batch uses
@@ -1162,19 +1158,23 @@ def _pair_batch(r, g, unpack, nbytes, xstride):
 
 @intrinsic
 def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16, so16):
-    """The format's block intrinsic (`_block_of(kind, part)`) run for g vectors (g, kind,
-    part literals): vector v's accumulators at acc + _ACC v (two acc16), its x at
-    xq[xo + 2 cols v], its scales at xds[so + cols/16 v] and xs16[so16 + cols/16 v]."""
+    """The format's block run for g vectors (g, kind, part literals): batched
+    (_q4k_batch, _q6k_batch, _pair_batch; xs16[so16] the group's interleaved scales) or
+    the single-vector intrinsic (`_block_of(kind, part)`) once per vector, with vector
+    v's accumulators at acc + _ACC v (two acc16), its x at xq[xo + 2 cols v] and its
+    scales at xds[so + cols/16 v]."""
     lits = (g, kind, part)
     if not all(isinstance(t, types.IntegerLiteral) for t in lits):
         return None
-    single, q6 = _block_of(kind.literal_value, part.literal_value)
     i64, fp = types.int64, types.CPointer(types.float32)
-    rest = (row, i64, xq, i64, xds, i64) + ((xs16, i64) if q6 else ())
-    ssig, scg = single._defn(typingctx, fp, fp, *rest)
     k = kind.literal_value
-    batched = part.literal_value == 0 and (k in _K_KINDS or _pairs_batched(k, g.literal_value))
     batch_fn = {KIND_Q4_K: _q4k_batch, KIND_Q6_K: _q6k_batch}.get(k)
+    rest = (row, i64, xq, i64, xds, i64)
+    if batch_fn is not None:  # every K pass is batched (their part 1 is typed, never run)
+        batched = True
+    else:
+        ssig, scg = _block_of(k, part.literal_value)._defn(typingctx, fp, fp, *rest)
+        batched = part.literal_value == 0 and _pairs_batched(k, g.literal_value)
 
     def codegen(context, builder, sig, args):
         cols_v = _i64(builder, args[3])
@@ -1197,9 +1197,8 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
         for v in range(g.literal_value):
             accs = [builder.gep(args[4], [ir.Constant(I64, _ACC * v + 16 * k)]) for k in (0, 1)]
             vargs = list(base)
-            for i, stride in ((3, xstride), (5, sstride), (7, sstride)):
-                if i < len(vargs):
-                    vargs[i] = builder.add(vargs[i], builder.mul(stride, ir.Constant(I64, v)))
+            for i, stride in ((3, xstride), (5, sstride)):
+                vargs[i] = builder.add(vargs[i], builder.mul(stride, ir.Constant(I64, v)))
             scg(context, builder, ssig, accs + vargs)
         return context.get_dummy_value()
 
