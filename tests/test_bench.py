@@ -81,8 +81,10 @@ def test_stream_sum_is_the_array_sum():
     assert _stream_sum(a) == pytest.approx(float(a.sum(dtype=np.float64)), rel=1e-5)
 
 
-def test_a_reference_engine_that_cannot_decode_is_reported_not_fatal(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+def test_a_reference_engine_that_cannot_decode_is_reported_not_fatal(tmp_path, monkeypatch):
+    # on sys.path for this test only: benchmarks/kernels.py would shadow the `kernels`
+    # package that transformers (>= 5.25) imports in later tests
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     from llamacpp_ref import describe_exit, llama_cpp_unusable
 
     assert describe_exit(-11) == "signal SIGSEGV" and describe_exit(1) == "exit 1"
