@@ -1,0 +1,340 @@
+"""Prefill GEMM for Q4_K and Q6_K on Intel AMX tiles (TDPBUSD / TDPBSSD).
+
+Same integers as `qmatmul_superblock`, computed 16 weight rows x 16 tokens at a time:
+- A weight row is unpacked once per matmul into int16 w = q * sc (Q4_K, 0..945) or
+  (q - 32) * sc (Q6_K, |w| <= 4096): the sub-block scales are folded in
+  (`qmatmul_superblock.prep_row_sb`). w is split into its low byte (u8) and its high
+  byte (s8): w = 256 * hi + lo.
+- Each token's super-block is quantize_x's two levels, q1 = rint(x / dx) and
+  q2 = rint(128 (x - q1 dx) / dx), both s8, laid out in AMX's VNNI tiles (4 consecutive
+  elements of a token side by side).
+- A super-block of a 16 x 16 tile is 16 tile dot products over 64 columns each:
+  (lo, hi) x (q1, q2), into four int32 tiles. Then, per row and token,
+      dot = 128 (256 H1 + L1) + (256 H2 + L2)
+  is exactly the int32 super-block dot of the vpdpwssd GEMM (both halves fit in int32:
+  256 * 4096 * 127 < 2^31), scaled by d_row * dx'_token, plus the Q4_K mins
+  -dmin m_j * dx' sum(words) of each 32-element sub-block.
+
+One TDPBUSD is 16 x 16 x 64 multiply-adds; the AVX-512 path needs 32 vpdpwssd for that.
+The tiles need the kernel's permission (arch_prctl ARCH_REQ_XCOMP_PERM, once a process)
+and a tile configuration in every thread that runs them (`_tile_config` per task).
+"""
+
+from __future__ import annotations
+
+from edgerun import _numba_env
+
+_numba_env.configure()
+
+import ctypes  # noqa: E402
+import functools  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+
+import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+from edgerun.ops.qmatmul_superblock import prep_row_sb, quantize_tokens_sb  # noqa: E402
+from edgerun.ops.qmatvec_vnni import (  # noqa: E402
+    _IR,
+    F0,
+    I8,
+    I16,
+    I32,
+    I64,
+    KIND_Q4_K,
+    KIND_Q6_K,
+    V16F,
+    V16I32,
+    _store,
+    _v,
+)
+
+TILE = 16  # weight rows (and tokens) per tile
+CHUNK = 64  # columns per tile dot product (64 bytes a tile row)
+SUPER = 256
+MIN_TOKENS = 8  # below this the vpdpwssd GEMM wastes less of a 16-token tile
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+_SYS_ARCH_PRCTL = 158  # x86_64
+V64I16, V64I8 = _v(I16, 64), _v(I8, 64)
+
+
+@functools.lru_cache(maxsize=1)
+def available() -> bool:
+    """True where this process may run AMX int8 tiles: an x86_64 Linux CPU with
+    amx-tile and amx-int8, the kernel's permission granted, and EDGERUN_AMX not "0"."""
+    if os.environ.get("EDGERUN_AMX", "1").strip() == "0":
+        return False
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    if not (features.get("amx-tile") and features.get("amx-int8")):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        granted = libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA)
+    except (OSError, AttributeError):
+        return False
+    return granted == 0
+
+
+# ------------------------------------------------------------------ tile intrinsics
+_TILE_IMM = [ir.Constant(I8, t) for t in range(8)]
+
+
+def _tile_fn(r, name, argtys):
+    return r.fn(f"llvm.x86.{name}", ir.VoidType(), argtys)
+
+
+@intrinsic
+def _tile_config(typingctx, cfg):
+    """ldtilecfg from the 64-byte configuration cfg (uint8)."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        p = r.ptr(0, ir.Constant(I64, 0), I8)
+        builder.call(_tile_fn(r, "ldtilecfg", [I8.as_pointer()]), [p])
+        return context.get_dummy_value()
+
+    return types.void(cfg), codegen
+
+
+@intrinsic
+def _tile_release(typingctx):
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        builder.call(_tile_fn(r, "tilerelease", []), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def tile_superblock(typingctx, WL, WH, wo, wstride, XL, XH, xo, C):
+    """One super-block of a 16 x 16 tile: the int32 tiles C [3, 16, 16] = lo.xl, lo.xh +
+    hi.xl, hi.xh over the 256 columns at WL/WH[wo:] (rows wstride bytes apart) and the
+    activation tiles XL/XH[xo:] (4 tiles of 1 KB, one per 64 columns)."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        p8 = I8.as_pointer()
+        load = _tile_fn(r, "tileloadd64", [I8, p8, I64])
+        zero = _tile_fn(r, "tilezero", [I8])
+        dots = {k: _tile_fn(r, f"tdpb{k}d", [I8, I8, I8]) for k in ("uu", "us", "su", "ss")}
+        store = _tile_fn(r, "tilestored64", [I8, p8, I64])
+        t = _TILE_IMM
+        wstride = b.sext(args[3], I64) if args[3].type.width < 64 else args[3]
+        s64 = ir.Constant(I64, 64)
+        for c in range(3):
+            b.call(zero, [t[c]])
+        for k in range(SUPER // CHUNK):
+            wo = b.add(args[2], ir.Constant(args[2].type, CHUNK * k))
+            xo = b.add(args[6], ir.Constant(args[6].type, TILE * CHUNK * k))
+            b.call(load, [t[3], r.ptr(0, wo, I8), wstride])
+            b.call(load, [t[5], r.ptr(4, xo, I8), s64])
+            b.call(load, [t[4], r.ptr(1, wo, I8), wstride])
+            b.call(load, [t[6], r.ptr(5, xo, I8), s64])
+            b.call(dots["uu"], [t[0], t[3], t[5]])  # lo x xl
+            b.call(dots["us"], [t[1], t[3], t[6]])  # lo x xh
+            b.call(dots["ss"], [t[2], t[4], t[6]])  # hi x xh
+            b.call(dots["su"], [t[1], t[4], t[5]])  # hi x xl
+        for c in range(3):
+            b.call(store, [t[c], r.ptr(7, ir.Constant(I64, 256 * c), I8), s64])
+        return context.get_dummy_value()
+
+    return types.void(WL, WH, wo, wstride, XL, XH, xo, C), codegen
+
+
+@intrinsic
+def tile_epilogue(typingctx, C, acc, ao, wd, wdo, dx, dxo, bias, bo, xs, xso, with_mins):
+    """acc[ao:] [16 rows, 16 tokens] += (256 (256 HH + MID) + LL) * wd[wdo + row] *
+    dx[dxo:dxo+16] for the tiles C = (LL, MID, HH), plus (with_mins, a literal)
+    sum_j bias[bo + 8 row + j] * xs[xso + 16 j:][:16] over the 8 sub-blocks of 32."""
+    if not isinstance(with_mins, types.BooleanLiteral):
+        return None
+    mins = with_mins.literal_value
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        eight = ir.Constant(V16I32, [8] * 16)
+        c256 = ir.Constant(V16F, [256.0] * 16)
+        dxv = r.load(5, args[6], V16F)
+        xsv = []
+        if mins:
+            xso = args[10]
+            xsv = [r.load(9, b.add(xso, ir.Constant(xso.type, 16 * j)), V16F) for j in range(8)]
+
+        def tile_row(c, row):
+            return r.load(0, ir.Constant(I64, 256 * c + 16 * row), V16I32)
+
+        for row in range(TILE):
+            hi = b.add(b.shl(tile_row(2, row), eight), tile_row(1, row))  # < 2^27
+            f = r.fma(b.sitofp(hi, V16F), c256, b.sitofp(tile_row(0, row), V16F))
+            d = r.load(3, b.add(args[4], ir.Constant(args[4].type, row)), ir.FloatType())
+            sv = b.fmul(dxv, r.splat(d, 16))
+            ao = b.add(args[2], ir.Constant(args[2].type, 16 * row))
+            a = r.fma(f, sv, r.load(1, ao, V16F))
+            for j in range(8 if mins else 0):
+                bo = b.add(args[8], ir.Constant(args[8].type, 8 * row + j))
+                a = r.fma(r.splat(r.load(7, bo, ir.FloatType()), 16), xsv[j], a)
+            _store(r, 1, ao, a)
+        return context.get_dummy_value()
+
+    return types.void(C, acc, ao, wd, wdo, dx, dxo, bias, bo, xs, xso, with_mins), codegen
+
+
+@intrinsic
+def split_bytes64(typingctx, W, wo, WL, WH, o):
+    """64 int16 words W[wo:] -> their low bytes WL[o:] (u8) and high bytes WH[o:] (s8)."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        w = r.load(0, args[1], V64I16)
+        _store(r, 2, args[4], b.trunc(w, V64I8))
+        _store(r, 3, args[4], b.trunc(b.ashr(w, ir.Constant(V64I16, [8] * 64)), V64I8))
+        return context.get_dummy_value()
+
+    return types.void(W, wo, WL, WH, o), codegen
+
+
+@intrinsic
+def words_to_tiles(typingctx, xw, xo, XL, XH, to):
+    """64 activation words xw[xo:] of one token -> their low bytes (u8) and high bytes
+    (s8) in the VNNI tiles XL/XH: 4 consecutive elements as one int32 at byte offset
+    to + 64 k for k = 0..15 (to: the token's column in row 0 of the tile)."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        w = r.load(0, args[1], V64I16)
+        lo = b.bitcast(b.trunc(w, V64I8), V16I32)
+        hi = b.bitcast(b.trunc(b.ashr(w, ir.Constant(V64I16, [8] * 64)), V64I8), V16I32)
+        for k in range(TILE):
+            o = b.add(args[4], ir.Constant(args[4].type, 64 * k))
+            b.store(b.extract_element(lo, ir.Constant(I32, k)), r.ptr(2, o, I32), align=4)
+            b.store(b.extract_element(hi, ir.Constant(I32, k)), r.ptr(3, o, I32), align=4)
+        return context.get_dummy_value()
+
+    return types.void(xw, xo, XL, XH, to), codegen
+
+
+# ------------------------------------------------------------------ activations
+@njit(parallel=True, cache=True, nogil=True)
+def activation_tiles(X, ng):
+    """Rows of X [n, cols] -> quantize_x's words (`quantize_tokens_sb`: 128 q1 + q2 per
+    super-block scale) as AMX tiles: XL (u8 low bytes) and XH (s8 high bytes), uint8
+    [ng, cols // 64, 16, 64] (per 16 tokens and 64 columns the VNNI tile: row k // 4,
+    byte 4 t + k % 4); the word scales dx' DX [ng, nsb, 16] and the 32-element sums
+    dx' sum(words) XS [ng, nsb, 8, 16]. Tokens past n are zero."""
+    n, cols = X.shape
+    nsb = cols // SUPER
+    nch = cols // CHUNK
+    xw2, xsb, xs16 = quantize_tokens_sb(X, ng * TILE)
+    xw = xw2.reshape(-1)
+    XL = np.zeros(ng * nch * TILE * CHUNK, np.uint8)
+    XH = np.zeros(ng * nch * TILE * CHUNK, np.uint8)
+    DX = np.zeros((ng, nsb, TILE), np.float32)
+    XS = np.zeros((ng, nsb, 8, TILE), np.float32)
+    for t in prange(n):
+        g = t // TILE
+        tl = t % TILE
+        for ch in range(nch):
+            words_to_tiles(xw, t * cols + ch * CHUNK, XL, XH, (g * nch + ch) * 1024 + 4 * tl)
+        for s in range(nsb):
+            DX[g, s, tl] = xsb[t, s]
+            for j in range(8):
+                XS[g, s, j, tl] = xs16[t, 16 * s + 2 * j] + xs16[t, 16 * s + 2 * j + 1]
+    return XL, XH, DX, XS
+
+
+# ------------------------------------------------------------------------ GEMM
+@njit(cache=True, nogil=True)
+def _prep_tile(kind, flat, r0, nr, rb, cols, W, wd, b16, WL, WH, wdT, bias):
+    """Unpack rows r0..r0+nr of the matrix into the tile's WL/WH (rows past nr zero), the
+    super-block scales wdT [nsb, 16] and the Q4_K mins bias [nsb, 16, 8]."""
+    nsb = cols // SUPER
+    W[nr:] = 0
+    for i in range(nr):
+        prep_row_sb(kind, flat, (r0 + i) * rb, cols, W[i], wd[i], b16[i])
+    Wf = W.reshape(-1)
+    for o in range(0, TILE * cols, 64):
+        split_bytes64(Wf, o, WL, WH, o)
+    for s in range(nsb):
+        for i in range(TILE):
+            wdT[s, i] = wd[i, s] if i < nr else F0
+            for j in range(8):
+                bias[s, i, j] = b16[i, 16 * s + 2 * j] if i < nr else F0
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mm_superblock_amx(kind, data, X, out, nparts, span):
+    """out [n, rows] = X [n, cols] @ W.T for a Q4_K (kind 7) or Q6_K (kind 8) matrix
+    data uint8 [rows, row bytes], cols a multiple of 256, on AMX tiles. The row tiles
+    are split into nparts contiguous parts (one buffer set each); columns go in spans of
+    `span` super-blocks, so a span of the tile's weights stays in L1 across all tokens."""
+    n, cols = X.shape
+    ng = (n + TILE - 1) // TILE
+    XL, XH, DX, XS = activation_tiles(X, ng)
+    dxf = DX.reshape(-1)
+    xsf = XS.reshape(-1)
+    rows = data.shape[0]
+    flat = data.reshape(-1)
+    rb = data.shape[1]
+    nsb = cols // SUPER
+    nch = cols // CHUNK
+    x16w = (cols // 16 + 15) // 16 * 16
+    mins = kind == KIND_Q4_K
+    ntiles = (rows + TILE - 1) // TILE
+    nparts = max(1, min(nparts, ntiles))
+    for p in prange(nparts):
+        W = np.empty((TILE, cols), np.int16)
+        wd = np.zeros((TILE, nsb), np.float32)
+        b16 = np.zeros((TILE, x16w), np.float32)
+        WL = np.empty(TILE * cols, np.uint8)
+        WH = np.empty(TILE * cols, np.uint8)
+        wdT = np.empty((nsb, TILE), np.float32)
+        bias = np.empty((nsb, TILE, 8), np.float32)
+        wdf = wdT.reshape(-1)
+        biasf = bias.reshape(-1)
+        C = np.empty(3 * TILE * TILE, np.int32)
+        acc = np.empty(ng * TILE * TILE, np.float32)
+        cfg = np.zeros(64, np.uint8)
+        cfg[0] = 1  # palette 1: eight tiles of 16 rows x 64 bytes
+        for t in range(8):
+            cfg[16 + 2 * t] = CHUNK
+            cfg[48 + t] = TILE
+        _tile_config(cfg)
+        for tile in range(p * ntiles // nparts, (p + 1) * ntiles // nparts):
+            r0 = tile * TILE
+            nr = min(TILE, rows - r0)
+            _prep_tile(kind, flat, r0, nr, rb, cols, W, wd, b16, WL, WH, wdT, bias)
+            acc[:] = F0
+            for c0 in range(0, nsb, span):
+                for g in range(ng):
+                    ao = g * TILE * TILE
+                    for s in range(c0, min(nsb, c0 + span)):
+                        xo = (g * nch + 4 * s) * 1024
+                        tile_superblock(WL, WH, s * SUPER, cols, XL, XH, xo, C)
+                        so = (g * nsb + s) * TILE
+                        wo = s * TILE
+                        if mins:
+                            bo, xs = wo * 8, so * 8
+                            tile_epilogue(C, acc, ao, wdf, wo, dxf, so, biasf, bo, xsf, xs, True)
+                        else:
+                            tile_epilogue(C, acc, ao, wdf, wo, dxf, so, biasf, 0, xsf, 0, False)
+            for g in range(ng):
+                for i in range(nr):
+                    for t in range(min(TILE, n - g * TILE)):
+                        out[g * TILE + t, r0 + i] = acc[(g * TILE + i) * TILE + t]
+        _tile_release()
+
+
+KINDS = (KIND_Q4_K, KIND_Q6_K)

@@ -1,0 +1,134 @@
+"""The K-quant prefill GEMM on AMX tiles, held to the AVX-512 super-block GEMM (the same
+integers) and to the numpy reference, on random, extreme and real Qwen2.5 weights.
+
+Runs where the CPU has AMX (Intel Xeon 4th gen and newer); elsewhere each test says so
+and skips. `qmatvec.matmul` routes prefill there from MIN_TOKENS tokens on, so
+test_qmatvec's matmul tests cover it too on such a CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+
+from edgerun import registry
+from edgerun.ops import qmatvec as qm
+from edgerun.quant.formats import QuantTensor, QuantType
+from edgerun.quant.reference import dequantize, random_blocks
+
+if "vnni" not in qm.available_paths():
+    pytest.skip("CPU without AVX-512 VNNI, so without AMX", allow_module_level=True)
+
+from edgerun.ops import qmatmul_amx as amx  # noqa: E402
+from edgerun.ops import qmatmul_superblock as sb  # noqa: E402
+
+needs_amx = pytest.mark.skipif(not amx.available(), reason="CPU or kernel without AMX int8")
+KIND = {QuantType.Q4_K: amx.KIND_Q4_K, QuantType.Q6_K: amx.KIND_Q6_K}
+
+
+def _relerr(y, r) -> float:
+    return float(np.linalg.norm(y.astype(np.float64) - r) / max(np.linalg.norm(r), 1e-30))
+
+
+def _both(q, data, X, parts=3, span=2):
+    rows = data.shape[0]
+    a = np.full((X.shape[0], rows), np.nan, np.float32)
+    b = np.full((X.shape[0], rows), np.nan, np.float32)
+    amx.mm_superblock_amx(KIND[q], data, X, a, parts, span)
+    sb.mm_superblock(KIND[q], data, X, b)
+    return a, b
+
+
+def _ref_q(q, data, X):
+    """float64 product of the dequantized weights with the quantized activations the
+    GEMM really uses (quantize_x's two levels per 256 elements)."""
+    w = dequantize(q, data).astype(np.float64)
+    return qm.quantize_x_reference(X, 256).astype(np.float64) @ w.T
+
+
+@needs_amx
+@pytest.mark.parametrize("q", [QuantType.Q4_K, QuantType.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize(
+    "rows,nsb,n,parts,span",
+    [(16, 1, 16, 1, 1), (33, 3, 13, 3, 2), (40, 2, 40, 8, 5), (7, 6, 17, 1, 4), (50, 4, 64, 2, 3)],
+)
+def test_amx_matches_superblock_gemm_and_reference(q, rows, nsb, n, parts, span):
+    """Partial row tiles, partial token groups, more parts than tiles, spans that do not
+    divide the super-blocks: every output is written, equal to the AVX-512 GEMM up to
+    float rounding and to the reference on the quantized activations."""
+    rng = np.random.default_rng(rows * 100 + n)
+    data = random_blocks(q, rows, 256 * nsb, rng)
+    X = rng.standard_normal((n, 256 * nsb)).astype(np.float32)
+    X[n // 2] *= 50.0  # tokens of very different scales share a tile
+    a, b = _both(q, data, X, parts, span)
+    assert np.isfinite(a).all()
+    assert _relerr(a, b.astype(np.float64)) < 1e-6
+    assert _relerr(a, _ref_q(q, data, X)) < 2e-6
+
+
+@needs_amx
+@pytest.mark.parametrize("q", [QuantType.Q4_K, QuantType.Q6_K], ids=lambda q: q.name)
+def test_amx_int32_limits(q):
+    """Largest folded weights (945 / 4096) times the largest words (16320): the tile sums
+    and their combination in the epilogue must not wrap."""
+    from test_qmatvec import _extreme_kquant
+
+    w = _extreme_kquant(q, 20, 3)
+    X = np.full((18, 768), 3.0, np.float32)
+    X[:, ::7] = -3.0
+    X[2] *= 1e3
+    a, b = _both(q, w.data, X)
+    ref = _ref_q(q, w.data, X)
+    assert _relerr(a, ref) < 2e-6
+    assert np.allclose(a, b, rtol=1e-5, atol=1e-3 * np.abs(ref).max())
+
+
+def _real_tensor(model: str, name: str):
+    try:
+        path = registry.resolve_path(registry.find(model))
+    except Exception as e:  # noqa: BLE001 - the test says which model is missing
+        pytest.fail(f"{model} is not installed ({e}); run `edgerun pull --all`")
+    return next(t for t in gguf.GGUFReader(path).tensors if t.name == name)
+
+
+@needs_amx
+@pytest.mark.parametrize(
+    "model,name",
+    [("gemma3-270m", "blk.0.attn_output.weight"), ("qwen2.5-coder-0.5b", "blk.2.ffn_down.weight")],
+)
+def test_amx_on_real_weights_through_matmul(model, name):
+    """Real Q4_K (Gemma 3) and Q6_K (Qwen2.5-Coder-0.5B) matrices through
+    `qmatvec.matmul`, the route prefill takes, against the AVX-512 GEMM and the
+    reference."""
+    t = _real_tensor(model, name)
+    cols, rows = (int(v) for v in t.shape[:2])
+    q = QuantType(int(t.tensor_type))
+    assert q in KIND
+    raw = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
+    w = QuantTensor(name, q, (rows, cols), raw)
+    X = np.random.default_rng(1).standard_normal((40, cols)).astype(np.float32)
+    assert qm.uses_amx()
+    y = qm.matmul(w, X)
+    b = np.empty_like(y)
+    sb.mm_superblock(KIND[q], raw, X, b)
+    assert _relerr(y, b.astype(np.float64)) < 1e-6
+    assert _relerr(y, _ref_q(q, raw, X)) < 2e-6
+
+
+def test_amx_off_switch():
+    """EDGERUN_AMX=0 keeps the AVX-512 GEMM (and so does a CPU without AMX)."""
+    code = "from edgerun.ops import qmatvec as q; print(q.uses_amx())"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, EDGERUN_AMX="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+    env["EDGERUN_AMX"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == str(amx.available())
