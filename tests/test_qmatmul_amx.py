@@ -132,3 +132,55 @@ def test_amx_off_switch():
     env["EDGERUN_AMX"] = "1"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == str(amx.available())
+
+
+BF16_FORMATS = [QuantType.Q4_0, QuantType.Q4_1, QuantType.Q5_0, QuantType.Q8_0]
+
+
+@needs_amx
+@pytest.mark.parametrize("q", BF16_FORMATS + [QuantType.Q3_G64, QuantType.Q2_G64], ids=str)
+@pytest.mark.parametrize("rows,cols,n", [(16, 64, 16), (33, 96, 13), (40, 640, 40), (7, 896, 8)])
+def test_bf16_gemm_matches_the_exact_product(q, rows, cols, n):
+    """Block formats through `qmatvec.matmul` on bf16 tiles: no int8 rounding of x, so
+    within 2e-5 of the float64 product of the dequantized weights (split bf16 halves:
+    16 significant bits a side), columns not a multiple of 64 and partial tiles
+    included."""
+    rng = np.random.default_rng(rows + cols + n)
+    if q in (QuantType.Q3_G64, QuantType.Q2_G64):
+        cols = max(64, cols // 64 * 64)
+    w = QuantTensor("w", q, (rows, cols), random_blocks(q, rows, cols, rng))
+    X = rng.standard_normal((n, cols)).astype(np.float32)
+    X[n - 1] *= 1e-3  # a small token next to large ones keeps its own precision
+    assert not qm.quantizes_activations(q, n, cols)
+    y = qm.matmul(w, X)
+    ref = X.astype(np.float64) @ dequantize(q, w.data).astype(np.float64).T
+    assert _relerr(y, ref) < 2e-5
+    assert _relerr(y[n - 1], ref[n - 1]) < 2e-5
+
+
+@needs_amx
+@pytest.mark.parametrize(
+    "model,name",
+    [
+        ("smollm2-135m", "blk.3.ffn_gate.weight"),
+        ("qwen2.5-coder-0.5b", "blk.0.ffn_up.weight"),
+        ("qwen2.5-coder-0.5b", "blk.0.attn_v.weight"),
+    ],
+)
+def test_bf16_gemm_on_real_weights(model, name):
+    """Real Q4_1 (SmolLM2), Q5_0 and Q8_0 (Qwen2.5-Coder-0.5B) matrices at prefill:
+    closer to the exact product than the int8 GEMM they replace."""
+    t = _real_tensor(model, name)
+    cols, rows = (int(v) for v in t.shape[:2])
+    q = QuantType(int(t.tensor_type))
+    raw = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
+    w = QuantTensor(name, q, (rows, cols), raw)
+    X = np.random.default_rng(2).standard_normal((24, cols)).astype(np.float32)
+    ref = X.astype(np.float64) @ dequantize(q, raw).astype(np.float64).T
+    y = qm.matmul(w, X)
+    old = np.empty_like(y)
+    from edgerun.ops import qmatvec_vnni as v
+
+    v.mm_int8(qm._MM_INT8[q], raw, X, old)
+    assert _relerr(y, ref) < 2e-5
+    assert _relerr(y, ref) < _relerr(old, ref)

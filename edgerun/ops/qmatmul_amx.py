@@ -50,6 +50,7 @@ from edgerun.ops.qmatvec_vnni import (  # noqa: E402
     V16I32,
     _store,
     _v,
+    prep_row,
 )
 
 TILE = 16  # weight rows (and tokens) per tile
@@ -338,3 +339,206 @@ def mm_superblock_amx(kind, data, X, out, nparts, span):
 
 
 KINDS = (KIND_Q4_K, KIND_Q6_K)
+
+
+# ------------------------------------------------- any int8-path format: bf16 pairs
+# Block-32 formats scale every 32 weights by a float, so their integer dots cannot run
+# over a super-block as above. Here each weight is dequantized once per matmul
+# (prep_row's u * lane scale + 16-group bias, exact in float32) and split into two
+# bfloat16, w = hi + lo (16 significant bits); the activations likewise. TDPBF16PS
+# accumulates hi.xhi + hi.xlo + lo.xhi in float32 inside the tile (the lo.xlo term is
+# below 2^-16 of the product), over the whole row with no epilogue.
+BF_CHUNK = 32  # columns per bf16 tile dot product (32 pairs of bf16 = 64 bytes)
+V16I16, V32I16, V32F = _v(I16, 16), _v(I16, 32), _v(ir.FloatType(), 32)
+
+
+def _bf16_split(b, x):
+    """float32 vector -> (hi, lo) bf16 bits as i16 vectors, round to nearest even:
+    hi = bf16(x), lo = bf16(x - hi)."""
+    n = x.type.count
+    vi = _v(I32, n)
+
+    def rne(v):
+        u = b.bitcast(v, vi)
+        odd = b.and_(b.lshr(u, ir.Constant(vi, [16] * n)), ir.Constant(vi, [1] * n))
+        r = b.add(u, b.add(odd, ir.Constant(vi, [0x7FFF] * n)))
+        return b.and_(r, ir.Constant(vi, [-65536] * n))
+
+    hi = rne(x)
+    lo = rne(b.fsub(x, b.bitcast(hi, x.type)))
+    sh = ir.Constant(vi, [16] * n)
+    return b.trunc(b.lshr(hi, sh), _v(I16, n)), b.trunc(b.lshr(lo, sh), _v(I16, n))
+
+
+@intrinsic
+def deq_bf16_16(typingctx, U, uo, wsl, so, b16, bo, AH, AL, o):
+    """16 weights u * wsl[so + k // 4] + b16[bo] from prep_row's bytes U[uo:] ->
+    their bf16 halves AH/AL[o:o+16] (uint16)."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        u = b.uitofp(r.load(0, args[1], _v(I8, 16)), V16F)
+        s4 = r.load(2, args[3], _v(ir.FloatType(), 4))
+        sv = r.shuf(s4, s4, [k // 4 for k in range(16)])
+        bias = r.splat(r.load(4, args[5], ir.FloatType()), 16)
+        hi, lo = _bf16_split(b, r.fma(u, sv, bias))
+        _store(r, 6, args[8], hi)
+        _store(r, 7, args[8], lo)
+        return context.get_dummy_value()
+
+    return types.void(U, uo, wsl, so, b16, bo, AH, AL, o), codegen
+
+
+@intrinsic
+def x_bf16_tiles(typingctx, X, xo, BH, BL, to):
+    """32 activations X[xo:] of one token -> their bf16 halves in the VNNI pair tiles
+    BH/BL (uint8): elements 2k, 2k + 1 as one int32 at byte offset to + 64 k."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        hi, lo = _bf16_split(b, r.load(0, args[1], V32F))
+        for arr, v in ((2, hi), (3, lo)):
+            w = b.bitcast(v, V16I32)
+            for k in range(TILE):
+                at = b.add(args[4], ir.Constant(args[4].type, 64 * k))
+                b.store(b.extract_element(w, ir.Constant(I32, k)), r.ptr(arr, at, I32), align=4)
+        return context.get_dummy_value()
+
+    return types.void(X, xo, BH, BL, to), codegen
+
+
+@intrinsic
+def tile_zero2(typingctx):
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        for t in range(2):
+            builder.call(_tile_fn(r, "tilezero", [I8]), [_TILE_IMM[t]])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def bf16_chunk2(typingctx, AH, AL, wo, wstride, BH, BL, xo0, xo1):
+    """Tiles 0 and 1 (two 16-token groups) += the 16 rows' 32 columns at AH/AL[wo:]
+    (uint16, rows wstride bytes apart) times the groups' tiles BH/BL at byte xo0 / xo1:
+    hi.xhi + hi.xlo + lo.xhi each."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        p8 = I8.as_pointer()
+        load = _tile_fn(r, "tileloadd64", [I8, p8, I64])
+        dot = _tile_fn(r, "tdpbf16ps", [I8, I8, I8])
+        t = _TILE_IMM
+        ws = b.sext(args[3], I64) if args[3].type.width < 64 else args[3]
+        s64 = ir.Constant(I64, 64)
+
+        def wptr(i):
+            a = context.make_array(sig.args[i])(context, builder, args[i])
+            return b.bitcast(b.gep(a.data, [args[2]]), p8)
+
+        b.call(load, [t[2], wptr(0), ws])
+        b.call(load, [t[3], wptr(1), ws])
+        for g, xo in enumerate((args[6], args[7])):
+            bh, bl = t[4 + 2 * g], t[5 + 2 * g]
+            b.call(load, [bh, r.ptr(4, xo, I8), s64])
+            b.call(load, [bl, r.ptr(5, xo, I8), s64])
+            b.call(dot, [t[g], t[2], bh])
+            b.call(dot, [t[g], t[2], bl])
+            b.call(dot, [t[g], t[3], bh])
+        return context.get_dummy_value()
+
+    return types.void(AH, AL, wo, wstride, BH, BL, xo0, xo1), codegen
+
+
+@intrinsic
+def tile_store2(typingctx, acc, ao0, ao1):
+    """acc[ao0:ao0+256] = tile 0 and acc[ao1:ao1+256] = tile 1 (float32 16 x 16)."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        store = _tile_fn(r, "tilestored64", [I8, I8.as_pointer(), I64])
+        for t, ao in ((0, args[1]), (1, args[2])):
+            builder.call(store, [_TILE_IMM[t], r.ptr(0, ao, I8), ir.Constant(I64, 64)])
+        return context.get_dummy_value()
+
+    return types.void(acc, ao0, ao1), codegen
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def activation_bf16_tiles(X, ng2, c64):
+    """Rows of X [n, cols] (cols % 32 == 0) -> bf16 halves BH/BL, uint8
+    [ng2, c64 // 32, 16, 64]: per 16 tokens and 32 columns the VNNI pair tile (row k // 2,
+    bytes 4 t + 2 (k % 2)). Tokens past n and columns past cols are zero."""
+    n, cols = X.shape
+    nch = c64 // BF_CHUNK
+    BH = np.zeros(ng2 * nch * TILE * 64, np.uint8)
+    BL = np.zeros(ng2 * nch * TILE * 64, np.uint8)
+    Xf = X.reshape(-1)
+    for t in prange(n):
+        g = t // TILE
+        tl = t % TILE
+        for ch in range(cols // BF_CHUNK):
+            x_bf16_tiles(Xf, t * cols + ch * BF_CHUNK, BH, BL, (g * nch + ch) * 1024 + 4 * tl)
+    return BH, BL
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mm_bf16_amx(kind, data, X, out, nparts):
+    """out [n, rows] = X [n, cols] @ W.T for any format `qmatvec_vnni.prep_row` unpacks
+    (cols % 32 == 0), on AMX bf16 tiles; the row tiles in nparts contiguous parts."""
+    n, cols = X.shape
+    c64 = (cols + 63) // 64 * 64
+    nch = c64 // BF_CHUNK
+    ng = (n + TILE - 1) // TILE
+    ng2 = (ng + 1) // 2 * 2
+    BH, BL = activation_bf16_tiles(np.ascontiguousarray(X), ng2, c64)
+    rows = data.shape[0]
+    flat = data.reshape(-1)
+    rb = data.shape[1]
+    c4 = c64 // 4
+    x16w = (c64 // 16 + 15) // 16 * 16
+    ntiles = (rows + TILE - 1) // TILE
+    nparts = max(1, min(nparts, ntiles))
+    for p in prange(nparts):
+        U = np.zeros((TILE, c64), np.uint8)
+        wsl = np.zeros((TILE, c4), np.float32)
+        b16 = np.zeros((TILE, x16w), np.float32)
+        AH = np.empty(TILE * c64, np.uint16)
+        AL = np.empty(TILE * c64, np.uint16)
+        acc = np.empty(ng2 * TILE * TILE, np.float32)
+        cfg = np.zeros(64, np.uint8)
+        cfg[0] = 1
+        for t in range(8):
+            cfg[16 + 2 * t] = 64
+            cfg[48 + t] = TILE
+        _tile_config(cfg)
+        for tile in range(p * ntiles // nparts, (p + 1) * ntiles // nparts):
+            r0 = tile * TILE
+            nr = min(TILE, rows - r0)
+            U[:] = 0
+            wsl[:] = F0
+            b16[:] = F0
+            for i in range(nr):
+                prep_row(kind, flat, (r0 + i) * rb, cols, U[i], wsl[i], b16[i])
+            Uf = U.reshape(-1)
+            wf = wsl.reshape(-1)
+            bf = b16.reshape(-1)
+            for i in range(TILE):
+                for j in range(0, c64, 16):
+                    o = i * c64 + j
+                    deq_bf16_16(Uf, o, wf, i * c4 + j // 4, bf, i * x16w + j // 16, AH, AL, o)
+            for g in range(0, ng2, 2):
+                tile_zero2()
+                for ch in range(nch):
+                    xo = (g * nch + ch) * 1024
+                    bf16_chunk2(AH, AL, ch * BF_CHUNK, 2 * c64, BH, BL, xo, xo + nch * 1024)
+                tile_store2(acc, g * TILE * TILE, (g + 1) * TILE * TILE)
+            for g in range(ng):
+                for i in range(nr):
+                    for t in range(min(TILE, n - g * TILE)):
+                        out[g * TILE + t, r0 + i] = acc[(g * TILE + i) * TILE + t]
+        _tile_release()

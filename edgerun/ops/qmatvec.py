@@ -197,9 +197,21 @@ def set_kernel_path(path: str = "auto") -> str:
 
 
 def uses_amx() -> bool:
-    """True when the K-quant prefill GEMM runs on AMX tiles (Intel Xeon 4th gen and newer;
-    EDGERUN_AMX=0 turns it off): same integers as the AVX-512 GEMM, 2-4x its speed."""
+    """True when prefill GEMMs run on AMX tiles (Intel Xeon 4th gen and newer;
+    EDGERUN_AMX=0 turns it off): Q4_K/Q6_K on int8 tiles (the AVX-512 GEMM's integers),
+    the block-32 formats on bf16 tiles (qmatmul_amx)."""
     return _use_amx
+
+
+def _amx_bf16(qtype: QuantType, ntokens: int, cols: int) -> bool:
+    """Whether a prefill of `ntokens` rows meets `qtype` on AMX bf16 tiles."""
+    return (
+        _use_amx
+        and ntokens >= _amx.MIN_TOKENS
+        and qtype in _MM_INT8
+        and qtype not in _MM_SUPERBLOCK
+        and cols % _amx.BF_CHUNK == 0
+    )
 
 
 def activation_block(qtype: QuantType, ntokens: int) -> int:
@@ -211,9 +223,11 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
     return 32
 
 
-def quantizes_activations(qtype: QuantType) -> bool:
-    """Whether the current path quantizes x to int8 blocks for this weight format (in
-    the matvec and the prefill matmul alike)."""
+def quantizes_activations(qtype: QuantType, ntokens: int = 1, cols: int = 0) -> bool:
+    """Whether the current path quantizes x to int8 blocks for this weight format, when
+    `ntokens` rows of `cols` columns meet it (the AMX bf16 GEMM of a prefill does not)."""
+    if ntokens > 1 and _amx_bf16(qtype, ntokens, cols):
+        return False
     return _path in INT8_PATHS and qtype in _MV3_INT8
 
 
@@ -380,6 +394,8 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
         _amx.mm_superblock_amx(_MM_SUPERBLOCK[w.qtype], _data(w), x, out, parts, _AMX_SPAN)
     elif _path in INT8_PATHS and w.qtype in _MM_SUPERBLOCK:
         _sb.mm_superblock(_MM_SUPERBLOCK[w.qtype], _data(w), x, out)
+    elif _amx_bf16(w.qtype, n, x.shape[1]):
+        _amx.mm_bf16_amx(_MM_INT8[w.qtype], _data(w), x, out, 4 * numba.get_num_threads())
     elif _path in INT8_PATHS and w.qtype in _MM_INT8:
         _v.mm_int8(_MM_INT8[w.qtype], _data(w), x, out)
     elif w.qtype in _MM_EXTRA:
