@@ -13,10 +13,12 @@ from edgerun.compute_thread import compute_thread
 from edgerun.errors import ContextOverflowError, InvalidArgumentError
 from edgerun.kvcache import KVCache
 from edgerun.model import Transformer
+from edgerun.ops import qmatvec
 from edgerun.ops.activations import PARALLEL_MIN as _GLU_PARALLEL_MIN
 from edgerun.ops.activations import glu
 from edgerun.ops.norm import PARALLEL_MIN as _NORM_PARALLEL_MIN
 from edgerun.ops.norm import rmsnorm
+from edgerun.quant.formats import QuantTensor
 from edgerun.sampling import Sampler, SamplingParams
 from edgerun.sched.cpu_share import ThreadGovernor, set_threads
 from edgerun.tokenizer import StreamDecoder, Tokenizer
@@ -190,11 +192,20 @@ class Generator:
             pair = [KVCache(spec, 1, scratch.kv_type) for _ in range(2)]
             self.model.forward_batch(ids, pair)  # batched decode (sched/batching.py)
             compute_thread().call(self._warm_parallel_kernels)
+            compute_thread().call(self._warm_prefill_tiles)
         compiled = sum(1 for e in rec.buffer if e[1].is_start)
         self.warmed = WarmUp(time.perf_counter() - t0, compiled)
         if self.after_warm_up is not None:
             self.after_warm_up()
         return self.warmed
+
+    def _warm_prefill_tiles(self) -> None:
+        """The AMX prefill GEMMs (where the CPU has them) for the first layer's formats."""
+        layer = self.model.layers[0]
+        parts = [getattr(layer, s, None) for s in type(layer).__slots__]
+        ffn = getattr(layer, "ffn", None)
+        parts += [getattr(ffn, s, None) for s in getattr(type(ffn), "__slots__", ())]
+        qmatvec.warm_prefill(p for p in parts if isinstance(p, QuantTensor))
 
     def _warm_parallel_kernels(self) -> None:
         """Run the parallel RMSNorm and GLU kernels once on zero rows of the model's width."""

@@ -56,7 +56,12 @@ from edgerun.ops.qmatvec_vnni import (  # noqa: E402
 TILE = 16  # weight rows (and tokens) per tile
 CHUNK = 64  # columns per tile dot product (64 bytes a tile row)
 SUPER = 256
-MIN_TOKENS = 8  # below this the vpdpwssd GEMM wastes less of a 16-token tile
+# Fewest prompt tokens for which the tiles beat the AVX-512 GEMMs: both unpack every
+# weight row once, and the tiles' unpack costs more. Measured whole-prefill crossovers
+# (2 threads, this module's first host, a 2-vCPU Xeon with AMX): Qwen2.5-1.5B (Q4_K/Q6_K)
+# between 12 and 16 tokens, Qwen2.5-0.5B (mostly Q5_0, bf16 tiles) between 16 and 24.
+MIN_TOKENS = 16
+BF16_MIN_TOKENS = 24
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 _SYS_ARCH_PRCTL = 158  # x86_64
@@ -276,11 +281,13 @@ def _prep_tile(kind, flat, r0, nr, rb, cols, W, wd, b16, WL, WH, wdT, bias):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def mm_superblock_amx(kind, data, X, out, nparts, span):
+def mm_superblock_amx(kind, data, X, out, nparts):
     """out [n, rows] = X [n, cols] @ W.T for a Q4_K (kind 7) or Q6_K (kind 8) matrix
     data uint8 [rows, row bytes], cols a multiple of 256, on AMX tiles. The row tiles
-    are split into nparts contiguous parts (one buffer set each); columns go in spans of
-    `span` super-blocks, so a span of the tile's weights stays in L1 across all tokens."""
+    are split into nparts contiguous parts (one buffer set each). Measured and not
+    kept: column spans that keep a span of the tile's weights in L1 across all tokens,
+    tile-contiguous weight bytes, a fourth C tile (shorter accumulation chains) and an
+    epilogue pipelined one super-block behind the tiles: all within noise or slower."""
     n, cols = X.shape
     ng = (n + TILE - 1) // TILE
     XL, XH, DX, XS = activation_tiles(X, ng)
@@ -318,19 +325,18 @@ def mm_superblock_amx(kind, data, X, out, nparts, span):
             nr = min(TILE, rows - r0)
             _prep_tile(kind, flat, r0, nr, rb, cols, W, wd, b16, WL, WH, wdT, bias)
             acc[:] = F0
-            for c0 in range(0, nsb, span):
-                for g in range(ng):
-                    ao = g * TILE * TILE
-                    for s in range(c0, min(nsb, c0 + span)):
-                        xo = (g * nch + 4 * s) * 1024
-                        tile_superblock(WL, WH, s * SUPER, cols, XL, XH, xo, C)
-                        so = (g * nsb + s) * TILE
-                        wo = s * TILE
-                        if mins:
-                            bo, xs = wo * 8, so * 8
-                            tile_epilogue(C, acc, ao, wdf, wo, dxf, so, biasf, bo, xsf, xs, True)
-                        else:
-                            tile_epilogue(C, acc, ao, wdf, wo, dxf, so, biasf, 0, xsf, 0, False)
+            for g in range(ng):
+                ao = g * TILE * TILE
+                for s in range(nsb):
+                    xo = (g * nch + 4 * s) * 1024
+                    tile_superblock(WL, WH, s * SUPER, cols, XL, XH, xo, C)
+                    so = (g * nsb + s) * TILE
+                    wo = s * TILE
+                    if mins:
+                        bo, xs = wo * 8, so * 8
+                        tile_epilogue(C, acc, ao, wdf, wo, dxf, so, biasf, bo, xsf, xs, True)
+                    else:
+                        tile_epilogue(C, acc, ao, wdf, wo, dxf, so, biasf, 0, xsf, 0, False)
             for g in range(ng):
                 for i in range(nr):
                     for t in range(min(TILE, n - g * TILE)):

@@ -33,7 +33,7 @@ from edgerun import _numba_env
 
 _numba_env.configure()
 
-from collections.abc import Sequence  # noqa: E402
+from collections.abc import Iterable, Sequence  # noqa: E402
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
@@ -61,6 +61,7 @@ __all__ = [
     "register_kernels",
     "set_kernel_path",
     "uses_amx",
+    "warm_prefill",
 ]
 
 _MM_ROW_BLOCK = 16
@@ -155,7 +156,6 @@ _EMB_EXTRA: dict = {}
 _path = PATHS[-1]
 _mv3: dict = _MV3_INT8  # the int8 3-slot kernels of the current path (empty: portable)
 _use_amx = False  # the vnni path's K-quant prefill on AMX tiles (qmatmul_amx)
-_AMX_SPAN = 2  # super-blocks per column span of the AMX GEMM
 
 
 def register_kernels(qtype, matvec, matmul, embedding_rows) -> None:
@@ -207,11 +207,25 @@ def _amx_bf16(qtype: QuantType, ntokens: int, cols: int) -> bool:
     """Whether a prefill of `ntokens` rows meets `qtype` on AMX bf16 tiles."""
     return (
         _use_amx
-        and ntokens >= _amx.MIN_TOKENS
+        and ntokens >= _amx.BF16_MIN_TOKENS
         and qtype in _MM_INT8
         and qtype not in _MM_SUPERBLOCK
         and cols % _amx.BF_CHUNK == 0
     )
+
+
+def warm_prefill(ws: Iterable[QuantTensor]) -> None:
+    """Run the prefill GEMM of one matrix of each format in `ws` once, on enough zero
+    rows to take the AMX tiles: a short warm-up prompt does not reach them, and their
+    first compile would otherwise land in a user's first long prompt."""
+    if not _use_amx:
+        return
+    seen = set()
+    for w in ws:
+        if w.qtype in seen or len(w.shape) != 2:
+            continue
+        seen.add(w.qtype)
+        matmul(w, np.zeros((_amx.BF16_MIN_TOKENS, w.shape[1]), np.float32))
 
 
 def activation_block(qtype: QuantType, ntokens: int) -> int:
@@ -391,7 +405,7 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
         return out
     if _use_amx and n >= _amx.MIN_TOKENS and w.qtype in _MM_SUPERBLOCK:
         parts = 4 * numba.get_num_threads()
-        _amx.mm_superblock_amx(_MM_SUPERBLOCK[w.qtype], _data(w), x, out, parts, _AMX_SPAN)
+        _amx.mm_superblock_amx(_MM_SUPERBLOCK[w.qtype], _data(w), x, out, parts)
     elif _path in INT8_PATHS and w.qtype in _MM_SUPERBLOCK:
         _sb.mm_superblock(_MM_SUPERBLOCK[w.qtype], _data(w), x, out)
     elif _amx_bf16(w.qtype, n, x.shape[1]):
