@@ -39,7 +39,8 @@ from llvmlite import ir  # noqa: E402
 from numba import njit, prange, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from edgerun.ops.qmatmul_superblock import prep_row_sb, quantize_tokens_sb  # noqa: E402
+from edgerun.ops.qmatmul_superblock import q4k_sb_words, q6k_half_words, quantize_tokens_sb  # noqa: E402
+from edgerun.ops.qmatvec_portable import _f16at  # noqa: E402
 from edgerun.ops.qmatvec_vnni import (  # noqa: E402
     _IR,
     F0,
@@ -199,19 +200,63 @@ def tile_epilogue(typingctx, C, acc, ao, wd, wdo, dx, dxo, bias, bo, xs, xso, wi
     return types.void(C, acc, ao, wd, wdo, dx, dxo, bias, bo, xs, xso, with_mins), codegen
 
 
+def _put_bytes(r, wl_i, wh_i, wo):
+    """A put(element offset, <n x i16> words) that stores the words' low bytes at
+    WL[wo + offset] and their high bytes at WH[wo + offset] (array args wl_i, wh_i)."""
+    b = r.b
+
+    def put(k, v):
+        n = v.type.count
+        o = b.add(wo, ir.Constant(wo.type, k))
+        _store(r, wl_i, o, b.trunc(v, _v(I8, n)))
+        _store(r, wh_i, o, b.trunc(b.ashr(v, ir.Constant(v.type, [8] * n)), _v(I8, n)))
+
+    return put
+
+
 @intrinsic
-def split_bytes64(typingctx, W, wo, WL, WH, o):
-    """64 int16 words W[wo:] -> their low bytes WL[o:] (u8) and high bytes WH[o:] (s8)."""
+def prep_q4k_sb_bytes(typingctx, WL, WH, wo, wd, so, b16, bo, flat, o):
+    """`qmatmul_superblock.prep_q4k_sb` with the words stored as low bytes WL[wo:] and
+    high bytes WH[wo:] (no int16 row in between)."""
 
     def codegen(context, builder, sig, args):
         r = _IR(context, builder, sig, args)
-        b = builder
-        w = r.load(0, args[1], V64I16)
-        _store(r, 2, args[4], b.trunc(w, V64I8))
-        _store(r, 3, args[4], b.trunc(b.ashr(w, ir.Constant(V64I16, [8] * 64)), V64I8))
+        q4k_sb_words(r, 7, args[8], 3, args[4], 5, args[6], _put_bytes(r, 0, 1, args[2]))
         return context.get_dummy_value()
 
-    return types.void(W, wo, WL, WH, o), codegen
+    return types.void(WL, WH, wo, wd, so, b16, bo, flat, o), codegen
+
+
+@intrinsic
+def prep_q6k_half_bytes(typingctx, WL, WH, wo, flat, o, h):
+    """`qmatmul_superblock.st_q6k128` into low bytes WL[wo:] and high bytes WH[wo:]."""
+    if not isinstance(h, types.IntegerLiteral):
+        return None
+    hv = h.literal_value
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        _put_bytes(r, 0, 1, args[2])(0, q6k_half_words(r, 3, args[4], hv))
+        return context.get_dummy_value()
+
+    return types.void(WL, WH, wo, flat, o, h), codegen
+
+
+@njit(cache=True, nogil=True)
+def prep_row_bytes(kind, flat, base, cols, WL, WH, wo, wd, b16):
+    """`qmatmul_superblock.prep_row_sb` with the folded weights split into bytes:
+    WL/WH[wo:wo+cols], wd [cols // 256] the super-block scales d, b16 [cols // 16] the
+    Q4_K mins -dmin * m of each 16 elements."""
+    nsb = cols // SUPER
+    if kind == KIND_Q4_K:
+        for s in range(nsb):
+            prep_q4k_sb_bytes(WL, WH, wo + s * SUPER, wd, s, b16, s * 16, flat, base + s * 144)
+    else:
+        for s in range(nsb):
+            o = base + s * 210
+            wd[s] = _f16at(flat, o + 208)
+            prep_q6k_half_bytes(WL, WH, wo + s * SUPER, flat, o, 0)
+            prep_q6k_half_bytes(WL, WH, wo + s * SUPER + 128, flat, o, 1)
 
 
 @intrinsic
@@ -266,16 +311,14 @@ def activation_tiles(X, ng):
 
 # ------------------------------------------------------------------------ GEMM
 @njit(cache=True, nogil=True)
-def _prep_tile(kind, flat, r0, nr, rb, cols, W, wd, b16, WL, WH, wdT, bias):
+def _prep_tile(kind, flat, r0, nr, rb, cols, wd, b16, WL, WH, wdT, bias):
     """Unpack rows r0..r0+nr of the matrix into the tile's WL/WH (rows past nr zero), the
     super-block scales wdT [nsb, 16] and the Q4_K mins bias [nsb, 16, 8]."""
     nsb = cols // SUPER
-    W[nr:] = 0
+    WL[nr * cols :] = 0
+    WH[nr * cols :] = 0
     for i in range(nr):
-        prep_row_sb(kind, flat, (r0 + i) * rb, cols, W[i], wd[i], b16[i])
-    Wf = W.reshape(-1)
-    for o in range(0, TILE * cols, 64):
-        split_bytes64(Wf, o, WL, WH, o)
+        prep_row_bytes(kind, flat, (r0 + i) * rb, cols, WL, WH, i * cols, wd[i], b16[i])
     for s in range(nsb):
         for i in range(TILE):
             wdT[s, i] = wd[i, s] if i < nr else F0
@@ -306,7 +349,6 @@ def mm_superblock_amx(kind, data, X, out, nparts):
     ntiles = (rows + TILE - 1) // TILE
     nparts = max(1, min(nparts, ntiles))
     for p in prange(nparts):
-        W = np.empty((TILE, cols), np.int16)
         wd = np.zeros((TILE, nsb), np.float32)
         b16 = np.zeros((TILE, x16w), np.float32)
         WL = np.empty(TILE * cols, np.uint8)
@@ -326,7 +368,7 @@ def mm_superblock_amx(kind, data, X, out, nparts):
         for tile in range(p * ntiles // nparts, (p + 1) * ntiles // nparts):
             r0 = tile * TILE
             nr = min(TILE, rows - r0)
-            _prep_tile(kind, flat, r0, nr, rb, cols, W, wd, b16, WL, WH, wdT, bias)
+            _prep_tile(kind, flat, r0, nr, rb, cols, wd, b16, WL, WH, wdT, bias)
             acc[:] = F0
             for g in range(ng):
                 ao = g * TILE * TILE

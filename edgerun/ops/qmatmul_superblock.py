@@ -115,6 +115,25 @@ def quantize_tokens_sb(X, n4):
 
 
 # ------------------------------------------------------------------ weight rows
+def q4k_sb_words(r, flat_i, off, wd_i, so, b16_i, bo, put):
+    """IR of one Q4_K super-block at array arg flat_i, byte off: stores d at wd[so] and
+    -dmin * m of each 16 elements at b16[bo:bo+16], and hands each 32 weights' int16
+    q * sc (element order) to put(element offset, <32 x i16>)."""
+    b = r.b
+    dm, sc8, mn8 = q4k_scale_bytes(r, flat_i, off)
+    d = b.extract_element(dm, ir.Constant(I32, 0))
+    dmin = b.extract_element(dm, ir.Constant(I32, 1))
+    b.store(d, r.ptr(wd_i, so, ir.FloatType()))
+    mins = b.fmul(r.splat(dmin, 8), b.uitofp(mn8, V8F))
+    neg = b.fsub(ir.Constant(V8F, [-0.0] * 8), mins)  # -(dmin m): an exact negation
+    _store(r, b16_i, bo, r.shuf(neg, neg, [k // 2 for k in range(16)]))
+    sc = b.zext(sc8, _v(I16, 8))
+    for g in range(4):  # sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles)
+        for k, v in enumerate(q4k_nibbles(r, flat_i, off, g)):
+            sv = r.shuf(sc, sc, [2 * g + k] * 32)
+            put(64 * g + 32 * k, b.mul(b.zext(v, V32I16), sv))
+
+
 @intrinsic
 def prep_q4k_sb(typingctx, W, wo, wd, so, b16, bo, flat, o):
     """One Q4_K super-block at flat[o] -> W[wo:wo+256] (int16 q * sc, element order),
@@ -124,24 +143,25 @@ def prep_q4k_sb(typingctx, W, wo, wd, so, b16, bo, flat, o):
 
     def codegen(context, builder, sig, args):
         r = _IR(context, builder, sig, args)
-        b = builder
-        off = args[7]
-        dm, sc8, mn8 = q4k_scale_bytes(r, 6, off)
-        d = b.extract_element(dm, ir.Constant(I32, 0))
-        dmin = b.extract_element(dm, ir.Constant(I32, 1))
-        b.store(d, r.ptr(2, args[3], ir.FloatType()))
-        mins = b.fmul(r.splat(dmin, 8), b.uitofp(mn8, V8F))
-        neg = b.fsub(ir.Constant(V8F, [-0.0] * 8), mins)  # -(dmin m): an exact negation
-        _store(r, 4, args[5], r.shuf(neg, neg, [k // 2 for k in range(16)]))
-        sc = b.zext(sc8, _v(I16, 8))
-        for g in range(4):  # sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles)
-            for k, v in enumerate(q4k_nibbles(r, 6, off, g)):
-                sv = r.shuf(sc, sc, [2 * g + k] * 32)
-                wo_k = b.add(args[1], ir.Constant(args[1].type, 64 * g + 32 * k))
-                _store(r, 0, wo_k, b.mul(b.zext(v, V32I16), sv))
+        wo = args[1]
+
+        def put(k, v):
+            _store(r, 0, builder.add(wo, ir.Constant(wo.type, k)), v)
+
+        q4k_sb_words(r, 6, args[7], 2, args[3], 4, args[5], put)
         return context.get_dummy_value()
 
     return types.void(W, wo, wd, so, b16, bo, flat, o), codegen
+
+
+def q6k_half_words(r, flat_i, off, hv):
+    """IR of half hv (0 or 1) of the Q6_K super-block at array arg flat_i, byte off:
+    <128 x i16> (q - 32) * sc in element order, sc the int8 scale of each 16."""
+    b = r.b
+    q = b.zext(q6_half_bytes(r, flat_i, off, 64 * hv, off, 128 + 32 * hv), V128I16)
+    sc8 = b.sext(r.load(flat_i, off, _v(ir.IntType(8), 8), 192 + 8 * hv), _v(I16, 8))
+    sc = r.shuf(sc8, sc8, [k // 16 for k in range(128)])
+    return b.mul(b.sub(q, ir.Constant(V128I16, [32] * 128)), sc)
 
 
 @intrinsic
@@ -154,13 +174,7 @@ def st_q6k128(typingctx, W, wo, flat, o, h):
 
     def codegen(context, builder, sig, args):
         r = _IR(context, builder, sig, args)
-        b = builder
-        off = args[3]
-        q = b.zext(q6_half_bytes(r, 2, off, 64 * hv, off, 128 + 32 * hv), V128I16)
-        sc8 = b.sext(r.load(2, off, _v(ir.IntType(8), 8), 192 + 8 * hv), _v(I16, 8))
-        sc = r.shuf(sc8, sc8, [k // 16 for k in range(128)])
-        w = b.mul(b.sub(q, ir.Constant(V128I16, [32] * 128)), sc)
-        _store(r, 0, args[1], w)
+        _store(r, 0, args[1], q6k_half_words(r, 2, args[3], hv))
         return context.get_dummy_value()
 
     return types.void(W, wo, flat, o, h), codegen
