@@ -28,6 +28,18 @@ from edgerun.ops import qmatmul_amx as amx  # noqa: E402
 from edgerun.ops import qmatmul_superblock as sb  # noqa: E402
 
 needs_amx = pytest.mark.skipif(not amx.available(), reason="CPU or kernel without AMX int8")
+
+
+@pytest.fixture(autouse=True)
+def vnni_path():
+    """The routes tested here are the vnni path's: other tests (a device profile's load)
+    may leave another path selected."""
+    old = qm.kernel_path()
+    qm.set_kernel_path("vnni")
+    yield
+    qm.set_kernel_path(old)
+
+
 KIND = {QuantType.Q4_K: amx.KIND_Q4_K, QuantType.Q6_K: amx.KIND_Q6_K}
 
 
