@@ -114,6 +114,27 @@ def _tile_config(typingctx, cfg):
     return types.void(cfg), codegen
 
 
+@njit(cache=True, nogil=True)
+def _configure_tiles():
+    """This thread's tile configuration: palette 1, all eight tiles 16 rows x 64 bytes."""
+    cfg = np.zeros(64, np.uint8)
+    cfg[0] = 1
+    for t in range(8):
+        cfg[16 + 2 * t] = 64
+        cfg[48 + t] = TILE
+    _tile_config(cfg)
+
+
+@njit(cache=True, nogil=True)
+def _tile_rows_out(acc, out, r0, nr):
+    """out[t, r0 + i] = acc [16-token group, row i, token] for rows i < nr and t < n."""
+    n = out.shape[0]
+    for g in range((n + TILE - 1) // TILE):
+        for i in range(nr):
+            for t in range(min(TILE, n - g * TILE)):
+                out[g * TILE + t, r0 + i] = acc[(g * TILE + i) * TILE + t]
+
+
 @intrinsic
 def _tile_release(typingctx):
     def codegen(context, builder, sig, args):
@@ -359,12 +380,7 @@ def mm_superblock_amx(kind, data, X, out, nparts):
         biasf = bias.reshape(-1)
         C = np.empty(3 * TILE * TILE, np.int32)
         acc = np.empty(ng * TILE * TILE, np.float32)
-        cfg = np.zeros(64, np.uint8)
-        cfg[0] = 1  # palette 1: eight tiles of 16 rows x 64 bytes
-        for t in range(8):
-            cfg[16 + 2 * t] = CHUNK
-            cfg[48 + t] = TILE
-        _tile_config(cfg)
+        _configure_tiles()
         for tile in range(p * ntiles // nparts, (p + 1) * ntiles // nparts):
             r0 = tile * TILE
             nr = min(TILE, rows - r0)
@@ -382,10 +398,7 @@ def mm_superblock_amx(kind, data, X, out, nparts):
                         tile_epilogue(C, acc, ao, wdf, wo, dxf, so, biasf, bo, xsf, xs, True)
                     else:
                         tile_epilogue(C, acc, ao, wdf, wo, dxf, so, biasf, 0, xsf, 0, False)
-            for g in range(ng):
-                for i in range(nr):
-                    for t in range(min(TILE, n - g * TILE)):
-                        out[g * TILE + t, r0 + i] = acc[(g * TILE + i) * TILE + t]
+            _tile_rows_out(acc, out, r0, nr)
         _tile_release()
 
 
@@ -561,12 +574,7 @@ def mm_bf16_amx(kind, data, X, out, nparts):
         AH = np.empty(TILE * c64, np.uint16)
         AL = np.empty(TILE * c64, np.uint16)
         acc = np.empty(ng2 * TILE * TILE, np.float32)
-        cfg = np.zeros(64, np.uint8)
-        cfg[0] = 1
-        for t in range(8):
-            cfg[16 + 2 * t] = 64
-            cfg[48 + t] = TILE
-        _tile_config(cfg)
+        _configure_tiles()
         for tile in range(p * ntiles // nparts, (p + 1) * ntiles // nparts):
             r0 = tile * TILE
             nr = min(TILE, rows - r0)
@@ -588,8 +596,5 @@ def mm_bf16_amx(kind, data, X, out, nparts):
                     xo = (g * nch + ch) * 1024
                     bf16_chunk2(AH, AL, ch * BF_CHUNK, 2 * c64, BH, BL, xo, xo + nch * 1024)
                 tile_store2(acc, g * TILE * TILE, (g + 1) * TILE * TILE)
-            for g in range(ng):
-                for i in range(nr):
-                    for t in range(min(TILE, n - g * TILE)):
-                        out[g * TILE + t, r0 + i] = acc[(g * TILE + i) * TILE + t]
+            _tile_rows_out(acc, out, r0, nr)
         _tile_release()
