@@ -21,7 +21,7 @@ from numba import njit, prange
 from edgerun.api import Model
 from edgerun.kvcache import KVCache
 from edgerun.ops._simd import stack16
-from edgerun.ops.qmatvec import kernel_path
+from edgerun.ops.qmatvec import kernel_path, uses_amx
 from edgerun.progress import progress_bar
 from edgerun.sched.cpu_share import set_threads
 from edgerun.sysinfo import peak_rss_bytes
@@ -219,6 +219,7 @@ def run(
         "params": n_params,
         "quant": "/".join(f for f, _ in formats.most_common()),
         "kernel_path": kernel_path(),
+        "amx_prefill": uses_amx(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default",
         "load_seconds": model.load_seconds,
         "peak_rss_bytes": peak_rss,
@@ -270,7 +271,8 @@ def format_table(rep: dict) -> str:
     how = f"{compiled} functions compiled" if compiled else "kernels loaded from cache"
     lines.append(
         f"load {rep['load_seconds']:.2f} s; first run ({how}) "
-        f"{rep['first_run_seconds']:.2f} s; kernels {rep['kernel_path']}, OpenMP wait "
+        f"{rep['first_run_seconds']:.2f} s; kernels {rep['kernel_path']}"
+        f"{' (prefill on AMX tiles)' if rep.get('amx_prefill') else ''}, OpenMP wait "
         f"{rep['omp_wait_policy']}"
     )
     lines.append(_memory_line(rep))

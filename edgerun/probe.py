@@ -31,6 +31,7 @@ _FEATURES = {
     "avx512f": "avx512f",
     "avx512_vnni": "avx512_vnni",
     "avx_vnni": "avx_vnni",
+    "amx_int8": "amx_int8",
     "asimd": "neon",
     "asimddp": "dotprod",
     "i8mm": "i8mm",
@@ -53,7 +54,7 @@ def cpu_features() -> dict:
                 flags |= set(val.split())
     except OSError:
         pass
-    from edgerun.ops.qmatvec import kernel_path
+    from edgerun.ops.qmatvec import kernel_path, uses_amx
 
     return {
         "model": name,
@@ -63,6 +64,7 @@ def cpu_features() -> dict:
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1,
         "simd": sorted({ours for flag, ours in _FEATURES.items() if flag in flags}),
         "kernel_path": kernel_path(),
+        "amx_prefill": uses_amx(),
     }
 
 
@@ -167,7 +169,8 @@ def format_probe(p: dict) -> str:
     lines = [
         f"CPU       {c['model']} ({c['arch']}): {c['logical_cores']} logical / "
         f"{c['physical_cores']} physical cores, {c['usable_cores']} usable",
-        f"SIMD      {', '.join(c['simd']) or 'none detected'}; edgerun kernels: {c['kernel_path']}",
+        f"SIMD      {', '.join(c['simd']) or 'none detected'}; edgerun kernels: {c['kernel_path']}"
+        + (", prefill on AMX tiles" if c.get("amx_prefill") else ""),
         f"memory    {m['total_bytes'] / gib:.1f} GiB total, "
         f"{m['available_bytes'] / gib:.1f} GiB available",
         "bandwidth "
