@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from edgerun import _numba_env  # noqa: E402
 
@@ -26,6 +26,7 @@ _numba_env.configure()
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
+from superblock_gemm import alternate  # noqa: E402
 
 from edgerun.ops import qmatvec as qm  # noqa: E402
 from edgerun.quant.formats import QuantType  # noqa: E402
@@ -80,15 +81,8 @@ def main() -> None:
                 "avx512": lambda k=k, a=a: v.mm_int8(k, *a),
                 "amx": lambda k=k, a=a: amx.mm_bf16_amx(k, *a, parts),
             }
-        times: dict[str, list[float]] = {key: [] for key in runs}
-        for f in runs.values():
-            f()  # compile / warm
-        for _ in range(args.repeats):
-            for key, f in runs.items():
-                t0 = time.perf_counter()
-                f()
-                times[key].append(time.perf_counter() - t0)
-        ta, tb = float(np.median(times["avx512"])), float(np.median(times["amx"]))
+        med = alternate(runs, args.repeats)
+        ta, tb = med["avx512"], med["amx"]
         macs = rows * cols * n
         print(
             f"{fmt} {rows}x{cols:<6} {ta * 1e3:>10.2f} {macs / ta / 1e9:>7.0f} "

@@ -38,6 +38,20 @@ SHAPES = [
 ]
 
 
+def alternate(runs: dict, repeats: int) -> dict[str, float]:
+    """Each callable once to compile / warm, then `repeats` alternating rounds: the
+    median seconds of each (both sides see the same machine drift)."""
+    times: dict[str, list[float]] = {key: [] for key in runs}
+    for f in runs.values():
+        f()
+    for _ in range(repeats):
+        for key, f in runs.items():
+            t0 = time.perf_counter()
+            f()
+            times[key].append(time.perf_counter() - t0)
+    return {key: float(np.median(t)) for key, t in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -64,15 +78,8 @@ def main() -> None:
         out = np.empty((n, rows), np.float32)
         args_ = (kind, data, X, out)
         runs = {"old": lambda a=args_: v.mm_int8(*a), "new": lambda a=args_: sb.mm_superblock(*a)}
-        times: dict[str, list[float]] = {k: [] for k in runs}
-        for f in runs.values():
-            f()  # compile / warm
-        for _ in range(args.repeats):
-            for k, f in runs.items():
-                t0 = time.perf_counter()
-                f()
-                times[k].append(time.perf_counter() - t0)
-        to, tn = float(np.median(times["old"])), float(np.median(times["new"]))
+        med = alternate(runs, args.repeats)
+        to, tn = med["old"], med["new"]
         macs = rows * cols * n
         print(
             f"{fmt} {rows}x{cols:<6} {to * 1e3:>10.1f} {macs / to / 1e9:>7.1f} "
