@@ -83,7 +83,7 @@ def test_matvec(path, q, rows, nblocks):
 
 
 @pytest.mark.parametrize("q", ALL, ids=lambda q: q.name)
-@pytest.mark.parametrize("n", [1, 2, 13])
+@pytest.mark.parametrize("n", [1, 2, 13, 24])  # 2: batched kernels; 24: AMX tiles
 @pytest.mark.parametrize("rows,nblocks", [(1, 1), (7, 2), (40, 3)])
 def test_matmul(path, q, n, rows, nblocks):
     cols = _cols_for(q, nblocks)
