@@ -155,7 +155,7 @@ _EMB_EXTRA: dict = {}
 
 _path = PATHS[-1]
 _mv3: dict = _MV3_INT8  # the int8 3-slot kernels of the current path (empty: portable)
-_use_amx = False  # the vnni path's K-quant prefill on AMX tiles (qmatmul_amx)
+_use_amx = False  # the vnni path's prefill GEMMs on AMX tiles (qmatmul_amx)
 # Prompts of at most this many tokens take the batched decode kernels (mvb_<fmt>: blocks
 # read in place, no row unpack) instead of a GEMM, whose per-row unpack dominates short
 # prompts. Whole forward, 2 threads, Xeon with AMX, GEMM / batched time: Qwen2.5-1.5B
@@ -241,7 +241,8 @@ def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
 def activation_block(qtype: QuantType, ntokens: int) -> int:
     """Elements per activation scale when `ntokens` rows of x meet a `qtype` matrix on
     the current path (see quantize_x_reference): 256 for the K-quant prefill GEMM of the
-    int8 paths (qmatmul_superblock), else 32."""
+    int8 paths (qmatmul_superblock, and its AMX tiles), else 32 (prompts of at most
+    MVB_PREFILL_MAX tokens, on the batched decode kernels, included)."""
     if ntokens > 1 and _path in INT8_PATHS and qtype in _MM_SUPERBLOCK:
         return 32 if _mvb_prefill(qtype, ntokens) else 256
     return 32
