@@ -40,7 +40,7 @@ def vnni_path():
     qm.set_kernel_path(old)
 
 
-KIND = {QuantType.Q4_K: amx.KIND_Q4_K, QuantType.Q6_K: amx.KIND_Q6_K}
+KIND = {QuantType.Q4_K: sb.KIND_Q4_K, QuantType.Q6_K: sb.KIND_Q6_K}
 
 
 def _relerr(y, r) -> float:

@@ -49,7 +49,6 @@ from edgerun.ops.qmatvec_vnni import (  # noqa: E402
     I32,
     I64,
     KIND_Q4_K,
-    KIND_Q6_K,
     V16F,
     V16I32,
     _store,
@@ -99,6 +98,20 @@ _TILE_IMM = [ir.Constant(I8, t) for t in range(8)]
 
 def _tile_fn(r, name, argtys):
     return r.fn(f"llvm.x86.{name}", ir.VoidType(), argtys)
+
+
+def _i64(b, v):
+    """An integer argument widened to the i64 a tile load's stride takes."""
+    return b.sext(v, I64) if v.type.width < 64 else v
+
+
+def _store_tile_column(r, arr_i, to, v):
+    """The 16 int32 lanes of v into rows 0..15 of a 64-byte-row tile in array arg arr_i:
+    lane k at byte offset to + 64 k (one token's column of a VNNI tile)."""
+    b = r.b
+    for k in range(TILE):
+        at = b.add(to, ir.Constant(to.type, 64 * k))
+        b.store(b.extract_element(v, ir.Constant(I32, k)), r.ptr(arr_i, at, I32), align=4)
 
 
 @intrinsic
@@ -160,7 +173,7 @@ def tile_superblock(typingctx, WL, WH, wo, wstride, XL, XH, xo, C):
         dots = {k: _tile_fn(r, f"tdpb{k}d", [I8, I8, I8]) for k in ("uu", "us", "su", "ss")}
         store = _tile_fn(r, "tilestored64", [I8, p8, I64])
         t = _TILE_IMM
-        wstride = b.sext(args[3], I64) if args[3].type.width < 64 else args[3]
+        wstride = _i64(b, args[3])
         s64 = ir.Constant(I64, 64)
         for c in range(3):
             b.call(zero, [t[c]])
@@ -290,12 +303,9 @@ def words_to_tiles(typingctx, xw, xo, XL, XH, to):
         r = _IR(context, builder, sig, args)
         b = builder
         w = r.load(0, args[1], V64I16)
-        lo = b.bitcast(b.trunc(w, V64I8), V16I32)
-        hi = b.bitcast(b.trunc(b.ashr(w, ir.Constant(V64I16, [8] * 64)), V64I8), V16I32)
-        for k in range(TILE):
-            o = b.add(args[4], ir.Constant(args[4].type, 64 * k))
-            b.store(b.extract_element(lo, ir.Constant(I32, k)), r.ptr(2, o, I32), align=4)
-            b.store(b.extract_element(hi, ir.Constant(I32, k)), r.ptr(3, o, I32), align=4)
+        hi = b.trunc(b.ashr(w, ir.Constant(V64I16, [8] * 64)), V64I8)
+        _store_tile_column(r, 2, args[4], b.bitcast(b.trunc(w, V64I8), V16I32))
+        _store_tile_column(r, 3, args[4], b.bitcast(hi, V16I32))
         return context.get_dummy_value()
 
     return types.void(xw, xo, XL, XH, to), codegen
@@ -402,9 +412,6 @@ def mm_superblock_amx(kind, data, X, out, nparts):
         _tile_release()
 
 
-KINDS = (KIND_Q4_K, KIND_Q6_K)
-
-
 # ------------------------------------------------- any int8-path format: bf16 pairs
 # Block-32 formats scale every 32 weights by a float, so their integer dots cannot run
 # over a super-block as above. Here each weight is dequantized once per matmul
@@ -463,11 +470,8 @@ def x_bf16_tiles(typingctx, X, xo, BH, BL, to):
         r = _IR(context, builder, sig, args)
         b = builder
         hi, lo = _bf16_split(b, r.load(0, args[1], V32F))
-        for arr, v in ((2, hi), (3, lo)):
-            w = b.bitcast(v, V16I32)
-            for k in range(TILE):
-                at = b.add(args[4], ir.Constant(args[4].type, 64 * k))
-                b.store(b.extract_element(w, ir.Constant(I32, k)), r.ptr(arr, at, I32), align=4)
+        _store_tile_column(r, 2, args[4], b.bitcast(hi, V16I32))
+        _store_tile_column(r, 3, args[4], b.bitcast(lo, V16I32))
         return context.get_dummy_value()
 
     return types.void(X, xo, BH, BL, to), codegen
@@ -497,7 +501,7 @@ def bf16_chunk2(typingctx, AH, AL, wo, wstride, BH, BL, xo0, xo1):
         load = _tile_fn(r, "tileloadd64", [I8, p8, I64])
         dot = _tile_fn(r, "tdpbf16ps", [I8, I8, I8])
         t = _TILE_IMM
-        ws = b.sext(args[3], I64) if args[3].type.width < 64 else args[3]
+        ws = _i64(b, args[3])
         s64 = ir.Constant(I64, 64)
 
         def wptr(i):
