@@ -197,3 +197,19 @@ def test_bf16_gemm_on_real_weights(model, name):
     v.mm_int8(qm._MM_INT8[q], raw, X, old)
     assert _relerr(y, ref) < 2e-5
     assert _relerr(y, ref) < _relerr(old, ref)
+
+
+@needs_amx
+@pytest.mark.parametrize("q", BF16_FORMATS, ids=str)
+def test_bf16_gemm_partial_last_tile_after_full_ones(q):
+    """One part runs every row tile (40 rows: 16, 16, 8), so the last, partial tile is
+    unpacked into buffers the full tiles filled: its 8 rows come out right."""
+    rng = np.random.default_rng(5)
+    rows, cols, n = 40, 96, 24
+    data = random_blocks(q, rows, cols, rng)
+    X = rng.standard_normal((n, cols)).astype(np.float32)
+    out = np.full((n, rows), np.nan, np.float32)
+    amx.mm_bf16_amx(qm._MM_INT8[q], data, X, out, 1)
+    ref = X.astype(np.float64) @ dequantize(q, data).astype(np.float64).T
+    assert np.isfinite(out).all()
+    assert _relerr(out, ref) < 2e-5

@@ -582,9 +582,11 @@ def mm_bf16_amx(kind, data, X, out, nparts):
         for tile in range(p * ntiles // nparts, (p + 1) * ntiles // nparts):
             r0 = tile * TILE
             nr = min(TILE, rows - r0)
-            U[:] = 0
-            wsl[:] = F0
-            b16[:] = F0
+            # prep_row writes a row's first cols entries; the padding past cols keeps
+            # the zeros of the allocation, and rows past nr (the last tile) are cleared
+            U[nr:] = 0
+            wsl[nr:] = F0
+            b16[nr:] = F0
             for i in range(nr):
                 prep_row(kind, flat, (r0 + i) * rb, cols, U[i], wsl[i], b16[i])
             Uf = U.reshape(-1)
