@@ -128,3 +128,49 @@ def test_attention_vector_loads_on_strided_inputs_and_long_rows(hd, dtype):
         out = attention(q, k, v, start)
     want = attention_reference(q, k.astype(np.float32), v.astype(np.float32), start)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "n,start,hq,hkv,hd,window,f16",
+    [
+        (2, 0, 4, 2, 64, 0, False),  # the smallest prefill: one tile, padding rows
+        (5, 3, 9, 3, 64, 0, False),  # SmolLM2's group of 3: tiles span tokens
+        (13, 70, 14, 2, 64, 0, True),  # Qwen2.5-0.5B's group of 7, f16 cache, > 64 keys
+        (9, 130, 12, 2, 128, 0, False),  # Qwen2.5-1.5B's group of 6
+        (6, 20, 4, 1, 256, 5, False),  # Gemma's 256-wide heads, a sliding window
+        (33, 0, 6, 2, 64, 16, True),  # a window shorter than the prompt, from position 0
+    ],
+)
+def test_tiled_prefill_attention(n, start, hq, hkv, hd, window, f16):
+    """Several queries take the tiled kernel (4 query rows x 64 keys, vector softmax);
+    every row matches the float64 reference over its own causal / window range."""
+    from edgerun.ops import attention_tiled
+
+    assert attention_tiled.supports(n, hd)
+    L = start + n + 9  # cache rows past the prompt must not leak in
+    q = rng.standard_normal((n, hq, hd)).astype(np.float32)
+    k = (2 * rng.standard_normal((hkv, L, hd))).astype(np.float32)
+    v = rng.standard_normal((hkv, L, hd)).astype(np.float32)
+    if f16:
+        k, v = k.astype(np.float16).view(np.uint16), v.astype(np.float16).view(np.uint16)
+    out = attention(q, k, v, start, window)
+    want = attention_reference(q, k, v, start, window)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=2e-5)
+
+
+def test_tiled_prefill_attention_ignores_later_keys_and_extreme_scores():
+    """Causality within a tile (rows of two tokens share it) and a score range past
+    exp's float32 limits: large logits must not overflow, tiny weights not go NaN."""
+    n, hq, hkv, hd = 3, 6, 2, 64
+    q = (30 * rng.standard_normal((n, hq, hd))).astype(np.float32)
+    k = (30 * rng.standard_normal((hkv, n, hd))).astype(np.float32)
+    v = rng.standard_normal((hkv, n, hd)).astype(np.float32)
+    a = attention(q, k, v, 0)
+    assert np.isfinite(a).all()
+    np.testing.assert_allclose(a, attention_reference(q, k, v, 0), rtol=1e-4, atol=2e-5)
+    k2, v2 = k.copy(), v.copy()
+    k2[:, 2] += 50.0
+    v2[:, 2] += 5.0
+    b = attention(q, k2, v2, 0)
+    np.testing.assert_array_equal(a[:2], b[:2])  # earlier queries never see a later key
+    assert not np.allclose(a[2], b[2])

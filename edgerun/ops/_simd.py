@@ -8,8 +8,9 @@
 - `hsum16(acc)`, `dot16(a, b)`: the 16-lane sum and dot product built on it (the SLP
   vectorizer packs the lanes; Numba's loop vectorizer stays off). `dot16` widens `b`
   with `widen`, so it also reads f16 bits (uint16), as an f16 KV cache stores them.
-- `zero16`, `madd16`, `axpy16`, `vsum16`, `store16`: explicit 16-lane vector ops on a
-  stack16() accumulator and C-contiguous float32 / fp16-bits arrays (attention). Per-lane
+- `zero16`, `madd16`, `axpy16`, `vsum16`, `store16`, `max16`, `exp_shift16`: explicit
+  16-lane vector ops on a stack16() accumulator and C-contiguous float32 / fp16-bits
+  arrays (attention). Per-lane
   code over slices let the SLP vectorizer gather k rows lane by lane (vgatherqps) and
   build f16 vectors from 16 scalar loads: attention ran ~4x slower than these.
 """
@@ -267,6 +268,42 @@ def exp16(builder, x):
     n = b.add(b.fptosi(fx, v16i), ir.Constant(v16i, [127] * 16))
     pow2n = b.bitcast(b.shl(n, ir.Constant(v16i, [23] * 16)), _V16F)
     return b.fmul(y, pow2n)
+
+
+@intrinsic
+def max16(typingctx, acc, a, ai):
+    """acc[0:16] = max(acc[0:16], a.flat[ai:ai+16]) (a: C-contiguous float32)."""
+    if not _is_c_array(a, (types.float32,)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _acc_ptr(builder, args[0])
+        va = _load16(context, builder, sig.args[1], args[1], args[2])
+        m = _vcall(builder, "llvm.maxnum.v16f32", builder.load(p, align=4), va)
+        builder.store(m, p, align=4)
+        return context.get_dummy_value()
+
+    return types.none(acc, a, ai), codegen
+
+
+@intrinsic
+def exp_shift16(typingctx, acc, a, ai, m):
+    """a.flat[ai:ai+16] = e^(a.flat[ai:ai+16] - m) (exp16), and acc[0:16] += the result:
+    softmax's exponentials and their running sum, 16 at a time."""
+    if not _is_c_array(a, (types.float32,)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        b = builder
+        data = context.make_array(sig.args[1])(context, b, args[1]).data
+        ptr = b.bitcast(b.gep(data, [args[2]]), _V16F.as_pointer())
+        e = exp16(b, b.fsub(b.load(ptr, align=4), _splat16(b, args[3])))
+        b.store(e, ptr, align=4)
+        p = _acc_ptr(b, args[0])
+        b.store(b.fadd(b.load(p, align=4), e), p, align=4)
+        return context.get_dummy_value()
+
+    return types.none(acc, a, ai, types.float32), codegen
 
 
 GELU_K2 = 2.0 * 0.7978845608028654  # 2 sqrt(2 / pi): 0.5 (1 + tanh z) = sigmoid(2 z)

@@ -7,6 +7,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from edgerun.ops import attention_tiled
 from edgerun.ops._simd import axpy16, madd16, stack16, store16, vsum16, widen, zero16
 
 
@@ -221,17 +222,25 @@ def attention(
     """Softmax(q k^T / sqrt(hd)) v, causal, optional sliding window; returns [n, Hq*hd]."""
     n, hq, hd = q.shape
     length = start + n
-    scores = np.empty((n * hq, length), dtype=np.float32)
     if out is None:
         out = np.empty((n, hq, hd), dtype=np.float32)
     elif not out.flags.c_contiguous:
         raise ValueError("attention: out must be C-contiguous")
     # the kernel's vector loads index flat elements: C-contiguous views (a cache layer,
     # a projection's rows already are; anything else is copied)
-    _attention(
+    q, k, v = (
         np.ascontiguousarray(q, dtype=np.float32),
         np.ascontiguousarray(k),
         np.ascontiguousarray(v),
+    )
+    if attention_tiled.supports(n, hd):  # prefill: query rows in register tiles
+        attention_tiled.attention_tiled(q, k, v, start, window, out.reshape(n, hq, hd))
+        return out.reshape(n, hq * hd)
+    scores = np.empty((n * hq, length), dtype=np.float32)
+    _attention(
+        q,
+        k,
+        v,
         np.int64(start),
         np.int64(window),
         np.float32(1.0 / np.sqrt(hd)),
