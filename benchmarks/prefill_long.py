@@ -51,8 +51,8 @@ def main(argv=None) -> int:
             spent[0] += time.perf_counter() - t
 
     model_mod.attention = timed
-    print(f"| model | tokens | one-row tok/s | tiled tok/s | tiled / one-row | attention share one-row | tiled |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | tokens | one-row tok/s | tiled tok/s | tiled / one-row | attention share |")
+    print("|---|---|---|---|---|---|")
     for name in args.model or ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]:
         model = edgerun.load(name, threads=args.threads, n_ctx=args.tokens + 64)
         model.warm_up()
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
         share = {m: statistics.median(r[1] for r in rs) for m, rs in runs.items()}
         print(
             f"| {name} | {len(ids)} | {one:.1f} | {tiled:.1f} | {ratio:.2f}x | "
-            f"{share['one-row']:.0%} | {share['tiled']:.0%} |",
+            f"{share['one-row']:.0%} -> {share['tiled']:.0%} |",
             flush=True,
         )
         model.close()
