@@ -453,7 +453,12 @@ def q4_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so):
 #   GB/s, Q6_K (2-16 KB) 28, 37, 42, 44, 46; its gate and Qwen2.5-0.5B's flat within
 #   noise. 8 KB against 2 KB in decode: 1.5B 1.06x, 0.5B 1.05x, Gemma 1.07x, SmolLM2
 #   0.95-1.04x (noise).
-PREFETCH_BYTES = 8192
+# - Intel Xeon (KVM, 2 vCPUs, DRAM ~20 GB/s), whole decode steps alternating in one
+#   process between kernels built at each distance (ms per token, medians): the 1.5B
+#   68.2 / 57.0 / 59.2 at 8 / 16 / 32 KB, and 59.7 / 57.8 / 59.2 / 59.7 at 12 / 16 /
+#   20 / 24 KB; Qwen2.5-0.5B 25.0 -> 22.9 (8 -> 16 KB), SmolLM2 5.59 -> 5.72 and Gemma
+#   22.7 -> 22.6 (noise). So 16 KB.
+PREFETCH_BYTES = 16384
 # the intrinsic's name carries its pointer type: opaque from LLVM 17, typed before
 _PREFETCH = "llvm.prefetch.p0" if llvm_version_info >= (17,) else "llvm.prefetch.p0i8"
 
