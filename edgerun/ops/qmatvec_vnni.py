@@ -372,6 +372,22 @@ def _hbits(r, off, extra):
     return r.load(2, off, I32, extra)
 
 
+def _bit_bytes(r, bits, n, value):
+    """<n x i8>: `value` in lane j where bit j of the n-bit integer `bits` is set, else 0.
+    AVX-512 moves the bits into a mask register (select on <n x i1>). Without it, LLVM
+    spreads that select over scalar bit tests (Q5_0 matvec at 2.4 GB/s on Zen 3 against
+    15 for Q4_K), so there each lane takes its byte of `bits` (one byte shuffle), keeps its
+    bit (an and) and compares."""
+    b = r.b
+    if DOT == "vnni":
+        return b.select(b.bitcast(bits, _v(I1, n)), r.splat_i8(n, value), r.splat_i8(n, 0))
+    by = b.bitcast(bits, _v(I8, n // 8))
+    spread = r.shuf(by, by, [j >> 3 for j in range(n)])
+    bit = r.const(_v(I8, n), [1 << (j & 7) for j in range(n)])
+    on = b.icmp_unsigned("!=", b.and_(spread, bit), r.splat_i8(n, 0))
+    return b.select(on, r.splat_i8(n, value), r.splat_i8(n, 0))
+
+
 def _unpack_q5_0(r, off):
     b = r.b
     q = r.concat(r.load(2, off, V16I8, 6), r.load(2, off, V16I8, 28))
@@ -380,7 +396,7 @@ def _unpack_q5_0(r, off):
     # lane shuffle of the two 32-bit qh (scalar shifts and ors took ~10 instructions)
     h4 = b.bitcast(r.pack2(_hbits(r, off, 2), _hbits(r, off, 24)), _v(I16, 4))
     mask = b.bitcast(r.shuf(h4, h4, [0, 2, 1, 3]), I64)
-    hv = b.select(b.bitcast(mask, _v(I1, 64)), r.splat_i8(64, 16), r.splat_i8(64, 0))
+    hv = _bit_bytes(r, mask, 64, 16)
     return b.or_(w, hv), _dd2(r, off, 22), _SV_NIB2
 
 
@@ -390,7 +406,7 @@ q5_0_pair = _pair_intrinsic(_unpack_q5_0, "q5_0_pair", 44)
 def _unpack1_q5_0(r, off):
     b = r.b
     w = _nib_single(r, r.load(2, off, V16I8, 6))
-    hv = b.select(b.bitcast(_hbits(r, off, 2), _v(I1, 32)), r.splat_i8(32, 16), r.splat_i8(32, 0))
+    hv = _bit_bytes(r, _hbits(r, off, 2), 32, 16)
     return b.or_(w, hv), _dd(r, off, 0)
 
 
@@ -1553,8 +1569,7 @@ def st_nib5(typingctx, U, uo, flat, qo, ho):
         r = _IR(context, builder, sig, args)
         b = builder
         w = _nib_single(r, r.load(2, args[3], V16I8))
-        m = b.bitcast(r.load(2, args[4], I32), _v(I1, 32))
-        _store(r, 0, args[1], b.or_(w, b.select(m, r.splat_i8(32, 16), r.splat_i8(32, 0))))
+        _store(r, 0, args[1], b.or_(w, _bit_bytes(r, r.load(2, args[4], I32), 32, 16)))
         return context.get_dummy_value()
 
     return types.void(U, uo, flat, qo, ho), codegen
