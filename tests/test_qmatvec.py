@@ -83,9 +83,21 @@ def test_matvec(path, q, rows, nblocks):
 
 
 @pytest.mark.parametrize("q", ALL, ids=lambda q: q.name)
-@pytest.mark.parametrize("n", [1, 2, 13, 24])  # 2: batched kernels; 24: AMX tiles
+@pytest.mark.parametrize("n", [1, 2, 5, 13, 24, 40])  # routes of MVB_PREFILL_MAX, AMX
 @pytest.mark.parametrize("rows,nblocks", [(1, 1), (7, 2), (40, 3)])
 def test_matmul(path, q, n, rows, nblocks):
+    _check_matmul(path, q, n, rows, nblocks)
+
+
+@pytest.mark.parametrize("q", ALL, ids=lambda q: q.name)
+def test_matmul_avx512_gemms_where_amx_runs(path, q, monkeypatch):
+    """On an AMX CPU the prompts past the batched kernels take the tiles; the AVX-512
+    GEMMs (the route of every other int8 CPU) are held to the same checks."""
+    monkeypatch.setattr(qm, "_use_amx", False)
+    _check_matmul(path, q, 40, 40, 3)
+
+
+def _check_matmul(path, q, n, rows, nblocks):
     cols = _cols_for(q, nblocks)
     w = _tensor(q, rows, cols, seed=n * 7 + rows)
     x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)

@@ -60,10 +60,13 @@ TILE = 16  # weight rows (and tokens) per tile
 CHUNK = 64  # columns per tile dot product (64 bytes a tile row)
 SUPER = 256
 # Fewest prompt tokens for which the tiles beat the AVX-512 GEMMs: both unpack every
-# weight row once, and the tiles' unpack costs more. Measured whole-prefill crossovers
-# (2 threads, this module's first host, a 2-vCPU Xeon with AMX): Qwen2.5-1.5B (Q4_K/Q6_K)
-# between 12 and 16 tokens, Qwen2.5-0.5B (mostly Q5_0, bf16 tiles) between 16 and 24.
-MIN_TOKENS = 16
+# weight row once, and the tiles' unpack costs more. Whole forward, 2 threads, a 2-vCPU
+# Xeon with AMX, ms per forward tiles / AVX-512: Qwen2.5-1.5B (Q4_K/Q6_K) 8 tokens 210 /
+# 206, 12: 218 / 285; with bf16 tiles, Qwen2.5-0.5B (mostly Q5_0) 16: 175 / 183, SmolLM2
+# (Q4_1) 20: 56 / 52, 24: 54 / 64, Gemma 3 270M 20: 54 / 52, 24: 52 / 60. Shorter
+# prompts take the batched decode kernels anyway (qmatvec.MVB_PREFILL_MAX: up to 10
+# tokens on K-quants, 23 on the block formats, with AMX).
+MIN_TOKENS = 11
 BF16_MIN_TOKENS = 24
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18

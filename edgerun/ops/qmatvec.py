@@ -156,11 +156,30 @@ _EMB_EXTRA: dict = {}
 _path = PATHS[-1]
 _mv3: dict = _MV3_INT8  # the int8 3-slot kernels of the current path (empty: portable)
 _use_amx = False  # the vnni path's prefill GEMMs on AMX tiles (qmatmul_amx)
-# Prompts of at most this many tokens take the batched decode kernels (mvb_<fmt>: blocks
-# read in place, no row unpack) instead of a GEMM, whose per-row unpack dominates short
-# prompts. Whole forward, 2 threads, Xeon with AMX, GEMM / batched time: Qwen2.5-1.5B
-# 4 tokens 1.71, 8 1.18, 12 1.06, 16 0.92; Qwen2.5-0.5B 4 1.70, 8 1.40, 12 1.21, 16 1.16.
-MVB_PREFILL_MAX = 12
+# Prompts of at most MVB_PREFILL_MAX[route][format] tokens take the batched decode kernels
+# (mvb_<fmt>: blocks read in place, no row unpack, a cost per token) instead of a GEMM (a
+# fixed cost per call for unpacking every weight row, then little per token); None holds
+# the route's figure for the other formats. Where they cross depends on the format, the
+# instruction set and on whether the GEMM runs on AMX tiles.
+# - "amx", "vnni" (AVX-512 GEMMs): whole forward, 2 threads, a 2-vCPU Xeon with AMX (KVM),
+#   the routes alternating in one process, ms per forward as batched / AMX / AVX-512:
+#   Qwen2.5-1.5B (Q4_K, Q6_K) 8 tokens 172 / 210 / 206, 12: 251 / 218 / 285, 16: 313 /
+#   226 / 307; Qwen2.5-0.5B (mostly Q5_0) 16: 124 / 175 / 183, 24: 172 / 183 / 223 (another
+#   run 150 / 120 / 157), 32: 227 / 132 / 221; SmolLM2 (Q4_1) 24: 49 / 54 / 64, 32: 61 /
+#   47 / 73, 64: 123 / 68 / 134; Gemma 3 270M 20: 48 / 54 / 52, 24: 57 / 52 / 60.
+# - "avx2": each format's matrices of the four registry models, 2 threads, a 2-vCPU
+#   Zen 3 EPYC (KVM), GEMM time over batched time at 4 / 8 / 12 / 16 / 24 / 32 tokens:
+#   Q4_K 1.18 / 0.90 / 0.83 / 0.74 / 0.67 / 0.56, Q6_K 0.82 / 0.63 / 0.52 / 0.49, Q5_0
+#   1.34 / 1.04 / 0.94 / 0.86, Q4_1 1.34 / 1.38 / 1.20 / 1.12 / 1.03 / 0.99, Q8_0 1.73 /
+#   1.35 / 1.17 / 1.12 / 1.02 / 0.97.
+# - "int8" (generic vectors, e.g. ARM) has not been measured; it takes avx2's figures.
+_MVB_AVX2 = {QuantType.Q4_K: 7, QuantType.Q6_K: 4, QuantType.Q5_0: 10, None: 24}
+MVB_PREFILL_MAX: dict[str, dict] = {
+    "amx": {QuantType.Q4_K: 10, QuantType.Q6_K: 10, None: 23},
+    "vnni": {QuantType.Q4_K: 14, QuantType.Q6_K: 14, None: 28},
+    "avx2": _MVB_AVX2,
+    "int8": _MVB_AVX2,
+}
 
 
 def register_kernels(qtype, matvec, matmul, embedding_rows) -> None:
@@ -233,16 +252,25 @@ def warm_prefill(ws: Iterable[QuantTensor]) -> None:
         matmul(w, np.zeros((_amx.BF16_MIN_TOKENS, w.shape[1]), np.float32))
 
 
+def mvb_prefill_max(qtype: QuantType) -> int:
+    """The most prompt tokens for which `qtype` takes the batched decode kernels on the
+    current int8 path (MVB_PREFILL_MAX); longer prompts take a GEMM."""
+    table = MVB_PREFILL_MAX["amx" if _use_amx else _path]
+    return table.get(qtype, table[None])
+
+
 def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
     """Whether a prompt of `ntokens` rows meets `qtype` in the batched decode kernels."""
-    return 1 < ntokens <= MVB_PREFILL_MAX and _path in INT8_PATHS and qtype in _MVB_INT8
+    return (
+        _path in INT8_PATHS and qtype in _MVB_INT8 and 1 < ntokens <= mvb_prefill_max(qtype)
+    )
 
 
 def activation_block(qtype: QuantType, ntokens: int) -> int:
     """Elements per activation scale when `ntokens` rows of x meet a `qtype` matrix on
     the current path (see quantize_x_reference): 256 for the K-quant prefill GEMM of the
     int8 paths (qmatmul_superblock, and its AMX tiles), else 32 (prompts of at most
-    MVB_PREFILL_MAX tokens, on the batched decode kernels, included)."""
+    mvb_prefill_max tokens, on the batched decode kernels, included)."""
     if ntokens > 1 and _path in INT8_PATHS and qtype in _MM_SUPERBLOCK:
         return 32 if _mvb_prefill(qtype, ntokens) else 256
     return 32
@@ -405,7 +433,7 @@ def _call3(kernel, ws, x, outs, no_out) -> None:
 
 def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Y = X @ W.T for float32 X [n, cols] -> float32 [n, rows] (prefill). A few rows
-    take the batched decode kernels (MVB_PREFILL_MAX), more a GEMM (AMX tiles where the
+    take the batched decode kernels (mvb_prefill_max), more a GEMM (AMX tiles where the
     CPU has them)."""
     rows = w.shape[0]
     x = _rows(x, w, "matmul")
