@@ -261,9 +261,7 @@ def mvb_prefill_max(qtype: QuantType) -> int:
 
 def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
     """Whether a prompt of `ntokens` rows meets `qtype` in the batched decode kernels."""
-    return (
-        _path in INT8_PATHS and qtype in _MVB_INT8 and 1 < ntokens <= mvb_prefill_max(qtype)
-    )
+    return _path in INT8_PATHS and qtype in _MVB_INT8 and 1 < ntokens <= mvb_prefill_max(qtype)
 
 
 def activation_block(qtype: QuantType, ntokens: int) -> int:
