@@ -66,6 +66,24 @@ def _transpose_keys(k, length, kt):
 
 
 @njit(inline="always")
+def _store64(o, c, a0, a1, a2, a3, scale):
+    """o[c:c + 64] = scale * (a0..a3)."""
+    store16(o, c, a0, scale)
+    store16(o, c + 16, a1, scale)
+    store16(o, c + 32, a2, scale)
+    store16(o, c + 48, a3, scale)
+
+
+@njit(inline="always")
+def _axpy64(a0, a1, a2, a3, x, src, base):
+    """One row of a register tile: a0..a3 (64 lanes) += x * src[base:base + 64]."""
+    axpy16(a0, x, src, base)
+    axpy16(a1, x, src, base + 16)
+    axpy16(a2, x, src, base + 32)
+    axpy16(a3, x, src, base + 48)
+
+
+@njit(inline="always")
 def _scores(qa, qb, qc, qd, ktk, lp, lo, hi, scale, s0, s1, s2, s3):
     """s_r[t] = scale * q_r . k_t for t in [lo, hi) rounded up to whole KEYS tiles."""
     hd = qa.shape[0]
@@ -81,22 +99,10 @@ def _scores(qa, qb, qc, qd, ktk, lp, lo, hi, scale, s0, s1, s2, s3):
         for d in range(hd):
             base = d * lp + t
             x0, x1, x2, x3 = qa[d], qb[d], qc[d], qd[d]
-            axpy16(a00, x0, ktk, base)
-            axpy16(a01, x0, ktk, base + 16)
-            axpy16(a02, x0, ktk, base + 32)
-            axpy16(a03, x0, ktk, base + 48)
-            axpy16(a10, x1, ktk, base)
-            axpy16(a11, x1, ktk, base + 16)
-            axpy16(a12, x1, ktk, base + 32)
-            axpy16(a13, x1, ktk, base + 48)
-            axpy16(a20, x2, ktk, base)
-            axpy16(a21, x2, ktk, base + 16)
-            axpy16(a22, x2, ktk, base + 32)
-            axpy16(a23, x2, ktk, base + 48)
-            axpy16(a30, x3, ktk, base)
-            axpy16(a31, x3, ktk, base + 16)
-            axpy16(a32, x3, ktk, base + 32)
-            axpy16(a33, x3, ktk, base + 48)
+            _axpy64(a00, a01, a02, a03, x0, ktk, base)
+            _axpy64(a10, a11, a12, a13, x1, ktk, base)
+            _axpy64(a20, a21, a22, a23, x2, ktk, base)
+            _axpy64(a30, a31, a32, a33, x3, ktk, base)
         for j, (a, b) in enumerate(((a00, a10), (a01, a11), (a02, a12), (a03, a13))):
             store16(s0, t + 16 * j, a, scale)
             store16(s1, t + 16 * j, b, scale)
@@ -156,38 +162,14 @@ def _weighted_values(vk, lo, hi, s0, s1, s2, s3, c, o0, o1, o2, o3, i0, i1, i2, 
     for t in range(lo, hi):
         vb = t * hd + c
         p0, p1, p2, p3 = s0[t], s1[t], s2[t], s3[t]
-        axpy16(b00, p0, vk, vb)
-        axpy16(b01, p0, vk, vb + 16)
-        axpy16(b02, p0, vk, vb + 32)
-        axpy16(b03, p0, vk, vb + 48)
-        axpy16(b10, p1, vk, vb)
-        axpy16(b11, p1, vk, vb + 16)
-        axpy16(b12, p1, vk, vb + 32)
-        axpy16(b13, p1, vk, vb + 48)
-        axpy16(b20, p2, vk, vb)
-        axpy16(b21, p2, vk, vb + 16)
-        axpy16(b22, p2, vk, vb + 32)
-        axpy16(b23, p2, vk, vb + 48)
-        axpy16(b30, p3, vk, vb)
-        axpy16(b31, p3, vk, vb + 16)
-        axpy16(b32, p3, vk, vb + 32)
-        axpy16(b33, p3, vk, vb + 48)
-    store16(o0, c, b00, i0)
-    store16(o0, c + 16, b01, i0)
-    store16(o0, c + 32, b02, i0)
-    store16(o0, c + 48, b03, i0)
-    store16(o1, c, b10, i1)
-    store16(o1, c + 16, b11, i1)
-    store16(o1, c + 32, b12, i1)
-    store16(o1, c + 48, b13, i1)
-    store16(o2, c, b20, i2)
-    store16(o2, c + 16, b21, i2)
-    store16(o2, c + 32, b22, i2)
-    store16(o2, c + 48, b23, i2)
-    store16(o3, c, b30, i3)
-    store16(o3, c + 16, b31, i3)
-    store16(o3, c + 32, b32, i3)
-    store16(o3, c + 48, b33, i3)
+        _axpy64(b00, b01, b02, b03, p0, vk, vb)
+        _axpy64(b10, b11, b12, b13, p1, vk, vb)
+        _axpy64(b20, b21, b22, b23, p2, vk, vb)
+        _axpy64(b30, b31, b32, b33, p3, vk, vb)
+    _store64(o0, c, b00, b01, b02, b03, i0)
+    _store64(o1, c, b10, b11, b12, b13, i1)
+    _store64(o2, c, b20, b21, b22, b23, i2)
+    _store64(o3, c, b30, b31, b32, b33, i3)
 
 
 @njit(cache=True, parallel=True, nogil=True)
