@@ -106,7 +106,10 @@ def test_real_cpu_sample_is_monotonic() -> None:
     b = read_cpu_sample()
     assert b[0] - a[0] >= 0.1
     assert b[2] - a[2] >= 0.05  # our CPU seconds, 10 ms ticks
-    assert b[1] - a[1] >= b[2] - a[2] - 0.02  # everyone's busy time includes ours
+    # everyone's busy time includes ours; both count 10 ms ticks, the per-CPU counters
+    # one tick behind at each end on each CPU at worst (seen: 0.11 s busy, 0.13 s ours)
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert b[1] - a[1] >= b[2] - a[2] - 0.01 * (2 * (ncpu or 1) + 1)
 
 
 @pytest.mark.skipif(
