@@ -353,6 +353,15 @@ class Model:
 
             resolve_device(gpu_device)  # a missing torch or device fails before any work
         self.plan, opts = self.plan_for(ram_budget, mode, options, gpu_budget, gpu_device)
+        # The page cache imports and planning left counts against the budget while the
+        # weights arrive (Qwen2.5-1.5B at 800M: ~90 MiB over at the load's peak); drop it
+        # now, and again once the kernels are loaded (after_warm_up), and keep LLVM's
+        # faults from reading ahead while they load.
+        self._drop_page_cache()
+        if self.plan.mode != "resident":
+            from edgerun.offload.io import random_access_large_libraries
+
+            random_access_large_libraries()
         if self.plan.mode != "dense":  # sparse calibration runs the resident model first
             self._build_resident()
         if self.plan.mode == "dense":

@@ -200,7 +200,8 @@ class Generator:
         return self.warmed
 
     def _warm_prefill_tiles(self) -> None:
-        """The AMX prefill GEMMs (where the CPU has them) for the first layer's formats."""
+        """The prefill GEMMs (AMX tiles where the CPU has them) for the first layer's
+        formats: the warm-up's 2-token prompt takes the batched decode kernels."""
         layer = self.model.layers[0]
         parts = [getattr(layer, s, None) for s in type(layer).__slots__]
         ffn = getattr(layer, "ffn", None)

@@ -160,6 +160,52 @@ def test_own_page_cache_is_dropped(tmp_path):
     assert _cached_bytes(path) < 1 << 20
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="posix_fadvise, mincore")
+def test_imported_module_files_are_dropped_too(tmp_path, monkeypatch):
+    """Python reads module files (it does not map them): their page cache is dropped by
+    module, not by /proc/self/maps."""
+    from edgerun.offload.io import drop_own_page_cache
+
+    src = tmp_path / "edgerun_probe_module.py"
+    src.write_text("X = 1\n# " + "x" * (4 << 20) + "\n")
+    os.fsync(os.open(src, os.O_RDONLY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    import edgerun_probe_module  # noqa: F401
+
+    try:
+        src.read_bytes()
+        if _cached_bytes(src) < 2 << 20:
+            pytest.skip("this filesystem does not keep the file in the page cache")
+        drop_own_page_cache()
+        assert _cached_bytes(src) < 1 << 20
+    finally:
+        sys.modules.pop("edgerun_probe_module", None)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise, /proc/self/smaps")
+def test_large_libraries_fault_in_without_readahead():
+    """random_access_large_libraries marks the big libraries' mappings MADV_RANDOM (the
+    kernel shows it as VmFlags "rr"); smaller ones keep their readahead."""
+    import llvmlite.binding  # noqa: F401  (libllvmlite.so, ~180 MB, is mapped)
+
+    from edgerun.offload.io import random_access_large_libraries
+
+    assert random_access_large_libraries() >= 1
+    flags: dict[str, set[str]] = {}
+    current = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 6 and ":" not in head[0]:
+                current = head[5] if head[5].startswith("/") else None
+            elif head[0] == "VmFlags:" and current is not None:
+                flags.setdefault(current, set()).update(head[1:])
+    big = [p for p in flags if "libllvmlite" in p]
+    assert big and all("rr" in flags[p] for p in big)
+    assert any("rr" not in v for p, v in flags.items() if ".so" in p and "llvmlite" not in p)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore")
 def test_a_budgeted_model_leaves_its_file_out_of_the_page_cache(smollm2_path, tmp_path):

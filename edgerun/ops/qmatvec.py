@@ -240,16 +240,21 @@ def _amx_bf16(qtype: QuantType, ntokens: int, cols: int) -> bool:
 
 def warm_prefill(ws: Iterable[QuantTensor]) -> None:
     """Run the prefill GEMM of one matrix of each format in `ws` once, on enough zero
-    rows to take the AMX tiles: a short warm-up prompt does not reach them, and their
-    first compile would otherwise land in a user's first long prompt."""
-    if not _use_amx:
-        return
+    rows to take it (past every MVB_PREFILL_MAX, and onto the AMX tiles where the CPU
+    has them): a short warm-up prompt takes the batched decode kernels instead, and the
+    GEMMs' first compile or cache load would otherwise land in a user's first long
+    prompt (and, under a RAM budget, after the page cache of loading them was dropped)."""
+    if _path not in INT8_PATHS:
+        return  # the portable matmul is one kernel at any prompt length
+    rows = 1 + max(n for table in MVB_PREFILL_MAX.values() for n in table.values())
+    if _use_amx:
+        rows = max(rows, _amx.BF16_MIN_TOKENS)
     seen = set()
     for w in ws:
         if w.qtype in seen or len(w.shape) != 2:
             continue
         seen.add(w.qtype)
-        matmul(w, np.zeros((_amx.BF16_MIN_TOKENS, w.shape[1]), np.float32))
+        matmul(w, np.zeros((rows, w.shape[1]), np.float32))
 
 
 def mvb_prefill_max(qtype: QuantType) -> int:
