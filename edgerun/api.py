@@ -359,9 +359,13 @@ class Model:
         # faults from reading ahead while they load.
         self._drop_page_cache()
         if self.plan.mode != "resident":
-            from edgerun.offload.io import random_access_large_libraries
+            from edgerun.offload.io import (
+                random_access_large_libraries,
+                return_large_frees_to_os,
+            )
 
             random_access_large_libraries()
+            return_large_frees_to_os()
         if self.plan.mode != "dense":  # sparse calibration runs the resident model first
             self._build_resident()
         if self.plan.mode == "dense":

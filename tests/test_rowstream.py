@@ -183,6 +183,43 @@ def test_imported_module_files_are_dropped_too(tmp_path, monkeypatch):
         sys.modules.pop("edgerun_probe_module", None)
 
 
+_HEAP_PROBE = """
+import sys
+import numpy as np
+import psutil
+
+if sys.argv[1] == "on":
+    from edgerun.offload.io import return_large_frees_to_os
+
+    assert return_large_frees_to_os()
+rss = lambda: psutil.Process().memory_info().rss
+a = np.ones(16 << 20, np.uint8)  # freed: glibc raises its mmap threshold past 16 MiB
+del a
+before = rss()
+b = np.ones(8 << 20, np.uint8)  # so this comes from the heap, unless the threshold is fixed
+del b
+print(rss() - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_large_frees_go_back_to_the_os():
+    """Without return_large_frees_to_os a freed 8 MiB temporary stays in the heap (glibc's
+    dynamic mmap threshold); with it the memory goes back."""
+    import subprocess
+
+    def held(mode: str) -> int:
+        r = subprocess.run(
+            [sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        return int(r.stdout.strip())
+
+    if held("off") < 4 << 20:
+        pytest.skip("this C library returns freed blocks anyway (not glibc's dynamic threshold)")
+    assert held("on") < 1 << 20
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise, /proc/self/smaps")
 def test_large_libraries_fault_in_without_readahead():
     """random_access_large_libraries marks the big libraries' mappings MADV_RANDOM (the
