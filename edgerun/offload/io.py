@@ -347,25 +347,34 @@ def drop_own_page_cache(directories: Sequence[str | os.PathLike] = ()) -> int:
     leaves them alone."""
     if not hasattr(os, "posix_fadvise"):
         return 0
-    files: set[str] = set()
+    mappings = _file_mappings()
+    if mappings is None:
+        return 0
+    files = {path for _, _, path in mappings} | _module_files()
+    return drop_page_cache([*files, *directories])
+
+
+def _file_mappings() -> list[tuple[int, int, str]] | None:
+    """(start, end, path) of this process's file-backed mappings (/proc/self/maps);
+    None where there is no such file."""
     try:
         with open("/proc/self/maps") as f:
-            for line in f:
-                parts = line.split(maxsplit=5)
-                if len(parts) == 6 and parts[5].startswith("/"):
-                    files.add(parts[5].rstrip("\n"))
+            lines = f.readlines()
     except OSError:
-        return 0
-    files.update(_module_files())
-    return drop_page_cache([*files, *directories])
+        return None
+    out = []
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            lo, hi = (int(v, 16) for v in parts[0].split("-"))
+            out.append((lo, hi, parts[5].rstrip("\n")))
+    return out
 
 
 def _module_files() -> set[str]:
     """The source and bytecode files of the imported modules: Python reads them, it does
     not map them, and their page cache stays charged (`edgerun bench` under a budget:
     ~50 MiB left after the mapped files' was dropped)."""
-    import sys
-
     out: set[str] = set()
     for mod in list(sys.modules.values()):
         for attr in ("__file__", "__cached__"):
@@ -401,25 +410,15 @@ def random_access_large_libraries(min_bytes: int = LARGE_LIBRARY_BYTES) -> int:
     madvise.restype = ctypes.c_int
     size: dict[str, int] = {}
     n = 0
-    try:
-        with open("/proc/self/maps") as f:
-            lines = f.readlines()
-    except OSError:
-        return 0
-    for line in lines:
-        parts = line.split(maxsplit=5)
-        if len(parts) < 6 or ".so" not in parts[5]:
+    for lo, hi, path in _file_mappings() or ():
+        if ".so" not in path:
             continue
-        path = parts[5].strip()
         if path not in size:
             try:
                 size[path] = os.stat(path).st_size
             except OSError:
                 size[path] = 0
-        if size[path] < min_bytes:
-            continue
-        lo, hi = (int(v, 16) for v in parts[0].split("-"))
-        if madvise(lo, hi - lo, mmap.MADV_RANDOM) == 0:
+        if size[path] >= min_bytes and madvise(lo, hi - lo, mmap.MADV_RANDOM) == 0:
             n += 1
     return n
 
