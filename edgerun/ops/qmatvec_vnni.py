@@ -429,15 +429,6 @@ def _unpack1_q8_0(r, off):
 q8_0_single = _single_intrinsic(_unpack1_q8_0, "q8_0_single")
 
 
-# Q4_K on AVX2 / generic int8: sum each sub-block's dot lanes in integers (shuffles and
-# adds) and scale the 8 sums once, instead of converting and scaling all 32 lanes of a
-# super-block in float. Measured on Zen 3 (2.8 GHz, one thread, 1536 columns): 15.5 ->
-# 14.6 ns a super-block; without any scaling it would be 9.5, and llvm.x86.avx2.phadd.d
-# for the sums made it 16.3, per-sub-block integer multiplies by the scales 16.0. With
-# AVX-512 a 16-lane conversion and FMA are one instruction each: unchanged there.
-Q4K_SUBBLOCK_SUMS = DOT != "vnni"
-
-
 def _xo_plus(r, xo, extra):
     return r.b.add(xo, ir.Constant(xo.type, extra))
 
@@ -459,14 +450,9 @@ def q4_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so):
         ds = b.fmul(dsc, dx8)  # d * sc_j * dx_j
         mterm = b.fmul(dmn, sx8)
         _acc_add(r, 1, V8F, lambda a: b.fadd(a, mterm))
-        dots = [
-            r.dpx(_q4k_chunk(r, off, g), 4, _xo_plus(r, args[5], 128 * g), 64) for g in range(4)
-        ]
-        if Q4K_SUBBLOCK_SUMS:
-            df = b.sitofp(lane_group_sums(r, dots, 8), V8F)
-            _acc_add(r, 0, V8F, lambda a: r.fma(df, ds, a))
-            return context.get_dummy_value()
-        for g, dot in enumerate(dots):
+        for g in range(4):
+            xo = b.add(args[5], ir.Constant(args[5].type, 128 * g))
+            dot = r.dpx(_q4k_chunk(r, off, g), 4, xo, 64)
             sv = r.shuf(ds, ds, [2 * g] * 8 + [2 * g + 1] * 8)
             df = b.sitofp(dot, V16F)
             _acc_add(r, 0, V16F, lambda a, df=df, sv=sv: r.fma(df, sv, a))
@@ -520,12 +506,11 @@ def _q4k_scales(r, off):
     return b.fmul(r.splat(d, 8), sc), b.fmul(r.splat(dmin, 8), mn)
 
 
-def lane_group_sums(r, dots, group):
-    """The 4 dots of a K super-block (<16 x i32> each, 64 weights, lane j: weights 4j ..
-    4j + 3) -> the sums of each `group` consecutive lanes, in rounds of lane-pair
-    shuffles and adds. group 8 (Q4_K's 32-weight sub-blocks): <8 x i32>, sub-block j in
-    lane j. group 4 (Q6_K's 16-weight scales): <16 x i32>, scale Q6K_SUM_ORDER[l] in
-    lane l (the order two rounds leave them in)."""
+def q6k_group_sums(r, dots):
+    """The 4 dots of a Q6_K super-block (<16 x i32> each, 64 weights, lane j: weights
+    4j .. 4j + 3) -> <16 x i32> of the sums of each 4 consecutive lanes (one 16-weight
+    scale group), scale Q6K_SUM_ORDER[l] in lane l: two rounds of lane-pair shuffles and
+    adds, the order they leave the sums in."""
     b = r.b
     add = b.add
     l1 = [
@@ -536,11 +521,7 @@ def lane_group_sums(r, dots, group):
         add(r.shuf(a, c, [0, 1, 8, 9, 4, 5, 12, 13]), r.shuf(a, c, [2, 3, 10, 11, 6, 7, 14, 15]))
         for a, c in ((l1[0], l1[1]), (l1[2], l1[3]))
     )
-    if group == 4:
-        return r.concat(lo, hi)
-    return add(
-        r.shuf(lo, hi, [0, 1, 2, 3, 8, 9, 10, 11]), r.shuf(lo, hi, [4, 5, 6, 7, 12, 13, 14, 15])
-    )
+    return r.concat(lo, hi)
 
 
 Q6K_SUM_ORDER = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15]
@@ -596,7 +577,7 @@ def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
             dots = [
                 r.dpx(w, 4, _xo_plus(r, xo, 128 * c), 64) for c, w in enumerate(q6k_chunks(r, off))
             ]
-            df = b.sitofp(lane_group_sums(r, dots, 4), V16F)
+            df = b.sitofp(q6k_group_sums(r, dots), V16F)
             _acc_add(r, 0, V16F, lambda a: r.fma(df, sv, a))
             return context.get_dummy_value()
         dv4 = r.splat(d, 4)
@@ -627,10 +608,14 @@ def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
     return types.void(a16, a8, row, off, xq, xo, xds, so, xs16, so16), codegen
 
 
-# Q6_K on AVX2 / generic int8, as Q4_K: each 16-weight scale group's dot lanes summed in
-# integers, then one 16-lane conversion and FMA a super-block (and one bias multiply)
-# instead of four of each plus their scale shuffles. Zen 3, one thread: 29.2 -> 18.8 ns
-# a super-block on 1536 x 1536 (7.2 -> 11.2 GB/s), 34.2 -> 21.9 on 256 x 1536.
+# Q6_K on AVX2 / generic int8: each 16-weight scale group's dot lanes summed in integers
+# (shuffles and adds), then one 16-lane conversion and FMA a super-block and one bias
+# multiply, instead of four of each plus their scale shuffles. Zen 3, one thread, the
+# two versions alternating in one process (medians of 15): 1536 x 1536 1.11x, 256 x 1536
+# 1.12x, 4 vectors batched 1.16-1.21x. The same for Q4_K (8 sub-block sums) measured
+# 0.95-1.19x single and 0.88-1.0x batched, so Q4_K keeps scaling lanes in float; so did
+# llvm.x86.avx2.phadd.d for the sums (slower than the shuffles) and integer multiplies
+# by the scales.
 Q6K_GROUP_SUMS = DOT != "vnni"
 Q6K_DX_ORDER = tuple(2 * (s // 2) for s in Q6K_SUM_ORDER)  # dx of scale s: xds[2 (s // 2)]
 
@@ -1200,16 +1185,11 @@ def _q4k_batch(r, g, xstride):
     lanes = list(range(8)) * g
     ds = b.fmul(r.shuf(dsc, dsc, lanes), r.load(8, r.args[9], _v(F32, n)))
     _bias_add(r, g, b.fmul(r.shuf(dmn, dmn, lanes), r.load(8, r.args[9], _v(F32, n), 32)))
-    ws = [_q4k_chunk(r, off, c) for c in range(4)]
-    for v in range(g):
-        dots = [r.dpx(w, 4, _x_at(r, xstride, v, 128 * c), 64) for c, w in enumerate(ws)]
-        if Q4K_SUBBLOCK_SUMS:
-            df = b.sitofp(lane_group_sums(r, dots, 8), V8F)
-            _acc_fma(r, v, df, r.shuf(ds, ds, range(8 * v, 8 * v + 8)))
-            continue
-        for c, dot in enumerate(dots):
-            sv = r.shuf(ds, ds, [8 * v + 2 * c] * 8 + [8 * v + 2 * c + 1] * 8)
-            _acc_fma(r, v, b.sitofp(dot, V16F), sv)
+    for c in range(4):
+        w = _q4k_chunk(r, off, c)
+        for v in range(g):
+            df = b.sitofp(r.dpx(w, 4, _x_at(r, xstride, v, 128 * c), 64), V16F)
+            _acc_fma(r, v, df, r.shuf(ds, ds, [8 * v + 2 * c] * 8 + [8 * v + 2 * c + 1] * 8))
 
 
 def _q6k_batch(r, g, xstride):
@@ -1233,7 +1213,7 @@ def _q6k_batch(r, g, xstride):
             b.store(b.fadd(b.load(t), bias), t)
             sv = b.fmul(dscp, r.load(8, at, V16F))
             dots = [r.dpx(w, 4, _x_at(r, xstride, v, 128 * c), 64) for c, w in enumerate(chunks)]
-            _acc_fma(r, v, b.sitofp(lane_group_sums(r, dots, 4), V16F), sv)
+            _acc_fma(r, v, b.sitofp(q6k_group_sums(r, dots), V16F), sv)
         return
     dv4 = r.splat(r.f16(2, off, 208), 4)
     n = 4 * g
