@@ -26,7 +26,7 @@ from edgerun.model import Transformer
 from edgerun.sched.batching import BatchScheduler, PrefixCache
 from edgerun.sched.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
 from edgerun.settings import ModelSettings
-from edgerun.sysinfo import current_rss_bytes, default_threads
+from edgerun.sysinfo import current_rss_bytes, default_threads, return_free_heap_to_os
 from edgerun.tokenizer import Tokenizer, tokenizer_from_gguf_metadata
 from edgerun.weights import ResidentStore
 
@@ -156,6 +156,7 @@ class Model:
 
             check_template(self.tokenizer.chat_template)
         self.plan = None
+        return_free_heap_to_os()  # the tokenizer build's transient allocations
         self.floor_bytes = current_rss_bytes() + KERNEL_FLOOR_BYTES
         offloading = ram_budget is not None or offload is not None or gpu_budget is not None
         self.store = None  # built below: resident, or by _offload once the plan is known

@@ -27,6 +27,26 @@ def current_rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def return_free_heap_to_os() -> bool:
+    """Give the C heap's free pages back to the OS (glibc malloc_trim); whether it ran.
+
+    Building Qwen2.5's 151k-token BPE tokenizer frees ~15 MiB of transient allocations
+    that glibc keeps in the heap: RSS 160 -> 145 MiB after a trim. Loading calls this
+    before it measures the runtime floor, so a RAM budget plans with that memory."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False  # not glibc
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    trim(0)
+    return True
+
+
 def default_threads() -> int:
     """CPUs this process may run on."""
     try:
