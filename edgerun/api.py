@@ -83,6 +83,11 @@ if TYPE_CHECKING:
 # tiled attention, prefill GEMMs) on a Zen 3 host (avx2 path), 701 -> 789 MiB of cgroup
 # usage across the warm-up and its page-cache drop (anonymous +48, mapped LLVM code +33).
 KERNEL_FLOOR_BYTES = 88 << 20
+# What paging LLVM out after the warm-up gives back (offload/io.page_out_large_libraries):
+# all of libllvmlite.so that was resident, part of it from the import (in the measured
+# floor), part from loading the kernels (in KERNEL_FLOOR_BYTES). Qwen2.5-1.5B, Zen 3,
+# avx2 kernels, 800M: 67 MiB, RSS 708 -> 642 MiB.
+KERNEL_PAGED_OUT_BYTES = 60 << 20
 # With a RAM budget and no --offload: dense streaming. Measured on Qwen2.5-Coder-1.5B in
 # an 800 MiB cgroup (benchmarks/offload.py): dense 0.83-0.87 tok/s, sparse + window
 # 0.77-0.84 at the sparsity that keeps quality (0.10), and dense runs down to ~550 MiB
@@ -191,7 +196,7 @@ class Model:
             self.kv_type,
             lock=self.compute_lock,
             context_policy=context_policy,
-            after_warm_up=self._drop_page_cache if offloading else None,
+            after_warm_up=self._after_warm_up if offloading else None,
         )
         self.prefix_cache = PrefixCache()
         self._scheduler: BatchScheduler | None = None
@@ -265,29 +270,57 @@ class Model:
             from edgerun.sched.calibration import offload_figures  # executors on it too
 
             offload = offload_figures(bundle, self.threads)
-        p = plan(
-            fp,
-            budget,
-            self.floor_bytes,
-            self.n_ctx,
-            mode=mode,
-            active_fraction=max(0.05, 1.0 - opts.sparsity),
-            allow_predictor=False,
-            prefetch=opts.prefetch,
-            frequencies=None if profile is None else profile.counts,
-            hot_share=opts.hot if opts.window > 0 else 0.0,
-            device=dev,
-            gpu_budget=gpu,
-            gpu_dtype_bytes=dtype_bytes,
-            gpu_force=force,
-            gap_bytes=opts.gap_bytes,
-            offload=offload,
-        )
+
+        def plan_with(floor: int) -> Plan:
+            return plan(
+                fp,
+                budget,
+                floor,
+                self.n_ctx,
+                mode=mode,
+                active_fraction=max(0.05, 1.0 - opts.sparsity),
+                allow_predictor=False,
+                prefetch=opts.prefetch,
+                frequencies=None if profile is None else profile.counts,
+                hot_share=opts.hot if opts.window > 0 else 0.0,
+                device=dev,
+                gpu_budget=gpu,
+                gpu_dtype_bytes=dtype_bytes,
+                gpu_force=force,
+                gap_bytes=opts.gap_bytes,
+                offload=offload,
+            )
+
+        p = plan_with(self.floor_bytes)
+        if mode == "dense" and opts.hold_after_warm_up and p.cache_neurons < fp.d_ff:
+            p = self._with_rows_after_kernels(p, plan_with)
         if force:
             p.notes.append(
                 "--gpu-device cpu runs the torch path on the CPU (a test, not a speedup)"
             )
         return p, opts
+
+    def _with_rows_after_kernels(self, load_plan: Plan, plan_with) -> Plan:
+        """The plan of the steady state when LLVM's pages can be given back once the
+        kernels are loaded (offload/io.page_out_large_libraries): the runtime floor less
+        KERNEL_PAGED_OUT_BYTES, and the FFN rows that memory holds read after the warm-up
+        (Plan.deferred_bytes), so the load's peak stays where `load_plan` put it."""
+        from edgerun.offload.io import can_page_out
+
+        if not can_page_out():
+            return load_plan
+        steady = plan_with(self.floor_bytes - KERNEL_PAGED_OUT_BYTES)
+        extra = steady.cache_neurons - load_plan.cache_neurons
+        if extra <= 0:
+            return load_plan
+        steady.deferred_neurons = extra
+        steady.deferred_bytes = steady.cache_bytes - load_plan.cache_bytes
+        steady.notes.append(
+            f"{steady.deferred_bytes / 2**20:,.0f} MiB of the FFN rows held are read once the "
+            "kernels are loaded and LLVM's pages given back (the floor counts the kernels "
+            f"at {(KERNEL_FLOOR_BYTES - KERNEL_PAGED_OUT_BYTES) >> 20} MiB after that)"
+        )
+        return steady
 
     def predicted_plan(self, threads: int | None = None):
         """The plan of this model's placement (budgets and devices it was loaded with),
@@ -417,6 +450,19 @@ class Model:
 
                 release_file_pages(self.file)  # the moved weights were read once, here
         self._drop_page_cache()
+
+    def _after_warm_up(self) -> None:
+        """Once the kernels are loaded: drop the page cache the load left and, where the
+        plan deferred FFN rows, give LLVM's pages back and hold that many more rows."""
+        self._drop_page_cache()
+        store = self.store
+        deferred = getattr(self.plan, "deferred_bytes", 0)
+        if deferred and hasattr(store, "hold_more"):
+            from edgerun.offload.io import page_out_large_libraries
+
+            freed = page_out_large_libraries()
+            with self.compute_lock:
+                store.hold_more(min(freed, deferred))
 
     def _drop_page_cache(self) -> None:
         """Under a budget: drop the page cache loading left (offload/io.drop_own_page_cache);

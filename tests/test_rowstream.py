@@ -123,6 +123,19 @@ def test_a_split_matrix_computes_exactly_what_the_whole_one_does(tmp_path, qtype
             for _ in range(2):
                 assert np.array_equal(m.project(stream, x, stats), qmatvec.project(t, x))
         assert reader.bytes_read >= 4 * (rows - held) * rb
+        # hold more of its rows once streaming ran (DenseStreamStore.hold_more): the
+        # stream is rebuilt over the rows left, and the results stay the whole matrix's
+        stream.close()
+        stream.clear()
+        n, ranges = m.hold(reader, offset, 300)
+        assert m.held_rows == 256 and n == (256 - held) * rb and ranges[0][0] == 256
+        m.pieces = [(stream.add(offset + r0 * rb, (r1 - r0) * rb), r0, r1) for r0, r1 in ranges]
+        x = rng.standard_normal((3, cols)).astype(np.float32)
+        assert np.array_equal(m.project(stream, x, stats), qmatvec.project(t, x))
+        n, ranges = m.hold(reader, offset, rows)  # all of it: nothing left to stream
+        assert m.held_rows == rows and ranges == [] and n == (rows - 256) * rb
+        m.pieces = []
+        assert np.array_equal(m.project(stream, x, stats), qmatvec.project(t, x))
         stream.close()
 
 

@@ -29,7 +29,15 @@ from edgerun.ops import qmatvec
 from edgerun.ops.activations import glu
 from edgerun.quant.formats import QuantTensor
 
-__all__ = ["PIECE_BYTES", "RING_SLOTS", "RowStream", "SplitMatrix", "StreamedFFN", "StreamStats"]
+__all__ = [
+    "PIECE_BYTES",
+    "RING_SLOTS",
+    "RowStream",
+    "SplitMatrix",
+    "StreamedFFN",
+    "StreamStats",
+    "stream_ranges",
+]
 
 PIECE_BYTES = 2 << 20  # one read: large enough for the storage's full rate
 RING_SLOTS = 4  # pieces read ahead (one of them is being computed)
@@ -147,6 +155,16 @@ class RowStream:
         piece.flags.writeable = False  # the type mapped weights have (one compiled kernel)
         return piece
 
+    def clear(self) -> None:
+        """Forget the cycle's ranges, to add a new cycle (before the first take, or
+        after close())."""
+        with self._cv:
+            if self._thread is not None:
+                raise InvalidArgumentError("row stream: close() it before changing its ranges")
+            self.ranges.clear()
+            self._spans.clear()
+            self.slot_bytes = 0
+
     def _restart(self, k: int) -> None:
         self._free.extend(s for _, s in self._ready)
         self._ready.clear()
@@ -185,18 +203,44 @@ class RowStream:
 
 @dataclass
 class SplitMatrix:
-    """A matrix whose rows [0, held.rows) are in RAM and the rest stream as pieces.
+    """A matrix whose first rows are in RAM and the rest stream as pieces.
 
+    held: rows [0, held.rows); more: (first row, end row, rows) held after it (hold());
     pieces: (piece index in the stream, first row, end row)."""
 
     name: str
     template: QuantTensor  # the file's tensor: format, shape, row bytes
     held: QuantTensor | None
     pieces: list[tuple[int, int, int]] = field(default_factory=list)
+    more: list[tuple[int, int, QuantTensor]] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
         return self.template.shape[0]
+
+    @property
+    def held_rows(self) -> int:
+        """The rows in RAM: [0, held_rows)."""
+        if self.more:
+            return self.more[-1][1]
+        return 0 if self.held is None else self.held.shape[0]
+
+    def hold(self, reader: DirectReader, offset: int, rows: int) -> tuple[int, list]:
+        """Read rows [held_rows, rows') into RAM (rows' = rows rounded down to
+        ROW_MULTIPLE unless it is all of them; `offset` is the matrix's in the file).
+        Returns (bytes read, the row ranges still to stream); the caller gives those
+        their stream pieces."""
+        t = self.template
+        rb = t.data.shape[1]
+        r0 = self.held_rows
+        r1 = self.rows if rows >= self.rows else rows // ROW_MULTIPLE * ROW_MULTIPLE
+        if r1 <= r0:
+            return 0, stream_ranges(t, r0)
+        buf = np.empty((r1 - r0, rb), np.uint8)
+        reader.read_into([(offset + r0 * rb, (r1 - r0) * rb)], buf)
+        buf.flags.writeable = False
+        self.more.append((r0, r1, QuantTensor(t.name, t.qtype, (r1 - r0, t.shape[1]), buf)))
+        return buf.nbytes, stream_ranges(t, r1)
 
     def project(self, stream: RowStream, x: np.ndarray, stats: StreamStats) -> np.ndarray:
         """x [n, cols] -> [n, rows], as qmatvec.project on the whole matrix computes it."""
@@ -205,6 +249,8 @@ class SplitMatrix:
         t0 = time.perf_counter()
         if self.held is not None:
             out[:, : self.held.shape[0]] = qmatvec.project(self.held, x)
+        for r0, r1, part in self.more:
+            out[:, r0:r1] = qmatvec.project(part, x)
         t1 = time.perf_counter()
         stats.compute_s += t1 - t0
         rb = t.data.shape[1]
@@ -256,10 +302,19 @@ def split_rows(
     """Rows [0, held') kept (held rounded down to ROW_MULTIPLE, so never more than the
     plan gave) and the streamed row ranges, each about piece_bytes and on ROW_MULTIPLE
     boundaries."""
-    rows, rb = t.shape[0], t.data.shape[1]
+    rows = t.shape[0]
     held = rows if held >= rows else max(0, held) // ROW_MULTIPLE * ROW_MULTIPLE
+    return held, stream_ranges(t, held, piece_bytes)
+
+
+def stream_ranges(
+    t: QuantTensor, first: int, piece_bytes: int = PIECE_BYTES
+) -> list[tuple[int, int]]:
+    """Rows [first, rows) of t as streamed pieces of about piece_bytes, on ROW_MULTIPLE
+    boundaries."""
+    rows, rb = t.shape[0], t.data.shape[1]
     step = max(ROW_MULTIPLE, piece_bytes // rb // ROW_MULTIPLE * ROW_MULTIPLE)
-    return held, [(r, min(rows, r + step)) for r in range(held, rows, step)]
+    return [(r, min(rows, r + step)) for r in range(first, rows, step)]
 
 
 def read_rows(reader: DirectReader, offset: int, t: QuantTensor, rows: int) -> QuantTensor:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,6 +33,9 @@ from edgerun.offload.io import IO_THREADS, aligned_empty
 from edgerun.offload.prefetch import Prefetcher
 from edgerun.sched.placement import PREFETCH_NEURONS, SCRATCH_NEURONS, Plan
 from edgerun.weights import ResidentStore
+
+if TYPE_CHECKING:
+    from edgerun.offload.rowstream import SplitMatrix
 
 __all__ = ["OffloadOptions", "OffloadStore", "prepare", "Calibration"]
 
@@ -65,6 +69,9 @@ class OffloadOptions:
     # Qwen2.5-Coder-0.5B at 560 MiB 1.84 / 2.12 / 1.84.
     hot: float = 1.0
     profile: str | None = None  # a profile file; default: the model's saved one, if any
+    # Dense mode: plan the FFN rows the memory of LLVM's pages holds once the kernels
+    # are loaded (they are paged out then), and read those rows after the warm-up.
+    hold_after_warm_up: bool = True
 
     @classmethod
     def from_dict(cls, d: dict | None) -> OffloadOptions:
@@ -347,7 +354,9 @@ class DenseStreamStore(ResidentStore):
 
     The plan's `cache_neurons` per layer sets the share of every FFN matrix held:
     gate and up rows [0, cache_neurons), down rows [0, cache_neurons / d_ff * d_model).
-    Layers in `skip` (moved to a GPU afterwards) stream nothing."""
+    The plan's `deferred_neurons` of those stay on flash until hold_more() (once the
+    kernels are loaded and LLVM's pages are given back). Layers in `skip` (moved to a
+    GPU afterwards) stream nothing."""
 
     def __init__(
         self,
@@ -364,9 +373,44 @@ class DenseStreamStore(ResidentStore):
         self.direct = DirectReader(reader.path, threads=options.io_threads)
         super().__init__(_direct_tensors(reader, spec, self.direct), source)
         self.plan, self.options = plan, options
+        self.spec = spec
         self.skip = skip
         self.row_stream = RowStream(self.direct)
         self.stats = StreamStats()
+        # neurons held a layer now; hold_more() raises it up to the plan's cache_neurons
+        self.held_neurons = max(0, plan.cache_neurons - plan.deferred_neurons)
+        self._splits: list[tuple[SplitMatrix, int]] = []  # (matrix, file offset), in stream order
+
+    def hold_more(self, max_bytes: int) -> int:
+        """Hold up to max_bytes more of every streamed FFN matrix's first rows in RAM, the
+        same share of each, at most up to the plan's cache_neurons; the stream is rebuilt
+        over the rows left. Returns the bytes read into RAM."""
+        spec = self.spec
+        want = min(spec.d_ff, self.plan.cache_neurons)
+        if want <= self.held_neurons or max_bytes <= 0 or not self._splits:
+            return 0
+        per_neuron = sum(  # bytes one more neuron costs, summed over the streamed matrices
+            m.template.data.shape[1] * (1.0 if m.rows == spec.d_ff else spec.d_model / spec.d_ff)
+            for m, _ in self._splits
+        )
+        want = min(want, self.held_neurons + int(max_bytes // per_neuron))
+        if want <= self.held_neurons:
+            return 0
+        self.row_stream.close()
+        self.row_stream.clear()
+        read = 0
+        for m, offset in self._splits:
+            rows = want if m.rows == spec.d_ff else want * spec.d_model // spec.d_ff
+            if want >= spec.d_ff:
+                rows = m.rows
+            n, ranges = m.hold(self.direct, offset, rows)
+            read += n
+            rb = m.template.data.shape[1]
+            m.pieces = [
+                (self.row_stream.add(offset + r0 * rb, (r1 - r0) * rb), r0, r1) for r0, r1 in ranges
+            ]
+        self.held_neurons = want
+        return read
 
     def close(self) -> None:
         """Stop the row stream's reader thread and free its ring (it restarts on use)."""
@@ -383,7 +427,9 @@ class DenseStreamStore(ResidentStore):
         spec = [
             (self.row_stream.add(offset + r0 * rb, (r1 - r0) * rb), r0, r1) for r0, r1 in pieces
         ]
-        return SplitMatrix(name, t, kept, spec)
+        m = SplitMatrix(name, t, kept, spec)
+        self._splits.append((m, offset))
+        return m
 
     def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
         from edgerun.ffn import DenseFFN, check_shapes
@@ -398,7 +444,7 @@ class DenseStreamStore(ResidentStore):
             )
         ff, dm = (spec.d_ff, spec.d_model), (spec.d_model, spec.d_ff)
         check_shapes(zip(views, (ff, ff, dm)), self._source)  # before any row is read
-        h = min(spec.d_ff, self.plan.cache_neurons)
+        h = min(spec.d_ff, self.held_neurons)
         h_down = spec.d_model if h >= spec.d_ff else int(h * spec.d_model // spec.d_ff)
         gate, up, down = (self._split(n, k) for n, k in zip(names, (h, h, h_down)))
         return StreamedFFN(gate, up, down, spec.activation, self.row_stream, self.stats)

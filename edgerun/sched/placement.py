@@ -144,6 +144,10 @@ class Plan:
     gpu_attention_layers: tuple[int, ...] = ()  # layers whose q/k/v/o run there
     gpu_bytes: int = 0  # weights on the device
     time_split: dict[str, float] = field(default_factory=dict)  # predicted s per token
+    # Of cache_neurons / cache_bytes: held only once the kernels are loaded (dense mode;
+    # their load needs that memory for a moment, then LLVM's pages are given back)
+    deferred_neurons: int = 0
+    deferred_bytes: int = 0
 
     @property
     def used_bytes(self) -> int:
