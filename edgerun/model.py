@@ -82,6 +82,11 @@ class Transformer:
                 layer.q, layer.k, layer.v, layer.o
             )
             self.layers.append(layer)
+        # A store may stream the head's rows under a budget (offload/store.py): logits
+        # then come from its executor, asked for after the layers (the stream's order)
+        head_of = getattr(store, "head_executor", None)
+        tied = self.output is self.token_embd
+        self.head = None if head_of is None or tied else head_of(g["output"])
         if self.token_embd.shape != (spec.vocab_size, spec.d_model):
             raise ModelFormatError(
                 f"{source}: token_embd has shape {self.token_embd.shape}, expected "
@@ -176,7 +181,10 @@ class Transformer:
                 f = rmsnorm(f, layer.post_ffn_norm, eps)
             h += f
         cache.tokens.extend(int(t) for t in tokens)
-        if all_logits:
+        if self.head is not None:  # streamed under a budget
+            logits = self.head(rmsnorm(h if all_logits else h[-1:], self.output_norm, eps))
+            logits = logits if all_logits else logits[0]
+        elif all_logits:
             logits = qmatvec.project(self.output, rmsnorm(h, self.output_norm, eps))
         else:
             logits = qmatvec.matvec(self.output, rmsnorm(h[-1:], self.output_norm, eps)[0])
@@ -234,7 +242,8 @@ class Transformer:
             h += f
         for c, t in zip(caches, tokens):
             c.tokens.append(int(t))
-        logits = mvb(self.output, rmsnorm(h, self.output_norm, eps))
+        x = rmsnorm(h, self.output_norm, eps)
+        logits = mvb(self.output, x) if self.head is None else self.head.decode_batch(x)
         if s.final_logit_softcap > 0:
             cap = np.float32(s.final_logit_softcap)
             logits = np.tanh(logits / cap) * cap

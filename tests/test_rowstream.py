@@ -159,6 +159,55 @@ def _cached_bytes(path) -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="posix_fadvise, mincore")
+def test_an_untied_head_streams_with_the_ffn_and_computes_the_same_logits(tmp_path):
+    """Dense streaming with nothing held: every FFN row and every row of an untied output
+    head come from the stream (the head's pieces after the last layer's), and the logits,
+    one sequence or batched, are the resident model's bit for bit; hold_more() then moves
+    them all into RAM with the same numbers."""
+    from hostile import FF, GGUFBuilder, Tensor, f32
+
+    from edgerun.arch import spec_from_gguf
+    from edgerun.formats.gguf import read_gguf
+    from edgerun.kvcache import KVCache
+    from edgerun.model import Transformer
+    from edgerun.offload.store import DenseStreamStore, OffloadOptions
+    from edgerun.sched.placement import footprint, minimum_budget, plan
+    from edgerun.weights import ResidentStore
+
+    b = GGUFBuilder()
+    b.tensors.append(Tensor("output.weight", (32, 8), f32((8, 32), seed=9)))
+    path = b.write(tmp_path / "untied.gguf")
+    f = read_gguf(path)
+    spec = spec_from_gguf(f.metadata, str(path))
+    fp = footprint(spec, f, "f32")
+    p = plan(fp, minimum_budget(fp, 0, 16, "dense"), 0, 16, mode="dense")
+    assert p.head_streamed and p.cache_neurons == 0 and p.read_bytes_per_token > fp.head_bytes
+    p.cache_neurons = p.deferred_neurons = FF  # all of it held, once hold_more() runs
+    resident = Transformer(spec, ResidentStore(f, str(path)), str(path))
+    store = DenseStreamStore(f, str(path), spec, p, OffloadOptions(io_threads=2))
+    streamed = Transformer(spec, store, str(path))
+    assert streamed.head is not None and resident.head is None
+    assert [m.template.name for m, _ in store._splits][-1] == "output.weight"
+
+    def logits(model):
+        c = [KVCache(spec, 16, "f32") for _ in range(2)]
+        one = model.forward([2, 3, 4], c[0], all_logits=True)
+        model.forward([2], c[1])
+        return one, model.forward_batch([5, 6], c)
+
+    want = logits(resident)
+    store.reset_offload_stats()
+    got = logits(streamed)
+    assert store.direct.bytes_read >= fp.head_bytes  # the head was read, not held
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
+    assert store.hold_more(1 << 30) > 0 and store.held_neurons == FF
+    assert all(m.held_rows == m.rows and not m.pieces for m, _ in store._splits)
+    for g, w in zip(logits(streamed), want):
+        assert np.array_equal(g, w)
+    store.close()
+
+
 def test_own_page_cache_is_dropped(tmp_path):
     from edgerun.offload.io import drop_own_page_cache
 

@@ -35,6 +35,7 @@ __all__ = [
     "RowStream",
     "SplitMatrix",
     "StreamedFFN",
+    "StreamedProjection",
     "StreamStats",
     "stream_ranges",
 ]
@@ -242,15 +243,19 @@ class SplitMatrix:
         self.more.append((r0, r1, QuantTensor(t.name, t.qtype, (r1 - r0, t.shape[1]), buf)))
         return buf.nbytes, stream_ranges(t, r1)
 
-    def project(self, stream: RowStream, x: np.ndarray, stats: StreamStats) -> np.ndarray:
-        """x [n, cols] -> [n, rows], as qmatvec.project on the whole matrix computes it."""
+    def project(
+        self, stream: RowStream, x: np.ndarray, stats: StreamStats, decode: bool = False
+    ) -> np.ndarray:
+        """x [n, cols] -> [n, rows], as qmatvec.project on the whole matrix computes it
+        (decode: as qmatvec.matvec_batch does, each row a one-token matvec's)."""
         t = self.template
+        mul = qmatvec.matvec_batch if decode else qmatvec.project
         out = np.empty((x.shape[0], self.rows), np.float32)
         t0 = time.perf_counter()
         if self.held is not None:
-            out[:, : self.held.shape[0]] = qmatvec.project(self.held, x)
+            out[:, : self.held.shape[0]] = mul(self.held, x)
         for r0, r1, part in self.more:
-            out[:, r0:r1] = qmatvec.project(part, x)
+            out[:, r0:r1] = mul(part, x)
         t1 = time.perf_counter()
         stats.compute_s += t1 - t0
         rb = t.data.shape[1]
@@ -260,12 +265,26 @@ class SplitMatrix:
             t1 = time.perf_counter()
             try:
                 piece = QuantTensor(t.name, t.qtype, (r1 - r0, t.shape[1]), buf.reshape(-1, rb))
-                out[:, r0:r1] = qmatvec.project(piece, x)
+                out[:, r0:r1] = mul(piece, x)
             finally:
                 stream.release()
             stats.io_s += t1 - t0
             stats.compute_s += time.perf_counter() - t1
         return out
+
+
+class StreamedProjection:
+    """x -> W x for one split matrix on the stream: the output head under a budget."""
+
+    def __init__(self, matrix: SplitMatrix, stream: RowStream, stats: StreamStats) -> None:
+        self.matrix, self.stream, self.stats = matrix, stream, stats
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.matrix.project(self.stream, x, self.stats)
+
+    def decode_batch(self, x: np.ndarray) -> np.ndarray:
+        """Several sequences' decode rows, each as its one-token call computes it."""
+        return self.matrix.project(self.stream, x, self.stats, decode=True)
 
 
 class StreamedFFN:

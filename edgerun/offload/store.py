@@ -348,7 +348,8 @@ def _direct_tensors(gguf, spec: ModelSpec, direct) -> DirectTensors:
 
 
 class DenseStreamStore(ResidentStore):
-    """Resident attention/head/embeddings; each FFN matrix keeps its first rows in RAM and
+    """Resident attention/embeddings; each FFN matrix, and the output head where the plan
+    says so (an untied head: `Plan.head_streamed`), keeps its first rows in RAM and
     streams the rest every token in the file's own format (offload/rowstream.py). Needs
     no bundle and no calibration, and computes exactly what the resident model does.
 
@@ -389,10 +390,9 @@ class DenseStreamStore(ResidentStore):
         want = min(spec.d_ff, self.plan.cache_neurons)
         if want <= self.held_neurons or max_bytes <= 0 or not self._splits:
             return 0
-        per_neuron = sum(  # bytes one more neuron costs, summed over the streamed matrices
-            m.template.data.shape[1] * (1.0 if m.rows == spec.d_ff else spec.d_model / spec.d_ff)
-            for m, _ in self._splits
-        )
+        # bytes one more neuron's share costs, summed over the streamed matrices (gate and
+        # up: a row each; down: d_model / d_ff rows; the head: vocab / d_ff rows)
+        per_neuron = sum(m.template.data.shape[1] * m.rows / spec.d_ff for m, _ in self._splits)
         want = min(want, self.held_neurons + int(max_bytes // per_neuron))
         if want <= self.held_neurons:
             return 0
@@ -400,9 +400,7 @@ class DenseStreamStore(ResidentStore):
         self.row_stream.clear()
         read = 0
         for m, offset in self._splits:
-            rows = want if m.rows == spec.d_ff else want * spec.d_model // spec.d_ff
-            if want >= spec.d_ff:
-                rows = m.rows
+            rows = m.rows if want >= spec.d_ff else want * m.rows // spec.d_ff
             n, ranges = m.hold(self.direct, offset, rows)
             read += n
             rb = m.template.data.shape[1]
@@ -415,6 +413,29 @@ class DenseStreamStore(ResidentStore):
     def close(self) -> None:
         """Stop the row stream's reader thread and free its ring (it restarts on use)."""
         self.row_stream.close()
+
+    def matrix(self, name: str):
+        """A 2-D weight; the output head, when the plan streams it, as its mapped view
+        (never read: head_executor computes with it)."""
+        if self.plan.head_streamed and name == self.spec.global_tensors["output"]:
+            return self._reader.view(name)
+        return super().matrix(name)
+
+    def head_executor(self, name: str):
+        """The streamed output head (offload/rowstream.StreamedProjection), its first rows
+        held in the share the FFN's are; None when the plan keeps it resident. The model
+        asks for it after the layers: the stream reads in the order they compute."""
+        from edgerun.offload.rowstream import StreamedProjection
+
+        if not self.plan.head_streamed or name != self.spec.global_tensors["output"]:
+            return None
+        rows = self._reader.view(name).shape[0]
+        held = (
+            rows
+            if self.held_neurons >= self.spec.d_ff
+            else self.held_neurons * rows // self.spec.d_ff
+        )
+        return StreamedProjection(self._split(name, held), self.row_stream, self.stats)
 
     def _split(self, name: str, held: int):
         from edgerun.offload.rowstream import SplitMatrix, read_rows, split_rows
