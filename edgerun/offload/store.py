@@ -396,7 +396,7 @@ class DenseStreamStore(ResidentStore):
         want = min(want, self.held_neurons + int(max_bytes // per_neuron))
         if want <= self.held_neurons:
             return 0
-        self.row_stream.close()
+        self.row_stream.close(free_ring=False)  # the same buffers: see RowStream.close
         self.row_stream.clear()
         read = 0
         for m, offset in self._splits:
