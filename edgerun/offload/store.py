@@ -400,8 +400,7 @@ class DenseStreamStore(ResidentStore):
         self.row_stream.clear()
         read = 0
         for m, offset in self._splits:
-            rows = m.rows if want >= spec.d_ff else want * m.rows // spec.d_ff
-            n, ranges = m.hold(self.direct, offset, rows)
+            n, ranges = m.hold(self.direct, offset, self._share_rows(want, m.rows))
             read += n
             rb = m.template.data.shape[1]
             m.pieces = [
@@ -409,6 +408,12 @@ class DenseStreamStore(ResidentStore):
             ]
         self.held_neurons = want
         return read
+
+    def _share_rows(self, neurons: int, rows: int) -> int:
+        """A matrix's rows that `neurons` of a layer's d_ff hold: the same share of every
+        streamed matrix (gate and up: `neurons`; down: of d_model; the head: of vocab)."""
+        d_ff = self.spec.d_ff
+        return rows if neurons >= d_ff else neurons * rows // d_ff
 
     def close(self) -> None:
         """Stop the row stream's reader thread and free its ring (it restarts on use)."""
@@ -429,12 +434,7 @@ class DenseStreamStore(ResidentStore):
 
         if not self.plan.head_streamed or name != self.spec.global_tensors["output"]:
             return None
-        rows = self._reader.view(name).shape[0]
-        held = (
-            rows
-            if self.held_neurons >= self.spec.d_ff
-            else self.held_neurons * rows // self.spec.d_ff
-        )
+        held = self._share_rows(self.held_neurons, self._reader.view(name).shape[0])
         return StreamedProjection(self._split(name, held), self.row_stream, self.stats)
 
     def _split(self, name: str, held: int):
@@ -466,7 +466,7 @@ class DenseStreamStore(ResidentStore):
         ff, dm = (spec.d_ff, spec.d_model), (spec.d_model, spec.d_ff)
         check_shapes(zip(views, (ff, ff, dm)), self._source)  # before any row is read
         h = min(spec.d_ff, self.held_neurons)
-        h_down = spec.d_model if h >= spec.d_ff else int(h * spec.d_model // spec.d_ff)
+        h_down = self._share_rows(h, spec.d_model)
         gate, up, down = (self._split(n, k) for n, k in zip(names, (h, h, h_down)))
         return StreamedFFN(gate, up, down, spec.activation, self.row_stream, self.stats)
 

@@ -429,10 +429,6 @@ def _unpack1_q8_0(r, off):
 q8_0_single = _single_intrinsic(_unpack1_q8_0, "q8_0_single")
 
 
-def _xo_plus(r, xo, extra):
-    return r.b.add(xo, ir.Constant(xo.type, extra))
-
-
 @intrinsic
 def q4_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so):
     """One 256-element Q4_K super-block; a8 (an acc16 pointer, lanes 0..7 used) collects
@@ -575,7 +571,8 @@ def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
             dx = r.load(6, so, V16F)  # [dx_0, sx_0, ..., dx_7, sx_7]
             sv = b.fmul(r.shuf(dsc, dsc, Q6K_SUM_ORDER), r.shuf(dx, dx, Q6K_DX_ORDER))
             dots = [
-                r.dpx(w, 4, _xo_plus(r, xo, 128 * c), 64) for c, w in enumerate(q6k_chunks(r, off))
+                r.dpx(w, 4, b.add(xo, ir.Constant(xo.type, 128 * c)), 64)
+                for c, w in enumerate(q6k_chunks(r, off))
             ]
             df = b.sitofp(q6k_group_sums(r, dots), V16F)
             _acc_add(r, 0, V16F, lambda a: r.fma(df, sv, a))
@@ -1159,9 +1156,9 @@ def _bias_add(r, g, vals):
 
 
 def _acc_fma(r, v, df, sv):
-    """Vector v's acc16 (its first 8 lanes for an 8-lane df) += df * sv."""
+    """Vector v's acc16 += df * sv."""
     b = r.b
-    a = b.bitcast(b.gep(r.args[0], [ir.Constant(I64, _ACC * v)]), df.type.as_pointer())
+    a = b.bitcast(b.gep(r.args[0], [ir.Constant(I64, _ACC * v)]), V16F.as_pointer())
     b.store(r.fma(df, sv, b.load(a)), a)
 
 
