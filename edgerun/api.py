@@ -88,6 +88,16 @@ KERNEL_FLOOR_BYTES = 88 << 20
 # floor), part from loading the kernels (in KERNEL_FLOOR_BYTES). Qwen2.5-1.5B, Zen 3,
 # avx2 kernels, 800M: 67 MiB, RSS 708 -> 642 MiB.
 KERNEL_PAGED_OUT_BYTES = 60 << 20
+
+
+def runtime_floor_bytes() -> int:
+    """This process's runtime floor as a load measures it: RSS now, after the C heap's
+    free pages went back to the OS (the tokenizer build leaves ~15 MiB there), plus
+    KERNEL_FLOOR_BYTES. Budgets computed beside a load (tests, bench suite) use it too."""
+    return_free_heap_to_os()
+    return current_rss_bytes() + KERNEL_FLOOR_BYTES
+
+
 # With a RAM budget and no --offload: dense streaming. Measured on Qwen2.5-Coder-1.5B in
 # an 800 MiB cgroup (benchmarks/offload.py): dense 0.83-0.87 tok/s, sparse + window
 # 0.77-0.84 at the sparsity that keeps quality (0.10), and dense runs down to ~550 MiB
@@ -161,8 +171,7 @@ class Model:
 
             check_template(self.tokenizer.chat_template)
         self.plan = None
-        return_free_heap_to_os()  # the tokenizer build's transient allocations
-        self.floor_bytes = current_rss_bytes() + KERNEL_FLOOR_BYTES
+        self.floor_bytes = runtime_floor_bytes()
         offloading = ram_budget is not None or offload is not None or gpu_budget is not None
         self.store = None  # built below: resident, or by _offload once the plan is known
         if not offloading:

@@ -108,7 +108,7 @@ def run_cell(cell: Cell) -> dict:
     kw: dict = {"n_ctx": ctx, "threads": cell.threads}
     budget = None
     if cell.mode != "resident":
-        from edgerun.api import KERNEL_FLOOR_BYTES
+        from edgerun.api import runtime_floor_bytes
         from edgerun.kvcache import KVCache
 
         probe_model = Model(Path(src), n_ctx=ctx)
@@ -119,7 +119,7 @@ def run_cell(cell: Cell) -> dict:
         least = probe_model.minimum_ram_budget()
         del probe_model
         share = int(cell.mode.removeprefix("budget")) / 100
-        floor = current_rss_bytes() + KERNEL_FLOOR_BYTES + (8 << 20)
+        floor = runtime_floor_bytes() + (8 << 20)
         # never below the minimum plus 8%: the real load measures its floor again, a few
         # MiB above this one (Qwen2.5-0.5B at 50%: 439 MiB asked, 441 needed)
         budget = max(floor + int(share * need), int(least * 1.08))

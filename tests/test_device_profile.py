@@ -115,13 +115,11 @@ def test_unknown_profile_lists_the_known_ones():
 @pytest.mark.slow
 def test_an_emulated_device_slows_offloaded_reads(smollm2_path, resident):
     import edgerun
-    from edgerun.api import KERNEL_FLOOR_BYTES
+    from edgerun.api import runtime_floor_bytes
 
     prof = load_device_profile("rpi4")
     need = resident.minimum_ram_budget("dense") - resident.floor_bytes
-    from edgerun.sysinfo import current_rss_bytes
-
-    budget = current_rss_bytes() + KERNEL_FLOOR_BYTES + need + (24 << 20)
+    budget = runtime_floor_bytes() + need + (24 << 20)
     m = edgerun.load(
         smollm2_path, n_ctx=256, ram_budget=budget, offload="dense", device_profile=prof
     )

@@ -31,11 +31,10 @@ def profile_file(resident, tmp_path_factory):
 def _budget(resident, extra_mb: int) -> int:
     """The sparse minimum above this process's floor now (the floor grows as models
     load), plus `extra_mb` for the neuron cache."""
-    from edgerun.api import KERNEL_FLOOR_BYTES
-    from edgerun.sysinfo import current_rss_bytes
+    from edgerun.api import runtime_floor_bytes
 
     above_floor = resident.minimum_ram_budget("sparse") - resident.floor_bytes
-    return current_rss_bytes() + KERNEL_FLOOR_BYTES + above_floor + ((extra_mb + 16) << 20)
+    return runtime_floor_bytes() + above_floor + ((extra_mb + 16) << 20)
 
 
 def _sparse(path, budget, **opts):
