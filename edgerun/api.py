@@ -174,6 +174,7 @@ class Model:
         self.floor_bytes = runtime_floor_bytes()
         offloading = ram_budget is not None or offload is not None or gpu_budget is not None
         self.store = None  # built below: resident, or by _offload once the plan is known
+        self.kv_loan = None  # offload/kv_loan.KVLoan: rows held on the unwritten KV reserve
         if not offloading:
             self._build_resident()
         self.threads = threads or default_threads()
@@ -303,6 +304,12 @@ class Model:
         p = plan_with(self.floor_bytes)
         if mode == "dense" and opts.hold_after_warm_up and p.cache_neurons < fp.d_ff:
             p = self._with_rows_after_kernels(p, plan_with)
+        if mode == "dense" and opts.kv_loan_tiers and p.kv_bytes and p.cache_neurons < fp.d_ff:
+            p.notes.append(
+                f"while the context is short, up to {p.kv_bytes / 2**20:,.0f} MiB more of the streamed rows "
+                "are held on the KV cache's unwritten reserve and given back as it fills "
+                "(reads less a token than predicted here)"
+            )
         if force:
             p.notes.append(
                 "--gpu-device cpu runs the torch path on the CPU (a test, not a speedup)"
@@ -472,6 +479,35 @@ class Model:
             freed = page_out_large_libraries()
             with self.compute_lock:
                 store.hold_more(min(freed, deferred))
+        self._lend_kv_reserve()
+
+    def _lend_kv_reserve(self) -> None:
+        """Dense offloading: hold more FFN rows on the KV reserve the caches have not
+        written yet, given back as they fill (offload/kv_loan.py)."""
+        from edgerun.kvcache import KV_TYPES
+        from edgerun.offload.kv_loan import PAGE_BYTES, KVLoan
+
+        store, p, spec = self.store, self.plan, self.spec
+        tiers = getattr(getattr(store, "options", None), "kv_loan_tiers", 0)
+        if not tiers or not hasattr(store, "lend") or self.transformer.kv_growth is not None:
+            return
+        if p.kv_bytes <= 0 or store.held_neurons >= spec.d_ff:
+            return
+        item = KV_TYPES[self.kv_type].itemsize
+        row = spec.head_dim * item  # one position of one (layer, kv head)
+        loan = KVLoan(
+            store,
+            p.kv_bytes,
+            2 * spec.n_layers * spec.n_kv_heads * row,
+            max(1, PAGE_BYTES // row),
+            tiers,
+        )
+        with self.compute_lock:
+            cache = self.generator.cache
+            loan.before_forward([cache], [cache.length])
+            self.transformer.kv_growth = loan.before_forward
+            loan.lend()
+        self.kv_loan = loan
 
     def _drop_page_cache(self) -> None:
         """Under a budget: drop the page cache loading left (offload/io.drop_own_page_cache);
@@ -507,6 +543,15 @@ class Model:
             allow_predictor=False,
             prefetch=OffloadOptions().prefetch,
         )
+
+    def before_kv_write(self, cache: KVCache, end: int) -> None:
+        """Call before writing a cache's positions up to `end` other than by a forward pass
+        (a shared prefix's rows, a saved session's): under a budget, rows lent on the KV
+        reserve are given back first (offload/kv_loan.py)."""
+        grow = self.transformer.kv_growth
+        if grow is not None:
+            with self.compute_lock:
+                grow([cache], [end])
 
     def offload_stats(self) -> dict | None:
         """Flash reads and the I/O / cache / compute split since the last reset (None when

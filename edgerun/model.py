@@ -6,6 +6,8 @@ WeightStore, so where they live (mmap, flash, GPU) is not this module's care.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec
@@ -93,6 +95,9 @@ class Transformer:
                 f"{(spec.vocab_size, spec.d_model)}"
             )
         self._rope_cache: dict[float, tuple[int, np.ndarray, np.ndarray]] = {}
+        # Under a budget, called as kv_growth(caches, ends) before a pass writes KV
+        # positions up to ends[i] of caches[i] (offload/kv_loan.py gives rows back)
+        self.kv_growth: Callable[[Sequence[KVCache], Sequence[int]], None] | None = None
 
     def _check_shapes(self, layer: _Layer, i: int, source: str) -> None:
         s = self.spec
@@ -160,6 +165,8 @@ class Transformer:
         if ids.size and (ids.min() < 0 or ids.max() >= s.vocab_size):
             raise ValueError(f"token id out of range [0, {s.vocab_size})")
         positions = np.arange(start, start + n, dtype=np.int64)
+        if self.kv_growth is not None:
+            self.kv_growth([cache], [start + n])
         eps = s.norm_eps
         h = qmatvec.embedding_rows(self.token_embd, ids)
         if s.embed_scale != 1.0:
@@ -217,6 +224,8 @@ class Transformer:
             raise ValueError(f"token id out of range [0, {s.vocab_size})")
         starts = [c.length for c in caches]
         positions = np.asarray(starts, dtype=np.int64)
+        if self.kv_growth is not None:
+            self.kv_growth(caches, [p + 1 for p in starts])
         n_ctx = max(c.n_ctx for c in caches)
         eps = s.norm_eps
         mvb = qmatvec.matvec_batch

@@ -266,6 +266,7 @@ class Session:
         sess = cls(model, system=system if system is not None else "", n_ctx=n_ctx)
         sess.system = system
         c = sess.cache
+        model.before_kv_write(c, n)
         if c.kv_type == "f16":
             c.k[:, :, :n] = k.astype(np.float16).view(np.uint16)
             c.v[:, :, :n] = v.astype(np.float16).view(np.uint16)

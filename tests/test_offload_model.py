@@ -75,12 +75,13 @@ need = minimum_ram_budget({str(smollm2_path)!r}, n_ctx=256)
 # SmolLM2's whole FFN fits in what paging LLVM out frees: hold nothing more after the
 # warm-up, so that all 64 tokens stream (the deferred rows: below)
 m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=2, offload="dense",
-                 ram_budget=int(need * 1.1), offload_options=dict(hold_after_warm_up=False))
+                 ram_budget=int(need * 1.1),
+                 offload_options=dict(hold_after_warm_up=False, kv_loan_tiers=0))
 m.reset_offload_stats()
 got = "".join(m.generate({prompt!r}, max_tokens=64, temperature=0))
 need = minimum_ram_budget({str(smollm2_path)!r}, n_ctx=256)  # this process holds m too
 later = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=2, offload="dense",
-                     ram_budget=int(need * 1.1))
+                     ram_budget=int(need * 1.1), offload_options=dict(kv_loan_tiers=0))
 held0 = later.store.held_neurons
 # after the warm-up it holds what paging LLVM out freed: 0 here, where the parent process
 # maps the same library (MADV_PAGEOUT leaves shared pages); hold the rest as if freed
@@ -140,3 +141,41 @@ def test_a_pack_under_a_budget_it_fits_stays_resident(smollm2_path, tmp_path):
     assert m.model_bytes == sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     with pytest.raises(InvalidArgumentError, match="needs a GGUF file.*MiB to stay resident"):
         edgerun.load(out, n_ctx=128, ram_budget="150M")
+
+
+def test_rows_lent_on_the_kv_reserve_are_given_back_as_the_context_fills(smollm2_path):
+    """Dense offloading lends the KV cache's unwritten reserve to FFN rows after the
+    warm-up (offload/kv_loan.py) and gives tiers back as a long prompt fills the cache;
+    the greedy tokens stay the resident model's throughout."""
+    words = " ".join(f"item {i} is {i * 7 % 13}." for i in range(120))
+    prompt = f"{words} The three laws of thermodynamics are"
+    resident = edgerun.load(smollm2_path, n_ctx=2048, threads=2)
+    want = "".join(resident.generate(prompt, max_tokens=8, temperature=0))
+    short = "The three laws of thermodynamics are"
+    want_short = "".join(resident.generate(short, max_tokens=8, temperature=0))
+    code = f"""
+import json, edgerun
+from edgerun.api import minimum_ram_budget
+need = minimum_ram_budget({str(smollm2_path)!r}, n_ctx=2048)
+m = edgerun.load({str(smollm2_path)!r}, n_ctx=2048, threads=2, offload="dense",
+                 ram_budget=int(need * 1.04), offload_options=dict(hold_after_warm_up=False))
+short = "".join(m.generate({short!r}, max_tokens=8, temperature=0))
+lent0, tiers0 = m.kv_loan.lent_bytes, m.kv_loan.lent_tiers
+held0 = m.store.held_neurons
+n_prompt = len(m.tokenize({prompt!r}))
+long = "".join(m.generate({prompt!r}, max_tokens=8, temperature=0))
+print(json.dumps(dict(short=short, long=long, lent0=lent0, tiers0=tiers0,
+                      tiers1=m.kv_loan.lent_tiers, kv=m.kv_loan.kv_bytes(),
+                      reserve=m.kv_loan.reserve, lent1=m.kv_loan.lent_bytes,
+                      held0=held0, held1=m.store.held_neurons, plan=m.plan.cache_neurons,
+                      n_prompt=n_prompt)))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["n_prompt"] > 1000, res
+    assert res["tiers0"] >= 6, res
+    assert res["lent0"] > 0 and res["held0"] > res["plan"]
+    assert res["tiers1"] < res["tiers0"] and res["held1"] < res["held0"]
+    assert res["kv"] + res["lent1"] <= res["reserve"]
+    assert res["short"] == want_short and res["long"] == want

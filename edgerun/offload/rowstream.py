@@ -241,13 +241,34 @@ class SplitMatrix:
         Returns (bytes read, the row ranges still to stream); the caller gives those
         their stream pieces."""
         t = self.template
-        r0 = self.held_rows
-        r1 = self.rows if rows >= self.rows else rows // ROW_MULTIPLE * ROW_MULTIPLE
+        r0, r1 = self.held_rows, self.hold_end(rows)
         if r1 <= r0:
             return 0, stream_ranges(t, r0)
         part = read_rows(reader, offset, t, r1, first=r0)
         self.more.append((r0, r1, part))
         return part.data.nbytes, stream_ranges(t, r1)
+
+    def hold_end(self, rows: int) -> int:
+        """The end row hold(rows) keeps: rows rounded down to ROW_MULTIPLE, unless all."""
+        return self.rows if rows >= self.rows else rows // ROW_MULTIPLE * ROW_MULTIPLE
+
+    def attach(self, r1: int, data: np.ndarray) -> None:
+        """Hold rows [held_rows, r1) whose bytes the caller read into `data` (uint8
+        [r1 - held_rows, row bytes], e.g. a view of one buffer shared by many matrices)."""
+        t = self.template
+        r0 = self.held_rows
+        if data.shape != (r1 - r0, t.data.shape[1]):
+            raise InvalidArgumentError(
+                f"{self.name}: rows [{r0}, {r1}) need a [{r1 - r0}, {t.data.shape[1]}] buffer, "
+                f"got {data.shape}"
+            )
+        data.flags.writeable = False  # the type mapped weights have (one compiled kernel)
+        self.more.append((r0, r1, QuantTensor(t.name, t.qtype, (r1 - r0, t.shape[1]), data)))
+
+    def detach(self, keep: int) -> None:
+        """Forget the held parts after the first `keep` of `more` (their rows stream
+        again once the caller rebuilds the pieces from held_rows)."""
+        del self.more[keep:]
 
     def project(
         self, stream: RowStream, x: np.ndarray, stats: StreamStats, decode: bool = False

@@ -72,6 +72,9 @@ class OffloadOptions:
     # Dense mode: plan the FFN rows the memory of LLVM's pages holds once the kernels
     # are loaded (they are paged out then), and read those rows after the warm-up.
     hold_after_warm_up: bool = True
+    # Dense mode: lend the KV cache's reserve while the context is short (rows held in
+    # these many tiers, given back as the caches fill: offload/kv_loan.py); 0: off.
+    kv_loan_tiers: int = 8
 
     @classmethod
     def from_dict(cls, d: dict | None) -> OffloadOptions:
@@ -87,6 +90,10 @@ class OffloadOptions:
             raise InvalidArgumentError(f"offload sparsity must be in [0, 1), got {o.sparsity}")
         if o.window < 0:
             raise InvalidArgumentError(f"offload window must be >= 0 tokens, got {o.window}")
+        if not 0 <= o.kv_loan_tiers <= 64:
+            raise InvalidArgumentError(
+                f"offload kv_loan_tiers must be in [0, 64], got {o.kv_loan_tiers}"
+            )
         if not 0.0 <= o.hot <= 1.0:
             raise InvalidArgumentError(f"offload hot share must be in [0, 1], got {o.hot}")
         return o
@@ -347,6 +354,15 @@ def _direct_tensors(gguf, spec: ModelSpec, direct) -> DirectTensors:
     return DirectTensors(gguf, direct, mapped)
 
 
+@dataclass
+class RowLoan:
+    """Rows one DenseStreamStore._hold added: their bytes, and what to go back to."""
+
+    nbytes: int
+    neurons_before: int
+    kept: list[int]  # per split matrix, its `more` entries before the loan
+
+
 class DenseStreamStore(ResidentStore):
     """Resident attention/embeddings; each FFN matrix, and the output head where the plan
     says so (an untied head: `Plan.head_streamed`), keeps its first rows in RAM and
@@ -381,33 +397,106 @@ class DenseStreamStore(ResidentStore):
         # neurons held a layer now; hold_more() raises it up to the plan's cache_neurons
         self.held_neurons = max(0, plan.cache_neurons - plan.deferred_neurons)
         self._splits: list[tuple[SplitMatrix, int]] = []  # (matrix, file offset), in stream order
+        self._loans: list[RowLoan] = []  # rows held past the first ones, newest last
 
     def hold_more(self, max_bytes: int) -> int:
         """Hold up to max_bytes more of every streamed FFN matrix's first rows in RAM, the
         same share of each, at most up to the plan's cache_neurons; the stream is rebuilt
         over the rows left. Returns the bytes read into RAM."""
-        spec = self.spec
-        want = min(spec.d_ff, self.plan.cache_neurons)
-        if want <= self.held_neurons or max_bytes <= 0 or not self._splits:
-            return 0
-        # bytes one more neuron's share costs, summed over the streamed matrices (gate and
-        # up: a row each; down: d_model / d_ff rows; the head: vocab / d_ff rows)
-        per_neuron = sum(m.template.data.shape[1] * m.rows / spec.d_ff for m, _ in self._splits)
-        want = min(want, self.held_neurons + int(max_bytes // per_neuron))
-        if want <= self.held_neurons:
-            return 0
+        if self._loans:
+            raise InvalidArgumentError("hold_more() with row loans outstanding: repay them first")
+        held = self._hold(min(self.spec.d_ff, self.plan.cache_neurons), max_bytes, exact=False)
+        return 0 if held is None else held.nbytes
+
+    def lend(self, max_bytes: int) -> RowLoan | None:
+        """Hold up to max_bytes more rows as hold_more does, past the plan's share (memory
+        the caller vouches for: offload/kv_loan.py), until repay(); None if no row more
+        fits (all held, or less than one row multiple's worth)."""
+        loan = self._hold(self.spec.d_ff, max_bytes, exact=True)
+        if loan is not None:
+            self._loans.append(loan)
+        return loan
+
+    def repay(self, loan: RowLoan) -> None:
+        """Give back the newest loan's rows (loans are repaid newest first): they stream
+        again, and their buffer is freed."""
+        if not self._loans or self._loans[-1] is not loan:
+            raise InvalidArgumentError("row loans are repaid newest first")
+        self._loans.pop()
         self.row_stream.close(free_ring=False)  # the same buffers: see RowStream.close
         self.row_stream.clear()
-        read = 0
-        for m, offset in self._splits:
-            n, ranges = m.hold(self.direct, offset, self._share_rows(want, m.rows))
-            read += n
-            rb = m.template.data.shape[1]
-            m.pieces = [
-                (self.row_stream.add(offset + r0 * rb, (r1 - r0) * rb), r0, r1) for r0, r1 in ranges
-            ]
+        for (m, offset), keep in zip(self._splits, loan.kept, strict=True):
+            m.detach(keep)
+            self._add_pieces(m, offset)
+        self.held_neurons = loan.neurons_before
+
+    @staticmethod
+    def loan_bytes(loan: RowLoan) -> int:
+        return loan.nbytes
+
+    def _hold(self, limit: int, max_bytes: int, exact: bool) -> RowLoan | None:
+        """Raise the rows held to `limit` neurons' share at most, read into one buffer
+        (freed whole when the loan is repaid): max_bytes of rows at most (exact), or
+        max_bytes' worth of neurons at the plan's average bytes a neuron."""
+        spec = self.spec
+        if limit <= self.held_neurons or max_bytes <= 0 or not self._splits:
+            return None
+
+        def spans_for(neurons: int) -> list[tuple]:  # (matrix, first row, end row, bytes)
+            out = []
+            for m, _ in self._splits:
+                r0 = m.held_rows
+                r1 = max(r0, m.hold_end(self._share_rows(neurons, m.rows)))
+                out.append((m, r0, r1, (r1 - r0) * m.template.data.shape[1]))
+            return out
+
+        if exact:  # the most neurons whose rows (rounded to row multiples) fit max_bytes
+            lo, hi = self.held_neurons, min(limit, spec.d_ff)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if sum(sp[3] for sp in spans_for(mid)) <= max_bytes:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            want = lo
+        else:  # the plan's count: a neuron's share at its average bytes (the plan's sum
+            # holds the rows that rounding left out of the earlier share)
+            per_neuron = sum(m.template.data.shape[1] * m.rows / spec.d_ff for m, _ in self._splits)
+            want = min(limit, self.held_neurons + int(max_bytes // per_neuron))
+        spans = spans_for(want)
+        sizes = [sp[3] for sp in spans]
+        if want <= self.held_neurons or not sum(sizes):
+            return None
+        buf = np.empty(sum(sizes), np.uint8)  # one mapping: freed whole on repay
+        at = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        ranges = [
+            (offset + r0 * m.template.data.shape[1], n)
+            for (m, r0, _, _), (_, offset), n in zip(spans, self._splits, sizes, strict=True)
+        ]
+        self.direct.read_into(
+            [r for r, n in zip(ranges, sizes, strict=True) if n],
+            buf,
+            [int(a) for a, n in zip(at, sizes, strict=True) if n],
+        )
+        loan = RowLoan(len(buf), self.held_neurons, [len(m.more) for m, _ in self._splits])
+        self.row_stream.close(free_ring=False)  # the same buffers: see RowStream.close
+        self.row_stream.clear()
+        for (m, r0, r1, _), (_, offset), a, n in zip(spans, self._splits, at, sizes, strict=True):
+            if n:
+                m.attach(r1, buf[a : a + n].reshape(r1 - r0, -1))
+            self._add_pieces(m, offset)
         self.held_neurons = want
-        return read
+        return loan
+
+    def _add_pieces(self, m, offset: int) -> None:
+        """m's rows past those held, as pieces of the (cleared) row stream."""
+        from edgerun.offload.rowstream import stream_ranges
+
+        rb = m.template.data.shape[1]
+        m.pieces = [
+            (self.row_stream.add(offset + r0 * rb, (r1 - r0) * rb), r0, r1)
+            for r0, r1 in stream_ranges(m.template, m.held_rows)
+        ]
 
     def _share_rows(self, neurons: int, rows: int) -> int:
         """A matrix's rows that `neurons` of a layer's d_ff hold: the same share of every
@@ -484,6 +573,8 @@ class DenseStreamStore(ResidentStore):
             "compute_s": self.stats.compute_s,
             "hit_rate": float("nan"),
             "active_fraction": 1.0,
+            "held_neurons": self.held_neurons,  # a layer's rows held now (loans included)
+            "lent_bytes": sum(loan.nbytes for loan in self._loans),
             "plan": self.plan.describe(),
             "pinned": 0,
             "prefetch_hits": 0,

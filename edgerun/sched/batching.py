@@ -322,6 +322,7 @@ class BatchScheduler:
         own = min(r.cache.common_prefix(ids), len(ids) - 1)
         shared = m.prefix_cache.lookup(ids, limit=len(ids) - 1)
         if shared is not None and len(shared.tokens) > own:
+            m.before_kv_write(r.cache, len(shared.tokens))
             shared.copy_into(r.cache)
             own = len(shared.tokens)
         r.cache.truncate(own)
