@@ -6,10 +6,13 @@ split (anon, shmem = the KV cache, mapped files, unmapped page cache) are report
 
 Scenarios (one child each, page cache dropped first):
 - generate: one 2,000-token generation (EOS ignored);
-- chat: a 20-turn conversation on one Session (each answer up to --turn-tokens).
+- chat: a 20-turn conversation on one Session (each answer up to --turn-tokens);
+- prompt: one prompt of --prompt-tokens tokens of evaluation text, then 8 tokens (the
+  KV cache fills at once: what dense offloading lent of its reserve is given back).
 
 Needs root (cgroup v1 memory controller, drop_caches). Usage:
   python benchmarks/budget_soak.py [-m smollm2-135m] [--budget 300M] [-t 2] [--json out]
+      [--scenarios generate,chat,prompt] [--prompt-tokens 1990]
 """
 
 from __future__ import annotations
@@ -50,6 +53,13 @@ def child(spec: dict) -> None:
         )
         r.wait()
         tokens = r.stats.generated_tokens
+    elif spec["scenario"] == "prompt":
+        from edgerun.corpus import evaluation_text
+
+        ids = m.tokenize(evaluation_text())[: spec["prompt_tokens"]]
+        r = m.scheduler.submit(ids, SamplingParams(temperature=0.0), 8, eos_ids=[])
+        r.wait()
+        tokens = r.stats.generated_tokens
     else:
         s = m.session()
         tokens = 0
@@ -77,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=2000)
     ap.add_argument("--turns", type=int, default=20)
     ap.add_argument("--turn-tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=1990)
+    ap.add_argument("--scenarios", default="generate,chat")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -87,7 +99,7 @@ def main(argv=None) -> int:
 
     budget = parse_budget(a.budget)
     rows = []
-    for scenario in ("generate", "chat"):
+    for scenario in a.scenarios.split(","):
         name = f"edgerun-soak-{os.getpid()}"
         g = _make_cgroup(name, int(budget * 1.05))
         _drop_caches()
@@ -100,6 +112,7 @@ def main(argv=None) -> int:
             "tokens": a.tokens,
             "turns": a.turns,
             "turn_tokens": a.turn_tokens,
+            "prompt_tokens": a.prompt_tokens,
             "ctx": 2048 + 64,
         }
         p = subprocess.run(

@@ -6,12 +6,13 @@ written (kvcache.lazy_zeros), so a short chat leaves most of that reserve unused
 every token reads the FFN rows the budget did not hold. Measured on the 1.5B at 800 MiB:
 the cgroup's peak was 748 MiB over a 24-token run, 795 MiB after a 1990-token prompt.
 
-KVLoan lends that reserve to dense streaming: after the warm-up it holds `tiers` more
-shares of FFN (and head) rows, each one `DenseStreamStore.lend` call of kv_bytes / tiers,
-and before any forward pass that writes KV positions it gives back, newest first, the
-tiers that the resident KV pages would no longer leave room for. The sum of what the
-caches hold and what is lent never exceeds the plan's KV reserve. Tiers are not lent
-again once given back: a cleared cache keeps its pages (shared anonymous memory).
+KVLoan lends that reserve to dense streaming: after the warm-up it holds up to `tiers`
+more shares of FFN (and head) rows, each one `DenseStreamStore.lend` call of about
+reserve / tiers bytes, and before any forward pass that writes KV positions it gives
+back, newest first, the tiers that the resident KV pages would no longer leave room for.
+The sum of what the caches hold and what is lent never exceeds the plan's KV reserve.
+Tiers are not lent again once given back: a cleared cache keeps its pages (shared
+anonymous memory).
 
 Every cache the model computes with counts (weakly referenced: a cache that is dropped
 gives its pages back), each at its high-water mark rounded to its pages: a page of the
@@ -57,7 +58,8 @@ class KVLoan:
         self.tier_bytes = self.reserve // tiers
         self.tiers = tiers
         self._marks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._lent: list[object] = []  # store.lend tokens, oldest first
+        self._lent: list[tuple[object, int]] = []  # (store.lend token, bytes), oldest first
+        self._lent_sum = 0
 
     @property
     def lent_tiers(self) -> int:
@@ -66,7 +68,7 @@ class KVLoan:
     @property
     def lent_bytes(self) -> int:
         """Bytes of rows held on loan now (what the store read for them)."""
-        return sum(self.store.loan_bytes(t) for t in self._lent)
+        return self._lent_sum
 
     def kv_bytes(self) -> int:
         """What the caches seen so far make resident, at their high-water marks."""
@@ -76,32 +78,38 @@ class KVLoan:
         pages = math.ceil(positions / self.page_positions)
         return pages * self.page_positions * self.position_bytes
 
-    def _room_tiers(self, kv: int) -> int:
-        if self.tier_bytes <= 0:
-            return 0
-        return max(0, (self.reserve - kv) // self.tier_bytes)
-
     def lend(self) -> int:
-        """Hold as many tiers as the caches' current pages leave room for (called once
-        the kernels are loaded, when more rows may be held). Returns the bytes read."""
+        """Hold tiers of rows while the caches' current pages leave room (called once
+        the kernels are loaded). A tier is reserve / tiers bytes, or a multiple of that
+        where the store holds rows only in larger steps (its row multiples). Returns
+        the bytes read."""
         read = 0
-        room = self._room_tiers(self.kv_bytes())
-        while len(self._lent) < min(room, self.tiers):
-            token = self.store.lend(self.tier_bytes)
-            if token is None:  # nothing more to hold (all rows resident)
+        while len(self._lent) < self.tiers and self.tier_bytes > 0:
+            room = self.reserve - self.kv_bytes() - self._lent_sum
+            ask, token = self.tier_bytes, None
+            while ask <= room:
+                token = self.store.lend(ask)
+                if token is not None:
+                    break
+                ask += self.tier_bytes
+            if token is None:  # no room, or nothing more to hold
                 break
-            self._lent.append(token)
-            read += self.store.loan_bytes(token)
+            n = self.store.loan_bytes(token)
+            self._lent.append((token, n))
+            self._lent_sum += n
+            read += n
         return read
 
     def before_forward(self, caches: Sequence[object], ends: Sequence[int]) -> None:
-        """Before a pass that extends caches[i] to ends[i] positions: give back the tiers
-        the caches' new pages need."""
+        """Before a pass that extends caches[i] to ends[i] positions: give back, newest
+        first, the tiers the caches' new pages need."""
         for c, end in zip(caches, ends, strict=True):
             if end > self._marks.get(c, 0):
                 self._marks[c] = int(end)
         if not self._lent:
             return
-        room = self._room_tiers(self.kv_bytes())
-        while len(self._lent) > room:
-            self.store.repay(self._lent.pop())
+        kv = self.kv_bytes()
+        while self._lent and kv + self._lent_sum > self.reserve:
+            token, n = self._lent.pop()
+            self.store.repay(token)
+            self._lent_sum -= n
