@@ -43,7 +43,11 @@ def child(spec: dict) -> None:
     from edgerun.sampling import SamplingParams
 
     m = edgerun.load(
-        spec["model"], ram_budget=spec["budget"], threads=spec["threads"], n_ctx=spec["ctx"]
+        spec["model"],
+        ram_budget=spec["budget"],
+        threads=spec["threads"],
+        n_ctx=spec["ctx"],
+        offload_options=spec["options"],
     )
     t0 = time.perf_counter()
     if spec["scenario"] == "generate":
@@ -89,6 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--turn-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=1990)
     ap.add_argument("--scenarios", default="generate,chat")
+    ap.add_argument("--offload-options", default=None, help='JSON, e.g. {"kv_loan_tiers": 0}')
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -113,6 +118,7 @@ def main(argv=None) -> int:
             "turns": a.turns,
             "turn_tokens": a.turn_tokens,
             "prompt_tokens": a.prompt_tokens,
+            "options": json.loads(a.offload_options) if a.offload_options else None,
             "ctx": 2048 + 64,
         }
         p = subprocess.run(

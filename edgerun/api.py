@@ -306,9 +306,9 @@ class Model:
             p = self._with_rows_after_kernels(p, plan_with)
         if mode == "dense" and opts.kv_loan_tiers and p.kv_bytes and p.cache_neurons < fp.d_ff:
             p.notes.append(
-                f"while the context is short, up to {p.kv_bytes / 2**20:,.0f} MiB more of the streamed rows "
-                "are held on the KV cache's unwritten reserve and given back as it fills "
-                "(reads less a token than predicted here)"
+                f"while the context is short, up to {p.kv_bytes / 2**20:,.0f} MiB more of the "
+                "streamed rows are held on the KV cache's unwritten reserve and given back as "
+                "it fills (reads less a token than predicted here)"
             )
         if force:
             p.notes.append(
@@ -332,8 +332,9 @@ class Model:
         steady.deferred_neurons = extra
         steady.deferred_bytes = steady.cache_bytes - load_plan.cache_bytes
         steady.notes.append(
-            f"{steady.deferred_bytes / 2**20:,.0f} MiB of the FFN rows held are read once the "
-            "kernels are loaded and LLVM's pages given back (the floor counts the kernels "
+            f"{steady.deferred_bytes / 2**20:,.0f} MiB of the rows held (FFN, and a streamed "
+            "head) are read once the kernels are loaded and LLVM's pages given back (the "
+            "floor counts the kernels "
             f"at {(KERNEL_FLOOR_BYTES - KERNEL_PAGED_OUT_BYTES) >> 20} MiB after that)"
         )
         return steady
