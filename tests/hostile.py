@@ -325,3 +325,49 @@ def small_vocab(meta: dict[str, Any], n: int = 400) -> dict[str, Any]:
                 if "tokenizer.ggml.scores" in out:
                     out["tokenizer.ggml.scores"].append(0.0)
     return out
+
+
+@dataclass
+class UntiedStreamed:
+    """A tiny untied model twice: resident, and dense-streamed with nothing held."""
+
+    spec: Any
+    footprint: Any
+    plan: Any
+    resident: Any
+    store: Any
+    streamed: Any
+
+    def logits(self, model) -> tuple[np.ndarray, np.ndarray]:
+        """A 3-token prompt's logits, and a batched decode step of two sequences."""
+        from edgerun.kvcache import KVCache
+
+        c = [KVCache(self.spec, 16, "f32") for _ in range(2)]
+        one = model.forward([2, 3, 4], c[0], all_logits=True)
+        model.forward([2], c[1])
+        return one, model.forward_batch([5, 6], c)
+
+
+def untied_streamed(tmp_path: Path, hold_later: bool = False) -> UntiedStreamed:
+    """The model of model_tensors() plus an untied output head, and a DenseStreamStore at
+    the dense minimum (every FFN and head row streamed). hold_later: the plan defers all
+    FFN rows, to be held by hold_more()."""
+    from edgerun.arch import spec_from_gguf
+    from edgerun.formats.gguf import read_gguf
+    from edgerun.model import Transformer
+    from edgerun.offload.store import DenseStreamStore, OffloadOptions
+    from edgerun.sched.placement import footprint, minimum_budget, plan
+    from edgerun.weights import ResidentStore
+
+    b = GGUFBuilder()
+    b.tensors.append(Tensor("output.weight", (32, 8), f32((8, 32), seed=9)))
+    path = b.write(tmp_path / "untied.gguf")
+    f = read_gguf(path)
+    spec = spec_from_gguf(f.metadata, str(path))
+    fp = footprint(spec, f, "f32")
+    p = plan(fp, minimum_budget(fp, 0, 16, "dense"), 0, 16, mode="dense")
+    if hold_later:
+        p.cache_neurons = p.deferred_neurons = FF
+    resident = Transformer(spec, ResidentStore(f, str(path)), str(path))
+    store = DenseStreamStore(f, str(path), spec, p, OffloadOptions(io_threads=2))
+    return UntiedStreamed(spec, fp, p, resident, store, Transformer(spec, store, str(path)))

@@ -99,35 +99,13 @@ def test_kv_pages_and_loans_never_exceed_the_reserve(tiers, steps):
 def test_lent_rows_compute_the_same_logits_and_stream_again_once_repaid(tmp_path):
     """A loan holds every row of a tiny untied model (FFN and head) that streamed; the
     logits stay the resident model's; repaid, the rows stream again, the same numbers."""
-    from hostile import FF, GGUFBuilder, Tensor, f32
+    from hostile import FF, untied_streamed
 
-    from edgerun.arch import spec_from_gguf
-    from edgerun.formats.gguf import read_gguf
-    from edgerun.kvcache import KVCache
-    from edgerun.model import Transformer
-    from edgerun.offload.store import DenseStreamStore, OffloadOptions
-    from edgerun.sched.placement import footprint, minimum_budget, plan
-    from edgerun.weights import ResidentStore
-
-    b = GGUFBuilder()
-    b.tensors.append(Tensor("output.weight", (32, 8), f32((8, 32), seed=9)))
-    path = b.write(tmp_path / "untied.gguf")
-    f = read_gguf(path)
-    spec = spec_from_gguf(f.metadata, str(path))
-    fp = footprint(spec, f, "f32")
-    p = plan(fp, minimum_budget(fp, 0, 16, "dense"), 0, 16, mode="dense")
-    assert p.cache_neurons == 0
-    resident = Transformer(spec, ResidentStore(f, str(path)), str(path))
-    store = DenseStreamStore(f, str(path), spec, p, OffloadOptions(io_threads=2))
-    streamed = Transformer(spec, store, str(path))
-
-    def logits(model):
-        c = [KVCache(spec, 16, "f32") for _ in range(2)]
-        one = model.forward([2, 3, 4], c[0], all_logits=True)
-        model.forward([2], c[1])
-        return one, model.forward_batch([5, 6], c)
-
-    want = logits(resident)
+    u = untied_streamed(tmp_path)
+    assert u.plan.cache_neurons == 0
+    store, streamed = u.store, u.streamed
+    logits = u.logits
+    want = logits(u.resident)
     assert store.hold_more(1 << 30) == 0  # the plan holds nothing: no more to hold
     loan = store.lend(1 << 30)
     assert loan is not None and loan.nbytes > 0 and store.held_neurons == FF

@@ -164,38 +164,14 @@ def test_an_untied_head_streams_with_the_ffn_and_computes_the_same_logits(tmp_pa
     head come from the stream (the head's pieces after the last layer's), and the logits,
     one sequence or batched, are the resident model's bit for bit; hold_more() then moves
     them all into RAM with the same numbers."""
-    from hostile import FF, GGUFBuilder, Tensor, f32
+    from hostile import FF, untied_streamed
 
-    from edgerun.arch import spec_from_gguf
-    from edgerun.formats.gguf import read_gguf
-    from edgerun.kvcache import KVCache
-    from edgerun.model import Transformer
-    from edgerun.offload.store import DenseStreamStore, OffloadOptions
-    from edgerun.sched.placement import footprint, minimum_budget, plan
-    from edgerun.weights import ResidentStore
-
-    b = GGUFBuilder()
-    b.tensors.append(Tensor("output.weight", (32, 8), f32((8, 32), seed=9)))
-    path = b.write(tmp_path / "untied.gguf")
-    f = read_gguf(path)
-    spec = spec_from_gguf(f.metadata, str(path))
-    fp = footprint(spec, f, "f32")
-    p = plan(fp, minimum_budget(fp, 0, 16, "dense"), 0, 16, mode="dense")
-    assert p.head_streamed and p.cache_neurons == 0 and p.read_bytes_per_token > fp.head_bytes
-    p.cache_neurons = p.deferred_neurons = FF  # all of it held, once hold_more() runs
-    resident = Transformer(spec, ResidentStore(f, str(path)), str(path))
-    store = DenseStreamStore(f, str(path), spec, p, OffloadOptions(io_threads=2))
-    streamed = Transformer(spec, store, str(path))
-    assert streamed.head is not None and resident.head is None
+    u = untied_streamed(tmp_path, hold_later=True)
+    p, fp, store, streamed, logits = u.plan, u.footprint, u.store, u.streamed, u.logits
+    assert p.head_streamed and p.read_bytes_per_token > fp.head_bytes
+    assert streamed.head is not None and u.resident.head is None
     assert [m.template.name for m, _ in store._splits][-1] == "output.weight"
-
-    def logits(model):
-        c = [KVCache(spec, 16, "f32") for _ in range(2)]
-        one = model.forward([2, 3, 4], c[0], all_logits=True)
-        model.forward([2], c[1])
-        return one, model.forward_batch([5, 6], c)
-
-    want = logits(resident)
+    want = logits(u.resident)
     store.reset_offload_stats()
     got = logits(streamed)
     assert store.direct.bytes_read >= fp.head_bytes  # the head was read, not held
