@@ -104,6 +104,8 @@ def _child_edgerun(args: dict) -> dict:
             compute_ms=1e3 * s["compute_s"] / per,
             plan=s.get("plan", ""),
             pinned=s.get("pinned", 0),
+            held_neurons=s.get("held_neurons"),
+            lent_bytes=s.get("lent_bytes"),
         )
     if m.plan is not None:
         # The planner's prediction: device figures the parent measured at the start, and
@@ -305,6 +307,13 @@ def main() -> None:
         bundle = _bundle_of(str(resolve_model(model)))
         if bundle is not None:
             offload_figures(bundle, a.threads, refresh=True)
+    # The calibration loaded kernels here, so this process maps LLVM's pages too, and a
+    # child's MADV_PAGEOUT leaves pages another process maps: the child would free less
+    # after its warm-up than a user's process does (and hold fewer rows). Give ours back.
+    from edgerun.offload.io import can_page_out, page_out_large_libraries
+
+    if can_page_out():
+        page_out_large_libraries()
     why_no_llama: dict[str, str] = {}
     hdr = (
         f"{'model':<20} {'budget':>7} {'config':<9} {'tok/s':>6} {'MB/tok':>7} {'hit':>5} "
