@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--turn-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=1990)
     ap.add_argument("--scenarios", default="generate,chat")
-    ap.add_argument("--offload-options", default=None, help='JSON, e.g. {"kv_loan_tiers": 0}')
+    ap.add_argument("--offload-options", default=None, help='JSON, e.g. {"kv_loan_tiers": 8}')
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

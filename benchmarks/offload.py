@@ -44,8 +44,8 @@ PROMPT = "Write a Python function that checks whether a number is prime."
 CONFIGS = {
     "mmap": None,
     "dense": {"offload": "dense"},
-    # dense without lending the KV cache's unwritten reserve (offload/kv_loan.py)
-    "dense-noloan": {"offload": "dense", "kv_loan_tiers": 0},
+    # dense, lending the KV cache's unwritten reserve to streamed rows (offload/kv_loan.py)
+    "dense-loan": {"offload": "dense", "kv_loan_tiers": 8},
     "sparse": {"offload": "sparse", "window": 0, "prefetch": False},
     "window": {"offload": "sparse", "window": 5, "prefetch": False, "hot": 0.0},
     "full": {"offload": "sparse", "window": 5, "prefetch": True, "hot": 0.0},

@@ -4,9 +4,9 @@
 
 Each budget runs in its own process (the budget is the whole process, and the resident
 model would count against it). Dense offloading computes exactly what the resident
-model does, so the texts must be equal; the script prints each budget's verdict, the
-MB read per forward pass and whether the output head was streamed, and exits 1 on a
-difference.
+model does (rows lent on the KV cache's reserve included), so the texts must be equal;
+the script prints each budget's verdict, the MB read per forward pass and whether the
+output head was streamed, and exits 1 on a difference.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ m = edgerun.load(model, threads=2, **kw)
 out = "".join(m.generate(prompt, max_tokens=n, temperature=0))
 st = m.offload_stats()
 print(json.dumps({"out": out, "bytes_read": None if st is None else st["bytes_read"],
+                  "lent": 0 if st is None else st.get("lent_bytes", 0),
                   "head_streamed": getattr(m.transformer, "head", None) is not None}))
 """
 
@@ -58,7 +59,8 @@ def main() -> None:
         mb = got["bytes_read"] / passes / 1e6 if got["bytes_read"] is not None else 0.0
         print(
             f"{a.model} {b}: {'equal' if ok else 'DIFFERENT'} over {a.n} tokens, "
-            f"~{mb:.0f} MB read a pass, head streamed: {got['head_streamed']}"
+            f"~{mb:.0f} MB read a pass, head streamed: {got['head_streamed']}, "
+            f"rows lent on the KV reserve: {got['lent'] / 2**20:.0f} MiB"
         )
     sys.exit(0 if same else 1)
 

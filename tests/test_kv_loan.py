@@ -68,6 +68,18 @@ def test_a_store_with_nothing_left_to_hold_stops_the_loan():
     assert loan.lent_bytes == 10 << 10
 
 
+def test_a_limit_caps_what_is_lent():
+    """The process lends only what it measured free under its budget."""
+    store = FakeStore()
+    loan = KVLoan(store, 64 << 10, 1 << 10, 16, tiers=4, limit_bytes=40 << 10)
+    assert loan.lend() == 32 << 10 and loan.lent_tiers == 2
+    a, b = Cache(), Cache()
+    loan.before_forward([a], [20])  # 32 KiB of pages: 32 + 32 lent fits the 64 reserved
+    assert loan.lent_tiers == 2
+    loan.before_forward([b], [1])  # another cache's first page: one tier goes back
+    assert loan.lent_tiers == 1 and loan.kv_bytes() + store.held == 64 << 10
+
+
 def test_bad_sizes_are_refused():
     with pytest.raises(InvalidArgumentError, match="tiers 0"):
         KVLoan(FakeStore(), 1 << 20, 1024, 16, tiers=0)

@@ -72,9 +72,14 @@ class OffloadOptions:
     # Dense mode: plan the FFN rows the memory of LLVM's pages holds once the kernels
     # are loaded (they are paged out then), and read those rows after the warm-up.
     hold_after_warm_up: bool = True
-    # Dense mode: lend the KV cache's reserve while the context is short (rows held in
-    # these many tiers, given back as the caches fill: offload/kv_loan.py); 0: off.
-    kv_loan_tiers: int = 8
+    # Dense mode: lend the KV cache's unwritten reserve to streamed rows while the context
+    # is short, in these many tiers given back as the caches fill (offload/kv_loan.py);
+    # 0: off. Off by default: on Qwen2.5-Coder-1.5B at 800 MiB (2048-token context) it
+    # read 408 instead of 462 MB a token, yet in a cgroup of the budget + 5% ran no faster
+    # (3.71 vs 3.97, 2.77 vs 3.48 tok/s, medians of alternating runs), and it took the
+    # process nearer its budget (peak 828 vs 775 MB; Qwen2.5-0.5B at 400 MiB: 424-432 MB
+    # against a 419 MB budget). results/offload_1.5b_zen3_s20.txt.
+    kv_loan_tiers: int = 0
 
     @classmethod
     def from_dict(cls, d: dict | None) -> OffloadOptions:
