@@ -3,8 +3,8 @@
 A budgeted plan reserves the KV cache of the whole context window (Qwen2.5-1.5B at
 2048 tokens, f16: 56 MiB), but a cache's pages only become resident as positions are
 written (kvcache.lazy_zeros), so a short chat leaves most of that reserve unused while
-every token reads the FFN rows the budget did not hold. Measured on the 1.5B at 800 MiB:
-the cgroup's peak was 748 MiB over a 24-token run, 795 MiB after a 1990-token prompt.
+every token reads the FFN rows the budget did not hold. Measured on the 1.5B at 800 MiB
+in a cgroup of the budget + 5%: the peak was 748 MiB over a 24-token run.
 
 KVLoan lends that reserve to dense streaming: after the warm-up it holds up to `tiers`
 more shares of FFN (and head) rows, each one `DenseStreamStore.lend` call of about

@@ -245,7 +245,7 @@ class SplitMatrix:
         if r1 <= r0:
             return 0, stream_ranges(t, r0)
         part = read_rows(reader, offset, t, r1, first=r0)
-        self.more.append((r0, r1, part))
+        self.attach(r1, part.data)
         return part.data.nbytes, stream_ranges(t, r1)
 
     def hold_end(self, rows: int) -> int:

@@ -473,16 +473,13 @@ class DenseStreamStore(ResidentStore):
         if want <= self.held_neurons or not sum(sizes):
             return None
         buf = np.empty(sum(sizes), np.uint8)  # one mapping: freed whole on repay
-        at = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-        ranges = [
-            (offset + r0 * m.template.data.shape[1], n)
-            for (m, r0, _, _), (_, offset), n in zip(spans, self._splits, sizes, strict=True)
+        at = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64).tolist()
+        reads = [
+            ((offset + r0 * m.template.data.shape[1], n), a)
+            for (m, r0, _, n), (_, offset), a in zip(spans, self._splits, at, strict=True)
+            if n
         ]
-        self.direct.read_into(
-            [r for r, n in zip(ranges, sizes, strict=True) if n],
-            buf,
-            [int(a) for a, n in zip(at, sizes, strict=True) if n],
-        )
+        self.direct.read_into([r for r, _ in reads], buf, [a for _, a in reads])
         loan = RowLoan(len(buf), self.held_neurons, [len(m.more) for m, _ in self._splits])
         self.row_stream.close(free_ring=False)  # the same buffers: see RowStream.close
         self.row_stream.clear()
@@ -536,13 +533,9 @@ class DenseStreamStore(ResidentStore):
 
         t = self._reader.view(name)  # the stream and read_rows read it, never the mmap
         offset = self._reader.infos[name].offset
-        held, pieces = split_rows(t, held)
-        rb = t.data.shape[1]
-        kept = read_rows(self.direct, offset, t, held) if held else None
-        spec = [
-            (self.row_stream.add(offset + r0 * rb, (r1 - r0) * rb), r0, r1) for r0, r1 in pieces
-        ]
-        m = SplitMatrix(name, t, kept, spec)
+        held = split_rows(t, held)[0]
+        m = SplitMatrix(name, t, read_rows(self.direct, offset, t, held) if held else None)
+        self._add_pieces(m, offset)
         self._splits.append((m, offset))
         return m
 
