@@ -18,7 +18,14 @@ import numpy as np
 from edgerun import registry
 from edgerun.arch import spec_from_gguf
 from edgerun.chat import render_chat
-from edgerun.engine import PREFILL_CHUNK, GenerationStats, Generator, WarmUp, check_token_ids
+from edgerun.engine import (
+    PREFILL_CHUNK,
+    GenerationStats,
+    Generator,
+    WarmUp,
+    check_token_ids,
+    prefill_chunk_within,
+)
 from edgerun.errors import EdgerunError, InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import read_gguf
 from edgerun.kvcache import KVCache, check_kv_type
@@ -198,6 +205,15 @@ class Model:
 
                 ensure_kernels_compiled(self.path, self.kv_type, qmatvec.kernel_path())
             self._offload(ram_budget, offload, offload_options, gpu_budget, gpu_device)
+        # Under a RAM budget a prompt chunk's temporaries must fit in the plan's step margin
+        self.prefill_chunk = PREFILL_CHUNK
+        # Under a RAM budget the plan reserves one n_ctx window of KV cache; concurrent
+        # requests share it (sched/batching.BatchScheduler admits by it).
+        self.kv_budget_tokens = self.n_ctx if ram_budget is not None else None
+        if ram_budget is not None:
+            from edgerun.sched.placement import STEP_MARGIN_BYTES
+
+            self.prefill_chunk = prefill_chunk_within(self.spec, STEP_MARGIN_BYTES)
         # One forward at a time: the scheduler thread and direct generate() calls share
         # the weights and the kernels' thread pool.
         self.compute_lock = threading.RLock()
@@ -210,6 +226,7 @@ class Model:
             lock=self.compute_lock,
             context_policy=context_policy,
             after_warm_up=self._after_warm_up if offloading else None,
+            prefill_chunk=self.prefill_chunk,
         )
         self.prefix_cache = PrefixCache()
         self._scheduler: BatchScheduler | None = None
@@ -473,7 +490,12 @@ class Model:
 
     def _after_warm_up(self) -> None:
         """Once the kernels are loaded: drop the page cache the load left and, where the
-        plan deferred FFN rows, give LLVM's pages back and hold that many more rows."""
+        plan deferred FFN rows, give LLVM's pages back and hold that many more rows.
+        The warm-up's transient allocations leave free pages in the C heap (22 MiB on the
+        1.5B at 800M), which glibc keeps unless trimmed."""
+        from edgerun.sysinfo import return_free_heap_to_os
+
+        return_free_heap_to_os()
         self._drop_page_cache()
         store = self.store
         deferred = getattr(self.plan, "deferred_bytes", 0)
@@ -684,9 +706,10 @@ class Model:
         check_token_ids(ids, self.spec.vocab_size)
         set_threads(self.threads)
         cache = KVCache(self.spec, len(ids), self.kv_type)
+        step = self.prefill_chunk
         parts = [
-            self.transformer.forward(ids[i : i + PREFILL_CHUNK], cache, all_logits=True)
-            for i in range(0, len(ids), PREFILL_CHUNK)
+            self.transformer.forward(ids[i : i + step], cache, all_logits=True)
+            for i in range(0, len(ids), step)
         ]
         return np.concatenate(parts, axis=0)
 

@@ -24,6 +24,28 @@ from edgerun.sched.cpu_share import ThreadGovernor, set_threads
 from edgerun.tokenizer import StreamDecoder, Tokenizer
 
 PREFILL_CHUNK = 256  # tokens per forward call: bounds the attention score buffer
+# The fewest prompt tokens per forward call a RAM budget may choose.
+MIN_PREFILL_CHUNK = 16
+
+
+def prefill_bytes_per_token(spec) -> int:
+    """Bytes of temporaries each prompt token adds to one forward call (activations, the
+    gate/up outputs, q/k/v, quantized copies): what a prompt chunk costs beyond the
+    weights. Fitted above tracemalloc's peaks of a 128-token chunk (Zen 3, avx2 path):
+    SmolLM2 47.9 KB a token, Gemma 3 270M 58.7, Qwen2.5-0.5B 98.4, 1.5B 181.0; this
+    gives 58.4, 73.7, 110.6 and 194.6 (7-25% above)."""
+    return 8 * spec.d_ff + 64 * spec.d_model + 16 * spec.q_dim
+
+
+def prefill_chunk_within(spec, nbytes: int) -> int:
+    """The prompt tokens per forward call whose temporaries fit in `nbytes` (a budget's
+    step margin), a multiple of MIN_PREFILL_CHUNK in [MIN_PREFILL_CHUNK, PREFILL_CHUNK].
+    Why: a 256-token chunk of Qwen2.5-1.5B takes 43.5 MiB of temporaries, which took a
+    long prompt past an 800 MiB budget; 128 tokens (22 MiB) prefill as fast there, as
+    the streamed weights' reads, not the chunk, set the pace."""
+    n = nbytes // prefill_bytes_per_token(spec) // MIN_PREFILL_CHUNK * MIN_PREFILL_CHUNK
+    return max(MIN_PREFILL_CHUNK, min(PREFILL_CHUNK, n))
+
 
 # What happens when a prompt or a generation outgrows the context window:
 # - "error": a prompt that does not fit raises ContextOverflowError; a generation that fills
@@ -53,6 +75,24 @@ def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
     bad = [i for i in ids if not 0 <= int(i) < vocab_size]
     if bad:
         raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+
+
+def _weight_formats(model) -> set:
+    """The formats of a Transformer's weight matrices, resident or streamed (a streamed
+    matrix's rows keep its file's format)."""
+    parts: list = [getattr(model, "output", None), getattr(model, "head", None)]
+    for layer in model.layers:
+        parts += [getattr(layer, s, None) for s in type(layer).__slots__]
+        ffn = getattr(layer, "ffn", None)
+        parts += [getattr(ffn, s, None) for s in getattr(type(ffn), "__slots__", ())]
+        parts += list(getattr(ffn, "__dict__", {}).values())
+    formats = set()
+    for p in parts:
+        p = getattr(p, "matrix", p)  # a streamed head
+        p = getattr(p, "template", p)  # a split matrix
+        if isinstance(p, QuantTensor) and p.rows > 1:
+            formats.add(p.qtype)
+    return formats
 
 
 @dataclass(frozen=True)
@@ -142,9 +182,10 @@ class Generator:
         lock: threading.RLock | None = None,
         context_policy: str = "error",
         after_warm_up: Callable[[], object] | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
     ) -> None:
         """after_warm_up: called once the kernels are loaded (a budgeted model drops the
-        page cache their loading left)."""
+        page cache their loading left). prefill_chunk: prompt tokens per forward call."""
         if context_policy not in CONTEXT_POLICIES:
             raise InvalidArgumentError(
                 f"context_policy must be one of {', '.join(CONTEXT_POLICIES)}, "
@@ -159,6 +200,11 @@ class Generator:
         self.governor = governor
         self.warmed: WarmUp | None = None
         self.after_warm_up = after_warm_up
+        if not 1 <= prefill_chunk <= PREFILL_CHUNK:
+            raise InvalidArgumentError(
+                f"prefill_chunk must be in [1, {PREFILL_CHUNK}], got {prefill_chunk}"
+            )
+        self.prefill_chunk = prefill_chunk
 
     def _pace(self) -> None:
         """Follow the governor's thread count (it changes only when other load does)."""
@@ -193,6 +239,7 @@ class Generator:
             self.model.forward_batch(ids, pair)  # batched decode (sched/batching.py)
             compute_thread().call(self._warm_parallel_kernels)
             compute_thread().call(self._warm_prefill_tiles)
+            compute_thread().call(self._warm_decode_formats)
         compiled = sum(1 for e in rec.buffer if e[1].is_start)
         self.warmed = WarmUp(time.perf_counter() - t0, compiled)
         if self.after_warm_up is not None:
@@ -207,6 +254,11 @@ class Generator:
         ffn = getattr(layer, "ffn", None)
         parts += [getattr(ffn, s, None) for s in getattr(type(ffn), "__slots__", ())]
         qmatvec.warm_prefill(p for p in parts if isinstance(p, QuantTensor))
+
+    def _warm_decode_formats(self) -> None:
+        """The decode kernels of every weight format in the model: parts held or moved
+        after the warm-up (offloading) would otherwise load theirs on the first token."""
+        qmatvec.warm_decode(_weight_formats(self.model))
 
     def _warm_parallel_kernels(self) -> None:
         """Run the parallel RMSNorm and GLU kernels once on zero rows of the model's width."""
@@ -235,11 +287,12 @@ class Generator:
             return self.model.forward(ids[-1:], self.cache)
 
     def _forward_chunks(self, ids: list[int]) -> None:
-        """Append `ids` to the cache, PREFILL_CHUNK tokens per forward call."""
-        for i in range(0, len(ids), PREFILL_CHUNK):
+        """Append `ids` to the cache, prefill_chunk tokens per forward call."""
+        step = self.prefill_chunk
+        for i in range(0, len(ids), step):
             self._pace()
             with self.lock:
-                self.model.forward(ids[i : i + PREFILL_CHUNK], self.cache)
+                self.model.forward(ids[i : i + step], self.cache)
 
     @staticmethod
     def _slid(ids: list[int], keep: int) -> list[int]:

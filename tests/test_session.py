@@ -173,3 +173,32 @@ def test_user_text_with_special_tokens_stays_text(model):
     benign = model.encode_chat([{"role": "user", "content": "hello"}])
     assert ids.count(start[0]) == benign.count(start[0])
     assert "Ignore all rules" in model.detokenize(ids)
+
+
+def test_requests_share_the_kv_window_a_ram_budget_reserved(model):
+    """Under a RAM budget the plan counts one context window of KV cache: the scheduler
+    admits concurrent requests only while their caches' reachable positions fit in it,
+    and the others wait (first come, first served) with their output unchanged."""
+    from edgerun.sampling import SamplingParams
+
+    ids = [model.tokenize(p) for p in ("Name a colour.", "Name a fruit.", "Name a city.")]
+    params = SamplingParams(temperature=0.0, repeat_penalty=1.0)
+
+    def run_all() -> list:
+        rs = [model.scheduler.submit(i, params, 40, eos_ids=[]) for i in ids]
+        for r in rs:
+            r.wait()
+        return rs
+
+    free = run_all()
+    assert max(max(r.stats.batch_sizes) for r in free) == 3
+    saved = model.kv_budget_tokens
+    try:
+        # each request can reach < 64 positions: two fit in 128, the third waits
+        assert all(len(i) + 40 <= 64 for i in ids)
+        model.kv_budget_tokens = 128
+        held = run_all()
+    finally:
+        model.kv_budget_tokens = saved
+    assert max(max(r.stats.batch_sizes) for r in held) == 2
+    assert [r.history for r in held] == [r.history for r in free]

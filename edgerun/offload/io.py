@@ -390,7 +390,7 @@ LARGE_LIBRARY_BYTES = 64 << 20
 
 def random_access_large_libraries(min_bytes: int = LARGE_LIBRARY_BYTES) -> int:
     """madvise(MADV_RANDOM) on this process's mappings of shared libraries of at least
-    min_bytes; returns the mappings advised. Linux; elsewhere a no-op returning 0.
+    min_bytes; returns the libraries advised. Linux; elsewhere a no-op returning 0.
 
     Why: loading the kernels from Numba's cache runs LLVM, and each fault on the 178 MB
     libllvmlite.so read a readahead window around it. Under `--ram-budget 800M` the
@@ -400,7 +400,7 @@ def random_access_large_libraries(min_bytes: int = LARGE_LIBRARY_BYTES) -> int:
     access only the pages LLVM touches are read."""
     if not hasattr(mmap, "MADV_RANDOM"):
         return 0
-    return _advise_large_libraries(mmap.MADV_RANDOM, min_bytes)
+    return len(_advise_large_libraries(mmap.MADV_RANDOM, min_bytes))
 
 
 _MADV_PAGEOUT = 21  # Linux 5.4 (mmap.MADV_PAGEOUT from Python 3.12 on some builds)
@@ -429,30 +429,37 @@ def page_out_large_libraries(min_bytes: int = LARGE_LIBRARY_BYTES) -> int:
     Paged out, decode and long prompts faulted 0 of it back (Zen 3, 800M: RSS 708 ->
     642 MiB), so a budgeted load holds that much more of the FFN after its warm-up
     (DenseStreamStore.hold_more). A later compile faults back only what it touches.
-    Reclaiming never discards data: dirty private pages (relocations) stay."""
+    Reclaiming never discards data: dirty private pages (relocations) stay.
+
+    Paging out unmaps the pages but can leave them in the page cache, which the cgroup
+    still charges: 70 MiB of libllvmlite.so stayed cached after a 1.5B warm-up, a long
+    prompt's peak 927 MB against an 839 MB budget. So the files' now unmapped pages are
+    dropped too (POSIX_FADV_DONTNEED; pages another process maps stay)."""
     from edgerun.sysinfo import current_rss_bytes
 
     before = current_rss_bytes()
-    if not _advise_large_libraries(_MADV_PAGEOUT, min_bytes):
+    paths = _advise_large_libraries(_MADV_PAGEOUT, min_bytes)
+    if not paths:
         return 0
+    drop_page_cache(paths)
     return max(0, before - current_rss_bytes())
 
 
-def _advise_large_libraries(advice: int, min_bytes: int) -> int:
+def _advise_large_libraries(advice: int, min_bytes: int) -> set[str]:
     """madvise(advice) on the mappings of shared libraries of at least min_bytes; the
-    mappings that took it."""
+    files whose mappings took it."""
     if not sys.platform.startswith("linux"):
-        return 0
+        return set()
     import ctypes
 
     try:
         madvise = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):
-        return 0
+        return set()
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     madvise.restype = ctypes.c_int
     size: dict[str, int] = {}
-    n = 0
+    took: set[str] = set()
     for lo, hi, path in _file_mappings() or ():
         if ".so" not in path:
             continue
@@ -462,8 +469,8 @@ def _advise_large_libraries(advice: int, min_bytes: int) -> int:
             except OSError:
                 size[path] = 0
         if size[path] >= min_bytes and madvise(lo, hi - lo, advice) == 0:
-            n += 1
-    return n
+            took.add(path)
+    return took
 
 
 # Allocations at least this large are mapped and unmapped under a budget (glibc).

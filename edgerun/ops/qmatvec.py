@@ -257,6 +257,25 @@ def warm_prefill(ws: Iterable[QuantTensor]) -> None:
         matmul(w, np.zeros((rows, w.shape[1]), np.float32))
 
 
+def warm_decode(qtypes: Iterable[QuantType], cols: int = 256) -> None:
+    """Run every decode entry (matvec, matvec_many, matvec_batch, matvec_batch_many on one
+    and two vectors) once for each of `qtypes`, on a small zero matrix: the kernels are
+    typed by format, not shape. Why: under a RAM budget dense offloading holds rows of a
+    format (the 1.5B's Q6_K head) only after the warm-up, and the first token then
+    loaded mv_q6_k from Numba's cache, which ran LLVM and faulted 70 MiB of
+    libllvmlite.so back into the page cache the warm-up had just given back."""
+    x1 = np.zeros(cols, np.float32)
+    x2 = np.zeros((2, cols), np.float32)
+    for qtype in dict.fromkeys(qtypes):
+        data = np.zeros((8, row_bytes(qtype, cols)), np.uint8)
+        w = QuantTensor("warm-up", qtype, (8, cols), data)
+        matvec(w, x1)
+        matvec_many([w, w], x1)
+        for x in (x1[None], x2):
+            matvec_batch(w, x)
+            matvec_batch_many([w, w], x)
+
+
 def mvb_prefill_max(qtype: QuantType) -> int:
     """The most prompt tokens for which `qtype` takes the batched decode kernels on the
     current int8 path (MVB_PREFILL_MAX); longer prompts take a GEMM."""

@@ -69,6 +69,17 @@ class QuantTensor:
     shape: tuple[int, int]
     data: np.ndarray
 
+    def __post_init__(self) -> None:
+        # Weights are never written through a tensor, and one read-only array type keeps
+        # each Numba kernel at one signature per format: a mapped file's rows are
+        # read-only, a copy's were writable, and the mix on a held row (dense offloading)
+        # loaded a kernel variant on the first token, after the warm-up.
+        d = self.data
+        if isinstance(d, np.ndarray) and d.flags.writeable:
+            d = d.view()
+            d.flags.writeable = False
+            object.__setattr__(self, "data", d)
+
     @property
     def rows(self) -> int:
         return self.shape[0]

@@ -190,6 +190,19 @@ class Request:
         self._put(_DONE)
 
 
+def _round_to_pages(positions: int, cache: KVCache) -> int:
+    """positions rounded up to whole 4 KiB pages of `cache`'s [layer, head, position]
+    rows (a page holds 4096 / (head_dim * item) positions of one layer and head)."""
+    per_page = max(1, 4096 // (cache.k.shape[-1] * cache.k.dtype.itemsize))
+    return -(-positions // per_page) * per_page
+
+
+def _kv_positions(r: Request) -> int:
+    """The KV positions r's cache can come to hold, in whole pages."""
+    reach = min(r.cache.n_ctx, len(r.prompt_ids) + r.max_tokens)
+    return _round_to_pages(reach, r.cache)
+
+
 class BatchScheduler:
     """Schedules the requests of one Model: continuous batching with chunked prefill."""
 
@@ -263,7 +276,24 @@ class BatchScheduler:
             except queue.Empty:
                 break
         while self._waiting and len(self._active) < self.max_batch:
+            if self._active and not self._kv_fits(self._waiting[0]):
+                break  # first come, first served: later requests wait behind it too
             self._active.append(self._waiting.pop(0))
+
+    def _kv_fits(self, r: Request) -> bool:
+        """Whether r's KV cache fits beside the active requests' in what the RAM budget
+        reserved (model.kv_budget_tokens: one context window; None = no budget).
+
+        Why: a cache's pages become resident as its positions are written, and the plan
+        counted one window. Eight concurrent requests of a 2048-token window on the 1.5B
+        at 800M could write 8 x 57 MiB, past the budget; llama-server's slots share one
+        context the same way. A request counts the positions it can reach (prompt and
+        max_tokens, at most its window), rounded up to whole pages of the cache."""
+        capacity = getattr(self.model, "kv_budget_tokens", None)
+        if capacity is None:
+            return True
+        need = sum(_kv_positions(a) for a in self._active) + _kv_positions(r)
+        return need <= _round_to_pages(capacity, r.cache)
 
     def _run(self) -> None:
         from edgerun.sched.cpu_share import set_threads
@@ -346,7 +376,8 @@ class BatchScheduler:
         # short chunks only while others are generating (they wait for each chunk); alone,
         # the engine's full chunk, which the prefill GEMM runs faster
         others = any(x.decoding for x in self._active)
-        end = min(end, done + (self.prefill_chunk if others else PREFILL_CHUNK))
+        most = self.model.prefill_chunk  # what the model's RAM budget allows a call
+        end = min(end, done + min(most, self.prefill_chunk if others else PREFILL_CHUNK))
         if end > done:
             m.transformer.forward(ids[done:end], r.cache)
             self.counters.prefill_tokens += end - done

@@ -32,8 +32,14 @@ from edgerun.errors import BudgetError, InvalidArgumentError
 MiB = 1 << 20
 # Embedding rows a long conversation touches, page-granular (4 KiB a distinct token).
 EMBEDDING_TOUCH_BYTES = 16 * MiB
-# Transient arrays of one forward step (logits, activations, staging buffers).
+# Transient arrays of one forward step (logits, activations, staging buffers); under a
+# budget a prompt chunk is sized so its temporaries fit (engine.prefill_chunk_within).
 STEP_MARGIN_BYTES = 24 * MiB
+# What the process's later reads leave in the page cache and its heap keeps, which the
+# load's drop cannot see coming (modules first imported by a request, freed fragments):
+# a 1990-token prompt of Qwen2.5-1.5B at 800M peaked 1-4 MB past a plan that counted
+# all else, with 14 MB of unmapped page cache at the end.
+LATE_MEMORY_BYTES = 8 * MiB
 # Cache misses are read and computed this many neurons at a time.
 SCRATCH_NEURONS = 1024
 # Prefetched records of the next layer wait in a staging matrix of this many neurons.
@@ -376,6 +382,7 @@ def _resident_bytes(
         + (0 if head_streamed else fp.head_bytes)
         + min(fp.embedding_bytes, EMBEDDING_TOUCH_BYTES)
         + STEP_MARGIN_BYTES
+        + LATE_MEMORY_BYTES
     )
 
 
@@ -512,7 +519,9 @@ def _gpu_time(fp: Footprint, ffn_l, att_l, dev: DeviceFigures, dtype_bytes: int)
 
 def resident_need(fp: Footprint, file_bytes: int, floor: int, n_ctx: int) -> int:
     """The budget that keeps the whole model resident: floor, KV cache, file, margins."""
-    return floor + n_ctx * fp.kv_bytes_per_token + file_bytes + STEP_MARGIN_BYTES
+    return (
+        floor + n_ctx * fp.kv_bytes_per_token + file_bytes + STEP_MARGIN_BYTES + LATE_MEMORY_BYTES
+    )
 
 
 def resident_plan(
@@ -556,7 +565,7 @@ def resident_plan(
         budget=budget,
         floor=floor,
         kv_bytes=kv,
-        resident_bytes=file_bytes + STEP_MARGIN_BYTES,
+        resident_bytes=file_bytes + STEP_MARGIN_BYTES + LATE_MEMORY_BYTES,
         gate_resident=True,
         predictor_bytes=0,
         scratch_bytes=0,

@@ -58,8 +58,10 @@ class ImatrixCollector:
         """
         from edgerun.ops import qmatvec as kernels
 
-        saved = {k: getattr(kernels, k) for k in ("matmul", "matvec", "matvec_many")}
+        entries = ("matmul", "matvec", "matvec_many", "matvec_batch", "matvec_batch_many")
+        saved = {k: getattr(kernels, k) for k in entries}
         mm, mv, mvm = saved["matmul"], saved["matvec"], saved["matvec_many"]
+        mvb, mvbm = saved["matvec_batch"], saved["matvec_batch_many"]
 
         def matmul(w, x, out=None):
             self.add(w.name, x)
@@ -74,7 +76,26 @@ class ImatrixCollector:
                 self.add(w.name, x)
             return mvm(ws, x, outs)
 
+        # short prompts take the batched decode kernels (qmatvec.project_many), whose
+        # many-matrix entry may call the one-matrix one: count each input once
+        inside_many = [False]
+
+        def matvec_batch(w, x, out=None):
+            if not inside_many[0]:
+                self.add(w.name, x)
+            return mvb(w, x, out)
+
+        def matvec_batch_many(ws, x):
+            for w in ws:
+                self.add(w.name, x)
+            inside_many[0] = True
+            try:
+                return mvbm(ws, x)
+            finally:
+                inside_many[0] = False
+
         kernels.matmul, kernels.matvec, kernels.matvec_many = matmul, matvec, matvec_many
+        kernels.matvec_batch, kernels.matvec_batch_many = matvec_batch, matvec_batch_many
         try:
             yield
         finally:
