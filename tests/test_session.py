@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from edgerun.kvcache import KVCache
 from edgerun.session import Session, SessionFileError
 
 GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
@@ -190,6 +191,7 @@ def test_requests_share_the_kv_window_a_ram_budget_reserved(model):
             r.wait()
         return rs
 
+    model.prefix_cache.clear()  # kept prefixes count against the window
     free = run_all()
     assert max(max(r.stats.batch_sizes) for r in free) == 3
     saved = model.kv_budget_tokens
@@ -202,3 +204,34 @@ def test_requests_share_the_kv_window_a_ram_budget_reserved(model):
         model.kv_budget_tokens = saved
     assert max(max(r.stats.batch_sizes) for r in held) == 2
     assert [r.history for r in held] == [r.history for r in free]
+
+
+def test_shared_prefixes_are_kept_only_in_the_kv_window_left(model):
+    """Under a RAM budget a shared prefix is kept only if it fits in what the active
+    requests leave of the KV window, and kept prefixes count against admission."""
+    from edgerun.sampling import SamplingParams
+
+    ids = model.tokenize("You are a terse assistant. " * 6 + "Name a colour.")
+    k = len(ids) - 4
+    params = SamplingParams(temperature=0.0, repeat_penalty=1.0)
+    saved = model.kv_budget_tokens
+    model.prefix_cache.clear()
+    try:
+        # the request alone fills the window: no room for a copy of its prefix
+        model.kv_budget_tokens = len(ids) + 8
+        model.scheduler.submit(ids, params, 8, eos_ids=[], prefix_len=k).wait()
+        assert len(model.prefix_cache) == 0
+        # room for both: kept, and counted while it is kept
+        model.kv_budget_tokens = 2 * len(ids) + 64
+        model.scheduler.submit(ids, params, 8, eos_ids=[], prefix_len=k).wait()
+        assert len(model.prefix_cache) == 1
+        from edgerun.sched.batching import _position_bytes, _round_to_pages
+
+        like = KVCache(model.spec, model.n_ctx, model.kv_type)
+        per = _position_bytes(like)
+        assert model.prefix_cache.nbytes == k * per
+        window = _round_to_pages(model.kv_budget_tokens, like) * per
+        assert model.scheduler._kv_room(like) == window - k * per
+    finally:
+        model.kv_budget_tokens = saved
+        model.prefix_cache.clear()

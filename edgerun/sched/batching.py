@@ -197,6 +197,12 @@ def _round_to_pages(positions: int, cache: KVCache) -> int:
     return -(-positions // per_page) * per_page
 
 
+def _position_bytes(cache: KVCache) -> int:
+    """Bytes one position takes in `cache` (keys and values of every layer and head)."""
+    layers, heads, _, head_dim = cache.k.shape
+    return 2 * layers * heads * head_dim * cache.k.dtype.itemsize
+
+
 def _kv_positions(r: Request) -> int:
     """The KV positions r's cache can come to hold, in whole pages."""
     reach = min(r.cache.n_ctx, len(r.prompt_ids) + r.max_tokens)
@@ -289,11 +295,18 @@ class BatchScheduler:
         at 800M could write 8 x 57 MiB, past the budget; llama-server's slots share one
         context the same way. A request counts the positions it can reach (prompt and
         max_tokens, at most its window), rounded up to whole pages of the cache."""
+        room = self._kv_room(r.cache)
+        return room is None or _kv_positions(r) * _position_bytes(r.cache) <= room
+
+    def _kv_room(self, like: KVCache) -> int | None:
+        """Bytes of the budget's KV window that neither the active requests' caches can
+        come to hold nor the shared prefixes hold; None without a RAM budget."""
         capacity = getattr(self.model, "kv_budget_tokens", None)
         if capacity is None:
-            return True
-        need = sum(_kv_positions(a) for a in self._active) + _kv_positions(r)
-        return need <= _round_to_pages(capacity, r.cache)
+            return None
+        window = _round_to_pages(capacity, like) * _position_bytes(like)
+        used = sum(_kv_positions(a) * _position_bytes(a.cache) for a in self._active)
+        return window - used - self.model.prefix_cache.nbytes
 
     def _run(self) -> None:
         from edgerun.sched.cpu_share import set_threads
@@ -382,7 +395,7 @@ class BatchScheduler:
             m.transformer.forward(ids[done:end], r.cache)
             self.counters.prefill_tokens += end - done
         if r.prefix_len and r.cache.length == r.prefix_len:
-            m.prefix_cache.store(r.cache, r.prefix_len)
+            m.prefix_cache.store(r.cache, r.prefix_len, room=self._kv_room(r.cache))
         dt = time.perf_counter() - t0
         r.stats.prompt_seconds += dt
         self.counters.prefill_seconds += dt
@@ -484,11 +497,19 @@ class PrefixCache:
         with self._lock:
             return tuple(ids) in self._entries
 
-    def store(self, cache: KVCache, n: int) -> None:
-        """Keep cache's first n positions (if not already kept and they fit the bound)."""
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(x.nbytes for x in self._entries.values())
+
+    def store(self, cache: KVCache, n: int, room: int | None = None) -> None:
+        """Keep cache's first n positions (if not already kept and they fit the bound and
+        `room`, the bytes a RAM budget has left for them; None: no budget)."""
         key = tuple(cache.tokens[:n])
         with self._lock:
             if key in self._entries or n == 0:
+                return
+            if room is not None and n * _position_bytes(cache) > room:
                 return
             e = SharedPrefix(key, cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy())
             if e.nbytes > self.max_bytes:
