@@ -8,8 +8,12 @@ sequentially. Reports aggregate tok/s (all tokens / wall time), aggregate decode
 decode tok/s and TTFT (mean, p95). Each repetition runs every N (batched, then sequential);
 medians over repetitions, and "x one" is the median of each repetition's N vs N=1 ratio.
 
+With --ram-budget the model is loaded under that budget (offloaded when it does not fit):
+concurrent requests then share one KV window and, dense-offloaded, each step's streamed
+weight reads; run it inside a memory cgroup to prove the budget from outside.
+
 Usage: python benchmarks/concurrency.py [-m MODEL ...] [-s 1,2,4,8] [-n 64] [-r 3] [-t 2]
-                                        [--json out.json]
+                                        [--ram-budget 800M] [-c 512] [--json out.json]
 """
 
 from __future__ import annotations
@@ -77,13 +81,17 @@ def main(argv=None) -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=64)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--ram-budget", default=None, help="load under this budget (e.g. 800M)")
+    ap.add_argument("-c", "--ctx", type=int, default=512)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     import edgerun
 
     rows = []
     for name in args.model or ["smollm2-135m", "qwen2.5-coder-0.5b"]:
-        model = edgerun.load(name, threads=args.threads, n_ctx=512)
+        model = edgerun.load(name, threads=args.threads, n_ctx=args.ctx, ram_budget=args.ram_budget)
+        if model.plan is not None:
+            print(f"{name}: {model.plan.mode} plan under {args.ram_budget}", flush=True)
         model.warm_up()
         _run(model, 2, 4, True)  # scheduler thread up, kernels hot
         sizes = [int(x) for x in args.sessions.split(",")]
@@ -126,7 +134,8 @@ def main(argv=None) -> int:
         model.close()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "n_gen": args.n_gen, "rows": rows}, f, indent=1)
+            out = {"threads": args.threads, "n_gen": args.n_gen, "ctx": args.ctx, "rows": rows}
+            json.dump({**out, "ram_budget": args.ram_budget}, f, indent=1)
     return 0
 
 

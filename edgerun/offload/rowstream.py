@@ -347,6 +347,19 @@ class StreamedFFN:
         st.compute_s += time.perf_counter() - t0
         return self.down.project(s, h, st)
 
+    def decode_batch(self, x: np.ndarray) -> np.ndarray:
+        """Several sequences' decode rows in one pass over the stream, each row as its
+        one-token call computes it. Without it batched decode ran the FFN row by row
+        and streamed every row once per sequence: 4 concurrent requests on the 1.5B at
+        800M decoded 1.09x one request's aggregate."""
+        s, st = self.stream, self.stats
+        g = self.gate.project(s, x, st, decode=True)
+        u = self.up.project(s, x, st, decode=True)
+        t0 = time.perf_counter()
+        h = glu(g, u, self.activation)
+        st.compute_s += time.perf_counter() - t0
+        return self.down.project(s, h, st, decode=True)
+
 
 def split_rows(
     t: QuantTensor, held: int, piece_bytes: int = PIECE_BYTES
