@@ -183,9 +183,11 @@ class Generator:
         context_policy: str = "error",
         after_warm_up: Callable[[], object] | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
+        after_prompt_chunk: Callable[[], object] | None = None,
     ) -> None:
         """after_warm_up: called once the kernels are loaded (a budgeted model drops the
-        page cache their loading left). prefill_chunk: prompt tokens per forward call."""
+        page cache their loading left). prefill_chunk: prompt tokens per forward call;
+        after_prompt_chunk: called after each (a budgeted model trims its heap)."""
         if context_policy not in CONTEXT_POLICIES:
             raise InvalidArgumentError(
                 f"context_policy must be one of {', '.join(CONTEXT_POLICIES)}, "
@@ -205,6 +207,7 @@ class Generator:
                 f"prefill_chunk must be in [1, {PREFILL_CHUNK}], got {prefill_chunk}"
             )
         self.prefill_chunk = prefill_chunk
+        self.after_prompt_chunk = after_prompt_chunk
 
     def _pace(self) -> None:
         """Follow the governor's thread count (it changes only when other load does)."""
@@ -247,13 +250,9 @@ class Generator:
         return self.warmed
 
     def _warm_prefill_tiles(self) -> None:
-        """The prefill GEMMs (AMX tiles where the CPU has them) for the first layer's
-        formats: the warm-up's 2-token prompt takes the batched decode kernels."""
-        layer = self.model.layers[0]
-        parts = [getattr(layer, s, None) for s in type(layer).__slots__]
-        ffn = getattr(layer, "ffn", None)
-        parts += [getattr(ffn, s, None) for s in getattr(type(ffn), "__slots__", ())]
-        qmatvec.warm_prefill(p for p in parts if isinstance(p, QuantTensor))
+        """The prefill GEMMs (AMX tiles where the CPU has them) for every weight format:
+        the warm-up's 2-token prompt takes the batched decode kernels."""
+        qmatvec.warm_prefill(_weight_formats(self.model))
 
     def _warm_decode_formats(self) -> None:
         """The decode kernels of every weight format in the model: parts held or moved
@@ -293,6 +292,8 @@ class Generator:
             self._pace()
             with self.lock:
                 self.model.forward(ids[i : i + step], self.cache)
+                if self.after_prompt_chunk is not None:
+                    self.after_prompt_chunk()
 
     @staticmethod
     def _slid(ids: list[int], keep: int) -> list[int]:

@@ -60,7 +60,7 @@ m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=2, offload="dense",
 m.warm_up()
 m.store.hold_more(m.plan.deferred_bytes or 1 << 20)  # rows held after the warm-up
 warm = signatures()
-prompt = "The three laws of thermodynamics are " * 4
+prompt = "The three laws of thermodynamics are " * 20  # past MVB_PREFILL_MAX: GEMMs
 list(m.generate(prompt, max_tokens=8, temperature=0))
 s = m.session()
 s.send("Hi", max_tokens=4)

@@ -238,23 +238,23 @@ def _amx_bf16(qtype: QuantType, ntokens: int, cols: int) -> bool:
     )
 
 
-def warm_prefill(ws: Iterable[QuantTensor]) -> None:
-    """Run the prefill GEMM of one matrix of each format in `ws` once, on enough zero
-    rows to take it (past every MVB_PREFILL_MAX, and onto the AMX tiles where the CPU
-    has them): a short warm-up prompt takes the batched decode kernels instead, and the
-    GEMMs' first compile or cache load would otherwise land in a user's first long
-    prompt (and, under a RAM budget, after the page cache of loading them was dropped)."""
+def warm_prefill(qtypes: Iterable[QuantType], cols: int = 256) -> None:
+    """Run the prefill GEMM of each of `qtypes` once, on a small zero matrix and enough
+    zero rows to take it (past every MVB_PREFILL_MAX, and onto the AMX tiles where the
+    CPU has them): a short warm-up prompt takes the batched decode kernels instead, and
+    the GEMMs' first compile or cache load would otherwise land in a user's first long
+    prompt (and, under a RAM budget, after the page cache of loading them was dropped:
+    the 0.5B's streamed FFN formats, missing from the first layer's attention, loaded
+    mm_superblock in a prompt and faulted 73 MB of libllvmlite.so back)."""
     if _path not in INT8_PATHS:
         return  # the portable matmul is one kernel at any prompt length
     rows = 1 + max(n for table in MVB_PREFILL_MAX.values() for n in table.values())
     if _use_amx:
         rows = max(rows, _amx.BF16_MIN_TOKENS)
-    seen = set()
-    for w in ws:
-        if w.qtype in seen or len(w.shape) != 2:
-            continue
-        seen.add(w.qtype)
-        matmul(w, np.zeros((rows, w.shape[1]), np.float32))
+    x = np.zeros((rows, cols), np.float32)
+    for qtype in dict.fromkeys(qtypes):
+        data = np.zeros((8, row_bytes(qtype, cols)), np.uint8)
+        matmul(QuantTensor("warm-up", qtype, (8, cols), data), x)
 
 
 def warm_decode(qtypes: Iterable[QuantType], cols: int = 256) -> None:

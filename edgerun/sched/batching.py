@@ -393,6 +393,7 @@ class BatchScheduler:
         end = min(end, done + min(most, self.prefill_chunk if others else PREFILL_CHUNK))
         if end > done:
             m.transformer.forward(ids[done:end], r.cache)
+            m.after_prompt_chunk()
             self.counters.prefill_tokens += end - done
         if r.prefix_len and r.cache.length == r.prefix_len:
             m.prefix_cache.store(r.cache, r.prefix_len, room=self._kv_room(r.cache))

@@ -37,8 +37,8 @@ EMBEDDING_TOUCH_BYTES = 16 * MiB
 STEP_MARGIN_BYTES = 24 * MiB
 # What the process's later reads leave in the page cache and its heap keeps, which the
 # load's drop cannot see coming (modules first imported by a request, freed fragments):
-# a 1990-token prompt of Qwen2.5-1.5B at 800M peaked 1-4 MB past a plan that counted
-# all else, with 14 MB of unmapped page cache at the end.
+# after a 1990-token prompt of Qwen2.5-1.5B at 800M, 14.6 MB of unmapped page cache
+# that no part of the plan counts (benchmarks/budget_soak.py --no-limit).
 LATE_MEMORY_BYTES = 8 * MiB
 # Cache misses are read and computed this many neurons at a time.
 SCRATCH_NEURONS = 1024
