@@ -569,6 +569,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     p, _ = model.plan_for(args.ram_budget, args.offload, opts, args.gpu_budget, gpu_device, figs)
     print(f"{model.path.name}: {model.spec.n_layers} layers, context {model.n_ctx} tokens")
     print(p.describe())
+    if args.ram_budget is not None:
+        from edgerun.engine import prefill_bytes_per_token, prefill_chunk_within
+        from edgerun.sched.placement import STEP_MARGIN_BYTES
+
+        chunk = prefill_chunk_within(model.spec, STEP_MARGIN_BYTES)
+        temps = chunk * prefill_bytes_per_token(model.spec) / (1 << 20)
+        print(
+            f"prompts: {chunk} tokens a forward call ({temps:.0f} MiB of temporaries, within "
+            f"the {STEP_MARGIN_BYTES >> 20} MiB step margin); concurrent requests share the "
+            f"{model.n_ctx}-token KV window"
+        )
     print(_figures_line(figs))
     return 0
 

@@ -151,3 +151,24 @@ def test_gpu_flag_without_torch_names_the_extra(smollm2_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode != 0
     assert "edgerun[gpu]" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_plan_command_prints_the_prompt_chunk_a_budget_allows(smollm2_path):
+    """Under a RAM budget a prompt goes through in chunks whose temporaries fit the plan's
+    step margin; `edgerun plan` says how many tokens, as the runtime will use."""
+    from edgerun.engine import prefill_chunk_within
+    from edgerun.sched.placement import STEP_MARGIN_BYTES
+
+    r = subprocess.run(
+        [sys.executable, "-m", "edgerun", "plan", str(smollm2_path), "--ram-budget", "400M"]
+        + ["-c", "256"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("prompts: "))
+    m = edgerun.load(smollm2_path, n_ctx=256, ram_budget="400M")
+    assert m.prefill_chunk == prefill_chunk_within(m.spec, STEP_MARGIN_BYTES)
+    assert line.startswith(f"prompts: {m.prefill_chunk} tokens a forward call")
+    assert "256-token KV window" in line
+    m.close()
