@@ -153,12 +153,14 @@ def test_gpu_flag_without_torch_names_the_extra(smollm2_path):
     assert "edgerun[gpu]" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_plan_command_prints_the_prompt_chunk_a_budget_allows(smollm2_path):
+def test_plan_command_prints_the_prompt_chunk_a_budget_allows(smollm2_path, resident):
     """Under a RAM budget a prompt goes through in chunks whose temporaries fit the plan's
-    step margin; `edgerun plan` says how many tokens, as the runtime will use."""
+    step margin; `edgerun plan` says how many tokens, as the runtime uses. Both in fresh
+    processes: a budget is the whole process, and this one holds other models."""
     from edgerun.engine import prefill_chunk_within
     from edgerun.sched.placement import STEP_MARGIN_BYTES
 
+    want = prefill_chunk_within(resident.spec, STEP_MARGIN_BYTES)
     r = subprocess.run(
         [sys.executable, "-m", "edgerun", "plan", str(smollm2_path), "--ram-budget", "400M"]
         + ["-c", "256"],
@@ -167,8 +169,13 @@ def test_plan_command_prints_the_prompt_chunk_a_budget_allows(smollm2_path):
     )
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("prompts: "))
-    m = edgerun.load(smollm2_path, n_ctx=256, ram_budget="400M")
-    assert m.prefill_chunk == prefill_chunk_within(m.spec, STEP_MARGIN_BYTES)
-    assert line.startswith(f"prompts: {m.prefill_chunk} tokens a forward call")
+    assert line.startswith(f"prompts: {want} tokens a forward call")
     assert "256-token KV window" in line
-    m.close()
+    code = (
+        "import edgerun\n"
+        f"m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, ram_budget='400M')\n"
+        "print(m.prefill_chunk, m.generator.prefill_chunk, m.kv_budget_tokens)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(want), str(want), "256"]
