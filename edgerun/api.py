@@ -205,11 +205,11 @@ class Model:
 
                 ensure_kernels_compiled(self.path, self.kv_type, qmatvec.kernel_path())
             self._offload(ram_budget, offload, offload_options, gpu_budget, gpu_device)
-        # Under a RAM budget a prompt chunk's temporaries must fit in the plan's step margin
-        self.prefill_chunk = PREFILL_CHUNK
         # Under a RAM budget the plan reserves one n_ctx window of KV cache; concurrent
         # requests share it (sched/batching.BatchScheduler admits by it).
         self.kv_budget_tokens = self.n_ctx if ram_budget is not None else None
+        # Under a RAM budget a prompt chunk's temporaries must fit in the plan's step margin
+        self.prefill_chunk = PREFILL_CHUNK
         if ram_budget is not None:
             from edgerun.sched.placement import STEP_MARGIN_BYTES
 

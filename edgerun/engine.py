@@ -241,23 +241,21 @@ class Generator:
             pair = [KVCache(spec, 1, scratch.kv_type) for _ in range(2)]
             self.model.forward_batch(ids, pair)  # batched decode (sched/batching.py)
             compute_thread().call(self._warm_parallel_kernels)
-            compute_thread().call(self._warm_prefill_tiles)
-            compute_thread().call(self._warm_decode_formats)
+            compute_thread().call(self._warm_every_format)
         compiled = sum(1 for e in rec.buffer if e[1].is_start)
         self.warmed = WarmUp(time.perf_counter() - t0, compiled)
         if self.after_warm_up is not None:
             self.after_warm_up()
         return self.warmed
 
-    def _warm_prefill_tiles(self) -> None:
-        """The prefill GEMMs (AMX tiles where the CPU has them) for every weight format:
-        the warm-up's 2-token prompt takes the batched decode kernels."""
-        qmatvec.warm_prefill(_weight_formats(self.model))
-
-    def _warm_decode_formats(self) -> None:
-        """The decode kernels of every weight format in the model: parts held or moved
-        after the warm-up (offloading) would otherwise load theirs on the first token."""
-        qmatvec.warm_decode(_weight_formats(self.model))
+    def _warm_every_format(self) -> None:
+        """The prefill GEMMs (AMX tiles where the CPU has them) and the decode kernels of
+        every weight format in the model: the warm-up's 2-token prompt takes the batched
+        decode kernels, and parts held or moved after the warm-up (offloading) would
+        otherwise load theirs on the first token or prompt."""
+        formats = _weight_formats(self.model)
+        qmatvec.warm_prefill(formats)
+        qmatvec.warm_decode(formats)
 
     def _warm_parallel_kernels(self) -> None:
         """Run the parallel RMSNorm and GLU kernels once on zero rows of the model's width."""

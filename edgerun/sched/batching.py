@@ -199,8 +199,7 @@ def _round_to_pages(positions: int, cache: KVCache) -> int:
 
 def _position_bytes(cache: KVCache) -> int:
     """Bytes one position takes in `cache` (keys and values of every layer and head)."""
-    layers, heads, _, head_dim = cache.k.shape
-    return 2 * layers * heads * head_dim * cache.k.dtype.itemsize
+    return cache.nbytes // cache.n_ctx
 
 
 def _kv_positions(r: Request) -> int:

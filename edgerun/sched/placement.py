@@ -40,6 +40,7 @@ STEP_MARGIN_BYTES = 24 * MiB
 # after a 1990-token prompt of Qwen2.5-1.5B at 800M, 14.6 MB of unmapped page cache
 # that no part of the plan counts (benchmarks/budget_soak.py --no-limit).
 LATE_MEMORY_BYTES = 8 * MiB
+MARGIN_BYTES = STEP_MARGIN_BYTES + LATE_MEMORY_BYTES  # what every plan keeps unassigned
 # Cache misses are read and computed this many neurons at a time.
 SCRATCH_NEURONS = 1024
 # Prefetched records of the next layer wait in a staging matrix of this many neurons.
@@ -381,8 +382,7 @@ def _resident_bytes(
         + fp.norm_bytes
         + (0 if head_streamed else fp.head_bytes)
         + min(fp.embedding_bytes, EMBEDDING_TOUCH_BYTES)
-        + STEP_MARGIN_BYTES
-        + LATE_MEMORY_BYTES
+        + MARGIN_BYTES
     )
 
 
@@ -519,9 +519,7 @@ def _gpu_time(fp: Footprint, ffn_l, att_l, dev: DeviceFigures, dtype_bytes: int)
 
 def resident_need(fp: Footprint, file_bytes: int, floor: int, n_ctx: int) -> int:
     """The budget that keeps the whole model resident: floor, KV cache, file, margins."""
-    return (
-        floor + n_ctx * fp.kv_bytes_per_token + file_bytes + STEP_MARGIN_BYTES + LATE_MEMORY_BYTES
-    )
+    return floor + n_ctx * fp.kv_bytes_per_token + file_bytes + MARGIN_BYTES
 
 
 def resident_plan(
@@ -565,7 +563,7 @@ def resident_plan(
         budget=budget,
         floor=floor,
         kv_bytes=kv,
-        resident_bytes=file_bytes + STEP_MARGIN_BYTES + LATE_MEMORY_BYTES,
+        resident_bytes=file_bytes + MARGIN_BYTES,
         gate_resident=True,
         predictor_bytes=0,
         scratch_bytes=0,
