@@ -44,6 +44,8 @@ PROMPT = "Write a Python function that checks whether a number is prime."
 CONFIGS = {
     "mmap": None,
     "dense": {"offload": "dense"},
+    # dense, streaming every head row it does not hold (no sketch: the resident logits)
+    "dense-exact": {"offload": "dense", "head_candidates": 0},
     # dense, lending the KV cache's unwritten reserve to streamed rows (offload/kv_loan.py)
     "dense-loan": {"offload": "dense", "kv_loan_tiers": 8},
     "sparse": {"offload": "sparse", "window": 0, "prefetch": False},

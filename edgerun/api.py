@@ -320,6 +320,8 @@ class Model:
                 gpu_force=force,
                 gap_bytes=opts.gap_bytes,
                 offload=offload,
+                head_candidates=opts.head_candidates if mode == "dense" else 0,
+                head_rank=opts.head_rank,
             )
 
         p = plan_with(self.floor_bytes)
@@ -506,7 +508,48 @@ class Model:
             freed = page_out_large_libraries()
             with self.compute_lock:
                 store.hold_more(min(freed, deferred))
+        self._sketch_head()
         self._lend_kv_reserve()
+
+    def _sketch_head(self) -> None:
+        """Where the plan reads only candidate rows of a streamed head: load the head's
+        sketch (fit it on calibration text the first time, offload/head.py) and swap
+        the streamed head for one that reads the rows it picks."""
+        p = self.plan
+        if not getattr(p, "head_candidates", 0) or not hasattr(self.store, "head_split"):
+            return
+        from edgerun.corpus import calibration_text
+        from edgerun.offload import head as hd
+
+        found = self.store.head_split()
+        if found is None:
+            return
+        m, offset = found
+        opts = self.store.options
+        first = m.held_rows
+        sha = getattr(registry.find_by_file(self.path), "sha256", None)
+        path = hd.sketch_path(
+            registry.cache_dir(), self.path, hd.source_key(self.path, sha), first, opts.head_rank
+        )
+        with self.compute_lock:
+            sketch = hd.load_sketch(path, m.template, first, opts.head_rank)
+            if sketch is None:
+                # independent windows of one prompt chunk: the KV cache they need is one
+                # chunk's (3.6 MiB on the 1.5B), the temporaries the plan's step margin
+                ids = self.tokenizer.encode(calibration_text()[:8000])[: hd.CALIBRATION_TOKENS]
+                step = self.prefill_chunk
+                cache = KVCache(self.spec, step, self.kv_type)
+                parts = []
+                for i in range(0, len(ids), step):
+                    cache.clear()
+                    parts.append(self.transformer.final_hidden(ids[i : i + step], cache))
+                hidden = np.concatenate(parts)
+                del cache, parts
+                sketch = hd.fit_sketch(
+                    m.template, self.store.flash_reader, offset, hidden, first, opts.head_rank
+                )
+                hd.save_sketch(path, sketch, m.template)
+            self.transformer.head = self.store.sketch_head(sketch, opts.head_candidates)
 
     def after_prompt_chunk(self) -> None:
         """Under a RAM budget, give the C heap's free pages back after each prompt chunk.

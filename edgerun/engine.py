@@ -13,7 +13,7 @@ from edgerun.compute_thread import compute_thread
 from edgerun.errors import ContextOverflowError, InvalidArgumentError
 from edgerun.kvcache import KVCache
 from edgerun.model import Transformer
-from edgerun.ops import qmatvec
+from edgerun.ops import lowrank, qmatvec
 from edgerun.ops.activations import PARALLEL_MIN as _GLU_PARALLEL_MIN
 from edgerun.ops.activations import glu
 from edgerun.ops.norm import PARALLEL_MIN as _NORM_PARALLEL_MIN
@@ -256,6 +256,7 @@ class Generator:
         formats = _weight_formats(self.model)
         qmatvec.warm_prefill(formats)
         qmatvec.warm_decode(formats)
+        lowrank.warm()  # an offloaded head's sketch scores (offload/head.py)
 
     def _warm_parallel_kernels(self) -> None:
         """Run the parallel RMSNorm and GLU kernels once on zero rows of the model's width."""

@@ -156,7 +156,7 @@ class Transformer:
         """
         return compute_thread().call(self._forward, tokens, cache, all_logits)
 
-    def _forward(self, tokens: list[int], cache: KVCache, all_logits: bool) -> np.ndarray:
+    def _layers_forward(self, tokens: list[int], cache: KVCache) -> np.ndarray:
         s = self.spec
         n = len(tokens)
         cache.check_fits(n)
@@ -187,10 +187,30 @@ class Transformer:
             if layer.post_ffn_norm is not None:
                 f = rmsnorm(f, layer.post_ffn_norm, eps)
             h += f
+        return h
+
+    def final_hidden(self, tokens: list[int], cache: KVCache) -> np.ndarray:
+        """Run `tokens` after what `cache` holds and return their final hidden states
+        [len(tokens), d_model], normed as the head gets them (no head: the offloaded
+        head's sketch is fitted on these, offload/head.py)."""
+
+        def run() -> np.ndarray:
+            h = self._layers_forward(tokens, cache)
+            cache.tokens.extend(int(t) for t in tokens)
+            return rmsnorm(h, self.output_norm, self.spec.norm_eps)
+
+        return compute_thread().call(run)
+
+    def _forward(self, tokens: list[int], cache: KVCache, all_logits: bool) -> np.ndarray:
+        s = self.spec
+        eps = s.norm_eps
+        h = self._layers_forward(tokens, cache)
         cache.tokens.extend(int(t) for t in tokens)
         if self.head is not None:  # streamed under a budget
-            logits = self.head(rmsnorm(h if all_logits else h[-1:], self.output_norm, eps))
-            logits = logits if all_logits else logits[0]
+            if all_logits:
+                logits = self.head(rmsnorm(h, self.output_norm, eps))
+            else:
+                logits = self.head.next_logits(rmsnorm(h[-1:], self.output_norm, eps))[0]
         elif all_logits:
             logits = qmatvec.project(self.output, rmsnorm(h, self.output_norm, eps))
         else:

@@ -271,7 +271,7 @@ class SplitMatrix:
         del self.more[keep:]
 
     def project(
-        self, stream: RowStream, x: np.ndarray, stats: StreamStats, decode: bool = False
+        self, stream: RowStream | None, x: np.ndarray, stats: StreamStats, decode: bool = False
     ) -> np.ndarray:
         """x [n, cols] -> [n, rows], as qmatvec.project on the whole matrix computes it
         (decode: as qmatvec.matvec_batch does, each row a one-token matvec's)."""
@@ -318,6 +318,10 @@ class StreamedProjection:
     def decode_batch(self, x: np.ndarray) -> np.ndarray:
         """Several sequences' decode rows, each as its one-token call computes it."""
         return self.matrix.project(self.stream, x, self.stats, decode=True)
+
+    def next_logits(self, x: np.ndarray) -> np.ndarray:
+        """The logits a token is chosen from (x [1, cols]): every row, as __call__."""
+        return self.matrix.project(self.stream, x, self.stats)
 
 
 class StreamedFFN:

@@ -29,6 +29,7 @@ from edgerun.ffn import FFNExecutor
 from edgerun.offload.bundle import Bundle, ensure_bundle
 from edgerun.offload.cache import NeuronCache
 from edgerun.offload.ffn import OffloadStats, SparseFFN
+from edgerun.offload.head import HEAD_CANDIDATES, HEAD_RANK
 from edgerun.offload.io import IO_THREADS, aligned_empty
 from edgerun.offload.prefetch import Prefetcher
 from edgerun.sched.placement import PREFETCH_NEURONS, SCRATCH_NEURONS, Plan
@@ -80,6 +81,11 @@ class OffloadOptions:
     # process nearer its budget (peak 828 vs 775 MB; Qwen2.5-0.5B at 400 MiB: 424-432 MB
     # against a 419 MB budget). results/offload_1.5b_zen3_s20.txt.
     kv_loan_tiers: int = 0
+    # Dense mode, an untied head: the head rows not held stay on flash, and a rank-
+    # head_rank sketch of them picks this many a sequence and token to read exactly
+    # (offload/head.py); 0 streams them all every token (exactly the resident logits).
+    head_candidates: int = HEAD_CANDIDATES
+    head_rank: int = HEAD_RANK
 
     @classmethod
     def from_dict(cls, d: dict | None) -> OffloadOptions:
@@ -99,6 +105,12 @@ class OffloadOptions:
             raise InvalidArgumentError(
                 f"offload kv_loan_tiers must be in [0, 64], got {o.kv_loan_tiers}"
             )
+        if o.head_candidates < 0:
+            raise InvalidArgumentError(
+                f"offload head_candidates must be >= 0, got {o.head_candidates}"
+            )
+        if not 1 <= o.head_rank <= 1024:
+            raise InvalidArgumentError(f"offload head_rank must be in [1, 1024], got {o.head_rank}")
         if not 0.0 <= o.hot <= 1.0:
             raise InvalidArgumentError(f"offload hot share must be in [0, 1], got {o.hot}")
         return o
@@ -403,6 +415,7 @@ class DenseStreamStore(ResidentStore):
         self.held_neurons = max(0, plan.cache_neurons - plan.deferred_neurons)
         self._splits: list[tuple[SplitMatrix, int]] = []  # (matrix, file offset), in stream order
         self._loans: list[RowLoan] = []  # rows held past the first ones, newest last
+        self._unstreamed: set[str] = set()  # split matrices whose other rows stay on flash
 
     def hold_more(self, max_bytes: int) -> int:
         """Hold up to max_bytes more of every streamed FFN matrix's first rows in RAM, the
@@ -495,6 +508,9 @@ class DenseStreamStore(ResidentStore):
         from edgerun.offload.rowstream import stream_ranges
 
         rb = m.template.data.shape[1]
+        if m.name in self._unstreamed:  # read on demand (offload/head.CandidateHead)
+            m.pieces = []
+            return
         m.pieces = [
             (self.row_stream.add(offset + r0 * rb, (r1 - r0) * rb), r0, r1)
             for r0, r1 in stream_ranges(m.template, m.held_rows)
@@ -527,6 +543,29 @@ class DenseStreamStore(ResidentStore):
             return None
         held = self._share_rows(self.held_neurons, self._reader.view(name).shape[0])
         return StreamedProjection(self._split(name, held), self.row_stream, self.stats)
+
+    def head_split(self):
+        """(SplitMatrix, file offset) of the streamed head; None when it is not streamed."""
+        name = self.spec.global_tensors["output"]
+        return next(((m, off) for m, off in self._splits if m.name == name), None)
+
+    def sketch_head(self, sketch, candidates: int):
+        """Stop streaming the head's other rows: a CandidateHead (offload/head.py) reads
+        the few a token's sketch scores choose. The stream is rebuilt without them."""
+        from edgerun.offload.head import CandidateHead
+
+        found = self.head_split()
+        if found is None:
+            raise InvalidArgumentError("sketch_head: this plan does not stream the head")
+        m, offset = found
+        if self._loans:
+            raise InvalidArgumentError("sketch_head() with row loans outstanding")
+        self._unstreamed.add(m.name)
+        self.row_stream.close(free_ring=False)  # the same buffers: see RowStream.close
+        self.row_stream.clear()
+        for mm, off in self._splits:
+            self._add_pieces(mm, off)
+        return CandidateHead(m, sketch, self.direct, offset, candidates, self.stats)
 
     def _split(self, name: str, held: int):
         from edgerun.offload.rowstream import SplitMatrix, read_rows, split_rows

@@ -101,6 +101,7 @@ class Footprint:
     up_format: str = ""
     down_format: str = "Q8_0"
     up_row_bytes: int = 0
+    head_rows: int = 0  # vocabulary rows of an untied head
 
     def attention_formats(self) -> tuple[tuple[str, int], ...]:
         return self.attention_by_format or (("", self.attention_bytes),)
@@ -163,6 +164,11 @@ class Plan:
     # dense mode, an untied head: its rows are held in the FFN's share and the rest
     # streamed (cache_bytes and read_bytes_per_token count them); not in resident_bytes
     head_streamed: bool = False
+    # dense mode, a streamed head whose other rows stay on flash: a low-rank sketch of them
+    # (its RAM: head_sketch_bytes, in resident_bytes) picks head_candidates a token to read
+    # (offload/head.py); 0: they are streamed every token
+    head_candidates: int = 0
+    head_sketch_bytes: int = 0
 
     @property
     def used_bytes(self) -> int:
@@ -202,7 +208,16 @@ class Plan:
             share = f"{self.cache_neurons / self.d_ff:.0%}" if self.d_ff else "a share"
             rows.append(("FFN first rows of gate/up/down", "RAM", f"{where}: {share} of each"))
             rows.append(("FFN other rows", "flash, streamed each token (file format)", where))
-            if self.head_streamed:
+            if self.head_streamed and self.head_candidates:
+                rows.append(
+                    (
+                        "output head",
+                        "RAM / flash",
+                        f"first {share} of its rows held; a {self.head_sketch_bytes / MiB:,.1f} "
+                        f"MiB sketch picks {self.head_candidates} of the others a token to read",
+                    )
+                )
+            elif self.head_streamed:
                 rows.append(("output head", "RAM / flash", f"first {share} of its rows held"))
             return rows
         if self.pinned_neurons:
@@ -621,6 +636,8 @@ def plan(
     gpu_force: bool = False,
     gap_bytes: int = GAP_BYTES,
     offload: OffloadFigures | None = None,
+    head_candidates: int = 0,
+    head_rank: int = 64,
 ) -> Plan:
     """Split `budget` bytes between resident weights, gate, predictor and neuron cache,
     and `gpu_budget` bytes between layers' FFNs and attention on a torch device.
@@ -630,6 +647,9 @@ def plan(
     that share of each layer's cache is pinned with its hottest neurons. Layers whose
     FFN goes to the GPU need no RAM for it, so the cache is split over the others.
     Raises BudgetError naming the minimum when the budget cannot hold the mandatory parts.
+    With head_candidates (dense mode, an untied head), the head rows not held stay on
+    flash and a rank-head_rank sketch of them in RAM picks that many a token to read
+    (offload/head.py), instead of streaming them all.
 
     Predicted time per token = the CPU's streamed bytes / its matvec rate + flash reads /
     the read rate at their size + device bytes / the device rate + one round trip per
@@ -672,6 +692,7 @@ def plan(
     left = budget - floor - kv - resident - scratch
     notes: list[str] = []
     pinned = 0
+    head_sketch = 0
     gate_cpu = L_cpu * fp.d_ff * fp.gate_row_bytes
     if L_cpu == 0:
         per_layer, cache_bytes, read, compute_s = 0, 0, 0.0, 0.0
@@ -684,11 +705,31 @@ def plan(
 
         # one neuron's share: its rows in every CPU layer, and vocab / d_ff head rows
         nb = L_cpu * fp.dense_neuron_bytes + (fp.head_bytes / fp.d_ff if head_streamed else 0)
-        per_layer = min(fp.d_ff, int(left // nb))
-        if per_layer < fp.d_ff:
-            per_layer -= per_layer % ROW_MULTIPLE
+        from edgerun.offload.head import sketch_bytes
+
+        sketched = head_streamed and head_candidates > 0 and fp.head_rows > 0
+
+        def rows_held(room: float) -> int:
+            n = min(fp.d_ff, int(room // nb))
+            return n if n >= fp.d_ff else n - n % ROW_MULTIPLE
+
+        def sketch_for(neurons: int) -> int:
+            held = fp.head_rows if neurons >= fp.d_ff else neurons * fp.head_rows // fp.d_ff
+            tail = fp.head_rows - held
+            return sketch_bytes(tail, fp.d_model, head_rank) if tail else 0
+
+        per_layer = rows_held(left)
+        if sketched:  # the sketch of the rows not held comes out of the same memory
+            per_layer = rows_held(left - sketch_for(0))
+            head_sketch = sketch_for(per_layer)
+            per_layer = rows_held(left - head_sketch)
+            head_sketch = sketch_for(per_layer)
+            resident += head_sketch
         cache_bytes = int(per_layer * nb)
         read = (fp.d_ff - per_layer) * nb
+        if sketched:  # the head's other rows: only the candidates, one 4 KiB read each
+            read -= (fp.d_ff - per_layer) * fp.head_bytes / fp.d_ff
+            read += head_candidates * 4096
         gate_resident, pred, gate_b = False, 0, 0
         compute_s = dev.cpu_seconds(fp.ffn_formats(), L_cpu / L)
         read_s = read / dev.stream_rate()
@@ -771,6 +812,8 @@ def plan(
         gpu_bytes=gpu_used,
         time_split=split,
         head_streamed=head_streamed,
+        head_candidates=head_candidates if head_sketch else 0,
+        head_sketch_bytes=head_sketch,
     )
 
 
@@ -840,4 +883,5 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
         up_format=up.qtype.name,
         down_format=down_format,
         up_row_bytes=row_bytes(up.qtype, spec.d_model),
+        head_rows=reader.tensor(g["output"]).shape[0] if head else 0,
     )
