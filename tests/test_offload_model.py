@@ -80,8 +80,16 @@ m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=2, offload="dense",
 m.reset_offload_stats()
 got = "".join(m.generate({prompt!r}, max_tokens=64, temperature=0))
 need = minimum_ram_budget({str(smollm2_path)!r}, n_ctx=256)  # this process holds m too
-later = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=2, offload="dense",
-                     ram_budget=int(need * 1.1), offload_options=dict(kv_loan_tiers=0))
+import re
+from edgerun.errors import BudgetError
+try:
+    later = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=2, offload="dense",
+                         ram_budget=int(need * 1.1), offload_options=dict(kv_loan_tiers=0))
+except BudgetError as e:  # the second load's own floor grew past need (m is alive):
+    # load as a user would, with 10% over the minimum the error names
+    need = int(re.search(r"--ram-budget ([0-9]+)M", str(e)).group(1)) << 20
+    later = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=2, offload="dense",
+                         ram_budget=int(need * 1.1), offload_options=dict(kv_loan_tiers=0))
 held0 = later.store.held_neurons
 # after the warm-up it holds what paging LLVM out freed: 0 here, where the parent process
 # maps the same library (MADV_PAGEOUT leaves shared pages); hold the rest as if freed
