@@ -515,8 +515,7 @@ class Model:
         """Where the plan reads only candidate rows of a streamed head: load the head's
         sketch (fit it on calibration text the first time, offload/head.py) and swap
         the streamed head for one that reads the rows it picks."""
-        p = self.plan
-        if not getattr(p, "head_candidates", 0) or not hasattr(self.store, "head_split"):
+        if not self.plan.head_candidates:  # only dense plans of an untied head set it
             return
         from edgerun.corpus import calibration_text
         from edgerun.offload import head as hd

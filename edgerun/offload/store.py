@@ -441,11 +441,9 @@ class DenseStreamStore(ResidentStore):
         if not self._loans or self._loans[-1] is not loan:
             raise InvalidArgumentError("row loans are repaid newest first")
         self._loans.pop()
-        self.row_stream.close(free_ring=False)  # the same buffers: see RowStream.close
-        self.row_stream.clear()
-        for (m, offset), keep in zip(self._splits, loan.kept, strict=True):
+        for (m, _), keep in zip(self._splits, loan.kept, strict=True):
             m.detach(keep)
-            self._add_pieces(m, offset)
+        self._restream()
         self.held_neurons = loan.neurons_before
 
     @staticmethod
@@ -494,14 +492,20 @@ class DenseStreamStore(ResidentStore):
         ]
         self.direct.read_into([r for r, _ in reads], buf, [a for _, a in reads])
         loan = RowLoan(len(buf), self.held_neurons, [len(m.more) for m, _ in self._splits])
-        self.row_stream.close(free_ring=False)  # the same buffers: see RowStream.close
-        self.row_stream.clear()
-        for (m, r0, r1, _), (_, offset), a, n in zip(spans, self._splits, at, sizes, strict=True):
+        for (m, r0, r1, _), a, n in zip(spans, at, sizes, strict=True):
             if n:
                 m.attach(r1, buf[a : a + n].reshape(r1 - r0, -1))
-            self._add_pieces(m, offset)
+        self._restream()
         self.held_neurons = want
         return loan
+
+    def _restream(self) -> None:
+        """Rebuild the stream's cycle over every split matrix's rows not held (after rows
+        were held, given back or taken off the stream)."""
+        self.row_stream.close(free_ring=False)  # the same buffers: see RowStream.close
+        self.row_stream.clear()
+        for m, offset in self._splits:
+            self._add_pieces(m, offset)
 
     def _add_pieces(self, m, offset: int) -> None:
         """m's rows past those held, as pieces of the (cleared) row stream."""
@@ -561,10 +565,7 @@ class DenseStreamStore(ResidentStore):
         if self._loans:
             raise InvalidArgumentError("sketch_head() with row loans outstanding")
         self._unstreamed.add(m.name)
-        self.row_stream.close(free_ring=False)  # the same buffers: see RowStream.close
-        self.row_stream.clear()
-        for mm, off in self._splits:
-            self._add_pieces(mm, off)
+        self._restream()
         return CandidateHead(m, sketch, self.direct, offset, candidates, self.stats)
 
     def _split(self, name: str, held: int):
