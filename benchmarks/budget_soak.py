@@ -8,11 +8,15 @@ Scenarios (one child each, page cache dropped first):
 - generate: one 2,000-token generation (EOS ignored);
 - chat: a 20-turn conversation on one Session (each answer up to --turn-tokens);
 - prompt: one prompt of --prompt-tokens tokens of evaluation text, then 8 tokens (the
-  KV cache fills at once: what dense offloading lent of its reserve is given back).
+  KV cache fills at once: what dense offloading lent of its reserve is given back);
+- sessions: --sessions sessions each read a different --session-tokens-token document
+  and answer, then each asks one more question (idle caches past the KV window are
+  moved to disk and read back, sched/kv_spill.py; --no-spill keeps them in memory).
 
 Needs root (cgroup v1 memory controller, drop_caches). Usage:
   python benchmarks/budget_soak.py [-m smollm2-135m] [--budget 300M] [-t 2] [--json out]
-      [--scenarios generate,chat,prompt] [--prompt-tokens 1990] [--no-limit]
+      [--scenarios generate,chat,prompt,sessions] [--prompt-tokens 1990] [--no-limit]
+      [--sessions 8] [--session-tokens 800] [--no-spill]
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ def child(spec: dict) -> None:
         r = m.scheduler.submit(ids, SamplingParams(temperature=0.0), 8, eos_ids=[])
         r.wait()
         tokens = r.stats.generated_tokens
+    elif spec["scenario"] == "sessions":
+        tokens = _sessions(m, spec, out_extra := {})
     else:
         s = m.session()
         tokens = 0
@@ -91,11 +97,50 @@ def child(spec: dict) -> None:
     peaks[spec["scenario"]] = int((g / "memory.max_usage_in_bytes").read_text()) / 1e6
     stat = dict(ln.split() for ln in (g / "memory.stat").read_text().splitlines())
     out = {"tokens": tokens, "seconds": dt, "plan": plan, "peak_mb": max(peaks.values())}
+    if spec["scenario"] == "sessions":
+        out.update(out_extra)
     out["peaks_mb"] = peaks
     out["stat_mb"] = {k: int(stat[k]) / 1e6 for k in ("rss", "shmem", "mapped_file", "cache")}
     out["cached_mb"] = _cached_files_mb()
     print("RESULT " + json.dumps(out), flush=True)
     m.close()
+
+
+def _sessions(m, spec: dict, out: dict) -> int:
+    """Many conversations on one model, each idle while the others run: every session
+    reads its own document, then each asks a follow-up (its cache read back from disk if
+    it was moved there). Fills `out` with the follow-ups' TTFT and the spill counts."""
+    import statistics
+
+    from edgerun.corpus import evaluation_text
+
+    if not spec["spill"]:
+        m.scheduler.spill_dir = None
+    text = evaluation_text()
+    n = spec["session_tokens"]
+    sessions, tokens = [], 0
+    for i in range(spec["sessions"]):
+        ids = m.tokenize(text[i * 8 * n : (i + 1) * 8 * n])[:n]
+        s = m.session()
+        s.send("Summarize this:\n" + m.detokenize(ids), max_tokens=8, temperature=0.0)
+        tokens += s.stats.generated_tokens
+        sessions.append(s)
+    ttft, cached = [], []
+    for s in sessions:
+        s.send("Who is speaking?", max_tokens=8, temperature=0.0)
+        tokens += s.stats.generated_tokens
+        ttft.append(s.stats.ttft_seconds)
+        cached.append(s.stats.cached_tokens)
+    c = m.scheduler.counters
+    out.update(
+        follow_up_ttft_s=round(statistics.median(ttft), 3),
+        follow_up_ttft_max_s=round(max(ttft), 3),
+        follow_up_cached_tokens=min(cached),
+        kv_spills=c.kv_spills,
+        kv_restores=c.kv_restores,
+        kv_window_tokens=m.kv_budget_tokens,
+    )
+    return tokens
 
 
 def _cached_files_mb() -> dict[str, float]:
@@ -148,6 +193,9 @@ def main(argv=None) -> int:
     ap.add_argument("--turn-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=1990)
     ap.add_argument("--scenarios", default="generate,chat")
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--session-tokens", type=int, default=800)
+    ap.add_argument("--no-spill", action="store_true", help="keep idle KV caches in memory")
     ap.add_argument("--offload-options", default=None, help='JSON, e.g. {"kv_loan_tiers": 8}')
     ap.add_argument(
         "--no-limit", action="store_true", help="no cgroup limit: trace the natural peak"
@@ -177,6 +225,9 @@ def main(argv=None) -> int:
             "turns": a.turns,
             "turn_tokens": a.turn_tokens,
             "prompt_tokens": a.prompt_tokens,
+            "sessions": a.sessions,
+            "session_tokens": a.session_tokens,
+            "spill": not a.no_spill,
             "options": json.loads(a.offload_options) if a.offload_options else None,
             "ctx": 2048 + 64,
         }
@@ -210,7 +261,16 @@ def main(argv=None) -> int:
             f"({'kept' if res['within_budget'] else 'NOT KEPT'}), peaks {res.get('peaks_mb')}, "
             f"failcnt {res['failcnt']}, "
             f"at the end {res.get('stat_mb')}, page cache {res.get('cached_mb')}, "
-            f"rc {p.returncode}" + (f", {res['error']}" if "error" in res else ""),
+            + (
+                f"follow-ups: TTFT median {res.get('follow_up_ttft_s')} s, max "
+                f"{res.get('follow_up_ttft_max_s')} s, cached >= "
+                f"{res.get('follow_up_cached_tokens')} tokens, spills {res.get('kv_spills')}, "
+                f"restores {res.get('kv_restores')}, "
+                if scenario == "sessions"
+                else ""
+            )
+            + f"rc {p.returncode}"
+            + (f", {res['error']}" if "error" in res else ""),
             flush=True,
         )
     if a.json:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import threading
 
 import numpy as np
 
@@ -31,6 +32,23 @@ def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 
+
+def release_pages(a: np.ndarray) -> None:
+    """Give back the memory of an array made by lazy_zeros: its pages become resident
+    again only when written (their old contents are gone). The mapping is shared
+    anonymous memory, which MADV_DONTNEED would leave in place: MADV_REMOVE frees it."""
+    base = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    buf = base.obj if isinstance(base, memoryview) else None
+    if not isinstance(buf, mmap.mmap):
+        raise InvalidArgumentError("release_pages: not an array made by lazy_zeros")
+    advice = getattr(mmap, "MADV_REMOVE", getattr(mmap, "MADV_DONTNEED", None))
+    if advice is not None:
+        buf.madvise(advice)
+
+
+PAGE_BYTES = 4096
 
 # Element types a cache can hold. f16 halves the memory (llama.cpp's default cache
 # type); it is stored as raw uint16 bits because Numba has no float16 on the CPU, and
@@ -58,6 +76,12 @@ class KVCache:
         self.v = lazy_zeros(shape, KV_TYPES[kv_type])
         self.n_ctx = n_ctx
         self.tokens: list[int] = []  # ids whose keys/values are stored, in order
+        self.written = 0  # positions written since the pages were last given back
+        # Held by whoever moves the rows to disk and back (sched/kv_spill.py) or reads
+        # them outside a forward pass (Session.save); `spilled` is the file holding them
+        # while they are on disk (no forward pass may run on the cache then).
+        self.lock = threading.RLock()
+        self.spilled = None
 
     @staticmethod
     def bytes_for(spec: ModelSpec, n_ctx: int, kv_type: str = "f32") -> int:
@@ -73,10 +97,43 @@ class KVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    @property
+    def position_bytes(self) -> int:
+        """Bytes one position takes (keys and values of every layer and head)."""
+        return self.nbytes // self.n_ctx
+
+    def pages_for(self, positions: int) -> int:
+        """positions rounded up to whole 4 KiB pages of the [layer, head, position] rows
+        (a page holds 4096 / (head_dim * item) positions of one layer and head)."""
+        per_page = max(1, PAGE_BYTES // (self.k.shape[-1] * self.k.dtype.itemsize))
+        return -(-positions // per_page) * per_page
+
+    @property
+    def resident_bytes(self) -> int:
+        """Memory its written positions hold now (0 while spilled to disk)."""
+        if self.spilled is not None:
+            return 0
+        return self.pages_for(max(self.written, self.length)) * self.position_bytes
+
+    def mark_written(self, end: int) -> None:
+        """Record a write of positions up to `end` made without store() (copied rows)."""
+        self.written = max(self.written, int(end))
+
+    def release(self) -> None:
+        """Give every page back (the rows are gone; the spilled file, if any, is kept)."""
+        release_pages(self.k)
+        release_pages(self.v)
+        self.written = 0
+
     def room(self) -> int:
         return self.n_ctx - self.length
 
     def check_fits(self, n_new: int) -> None:
+        if self.spilled is not None:
+            raise InvalidArgumentError(
+                "this KV cache's rows are on disk (an idle session under a RAM budget); "
+                "the scheduler reads them back before it computes on it"
+            )
         if self.length + n_new > self.n_ctx:
             raise ContextOverflowError(
                 f"{self.length + n_new} tokens do not fit in the context window of "
@@ -90,6 +147,7 @@ class KVCache:
         k, v = cache_values(k, self.k.dtype), cache_values(v, self.v.dtype)
         self.k[layer, :, start : start + n] = k.transpose(1, 0, 2)
         self.v[layer, :, start : start + n] = v.transpose(1, 0, 2)
+        self.written = max(self.written, start + n)
 
     def common_prefix(self, ids: list[int]) -> int:
         """How many leading ids are already cached (reusable without recompute)."""
@@ -105,4 +163,11 @@ class KVCache:
         del self.tokens[n:]
 
     def clear(self) -> None:
-        self.tokens.clear()
+        """Forget everything and give the pages back (a new chat starts from nothing)."""
+        with self.lock:
+            self.tokens.clear()
+            if self.spilled is not None:
+                self.spilled.close()
+                self.spilled = None
+            if self.written:
+                self.release()

@@ -19,6 +19,7 @@ import numpy as np
 from edgerun.atomic import write_atomic
 from edgerun.errors import EdgerunError, InvalidArgumentError
 from edgerun.kvcache import KV_TYPES, KVCache
+from edgerun.sched import kv_spill
 from edgerun.sched.batching import Request, ResponseStats
 
 if TYPE_CHECKING:
@@ -201,21 +202,23 @@ class Session:
         if self.last is not None and not self.last.finished.is_set():
             raise InvalidArgumentError("cannot save a session while it is answering")
         c = self.cache
-        n = c.length
-        k, v = c.k[:, :, :n], c.v[:, :, :n]
-        if c.kv_type == "f16":
-            k, v = k.view(np.float16), v.view(np.float16)
+        with kv_spill.resident(c):  # an idle session's rows may be on disk
+            n = c.length
+            k, v = c.k[:, :, :n], c.v[:, :, :n]
+            if c.kv_type == "f16":
+                k, v = k.view(np.float16), v.view(np.float16)
+            tensors = {"k": np.ascontiguousarray(k), "v": np.ascontiguousarray(v)}
+            tokens = list(c.tokens)
         meta = {
             "format": SESSION_FORMAT,
             "model": self.model.identity,
             "model_name": self.model.name,
             "kv_type": c.kv_type,
             "n_ctx": str(c.n_ctx),
-            "tokens": json.dumps(c.tokens),
+            "tokens": json.dumps(tokens),
             "messages": json.dumps(self.messages, ensure_ascii=False),
             "system": json.dumps(self.system),
         }
-        tensors = {"k": np.ascontiguousarray(k), "v": np.ascontiguousarray(v)}
         return write_atomic(path, lambda p: save_file(tensors, str(p), metadata=meta))
 
     @classmethod
@@ -273,6 +276,7 @@ class Session:
         else:
             c.k[:, :, :n] = k.astype(np.float32)
             c.v[:, :, :n] = v.astype(np.float32)
+        c.mark_written(n)
         c.tokens[:] = tokens
         sess.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
         return sess

@@ -223,14 +223,15 @@ def test_shared_prefixes_are_kept_only_in_the_kv_window_left(model):
         assert len(model.prefix_cache) == 0
         # room for both: kept, and counted while it is kept
         model.kv_budget_tokens = 2 * len(ids) + 64
-        model.scheduler.submit(ids, params, 8, eos_ids=[], prefix_len=k).wait()
+        own = KVCache(model.spec, model.n_ctx, model.kv_type)
+        model.scheduler.submit(ids, params, 8, cache=own, eos_ids=[], prefix_len=k).wait()
         assert len(model.prefix_cache) == 1
-        from edgerun.sched.batching import _position_bytes, _round_to_pages
-
+        assert own.resident_bytes > 0  # an idle cache counts in the window too, until
+        own.clear()  # cleared (its pages given back)
         like = KVCache(model.spec, model.n_ctx, model.kv_type)
-        per = _position_bytes(like)
+        per = like.position_bytes
         assert model.prefix_cache.nbytes == k * per
-        window = _round_to_pages(model.kv_budget_tokens, like) * per
+        window = like.pages_for(model.kv_budget_tokens) * per
         assert model.scheduler._kv_room(like) == window - k * per
     finally:
         model.kv_budget_tokens = saved

@@ -20,8 +20,10 @@ import asyncio
 import queue
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +32,7 @@ from edgerun.engine import PREFILL_CHUNK, GenerationStats, StopMatcher, check_pr
 from edgerun.errors import ContextOverflowError, EdgerunError, InvalidArgumentError
 from edgerun.kvcache import KVCache
 from edgerun.sampling import Sampler, SamplingParams
+from edgerun.sched import kv_spill
 from edgerun.sysinfo import peak_rss_bytes
 from edgerun.tokenizer import StreamDecoder
 
@@ -190,22 +193,10 @@ class Request:
         self._put(_DONE)
 
 
-def _round_to_pages(positions: int, cache: KVCache) -> int:
-    """positions rounded up to whole 4 KiB pages of `cache`'s [layer, head, position]
-    rows (a page holds 4096 / (head_dim * item) positions of one layer and head)."""
-    per_page = max(1, 4096 // (cache.k.shape[-1] * cache.k.dtype.itemsize))
-    return -(-positions // per_page) * per_page
-
-
-def _position_bytes(cache: KVCache) -> int:
-    """Bytes one position takes in `cache` (keys and values of every layer and head)."""
-    return cache.nbytes // cache.n_ctx
-
-
 def _kv_positions(r: Request) -> int:
     """The KV positions r's cache can come to hold, in whole pages."""
     reach = min(r.cache.n_ctx, len(r.prompt_ids) + r.max_tokens)
-    return _round_to_pages(reach, r.cache)
+    return r.cache.pages_for(reach)
 
 
 class BatchScheduler:
@@ -221,6 +212,13 @@ class BatchScheduler:
         self.model = model
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        # Under a RAM budget, idle caches count in the KV window too, and the least
+        # recently used are moved to disk when a request needs their room (kv_spill.py).
+        # spill_dir None keeps them in memory (counted, never moved).
+        from edgerun.registry import cache_dir
+
+        self.spill_dir: Path | None = cache_dir() / "kv-spill"
+        self._seen: weakref.WeakKeyDictionary[KVCache, float] = weakref.WeakKeyDictionary()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._active: list[Request] = []
         self._waiting: list[Request] = []
@@ -281,9 +279,34 @@ class BatchScheduler:
             except queue.Empty:
                 break
         while self._waiting and len(self._active) < self.max_batch:
-            if self._active and not self._kv_fits(self._waiting[0]):
-                break  # first come, first served: later requests wait behind it too
+            r = self._waiting[0]
+            if not self._kv_fits(r):
+                self._spill_idle(r)
+                if self._active and not self._kv_fits(r):
+                    break  # first come, first served: later requests wait behind it too
             self._active.append(self._waiting.pop(0))
+            self._seen[r.cache] = time.monotonic()  # idle again once r is done
+
+    def _idle_caches(self, but: KVCache | None = None) -> list[KVCache]:
+        """Caches of earlier requests that hold pages and no running request uses (nor
+        `but`), least recently used first."""
+        busy = {id(a.cache) for a in self._active} | {id(but)}
+        idle = [(t, c) for c, t in list(self._seen.items()) if id(c) not in busy]
+        return [c for _, c in sorted(idle, key=lambda e: e[0]) if c.resident_bytes]
+
+    def _spill_idle(self, r: Request) -> None:
+        """Move idle caches to disk, least recently used first, until r fits the KV
+        window (or none is left)."""
+        if self.spill_dir is None:
+            return
+        for c in self._idle_caches(but=r.cache):
+            try:
+                kv_spill.spill(c, self.spill_dir)
+            except EdgerunError:
+                return  # a full or read-only disk: r waits for room as before
+            self.counters.kv_spills += 1
+            if self._kv_fits(r):
+                return
 
     def _kv_fits(self, r: Request) -> bool:
         """Whether r's KV cache fits beside the active requests' in what the RAM budget
@@ -295,16 +318,18 @@ class BatchScheduler:
         context the same way. A request counts the positions it can reach (prompt and
         max_tokens, at most its window), rounded up to whole pages of the cache."""
         room = self._kv_room(r.cache)
-        return room is None or _kv_positions(r) * _position_bytes(r.cache) <= room
+        return room is None or _kv_positions(r) * r.cache.position_bytes <= room
 
     def _kv_room(self, like: KVCache) -> int | None:
         """Bytes of the budget's KV window that neither the active requests' caches can
-        come to hold nor the shared prefixes hold; None without a RAM budget."""
+        come to hold, nor idle caches hold in memory (other than `like`), nor the shared
+        prefixes hold; None without a RAM budget."""
         capacity = getattr(self.model, "kv_budget_tokens", None)
         if capacity is None:
             return None
-        window = _round_to_pages(capacity, like) * _position_bytes(like)
-        used = sum(_kv_positions(a) * _position_bytes(a.cache) for a in self._active)
+        window = like.pages_for(capacity) * like.position_bytes
+        used = sum(_kv_positions(a) * a.cache.position_bytes for a in self._active)
+        used += sum(c.resident_bytes for c in self._idle_caches(but=like))
         return window - used - self.model.prefix_cache.nbytes
 
     def _run(self) -> None:
@@ -362,6 +387,10 @@ class BatchScheduler:
         r.stats.queued_seconds = time.perf_counter() - r.submitted
         ids = r.prompt_ids
         own = min(r.cache.common_prefix(ids), len(ids) - 1)
+        if r.cache.spilled is not None:  # an idle session's rows, moved to disk
+            m.before_kv_write(r.cache, own)
+            own = kv_spill.restore(r.cache, own)
+            self.counters.kv_restores += 1
         shared = m.prefix_cache.lookup(ids, limit=len(ids) - 1)
         if shared is not None and len(shared.tokens) > own:
             m.before_kv_write(r.cache, len(shared.tokens))
@@ -439,6 +468,8 @@ class SchedulerCounters:
     decode_seconds: float = 0.0
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
+    kv_spills: int = 0  # idle caches moved to disk under a RAM budget (kv_spill.py)
+    kv_restores: int = 0  # and read back when their session was admitted again
 
     @property
     def decode_tps(self) -> float:
@@ -465,6 +496,7 @@ class SharedPrefix:
             raise ContextOverflowError(f"a shared prefix of {n} tokens exceeds the context")
         cache.k[:, :, :n] = self.k
         cache.v[:, :, :n] = self.v
+        cache.mark_written(n)
         cache.tokens[:] = list(self.tokens)
         self.last_used = time.monotonic()
 
@@ -509,7 +541,7 @@ class PrefixCache:
         with self._lock:
             if key in self._entries or n == 0:
                 return
-            if room is not None and n * _position_bytes(cache) > room:
+            if room is not None and n * cache.position_bytes > room:
                 return
             e = SharedPrefix(key, cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy())
             if e.nbytes > self.max_bytes:

@@ -1,0 +1,130 @@
+"""Idle KV caches moved to disk under a RAM budget, and read back when their turn comes.
+
+Why: a session keeps its KV cache between turns so that its next message computes only
+itself, but a budgeted plan reserves one context window of KV for all requests
+(sched/batching.py), and idle sessions' pages were not counted in it: ten idle
+1,000-token chats of Qwen2.5-1.5B (f16, 28 KiB a position) hold 280 MiB past an 800 MiB
+budget. llama-server saves a slot only when asked; Ollama unloads the whole model. Here
+the scheduler writes the least recently used idle caches to disk when a request needs
+their room, and reads one back when its session is admitted again: milliseconds for a
+long conversation, where recomputing its prompt takes seconds.
+
+A spilled cache's rows live in an unlinked file in the cache directory (nothing is left
+behind if the process dies), written and read with the file's page cache dropped after
+(a memory cgroup counts page cache against the budget); its pages are given back with
+`KVCache.release`. Its token list stays in memory, so prefix reuse works unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from edgerun.errors import EdgerunError
+from edgerun.kvcache import KVCache
+
+__all__ = ["SpillFile", "resident", "restore", "spill"]
+
+
+class SpillFile:
+    """The rows [0, positions) of a spilled cache: per (layer, head) its keys, then its
+    values, each `positions * head_dim` elements, in an unlinked file."""
+
+    def __init__(self, directory: Path, positions: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.file = tempfile.TemporaryFile(dir=directory)  # unlinked at once on Linux
+        self.positions = positions
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _rows(cache: KVCache, positions: int) -> Iterator:
+    """The cache's contiguous pieces of rows [0, positions), in file order."""
+    for arr in (cache.k, cache.v):
+        for layer in range(arr.shape[0]):
+            for head in range(arr.shape[1]):
+                yield arr[layer, head, :positions]
+
+
+def _drop_cached_pages(fd: int) -> None:
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def spill(cache: KVCache, directory: Path) -> int:
+    """Write the cache's rows to a file under `directory` and give its pages back;
+    returns the bytes freed (0 if there was nothing to free). No-op if already spilled."""
+    with cache.lock:
+        if cache.spilled is not None:
+            return 0
+        freed = cache.resident_bytes
+        n = cache.length
+        if n:
+            sf = SpillFile(directory, n)
+            try:
+                for piece in _rows(cache, n):
+                    sf.file.write(memoryview(piece).cast("B"))
+                sf.file.flush()
+                os.fsync(sf.file.fileno())  # written back, so the pages can be dropped
+                _drop_cached_pages(sf.file.fileno())
+            except OSError as e:
+                sf.close()
+                raise EdgerunError(
+                    f"cannot move an idle KV cache to {directory}: {e.strerror or e}"
+                ) from None
+            cache.spilled = sf
+        cache.release()
+        return freed
+
+
+def restore(cache: KVCache, positions: int | None = None) -> int:
+    """Read a spilled cache's rows back (the first `positions` of them; the rest are
+    forgotten, as truncate does) and delete the file; returns the positions restored.
+    If the file cannot be read, the cache is emptied (its owner recomputes the prompt:
+    slower, nothing lost) and a warning says why."""
+    with cache.lock:
+        sf = cache.spilled
+        if sf is None:
+            return 0
+        n = sf.positions if positions is None else min(int(positions), sf.positions)
+        try:
+            f = sf.file
+            for arr in (cache.k, cache.v):
+                row = sf.positions * arr.shape[-1] * arr.dtype.itemsize
+                for layer in range(arr.shape[0]):
+                    for head in range(arr.shape[1]):
+                        piece = arr[layer, head, :n]
+                        base = ((0 if arr is cache.k else 1) * arr.shape[0] + layer) * arr.shape[1]
+                        f.seek((base + head) * row)
+                        got = f.readinto(memoryview(piece).cast("B"))
+                        if got != piece.nbytes:
+                            raise OSError(f"short read ({got} of {piece.nbytes} bytes)")
+            _drop_cached_pages(f.fileno())
+        except OSError as e:
+            warnings.warn(
+                f"an idle KV cache could not be read back from disk ({e}); "
+                "its prompt is computed again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            n = 0
+        finally:
+            sf.close()
+            cache.spilled = None
+        cache.mark_written(n)
+        del cache.tokens[n:]
+        return n
+
+
+@contextmanager
+def resident(cache: KVCache) -> Iterator[KVCache]:
+    """Hold the cache in memory (read back if spilled) while the block reads its rows
+    outside the scheduler (Session.save)."""
+    with cache.lock:
+        restore(cache)
+        yield cache
