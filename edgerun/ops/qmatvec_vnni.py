@@ -247,11 +247,28 @@ _SV_NIB2 = [0] * 4 + [2] * 4 + [0] * 4 + [2] * 4  # lanes of a nib2 dot -> block
 _SV_NAT2 = [0] * 8 + [2] * 8  # lanes of a natural 2-block dot -> block a/b
 
 
+def _folds(sv_idx) -> bool:
+    """Whether a pair's 16 dot lanes are summed to 8 in integers before the float scale:
+    on the vpmaddwd paths (AVX2, int8) the nib2 lane map puts the same blocks in lanes
+    0-7 and 8-15 ([a a a a b b b b] twice), so their exact int32 sum takes one conversion
+    and one 8-lane FMA where 16 lanes took two of each (VNNI's 16 lanes are one zmm op)."""
+    return DOT != "vnni" and list(sv_idx) == _SV_NIB2
+
+
+def _fold16(ir_, dot):
+    return ir_.b.add(ir_.shuf(dot, dot, range(8)), ir_.shuf(dot, dot, range(8, 16)))
+
+
 def _pair_common(ir_, dot, dm, sx, sv_idx):
     prod = ir_.b.fmul(dm, sx)  # [d_a dx_a, bias_a sx_a, d_b dx_b, bias_b sx_b]
-    sv = ir_.shuf(prod, prod, sv_idx)
-    df = ir_.b.sitofp(dot, V16F)
-    _acc_add(ir_, 0, V16F, lambda a: ir_.fma(df, sv, a))
+    if _folds(sv_idx):
+        sv = ir_.shuf(prod, prod, sv_idx[:8])
+        df = ir_.b.sitofp(_fold16(ir_, dot), V8F)
+        _acc_add(ir_, 0, V8F, lambda a: ir_.fma(df, sv, a))  # acc16's first 8 lanes
+    else:
+        sv = ir_.shuf(prod, prod, sv_idx)
+        df = ir_.b.sitofp(dot, V16F)
+        _acc_add(ir_, 0, V16F, lambda a: ir_.fma(df, sv, a))
     _acc_add(ir_, 1, V4F, lambda a: ir_.b.fadd(a, prod))
 
 
@@ -1156,9 +1173,10 @@ def _bias_add(r, g, vals):
 
 
 def _acc_fma(r, v, df, sv):
-    """Vector v's acc16 += df * sv."""
+    """Vector v's acc16 (its first df.type.count lanes) += df * sv."""
     b = r.b
-    a = b.bitcast(b.gep(r.args[0], [ir.Constant(I64, _ACC * v)]), V16F.as_pointer())
+    vt = df.type
+    a = b.bitcast(b.gep(r.args[0], [ir.Constant(I64, _ACC * v)]), vt.as_pointer())
     b.store(r.fma(df, sv, b.load(a)), a)
 
 
@@ -1246,9 +1264,14 @@ def _pair_batch(r, g, unpack, nbytes, xstride):
     n = 4 * g
     prod = b.fmul(r.shuf(dm, dm, [0, 1, 2, 3] * g), r.load(8, r.args[9], _v(F32, n)))
     _bias_add(r, g, prod)
+    fold = _folds(lanes)
     for v in range(g):
-        df = b.sitofp(r.dpx(w, 4, _x_at(r, xstride, v, 0), 64), V16F)
-        _acc_fma(r, v, df, r.shuf(prod, prod, [4 * v + i for i in lanes]))
+        dot = r.dpx(w, 4, _x_at(r, xstride, v, 0), 64)
+        if fold:  # as _pair_common
+            df = b.sitofp(_fold16(r, dot), V8F)
+            _acc_fma(r, v, df, r.shuf(prod, prod, [4 * v + i for i in lanes[:8]]))
+        else:
+            _acc_fma(r, v, b.sitofp(dot, V16F), r.shuf(prod, prod, [4 * v + i for i in lanes]))
 
 
 @intrinsic
