@@ -202,7 +202,9 @@ class Session:
         if self.last is not None and not self.last.finished.is_set():
             raise InvalidArgumentError("cannot save a session while it is answering")
         c = self.cache
-        with kv_spill.resident(c):  # an idle session's rows may be on disk
+        if c.spilled is not None:  # an idle session's rows, on disk: lent rows go first
+            self.model.before_kv_write(c, c.length)
+        with kv_spill.resident(c):
             n = c.length
             k, v = c.k[:, :, :n], c.v[:, :, :n]
             if c.kv_type == "f16":
