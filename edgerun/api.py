@@ -322,6 +322,7 @@ class Model:
                 offload=offload,
                 head_candidates=opts.head_candidates if mode == "dense" else 0,
                 head_rank=opts.head_rank,
+                head_held=opts.head_held,
             )
 
         p = plan_with(self.floor_bytes)
@@ -517,7 +518,7 @@ class Model:
         the streamed head for one that reads the rows it picks."""
         if not self.plan.head_candidates:  # only dense plans of an untied head set it
             return
-        from edgerun.corpus import calibration_text
+        from edgerun.corpus import calibration_code, calibration_text
         from edgerun.offload import head as hd
 
         found = self.store.head_split()
@@ -534,14 +535,17 @@ class Model:
             sketch = hd.load_sketch(path, m.template, first, opts.head_rank)
             if sketch is None:
                 # independent windows of one prompt chunk: the KV cache they need is one
-                # chunk's (3.6 MiB on the 1.5B), the temporaries the plan's step margin
-                ids = self.tokenizer.encode(calibration_text()[:8000])[: hd.CALIBRATION_TOKENS]
+                # chunk's (3.6 MiB on the 1.5B), the temporaries the plan's step margin;
+                # half prose, half code (a prose-only basis ranked code rows worse)
+                half = hd.CALIBRATION_TOKENS // 2
                 step = self.prefill_chunk
                 cache = KVCache(self.spec, step, self.kv_type)
                 parts = []
-                for i in range(0, len(ids), step):
-                    cache.clear()
-                    parts.append(self.transformer.final_hidden(ids[i : i + step], cache))
+                for text in (calibration_text(), calibration_code()):
+                    ids = self.tokenizer.encode(text[: 16 * half])[:half]
+                    for i in range(0, len(ids), step):
+                        cache.clear()
+                        parts.append(self.transformer.final_hidden(ids[i : i + step], cache))
                 hidden = np.concatenate(parts)
                 del cache, parts
                 sketch = hd.fit_sketch(

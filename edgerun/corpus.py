@@ -9,7 +9,7 @@ text: it knows no model, so any layer may use it.
 
 from __future__ import annotations
 
-__all__ = ["CALIBRATION_FRACTION", "calibration_text", "evaluation_text"]
+__all__ = ["CALIBRATION_FRACTION", "calibration_code", "calibration_text", "evaluation_text"]
 
 CALIBRATION_FRACTION = 0.25
 
@@ -29,3 +29,12 @@ def calibration_text() -> str:
     """The last quarter of the corpus: calibration data disjoint from the evaluation head."""
     text = _corpus()
     return text[int(len(text) * (1 - CALIBRATION_FRACTION)) :]
+
+
+def calibration_code() -> str:
+    """Python source for calibrating on code: the standard library's argparse module
+    (ships with every CPython; no evaluation here reads it)."""
+    import argparse
+    from pathlib import Path
+
+    return Path(argparse.__file__).read_text(encoding="utf-8")

@@ -105,6 +105,9 @@ def test_sketch_file_round_trip_and_a_mismatch_is_named(tmp_path):
 
 
 def test_the_plan_reads_only_candidates_of_a_sketched_head():
+    """A sketched head holds a fixed count of its first rows (resident, with the sketch of
+    the others) and the FFN's share takes the rest of the budget: a token reads the FFN
+    rows not held and its candidates, never the head's other rows."""
     from edgerun.sched.placement import Footprint, minimum_budget, plan
 
     fp = Footprint(
@@ -121,14 +124,29 @@ def test_the_plan_reads_only_candidates_of_a_sketched_head():
         kv_bytes_per_token=4 * 2 * 256 * 2,
         head_rows=32000,
     )
-    budget = minimum_budget(fp, 0, 64, "dense") + (4 << 20)  # about a third of the rows
+    budget = minimum_budget(fp, 0, 64, "dense") + (2 << 20)
     full = plan(fp, budget, 0, 64, mode="dense")
-    sk = plan(fp, budget, 0, 64, mode="dense", head_candidates=64, head_rank=16)
+    sk = plan(fp, budget, 0, 64, mode="dense", head_candidates=64, head_rank=16, head_held=4000)
     assert full.head_streamed and sk.head_streamed and 0 < sk.cache_neurons < fp.d_ff
-    tail = fp.head_rows - sk.cache_neurons * fp.head_rows // fp.d_ff
-    assert sk.head_sketch_bytes == hd.sketch_bytes(tail, fp.d_model, 16)
-    assert sk.resident_bytes == full.resident_bytes + sk.head_sketch_bytes
+    assert sk.fixed_head and not full.fixed_head and sk.head_held_rows == 4000
+    assert sk.head_sketch_bytes == hd.sketch_bytes(32000 - 4000, fp.d_model, 16)
+    assert sk.resident_bytes == full.resident_bytes + 4000 * 256 + sk.head_sketch_bytes
     assert sk.used_bytes <= budget
-    head_streamed = (fp.d_ff - full.cache_neurons) * fp.head_bytes / fp.d_ff
-    assert sk.read_bytes_per_token < full.read_bytes_per_token - 0.8 * head_streamed
-    assert "sketch picks 64" in sk.describe()
+    ffn_not_held = (fp.d_ff - sk.cache_neurons) * fp.n_layers * fp.dense_neuron_bytes
+    assert sk.read_bytes_per_token == ffn_not_held + 64 * 4096
+    assert sk.cache_bytes == sk.cache_neurons * fp.n_layers * fp.dense_neuron_bytes
+    assert sk.read_bytes_per_token < full.read_bytes_per_token
+    assert "first 4,000 rows held" in sk.describe() and "sketch picks 64" in sk.describe()
+    # a budget that cannot hold the count holds what fits, the FFN none
+    tight = plan(
+        fp,
+        minimum_budget(fp, 0, 64, "dense") + (1 << 20),
+        0,
+        64,
+        mode="dense",
+        head_candidates=64,
+        head_rank=16,
+        head_held=32000,
+    )
+    assert 0 < tight.head_held_rows < 32000 and tight.cache_neurons == 0
+    assert tight.used_bytes <= minimum_budget(fp, 0, 64, "dense") + (1 << 20)

@@ -29,7 +29,7 @@ from edgerun.ffn import FFNExecutor
 from edgerun.offload.bundle import Bundle, ensure_bundle
 from edgerun.offload.cache import NeuronCache
 from edgerun.offload.ffn import OffloadStats, SparseFFN
-from edgerun.offload.head import HEAD_CANDIDATES, HEAD_RANK
+from edgerun.offload.head import HEAD_CANDIDATES, HEAD_HELD_ROWS, HEAD_RANK
 from edgerun.offload.io import IO_THREADS, aligned_empty
 from edgerun.offload.prefetch import Prefetcher
 from edgerun.sched.placement import PREFETCH_NEURONS, SCRATCH_NEURONS, Plan
@@ -86,6 +86,9 @@ class OffloadOptions:
     # (offload/head.py); 0 streams them all every token (exactly the resident logits).
     head_candidates: int = HEAD_CANDIDATES
     head_rank: int = HEAD_RANK
+    # ... and its first rows held exactly (the tokens text uses most; fewer if the budget
+    # leaves less): a fixed count, chosen by measured agreement (offload/head.py)
+    head_held: int = HEAD_HELD_ROWS
 
     @classmethod
     def from_dict(cls, d: dict | None) -> OffloadOptions:
@@ -109,6 +112,8 @@ class OffloadOptions:
             raise InvalidArgumentError(
                 f"offload head_candidates must be >= 0, got {o.head_candidates}"
             )
+        if o.head_held < 0:
+            raise InvalidArgumentError(f"offload head_held must be >= 0, got {o.head_held}")
         if not 1 <= o.head_rank <= 1024:
             raise InvalidArgumentError(f"offload head_rank must be in [1, 1024], got {o.head_rank}")
         if not 0.0 <= o.hot <= 1.0:
@@ -462,7 +467,8 @@ class DenseStreamStore(ResidentStore):
             out = []
             for m, _ in self._splits:
                 r0 = m.held_rows
-                r1 = max(r0, m.hold_end(self._share_rows(neurons, m.rows)))
+                share = m.hold_end(self._share_rows(neurons, m.rows))
+                r1 = r0 if self._fixed(m) else max(r0, share)
                 out.append((m, r0, r1, (r1 - r0) * m.template.data.shape[1]))
             return out
 
@@ -477,7 +483,11 @@ class DenseStreamStore(ResidentStore):
             want = lo
         else:  # the plan's count: a neuron's share at its average bytes (the plan's sum
             # holds the rows that rounding left out of the earlier share)
-            per_neuron = sum(m.template.data.shape[1] * m.rows / spec.d_ff for m, _ in self._splits)
+            per_neuron = sum(
+                m.template.data.shape[1] * m.rows / spec.d_ff
+                for m, _ in self._splits
+                if not self._fixed(m)
+            )
             want = min(limit, self.held_neurons + int(max_bytes // per_neuron))
         spans = spans_for(want)
         sizes = [sp[3] for sp in spans]
@@ -520,6 +530,11 @@ class DenseStreamStore(ResidentStore):
             for r0, r1 in stream_ranges(m.template, m.held_rows)
         ]
 
+    def _fixed(self, m) -> bool:
+        """Whether m is a head that holds the plan's fixed count of rows (a sketched
+        head's, Plan.head_held_rows), not the FFN's share."""
+        return self.plan.fixed_head and m.name == self.spec.global_tensors["output"]
+
     def _share_rows(self, neurons: int, rows: int) -> int:
         """A matrix's rows that `neurons` of a layer's d_ff hold: the same share of every
         streamed matrix (gate and up: `neurons`; down: of d_model; the head: of vocab)."""
@@ -539,13 +554,18 @@ class DenseStreamStore(ResidentStore):
 
     def head_executor(self, name: str):
         """The streamed output head (offload/rowstream.StreamedProjection), its first rows
-        held in the share the FFN's are; None when the plan keeps it resident. The model
+        held in the share the FFN's are (or the plan's fixed count, when its other rows
+        are to be sketched); None when the plan keeps it resident. The model
         asks for it after the layers: the stream reads in the order they compute."""
         from edgerun.offload.rowstream import StreamedProjection
 
         if not self.plan.head_streamed or name != self.spec.global_tensors["output"]:
             return None
-        held = self._share_rows(self.held_neurons, self._reader.view(name).shape[0])
+        rows = self._reader.view(name).shape[0]
+        if self.plan.fixed_head:  # a fixed count (its other rows to be sketched)
+            held = min(rows, self.plan.head_held_rows)
+        else:
+            held = self._share_rows(self.held_neurons, rows)
         return StreamedProjection(self._split(name, held), self.row_stream, self.stats)
 
     def head_split(self):

@@ -162,13 +162,18 @@ class Plan:
     deferred_neurons: int = 0
     deferred_bytes: int = 0
     # dense mode, an untied head: its rows are held in the FFN's share and the rest
-    # streamed (cache_bytes and read_bytes_per_token count them); not in resident_bytes
+    # streamed (cache_bytes and read_bytes_per_token count them; with a sketch see
+    # head_held_rows)
     head_streamed: bool = False
     # dense mode, a streamed head whose other rows stay on flash: a low-rank sketch of them
     # (its RAM: head_sketch_bytes, in resident_bytes) picks head_candidates a token to read
     # (offload/head.py); 0: they are streamed every token
     head_candidates: int = 0
     head_sketch_bytes: int = 0
+    # with a sketch: the head's first rows held, a fixed count (their bytes in
+    # resident_bytes), since a token reads only candidates whatever the count: the held
+    # rows buy exactness on the most used tokens, and the FFN's rows each save a read
+    head_held_rows: int = 0
 
     @property
     def used_bytes(self) -> int:
@@ -181,6 +186,12 @@ class Plan:
             + self.cache_bytes
             + (self.gate_bytes if self.gate_resident else 0)
         )
+
+    @property
+    def fixed_head(self) -> bool:
+        """A streamed head holding a fixed count of rows (its others sketched), counted in
+        resident_bytes, not in the FFN's share."""
+        return self.head_streamed and bool(self.head_candidates or self.head_held_rows)
 
     def placement(self) -> list[tuple[str, str, str]]:
         """(part, home, detail) rows: where every tensor group and neuron group lives."""
@@ -213,8 +224,9 @@ class Plan:
                     (
                         "output head",
                         "RAM / flash",
-                        f"first {share} of its rows held; a {self.head_sketch_bytes / MiB:,.1f} "
-                        f"MiB sketch picks {self.head_candidates} of the others a token to read",
+                        f"first {self.head_held_rows:,} rows held; a "
+                        f"{self.head_sketch_bytes / MiB:,.1f} MiB sketch picks "
+                        f"{self.head_candidates} of the others a token to read",
                     )
                 )
             elif self.head_streamed:
@@ -237,7 +249,7 @@ class Plan:
                 ("read-ahead ring", f"{self.scratch_bytes / mb:,.0f} MiB"),
                 (
                     "FFN and head rows held in RAM"
-                    if self.head_streamed
+                    if self.head_streamed and not self.fixed_head
                     else "FFN rows held in RAM",
                     f"{self.cache_bytes / mb:,.0f} MiB ({self.cache_neurons} neurons' worth a "
                     "layer)",
@@ -265,7 +277,13 @@ class Plan:
             ("KV cache", f"{self.kv_bytes / mb:,.0f} MiB"),
             (
                 "resident: attention, norms, "
-                + ("embeddings" if self.head_streamed else "head, embeddings"),
+                + (
+                    "embeddings, head rows and sketch"
+                    if self.fixed_head
+                    else "embeddings"
+                    if self.head_streamed
+                    else "head, embeddings"
+                ),
                 f"{self.resident_bytes / mb:,.0f} MiB",
             ),
             *self._ffn_rows(),
@@ -638,6 +656,7 @@ def plan(
     offload: OffloadFigures | None = None,
     head_candidates: int = 0,
     head_rank: int = 64,
+    head_held: int = 49152,
 ) -> Plan:
     """Split `budget` bytes between resident weights, gate, predictor and neuron cache,
     and `gpu_budget` bytes between layers' FFNs and attention on a torch device.
@@ -649,7 +668,8 @@ def plan(
     Raises BudgetError naming the minimum when the budget cannot hold the mandatory parts.
     With head_candidates (dense mode, an untied head), the head rows not held stay on
     flash and a rank-head_rank sketch of them in RAM picks that many a token to read
-    (offload/head.py), instead of streaming them all.
+    (offload/head.py), instead of streaming them all; then the head's first head_held
+    rows are held (fewer if the budget leaves less) and the FFN's share takes the rest.
 
     Predicted time per token = the CPU's streamed bytes / its matvec rate + flash reads /
     the read rate at their size + device bytes / the device rate + one round trip per
@@ -692,7 +712,7 @@ def plan(
     left = budget - floor - kv - resident - scratch
     notes: list[str] = []
     pinned = 0
-    head_sketch = 0
+    head_sketch = head_fixed = head_held_rows = tail = 0
     gate_cpu = L_cpu * fp.d_ff * fp.gate_row_bytes
     if L_cpu == 0:
         per_layer, cache_bytes, read, compute_s = 0, 0, 0.0, 0.0
@@ -713,22 +733,25 @@ def plan(
             n = min(fp.d_ff, int(room // nb))
             return n if n >= fp.d_ff else n - n % ROW_MULTIPLE
 
-        def sketch_for(neurons: int) -> int:
-            held = fp.head_rows if neurons >= fp.d_ff else neurons * fp.head_rows // fp.d_ff
-            tail = fp.head_rows - held
-            return sketch_bytes(tail, fp.d_model, head_rank) if tail else 0
-
         per_layer = rows_held(left)
-        if sketched:  # the sketch of the rows not held comes out of the same memory
-            per_layer = rows_held(left - sketch_for(0))
-            head_sketch = sketch_for(per_layer)
-            per_layer = rows_held(left - head_sketch)
-            head_sketch = sketch_for(per_layer)
-            resident += head_sketch
+        if sketched:
+            # A token reads only its candidates of the head's flash rows, however many
+            # are held: the held rows (the first, most used tokens) buy exactness, not
+            # fewer reads. So the head holds a fixed count, measured for quality
+            # (benchmarks/head_sketch_quality.py), and every other byte goes to FFN rows,
+            # each of which saves its read every token.
+            nb = L_cpu * fp.dense_neuron_bytes
+            row_b = fp.head_bytes / fp.head_rows
+            room = left - sketch_bytes(fp.head_rows, fp.d_model, head_rank)
+            head_held_rows = min(fp.head_rows, head_held, max(0, int(room // row_b)))
+            tail = fp.head_rows - head_held_rows
+            head_sketch = sketch_bytes(tail, fp.d_model, head_rank) if tail else 0
+            head_fixed = int(head_held_rows * row_b)
+            per_layer = rows_held(max(0, left - head_fixed - head_sketch))
+            resident += head_fixed + head_sketch
         cache_bytes = int(per_layer * nb)
         read = (fp.d_ff - per_layer) * nb
-        if sketched:  # the head's other rows: only the candidates, one 4 KiB read each
-            read -= (fp.d_ff - per_layer) * fp.head_bytes / fp.d_ff
+        if sketched and tail:  # the head's other rows: the candidates, a 4 KiB read each
             read += head_candidates * 4096
         gate_resident, pred, gate_b = False, 0, 0
         compute_s = dev.cpu_seconds(fp.ffn_formats(), L_cpu / L)
@@ -785,7 +808,7 @@ def plan(
         split["gpu"] = _gpu_time(fp, ffn_l, att_l, dev, gpu_dtype_bytes)
     t = sum(split.values())
     flash = fp.dense_ffn_bytes * L_cpu / L - cache_bytes - (gate_b if gate_resident else 0)
-    flash += fp.head_bytes if head_streamed else 0
+    flash += fp.head_bytes - head_fixed if head_streamed else 0
     return Plan(
         mode=mode,
         budget=budget,
@@ -814,6 +837,7 @@ def plan(
         head_streamed=head_streamed,
         head_candidates=head_candidates if head_sketch else 0,
         head_sketch_bytes=head_sketch,
+        head_held_rows=head_held_rows,
     )
 
 
