@@ -537,17 +537,24 @@ class Model:
                 # independent windows of one prompt chunk: the KV cache they need is one
                 # chunk's (3.6 MiB on the 1.5B), the temporaries the plan's step margin;
                 # half prose, half code (a prose-only basis ranked code rows worse)
+                # (written into one array: a list of windows and its concatenation held
+                # the 6 MiB of states twice at the first run's peak)
                 half = hd.CALIBRATION_TOKENS // 2
                 step = self.prefill_chunk
                 cache = KVCache(self.spec, step, self.kv_type)
-                parts = []
-                for text in (calibration_text(), calibration_code()):
-                    ids = self.tokenizer.encode(text[: 16 * half])[:half]
+                texts = [
+                    self.tokenizer.encode(t[: 16 * half])[:half]
+                    for t in (calibration_text(), calibration_code())
+                ]
+                hidden = np.empty((sum(map(len, texts)), self.spec.d_model), np.float32)
+                at = 0
+                for ids in texts:
                     for i in range(0, len(ids), step):
                         cache.clear()
-                        parts.append(self.transformer.final_hidden(ids[i : i + step], cache))
-                hidden = np.concatenate(parts)
-                del cache, parts
+                        part = self.transformer.final_hidden(ids[i : i + step], cache)
+                        hidden[at : at + len(part)] = part
+                        at += len(part)
+                del cache, part
                 sketch = hd.fit_sketch(
                     m.template, self.store.flash_reader, offset, hidden, first, opts.head_rank
                 )
