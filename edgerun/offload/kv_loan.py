@@ -32,10 +32,9 @@ import weakref
 from collections.abc import Sequence
 
 from edgerun.errors import InvalidArgumentError
+from edgerun.kvcache import PAGE_BYTES
 
 __all__ = ["KVLoan", "PAGE_BYTES"]
-
-PAGE_BYTES = 4096
 
 
 class KVLoan:

@@ -94,16 +94,12 @@ def restore(cache: KVCache, positions: int | None = None) -> int:
         n = sf.positions if positions is None else min(int(positions), sf.positions)
         try:
             f = sf.file
-            for arr in (cache.k, cache.v):
-                row = sf.positions * arr.shape[-1] * arr.dtype.itemsize
-                for layer in range(arr.shape[0]):
-                    for head in range(arr.shape[1]):
-                        piece = arr[layer, head, :n]
-                        base = ((0 if arr is cache.k else 1) * arr.shape[0] + layer) * arr.shape[1]
-                        f.seek((base + head) * row)
-                        got = f.readinto(memoryview(piece).cast("B"))
-                        if got != piece.nbytes:
-                            raise OSError(f"short read ({got} of {piece.nbytes} bytes)")
+            row = sf.positions * cache.k.shape[-1] * cache.k.dtype.itemsize  # one piece's
+            for i, piece in enumerate(_rows(cache, n)):
+                f.seek(i * row)
+                got = f.readinto(memoryview(piece).cast("B"))
+                if got != piece.nbytes:
+                    raise OSError(f"short read ({got} of {piece.nbytes} bytes)")
             _drop_cached_pages(f.fileno())
         except OSError as e:
             warnings.warn(

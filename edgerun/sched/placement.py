@@ -721,34 +721,31 @@ def plan(
         # The paper's hybrid baseline: the first rows of every FFN matrix held (the same
         # share of each), the rest streamed every token in the file's format
         # (offload/rowstream.py), held rows a multiple of ROW_MULTIPLE.
+        from edgerun.offload.head import sketch_bytes
         from edgerun.offload.rowstream import ROW_MULTIPLE
 
-        # one neuron's share: its rows in every CPU layer, and vocab / d_ff head rows
-        nb = L_cpu * fp.dense_neuron_bytes + (fp.head_bytes / fp.d_ff if head_streamed else 0)
-        from edgerun.offload.head import sketch_bytes
-
         sketched = head_streamed and head_candidates > 0 and fp.head_rows > 0
-
-        def rows_held(room: float) -> int:
-            n = min(fp.d_ff, int(room // nb))
-            return n if n >= fp.d_ff else n - n % ROW_MULTIPLE
-
-        per_layer = rows_held(left)
+        # one neuron's share: its rows in every CPU layer, and vocab / d_ff head rows
+        # where the head is streamed in the FFN's share (not sketched)
+        head_share = fp.head_bytes / fp.d_ff if head_streamed and not sketched else 0
+        nb = L_cpu * fp.dense_neuron_bytes + head_share
+        room_ffn = left
         if sketched:
             # A token reads only its candidates of the head's flash rows, however many
             # are held: the held rows (the first, most used tokens) buy exactness, not
             # fewer reads. So the head holds a fixed count, measured for quality
             # (benchmarks/head_sketch_quality.py), and every other byte goes to FFN rows,
             # each of which saves its read every token.
-            nb = L_cpu * fp.dense_neuron_bytes
             row_b = fp.head_bytes / fp.head_rows
             room = left - sketch_bytes(fp.head_rows, fp.d_model, head_rank)
             head_held_rows = min(fp.head_rows, head_held, max(0, int(room // row_b)))
             tail = fp.head_rows - head_held_rows
             head_sketch = sketch_bytes(tail, fp.d_model, head_rank) if tail else 0
             head_fixed = int(head_held_rows * row_b)
-            per_layer = rows_held(max(0, left - head_fixed - head_sketch))
+            room_ffn = max(0, left - head_fixed - head_sketch)
             resident += head_fixed + head_sketch
+        fit = min(fp.d_ff, int(room_ffn // nb))
+        per_layer = fit if fit >= fp.d_ff else fit - fit % ROW_MULTIPLE  # row multiples
         cache_bytes = int(per_layer * nb)
         read = (fp.d_ff - per_layer) * nb
         if sketched and tail:  # the head's other rows: the candidates, a 4 KiB read each
