@@ -147,6 +147,9 @@ class ComputeThread:
                 job.error = e
             finally:
                 job.done.set()
+                # not held while waiting for the next job: its arguments (a dropped
+                # session's KV cache) would stay alive until then
+                job = None
 
 
 _SHARED: dict[int, ComputeThread] = {}  # pid -> the process's thread (a fork starts anew)

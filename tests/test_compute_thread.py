@@ -30,6 +30,25 @@ def test_call_runs_on_one_thread_and_returns_or_raises():
     assert not ct.alive
 
 
+def test_the_thread_keeps_no_reference_to_a_finished_calls_arguments():
+    """A caller's arguments (a dropped session's KV cache) are freed when the caller lets
+    go of them, not when the next call comes."""
+    import weakref
+
+    class Cache:
+        pass
+
+    ct = ComputeThread(name="test-compute")
+    try:
+        c = Cache()
+        gone = weakref.ref(c)
+        assert ct.call(lambda x: x is not None, c)
+        del c
+        assert gone() is None
+    finally:
+        ct.close()
+
+
 def test_call_carries_the_callers_thread_count():
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs a Numba pool of 2 threads")

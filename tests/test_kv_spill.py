@@ -129,6 +129,9 @@ def test_idle_sessions_spill_to_admit_a_request_and_resume_unchanged(model, tmp_
 
 
 def test_without_a_spill_directory_idle_caches_are_counted_and_kept(model):
+    import gc
+
+    gc.collect()  # earlier tests' caches: none may be freed between the two rooms below
     sched = model.scheduler
     saved = model.kv_budget_tokens, sched.spill_dir
     like = KVCache(model.spec, 16, "f16")

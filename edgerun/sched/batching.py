@@ -184,9 +184,10 @@ class Request:
         st.peak_rss_bytes = peak_rss_bytes()
         self.t_finished = time.perf_counter()
         self.error = error
-        if self.on_finish is not None:
+        hook, self.on_finish = self.on_finish, None  # a session's hook: no reference cycle
+        if hook is not None:  # (a dropped session frees its KV cache at once, not at GC)
             try:
-                self.on_finish(self)
+                hook(self)
             except Exception:  # noqa: BLE001 - a broken hook must not stop the scheduler
                 pass
         self.finished.set()
