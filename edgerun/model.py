@@ -12,6 +12,7 @@ import numpy as np
 
 from edgerun.arch.spec import ModelSpec
 from edgerun.compute_thread import compute_thread
+from edgerun.decode_step import DecodeStep
 from edgerun.errors import ModelFormatError
 from edgerun.ffn import FFNExecutor, decode_rows
 from edgerun.kvcache import KVCache
@@ -98,6 +99,10 @@ class Transformer:
         # Under a budget, called as kv_growth(caches, ends) before a pass writes KV
         # positions up to ends[i] of caches[i] (offload/kv_loan.py gives rows back)
         self.kv_growth: Callable[[Sequence[KVCache], Sequence[int]], None] | None = None
+        # one-token forward of a resident model, bound once (decode_step.py); None until
+        # the first decode step, False while the model has parts it does not cover
+        self._decode_step: DecodeStep | bool | None = None
+        self._decode_key: tuple | None = None
 
     def _check_shapes(self, layer: _Layer, i: int, source: str) -> None:
         s = self.spec
@@ -201,8 +206,31 @@ class Transformer:
 
         return compute_thread().call(run)
 
+    def _step(self) -> DecodeStep | None:
+        """The bound one-token path while it covers this model (rebuilt when a layer's
+        executor, the kernel path or a hook on the kernels changes)."""
+        step = self._decode_step
+        if isinstance(step, DecodeStep) and step.current(self):
+            return step
+        if step is False and self._decode_key == self._executors():
+            return None
+        if DecodeStep.supports(self):
+            self._decode_step = DecodeStep(self)
+            return self._decode_step
+        self._decode_step, self._decode_key = False, self._executors()
+        return None
+
+    def _executors(self) -> tuple:
+        return (qmatvec.kernel_path(), qmatvec.matvec_many, self.head) + tuple(
+            (layer.attn_proj, layer.ffn) for layer in self.layers
+        )
+
     def _forward(self, tokens: list[int], cache: KVCache, all_logits: bool) -> np.ndarray:
         s = self.spec
+        if len(tokens) == 1 and not all_logits:
+            step = self._step()
+            if step is not None:
+                return step(int(tokens[0]), cache)
         eps = s.norm_eps
         h = self._layers_forward(tokens, cache)
         cache.tokens.extend(int(t) for t in tokens)

@@ -33,7 +33,7 @@ from edgerun import _numba_env
 
 _numba_env.configure()
 
-from collections.abc import Iterable, Sequence  # noqa: E402
+from collections.abc import Callable, Iterable, Sequence  # noqa: E402
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
@@ -429,6 +429,37 @@ def matvec_many(
         else:
             _call3(k, ws[i : i + count], x, res[i : i + count], _NO_OUT)
     return res
+
+
+def bound_matvecs(
+    ws: Sequence[QuantTensor], x: np.ndarray, outs: Sequence[np.ndarray]
+) -> list[tuple[Callable, tuple]]:
+    """The kernel calls `matvec_many(ws, x, outs)` makes, as (kernel, arguments) bound to
+    these buffers, for a caller that reuses them every token (decode_step.py): calling
+    them skips the checks and lookups, which cost a one-token decode step of a small model
+    more than its kernels' own call overhead. Results equal `matvec_many`'s bit for bit.
+    x, outs are checked here, once; they must stay alive as long as the calls."""
+    if len(outs) != len(ws) or not ws:
+        raise InvalidArgumentError(f"bound_matvecs: {len(ws)} matrices, {len(outs)} outputs")
+    cols = ws[0].shape[1]
+    if x.shape != (cols,) or x.dtype != np.float32 or not x.flags.c_contiguous:
+        raise InvalidArgumentError(f"bound_matvecs: x must be C-contiguous float32 ({cols},)")
+    for w, o in zip(ws, outs):
+        if w.shape[1] != cols:
+            raise InvalidArgumentError(
+                f"bound_matvecs: {w.name} has {w.shape[1]} columns, {ws[0].name} has {cols}"
+            )
+        _out(o, (w.shape[0],), w.name)
+    calls: list[tuple[Callable, tuple]] = []
+    for i, count, k in _format_runs(ws, _mv3):
+        if k is None:
+            calls.append((_MV_PORTABLE[ws[i].qtype], (_data(ws[i]), x, outs[i])))
+        else:
+            pad = 3 - count
+            d = [_data(w) for w in ws[i : i + count]] + [_NO_ROWS] * pad
+            o = list(outs[i : i + count]) + [_NO_OUT] * pad
+            calls.append((k, (d[0], d[1], d[2], x, o[0], o[1], o[2])))
+    return calls
 
 
 def _format_runs(ws: Sequence[QuantTensor], kernels: dict):

@@ -1,0 +1,172 @@
+"""The bound one-token decode path (decode_step.py, ops/token_step.py) must give the
+general forward pass's logits and KV rows bit for bit, and step aside wherever it does
+not cover the model (hooks on the kernels, other executors, another kernel path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import edgerun
+from edgerun import registry
+from edgerun.decode_step import DecodeStep
+from edgerun.errors import ContextOverflowError
+from edgerun.kvcache import KVCache
+from edgerun.ops import qmatvec
+from edgerun.ops.token_step import half_bits
+
+
+def _general(tr) -> None:
+    """Make the next forward calls take the general path."""
+    tr._decode_step, tr._decode_key = False, tr._executors()
+
+
+def _decode_both(tr, kv_type: str, prompt: list[int], steps: list[int]):
+    """(logits per step, cache) through the bound path and through the general one."""
+    out = []
+    for bound in (True, False):
+        cache = KVCache(tr.spec, 32, kv_type)
+        tr.forward(prompt, cache)
+        logits = []
+        for t in steps:
+            if bound:
+                tr._decode_step = None
+            else:
+                _general(tr)
+            logits.append(tr.forward([t], cache))
+            assert isinstance(tr._decode_step, DecodeStep) is bound
+        out.append((logits, cache))
+    tr._decode_step = None
+    return out
+
+
+def _assert_same(a, b) -> None:
+    (la, ca), (lb, cb) = a, b
+    for x, y in zip(la, lb):
+        assert np.array_equal(x, y)
+    n = ca.length
+    assert cb.length == n and ca.tokens == cb.tokens
+    assert np.array_equal(ca.k[:, :, :n], cb.k[:, :, :n])
+    assert np.array_equal(ca.v[:, :, :n], cb.v[:, :, :n])
+    assert ca.written == cb.written == n
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_bound_decode_equals_general_path_smollm2(smollm2, kv_type):
+    tr = smollm2.transformer
+    assert DecodeStep.supports(tr)
+    _assert_same(*_decode_both(tr, kv_type, [1, 504, 2823, 28], [30, 7, 1234, 49151, 2]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "gemma3-270m"])
+def test_bound_decode_equals_general_path_other_families(name):
+    """Qwen2 (q/k/v biases, mixed Q5_0/Q8_0/Q6_K), Gemma 3 (q/k norms, post norms, GELU,
+    sliding windows, per-layer RoPE bases, embedding scale, logit softcap)."""
+    model = edgerun.load(registry.resolve_path(registry.find(name)), n_ctx=64, threads=2)
+    tr = model.transformer
+    assert DecodeStep.supports(tr)
+    for kv_type in ("f32", "f16"):
+        _assert_same(*_decode_both(tr, kv_type, [2, 100, 2000, 31], [9, 404, 17, 3]))
+
+
+def test_batched_rows_equal_bound_decode(smollm2):
+    """A session decodes the same tokens alone (bound path) or batched with others."""
+    tr = smollm2.transformer
+    a, b = KVCache(tr.spec, 32), KVCache(tr.spec, 32)
+    tr.forward([1, 2, 3], a)
+    tr.forward([1, 5, 6, 7, 8], b)
+    solo = KVCache(tr.spec, 32)
+    tr.forward([1, 2, 3], solo)
+    want = tr.forward([44], solo)
+    assert isinstance(tr._decode_step, DecodeStep)
+    got = tr.forward_batch([44, 45], [a, b])
+    assert np.array_equal(got[0], want)
+
+
+def test_steps_aside_for_hooks_executors_and_kernel_paths(smollm2):
+    tr = smollm2.transformer
+    cache = KVCache(tr.spec, 32)
+    tr.forward([1, 2], cache)
+    tr.forward([3], cache)
+    assert isinstance(tr._decode_step, DecodeStep)
+    # a hook on the kernel entry points (tools/calibrate) must see the decode projections
+    from edgerun.tools.calibrate import ImatrixCollector
+
+    stats = ImatrixCollector()
+    with stats.hooked():
+        tr.forward([4], cache)
+    assert tr._decode_step is False
+    assert stats.counts[tr.layers[0].q.name] == 1
+    tr.forward([5], cache)
+    assert isinstance(tr._decode_step, DecodeStep)
+    # another executor in one layer: the general path runs it
+    layer = tr.layers[3]
+    dense = layer.ffn
+    calls = []
+
+    class Wrapped:
+        d_model, d_ff = dense.d_model, dense.d_ff
+
+        def __call__(self, x):
+            calls.append(x.shape)
+            return dense(x)
+
+    layer.ffn = Wrapped()
+    try:
+        tr.forward([6], cache)
+        assert calls == [(1, tr.spec.d_model)] and tr._decode_step is False
+    finally:
+        layer.ffn = dense
+    tr.forward([7], cache)
+    assert isinstance(tr._decode_step, DecodeStep)
+
+
+@pytest.mark.skipif(len(qmatvec.available_paths()) < 2, reason="one kernel path on this CPU")
+def test_portable_kernel_path_is_bound_too(smollm2):
+    tr = smollm2.transformer
+    before = qmatvec.kernel_path()
+    qmatvec.set_kernel_path("portable")
+    try:
+        _assert_same(*_decode_both(tr, "f32", [1, 2, 3], [4, 5]))
+        tr.forward([1], KVCache(tr.spec, 4))
+        assert tr._decode_step.path == "portable"
+    finally:
+        qmatvec.set_kernel_path(before)
+    tr.forward([1], KVCache(tr.spec, 4))
+    assert tr._decode_step.path == before
+
+
+def test_errors_are_the_general_paths(smollm2):
+    tr = smollm2.transformer
+    cache = KVCache(tr.spec, 2)
+    tr.forward([1, 2], cache)
+    with pytest.raises(ContextOverflowError):
+        tr.forward([3], cache)
+    with pytest.raises(ValueError, match="out of range"):
+        tr.forward([tr.spec.vocab_size], KVCache(tr.spec, 4))
+    assert cache.length == 2
+
+
+def test_half_bits_rounds_as_numpy():
+    rng = np.random.default_rng(3)
+    n = 1 << 20
+    anywhere = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    # exponents around half's range: normals, subnormals, ties, overflow to infinity
+    near = (
+        rng.integers(0, 1 << 23, n, dtype=np.uint32)
+        | (rng.integers(96, 146, n, dtype=np.uint32) << 23)
+        | (rng.integers(0, 2, n, dtype=np.uint32) << 31)
+    )
+    ties = (rng.integers(0, 1 << 10, n, dtype=np.uint32) << 13 | 0x1000) | (
+        rng.integers(100, 144, n, dtype=np.uint32) << 23
+    )
+    for bits in (anywhere, near, ties):
+        f = bits.view(np.float32)
+        got = np.empty(n, np.uint16)
+        half_bits(f, got)
+        with np.errstate(over="ignore"):
+            want = f.astype(np.float16)
+        nan = np.isnan(f)
+        assert np.array_equal(got[~nan], want.view(np.uint16)[~nan])
+        assert np.isnan(got.view(np.float16)[nan]).all()
