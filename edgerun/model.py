@@ -229,7 +229,7 @@ class Transformer:
         s = self.spec
         if len(tokens) == 1 and not all_logits:
             step = self._step()
-            if step is not None:
+            if step is not None and step.takes([cache]):
                 return step(int(tokens[0]), cache)
         eps = s.norm_eps
         h = self._layers_forward(tokens, cache)
@@ -265,6 +265,9 @@ class Transformer:
             raise ValueError(f"forward_batch: {n} tokens for {len(caches)} caches")
         if len({id(c) for c in caches}) != n:
             raise ValueError("forward_batch: each sequence needs its own cache")
+        step = self._step()
+        if step is not None and step.takes(caches):
+            return step.rows(tokens, caches)
         for c in caches:
             c.check_fits(1)
         ids = np.asarray(tokens, dtype=np.int64)

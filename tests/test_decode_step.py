@@ -70,6 +70,83 @@ def test_bound_decode_equals_general_path_other_families(name):
         _assert_same(*_decode_both(tr, kv_type, [2, 100, 2000, 31], [9, 404, 17, 3]))
 
 
+def _batch_both(tr, kv_type: str, n: int):
+    """forward_batch over n caches of different sizes and lengths, three steps, through
+    the bound rows and through the general path: (logits per step, caches) of each."""
+    out = []
+    for bound in (True, False):
+        caches = [KVCache(tr.spec, 24 + 5 * i, kv_type) for i in range(n)]
+        for i, c in enumerate(caches):
+            tr.forward(list(range(1, 3 + 2 * i)), c)
+        logits = []
+        for step in range(3):
+            if bound:
+                tr._decode_step = None
+            else:
+                _general(tr)
+            logits.append(tr.forward_batch([7 + i + 100 * step for i in range(n)], caches))
+            assert isinstance(tr._decode_step, DecodeStep) is bound
+            assert not bound or tr._decode_step._rows[n].key  # the bound rows ran
+        out.append((logits, caches))
+    tr._decode_step = None
+    return out
+
+
+def _assert_same_batch(a, b) -> None:
+    (la, ca), (lb, cb) = a, b
+    for x, y in zip(la, lb):
+        assert np.array_equal(x, y)
+    for x, y in zip(ca, cb):
+        assert x.tokens == y.tokens
+        assert np.array_equal(x.k, y.k) and np.array_equal(x.v, y.v)
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_bound_batch_equals_general_path_smollm2(smollm2, kv_type, n):
+    _assert_same_batch(*_batch_both(smollm2.transformer, kv_type, n))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "gemma3-270m"])
+def test_bound_batch_equals_general_path_other_families(name):
+    model = edgerun.load(registry.resolve_path(registry.find(name)), n_ctx=64, threads=2)
+    for kv_type in ("f32", "f16"):
+        _assert_same_batch(*_batch_both(model.transformer, kv_type, 3))
+
+
+def test_mixed_cache_types_take_the_general_path(smollm2):
+    tr = smollm2.transformer
+    caches = [KVCache(tr.spec, 16, "f32"), KVCache(tr.spec, 16, "f16")]
+    for c in caches:
+        tr.forward([1, 2], c)
+    step = tr._step()
+    assert not step.takes(caches)
+    solo = [KVCache(tr.spec, 16, t) for t in ("f32", "f16")]
+    want = []
+    for c in solo:
+        tr.forward([1, 2], c)
+        want.append(tr.forward([9], c))
+    got = tr.forward_batch([9, 9], caches)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_a_dropped_cache_is_not_held(smollm2):
+    import gc
+    import weakref
+
+    tr = smollm2.transformer
+    for n in (1, 2):
+        caches = [KVCache(tr.spec, 16) for _ in range(n)]
+        for c in caches:
+            tr.forward([1, 2], c)
+        tr.forward_batch([3] * n, caches)
+        refs = [weakref.ref(c.k) for c in caches]
+        del caches, c
+        gc.collect()
+        assert all(r() is None for r in refs)
+
+
 def test_batched_rows_equal_bound_decode(smollm2):
     """A session decodes the same tokens alone (bound path) or batched with others."""
     tr = smollm2.transformer

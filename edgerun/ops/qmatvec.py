@@ -462,6 +462,41 @@ def bound_matvecs(
     return calls
 
 
+def bound_matvecs_batch(
+    ws: Sequence[QuantTensor], x: np.ndarray, outs: Sequence[np.ndarray]
+) -> list[tuple[Callable, tuple]]:
+    """The kernel calls `matvec_batch_many(ws, x)` makes for x [n >= 2, cols] into outs
+    [n, rows of each], bound as `bound_matvecs` binds one vector's (same results)."""
+    n = x.shape[0]
+    if n < 2 or len(outs) != len(ws) or not ws:
+        raise InvalidArgumentError(f"bound_matvecs_batch: {n} vectors, {len(ws)} matrices")
+    x = _rows(x, ws[0], "bound_matvecs_batch")
+    for w, o in zip(ws, outs):
+        _rows(x, w, "bound_matvecs_batch")
+        _out(o, (n, w.shape[0]), w.name)
+    calls: list[tuple[Callable, tuple]] = []
+    if _path in INT8_PATHS:
+        for i, count, k in _format_runs(ws, _MVB_INT8):
+            if k is None:
+                calls += _bound_one_batch(ws[i], x, outs[i])
+            else:
+                pad = 3 - count
+                d = [_data(w) for w in ws[i : i + count]] + [_NO_ROWS] * pad
+                o = list(outs[i : i + count]) + [_NO_OUT2] * pad
+                calls.append((k, (d[0], d[1], d[2], x, o[0], o[1], o[2])))
+    else:
+        for w, o in zip(ws, outs):
+            calls += _bound_one_batch(w, x, o)
+    return calls
+
+
+def _bound_one_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray) -> list:
+    """matvec_batch(w, x, out)'s calls for n >= 2 vectors off the int8 3-slot kernels."""
+    if _path == "portable" and w.qtype in _MVB:
+        return [(_MVB[w.qtype], (_data(w), x, out))]
+    return [c for i in range(x.shape[0]) for c in bound_matvecs((w,), x[i], (out[i],))]
+
+
 def _format_runs(ws: Sequence[QuantTensor], kernels: dict):
     """(first, count, kernel) over ws: runs of up to three consecutive matrices of one
     format that `kernels` has a three-matrix kernel for; any other matrix alone, None."""

@@ -14,11 +14,11 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from edgerun.ops.attention import _attention
+from edgerun.ops.attention import _attention, _attention_batch
 from edgerun.ops.norm import _rmsnorm_serial
-from edgerun.ops.rope import _rope_inplace_serial
+from edgerun.ops.rope import _rope_inplace, _rope_inplace_serial
 
-__all__ = ["attend_token", "add_normed", "half_bits"]
+__all__ = ["attend_token", "attend_rows", "add_normed", "half_bits"]
 
 
 @njit(cache=True, nogil=True)
@@ -113,13 +113,71 @@ def attend_token(
     _attention(q3, kc, vc, pos, window, scale, scores, ctx.reshape(1, hq, hd))
 
 
+def _as_cache(src, dst):
+    """src [n, kv_dim] as the cache's element type, shaped as dst [n, kv_heads, hd]:
+    src itself (f32) or its f16 bits written into dst (uint16)."""
+
+
+@overload(_as_cache)
+def _as_cache_impl(src, dst):
+    if dst.dtype == types.uint16:
+
+        def impl(src, dst):
+            flat = dst.reshape(-1)
+            half_bits(src.reshape(-1), flat)
+            return dst
+
+        return impl
+
+    def impl(src, dst):
+        return src.reshape(dst.shape)
+
+    return impl
+
+
+@njit(cache=True, nogil=True)
+def attend_rows(
+    q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin, neox,
+    k_new, v_new, kaddr, vaddr, nctx, layer, window, scale, scores, ctx,
+):  # fmt: skip
+    """attend_token for n >= 2 sequences' decode rows q [n, q_dim], k, v [n, kv_dim], each
+    against its own cache (kaddr, vaddr, nctx: ops/attention.BatchAttention's addresses):
+    the general path's batched steps (parallel RoPE, _attention_batch). k_new, v_new:
+    [n, kv_heads, hd] of the caches' element type (f16 bits are written there)."""
+    n = q.shape[0]
+    hkv, hd = k_new.shape[1], k_new.shape[2]
+    hq = q.shape[1] // hd
+    if q_bias.shape[0]:
+        for i in range(n):
+            for j in range(q.shape[1]):
+                q[i, j] += q_bias[j]
+            for j in range(k.shape[1]):
+                k[i, j] += k_bias[j]
+                v[i, j] += v_bias[j]
+    if q_norm.shape[0]:
+        q2 = q.reshape(n * hq, hd)
+        k2 = k.reshape(n * hkv, hd)
+        _rmsnorm_serial(q2, q_norm, eps, q2)
+        _rmsnorm_serial(k2, k_norm, eps, k2)
+    q3 = q.reshape(n, hq, hd)
+    _rope_inplace(q3, positions, cos, sin, neox)
+    _rope_inplace(k.reshape(n, hkv, hd), positions, cos, sin, neox)
+    kn = _as_cache(k, k_new)
+    vn = _as_cache(v, v_new)
+    _attention_batch(
+        q3, kn, vn, kaddr, vaddr, nctx, layer, positions, window, scale, scores,
+        ctx.reshape(n, hq, hd),
+    )  # fmt: skip
+
+
 @njit(cache=True, nogil=True)
 def add_normed(h, a, post_norm, eps, norm, x):
     """h += a (first RMSNorm-ed by post_norm unless it is empty), then x = RMSNorm(h) by
     norm: the residual add that ends a block and the norm that starts the next one.
-    h, a, x: [1, d_model]."""
+    h, a, x: [n, d_model]."""
     if post_norm.shape[0]:
         _rmsnorm_serial(a, post_norm, eps, a)
-    for j in range(h.shape[1]):
-        h[0, j] += a[0, j]
+    for i in range(h.shape[0]):
+        for j in range(h.shape[1]):
+            h[i, j] += a[i, j]
     _rmsnorm_serial(h, norm, eps, x)
