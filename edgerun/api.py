@@ -197,6 +197,13 @@ class Model:
             self.threads, default_threads(), adaptive=threads is None and wait_policy_spins()
         )
         self.gpu_placement = None
+        # Under a RAM budget a prompt chunk's temporaries must fit in the plan's step
+        # margin. Set before offloading: its first run calibrates through logits()
+        self.prefill_chunk = PREFILL_CHUNK
+        if ram_budget is not None:
+            from edgerun.sched.placement import STEP_MARGIN_BYTES
+
+            self.prefill_chunk = prefill_chunk_within(self.spec, STEP_MARGIN_BYTES)
         self._placement_args = (ram_budget, offload, offload_options, gpu_budget, gpu_device)
         if offloading:
             if ram_budget is not None:  # compiling beside the budgeted weights thrashes
@@ -208,12 +215,6 @@ class Model:
         # Under a RAM budget the plan reserves one n_ctx window of KV cache; concurrent
         # requests share it (sched/batching.BatchScheduler admits by it).
         self.kv_budget_tokens = self.n_ctx if ram_budget is not None else None
-        # Under a RAM budget a prompt chunk's temporaries must fit in the plan's step margin
-        self.prefill_chunk = PREFILL_CHUNK
-        if ram_budget is not None:
-            from edgerun.sched.placement import STEP_MARGIN_BYTES
-
-            self.prefill_chunk = prefill_chunk_within(self.spec, STEP_MARGIN_BYTES)
         # One forward at a time: the scheduler thread and direct generate() calls share
         # the weights and the kernels' thread pool.
         self.compute_lock = threading.RLock()

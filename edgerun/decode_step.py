@@ -187,6 +187,11 @@ class DecodeStep:
             )
         )
 
+    def close(self) -> None:
+        """Let go of the caches bound to (a replaced step must not keep them alive)."""
+        for rows in self._rows.values():
+            rows.unbind()
+
     def _bound(self, n: int, caches: list[KVCache]) -> _Rows:
         rows = self._rows.get(n)
         if rows is None:
@@ -202,14 +207,7 @@ class DecodeStep:
         """Logits [n, vocab] of tokens[b] after what caches[b] holds; appends them."""
         model, s = self.model, self.spec
         n = len(tokens)
-        for c in caches:
-            c.check_fits(1)
-        ids = np.asarray(tokens, dtype=np.int64)
-        if ids.min() < 0 or ids.max() >= s.vocab_size:
-            raise ValueError(f"token id out of range [0, {s.vocab_size})")
-        starts = [c.length for c in caches]
-        if model.kv_growth is not None:
-            model.kv_growth(caches, [p + 1 for p in starts])
+        ids, starts = model.begin_decode_step(tokens, caches)
         r = self._bound(n, caches)
         r.positions[:] = starts
         if n > 1 and ((r.positions < 0) | (r.positions >= r.batch._nctx)).any():

@@ -207,12 +207,14 @@ class Transformer:
         return compute_thread().call(run)
 
     def _step(self) -> DecodeStep | None:
-        """The bound one-token path while it covers this model (rebuilt when a layer's
+        """The bound decode step while it covers this model (rebuilt when a layer's
         executor, the kernel path or a hook on the kernels changes)."""
         step = self._decode_step
-        if isinstance(step, DecodeStep) and step.current(self):
-            return step
-        if step is False and self._decode_key == self._executors():
+        if isinstance(step, DecodeStep):
+            if step.current(self):
+                return step
+            step.close()
+        elif step is False and self._decode_key == self._executors():
             return None
         if DecodeStep.supports(self):
             self._decode_step = DecodeStep(self)
@@ -258,6 +260,21 @@ class Transformer:
         """
         return compute_thread().call(self._forward_batch, tokens, caches)
 
+    def begin_decode_step(
+        self, tokens: list[int], caches: Sequence[KVCache]
+    ) -> tuple[np.ndarray, list[int]]:
+        """Check a decode step (room in each cache, token ids in the vocabulary) and let
+        a budget make room for the new KV rows; returns the ids and each cache's position."""
+        for c in caches:
+            c.check_fits(1)
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= self.spec.vocab_size:
+            raise ValueError(f"token id out of range [0, {self.spec.vocab_size})")
+        starts = [c.length for c in caches]
+        if self.kv_growth is not None:
+            self.kv_growth(caches, [p + 1 for p in starts])
+        return ids, starts
+
     def _forward_batch(self, tokens: list[int], caches: list[KVCache]) -> np.ndarray:
         s = self.spec
         n = len(tokens)
@@ -268,15 +285,8 @@ class Transformer:
         step = self._step()
         if step is not None and step.takes(caches):
             return step.rows(tokens, caches)
-        for c in caches:
-            c.check_fits(1)
-        ids = np.asarray(tokens, dtype=np.int64)
-        if ids.min() < 0 or ids.max() >= s.vocab_size:
-            raise ValueError(f"token id out of range [0, {s.vocab_size})")
-        starts = [c.length for c in caches]
+        ids, starts = self.begin_decode_step(tokens, caches)
         positions = np.asarray(starts, dtype=np.int64)
-        if self.kv_growth is not None:
-            self.kv_growth(caches, [p + 1 for p in starts])
         n_ctx = max(c.n_ctx for c in caches)
         eps = s.norm_eps
         mvb = qmatvec.matvec_batch

@@ -24,6 +24,19 @@ def _offloaded(path, **opts):
     return edgerun.load(path, n_ctx=256, threads=2, offload="sparse", offload_options=opts)
 
 
+def test_first_sparse_run_builds_and_calibrates_in_an_empty_cache(
+    smollm2_path, tmp_path, monkeypatch
+):
+    """A machine that never ran sparse offloading: the bundle is written and the sparsity
+    calibrated (through Model.logits, before the model's own fields are all set)."""
+    monkeypatch.setenv("EDGERUN_HOME", str(tmp_path))
+    off = _offloaded(smollm2_path)
+    written = sorted(p.name for p in (tmp_path / "offload").iterdir())
+    assert any(n.endswith(".bundle") for n in written), written
+    assert any(n.endswith(".calib.npz") for n in written), written
+    assert off.logits([1, 2, 3]).shape == (3, off.spec.vocab_size)
+
+
 def test_dense_through_flash_agrees_with_resident(smollm2_path, resident, text_ids):
     off = _offloaded(smollm2_path, sparsity=0.0)
     want = _decode_argmax(resident, text_ids)
