@@ -14,7 +14,8 @@ It runs the same compiled kernels in the same order as the general path, so its
 logits equal it bit for bit (and so batched decode, which matches the general path).
 It covers resident weights (DenseFFN, ResidentProjections, an in-memory head); other
 executors (offloaded, GPU, recording wrappers) take the general path, and so does a
-process whose qmatvec entry points a hook has wrapped (tools/calibrate.py).
+process whose qmatvec entry points a hook has wrapped (tools/calibrate.py). The model
+rebuilds the step when any of these change (Transformer._step).
 """
 
 from __future__ import annotations
@@ -127,8 +128,7 @@ class DecodeStep:
         s = model.spec
         self.model = model
         self.spec = s
-        self.path = qmatvec.kernel_path()
-        self.layers = [(layer.attn_proj, layer.ffn) for layer in model.layers]
+        self.path = qmatvec.kernel_path()  # the kernel path its calls are bound to
         self.eps = np.float64(s.norm_eps)
         self.layer_args = []  # per layer: (q/k bias and norm vectors, window, RoPE base)
         self.norms = []  # per layer: (post-attention, FFN, post-FFN, the next norm)
@@ -168,24 +168,7 @@ class DecodeStep:
             return False
         if len(caches) == 1:
             return True
-        dtype = caches[0].k.dtype
-        return all(
-            c.k.shape == c.v.shape
-            and all(a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
-                    for a in (c.k, c.v))
-            for c in caches
-        )  # fmt: skip
-
-    def current(self, model) -> bool:
-        """Still bound to what the model computes with (kernel path, executors, hooks)?"""
-        return (
-            self.path == qmatvec.kernel_path()
-            and qmatvec.matvec_many is _MATVEC_MANY
-            and all(
-                layer.attn_proj is p and layer.ffn is f
-                for layer, (p, f) in zip(model.layers, self.layers)
-            )
-        )
+        return BatchAttention.one_kernel([c.k for c in caches], [c.v for c in caches])
 
     def close(self) -> None:
         """Let go of the caches bound to (a replaced step must not keep them alive)."""

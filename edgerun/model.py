@@ -99,8 +99,9 @@ class Transformer:
         # Under a budget, called as kv_growth(caches, ends) before a pass writes KV
         # positions up to ends[i] of caches[i] (offload/kv_loan.py gives rows back)
         self.kv_growth: Callable[[Sequence[KVCache], Sequence[int]], None] | None = None
-        # one-token forward of a resident model, bound once (decode_step.py); None until
-        # the first decode step, False while the model has parts it does not cover
+        # decode steps of a resident model, bound once (decode_step.py); None until the
+        # first one, False while the model has parts it does not cover; _decode_key: the
+        # executors and kernel entry points it was decided for (_executors)
         self._decode_step: DecodeStep | bool | None = None
         self._decode_key: tuple | None = None
 
@@ -207,20 +208,15 @@ class Transformer:
         return compute_thread().call(run)
 
     def _step(self) -> DecodeStep | None:
-        """The bound decode step while it covers this model (rebuilt when a layer's
-        executor, the kernel path or a hook on the kernels changes)."""
-        step = self._decode_step
-        if isinstance(step, DecodeStep):
-            if step.current(self):
-                return step
-            step.close()
-        elif step is False and self._decode_key == self._executors():
-            return None
-        if DecodeStep.supports(self):
-            self._decode_step = DecodeStep(self)
-            return self._decode_step
-        self._decode_step, self._decode_key = False, self._executors()
-        return None
+        """The bound decode step while it covers this model: rebuilt when what it bound
+        changes (a layer's executor, the kernel path, a hook on the kernel entry points)."""
+        key = self._executors()
+        if self._decode_step is None or key != self._decode_key:
+            if isinstance(self._decode_step, DecodeStep):
+                self._decode_step.close()
+            self._decode_step = DecodeStep(self) if DecodeStep.supports(self) else False
+            self._decode_key = key
+        return self._decode_step or None
 
     def _executors(self) -> tuple:
         return (qmatvec.kernel_path(), qmatvec.matvec_many, self.head) + tuple(

@@ -268,12 +268,7 @@ class BatchAttention:
         self.dtype = ks[0].dtype
         # One sequence: the single kernel. Mixed f32 / f16 caches, or an array that is
         # not one C-contiguous block: one call per sequence.
-        self.batched = not (
-            len(ks) == 1
-            or any(a.dtype != self.dtype for a in ks + vs)
-            or not all(a.flags.c_contiguous and a.flags.writeable for a in ks + vs)
-            or any(k.shape != v.shape for k, v in zip(ks, vs))
-        )
+        self.batched = len(ks) > 1 and self.one_kernel(ks, vs)
         if not self.batched:
             return
         # the arrays stay referenced by self._each while the kernel writes through these
@@ -283,6 +278,17 @@ class BatchAttention:
         self._layers = min(a.shape[0] for a in ks)
         if ((self.starts < 0) | (self.starts >= self._nctx)).any():
             raise ValueError(f"BatchAttention: positions {starts} outside the caches")
+
+    @staticmethod
+    def one_kernel(ks: list[np.ndarray], vs: list[np.ndarray]) -> bool:
+        """Whether these caches can share the batched kernel: one element type, each K
+        and V the same shape, every array one writeable C-contiguous block."""
+        dtype = ks[0].dtype
+        return not (
+            any(a.dtype != dtype for a in ks + vs)
+            or not all(a.flags.c_contiguous and a.flags.writeable for a in ks + vs)
+            or any(k.shape != v.shape for k, v in zip(ks, vs))
+        )
 
     def __call__(
         self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int, out: np.ndarray

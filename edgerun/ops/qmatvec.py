@@ -455,10 +455,7 @@ def bound_matvecs(
         if k is None:
             calls.append((_MV_PORTABLE[ws[i].qtype], (_data(ws[i]), x, outs[i])))
         else:
-            pad = 3 - count
-            d = [_data(w) for w in ws[i : i + count]] + [_NO_ROWS] * pad
-            o = list(outs[i : i + count]) + [_NO_OUT] * pad
-            calls.append((k, (d[0], d[1], d[2], x, o[0], o[1], o[2])))
+            calls.append((k, _args3(ws[i : i + count], x, outs[i : i + count], _NO_OUT)))
     return calls
 
 
@@ -480,10 +477,7 @@ def bound_matvecs_batch(
             if k is None:
                 calls += _bound_one_batch(ws[i], x, outs[i])
             else:
-                pad = 3 - count
-                d = [_data(w) for w in ws[i : i + count]] + [_NO_ROWS] * pad
-                o = list(outs[i : i + count]) + [_NO_OUT2] * pad
-                calls.append((k, (d[0], d[1], d[2], x, o[0], o[1], o[2])))
+                calls.append((k, _args3(ws[i : i + count], x, outs[i : i + count], _NO_OUT2)))
     else:
         for w, o in zip(ws, outs):
             calls += _bound_one_batch(w, x, o)
@@ -511,12 +505,17 @@ def _format_runs(ws: Sequence[QuantTensor], kernels: dict):
         i += count
 
 
-def _call3(kernel, ws, x, outs, no_out) -> None:
-    """A three-matrix kernel on 1-3 matrices; unused slots get 0-row arrays."""
+def _args3(ws, x, outs, no_out) -> tuple:
+    """A three-matrix kernel's arguments for 1-3 matrices; unused slots get 0-row arrays."""
     pad = 3 - len(ws)
     d = [_data(w) for w in ws] + [_NO_ROWS] * pad
     o = list(outs) + [no_out] * pad
-    kernel(d[0], d[1], d[2], x, o[0], o[1], o[2])
+    return (d[0], d[1], d[2], x, o[0], o[1], o[2])
+
+
+def _call3(kernel, ws, x, outs, no_out) -> None:
+    """A three-matrix kernel on 1-3 matrices."""
+    kernel(*_args3(ws, x, outs, no_out))
 
 
 def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
