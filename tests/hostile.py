@@ -222,13 +222,21 @@ def assert_rejected(
     seconds: float = MAX_SECONDS,
 ) -> BaseException:
     """``fn`` raises ``kind`` (an EdgerunError) whose message holds every needle (the file,
-    the field), within ``seconds`` and 100 MB of traced allocations."""
-    err, dt, peak = bounded(fn)
+    the field), within ``seconds`` and 100 MB of traced allocations.
+
+    Time is measured without tracemalloc (which slows allocation-heavy code ten-fold), and
+    the faster of two tries counts: a stall of a shared 2-core host (seen at 1.16 s for a
+    40 KB file in CI) does not repeat, a rejection that really is slow does."""
+    err, dt, _ = bounded(fn, trace=False)
+    if dt >= seconds:
+        err, dt, _ = bounded(fn, trace=False)
     assert err is not None, "the hostile input was accepted"
     assert isinstance(err, kind), f"{type(err).__name__} raised, expected {kind.__name__}: {err}"
     for n in needles:
         assert n in str(err), f"{n!r} not in the message: {err}"
     assert dt < seconds, f"rejection took {dt:.2f} s"
+    err2, _, peak = bounded(fn)
+    assert type(err2) is type(err), (err, err2)
     assert peak < MAX_BYTES, f"rejection allocated {peak / 1e6:.0f} MB"
     return err
 

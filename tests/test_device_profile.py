@@ -71,7 +71,8 @@ def test_concurrent_reads_queue_on_one_emulated_device():
         th.start()
     for th in ths:
         th.join()
-    assert time.perf_counter() - t0 == pytest.approx(0.04, abs=0.015)  # one after another
+    took = time.perf_counter() - t0
+    assert 0.035 < took < 0.2, took  # one after another (0.01 s if they overlapped)
     assert t.device_seconds == pytest.approx(0.04)
 
 
