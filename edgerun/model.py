@@ -306,8 +306,9 @@ class Transformer:
             if layer.post_ffn_norm is not None:
                 f = rmsnorm(f, layer.post_ffn_norm, eps)
             h += f
-        for c, t in zip(caches, tokens):
+        for c, t, p in zip(caches, tokens, starts):
             c.tokens.append(int(t))
+            c.mark_written(p + 1)  # BatchAttention wrote row p (clear() gives pages back)
         x = rmsnorm(h, self.output_norm, eps)
         logits = mvb(self.output, x) if self.head is None else self.head.decode_batch(x)
         if s.final_logit_softcap > 0:
