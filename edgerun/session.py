@@ -202,15 +202,12 @@ class Session:
         if self.last is not None and not self.last.finished.is_set():
             raise InvalidArgumentError("cannot save a session while it is answering")
         c = self.cache
-        if c.spilled is not None:  # an idle session's rows, on disk: lent rows go first
-            self.model.before_kv_write(c, c.length)
-        with kv_spill.resident(c):
-            n = c.length
-            k, v = c.k[:, :, :n], c.v[:, :, :n]
-            if c.kv_type == "f16":
-                k, v = k.view(np.float16), v.view(np.float16)
-            tensors = {"k": np.ascontiguousarray(k), "v": np.ascontiguousarray(v)}
+        with c.lock:  # rows and tokens of one moment (a spilled cache is read from disk)
+            k, v = kv_spill.read_rows(c)
             tokens = list(c.tokens)
+        if c.kv_type == "f16":
+            k, v = k.view(np.float16), v.view(np.float16)
+        tensors = {"k": k, "v": v}
         meta = {
             "format": SESSION_FORMAT,
             "model": self.model.identity,

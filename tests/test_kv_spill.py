@@ -44,6 +44,15 @@ def test_spill_and_restore_round_trip(tmp_path, kv_type):
     assert c.tokens == list(range(100))  # prefix matching still works while on disk
     with pytest.raises(InvalidArgumentError, match="on disk"):
         c.check_fits(1)  # no forward pass on rows that are not there
+    rk, rv = kv_spill.read_rows(c)  # Session.save's copy: straight from the file
+    np.testing.assert_array_equal(rk, k)
+    np.testing.assert_array_equal(rv, v)
+    assert c.spilled is not None and c.resident_bytes == 0  # and it stays on disk
+    del c.tokens[60:]  # forgotten while on disk (a shorter prompt matched it)
+    rk, rv = kv_spill.read_rows(c)
+    np.testing.assert_array_equal(rk, k[:, :, :60])
+    np.testing.assert_array_equal(rv, v[:, :, :60])
+    c.tokens[:] = list(range(100))
     assert kv_spill.restore(c) == 100
     assert c.spilled is None and c.resident_bytes == held
     np.testing.assert_array_equal(c.k[:, :, :100], k)
@@ -114,15 +123,21 @@ def test_idle_sessions_spill_to_admit_a_request_and_resume_unchanged(model, tmp_
         assert sched.counters.kv_restores == restores + 1
         assert a.stats.cached_tokens >= n - 2  # read back, not recomputed
         assert got == want
-        # saving a spilled session reads its rows back first
+        # saving a spilled session reads its rows from the file and leaves it on disk
         b_tokens = list(b.cache.tokens)
         model.kv_budget_tokens = a.cache.pages_for(a.cache.length) + page
         model.session().send("Say hi.", max_tokens=page + 1, **GREEDY)
         assert b.cache.spilled is not None
         path = b.save(tmp_path / "b.safetensors")
+        assert b.cache.spilled is not None and b.cache.resident_bytes == 0
         from edgerun.session import Session
 
-        assert Session.load(model, path).cache.tokens == b_tokens
+        back = Session.load(model, path)
+        assert back.cache.tokens == b_tokens
+        kv_spill.restore(b.cache)
+        n = len(b_tokens)
+        np.testing.assert_array_equal(back.cache.k[:, :, :n], b.cache.k[:, :, :n])
+        np.testing.assert_array_equal(back.cache.v[:, :, :n], b.cache.v[:, :, :n])
     finally:
         model.kv_budget_tokens, sched.spill_dir = saved
         model.prefix_cache.clear()

@@ -21,13 +21,14 @@ import os
 import tempfile
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+import numpy as np
 
 from edgerun.errors import EdgerunError
 from edgerun.kvcache import KVCache
 
-__all__ = ["SpillFile", "resident", "restore", "spill"]
+__all__ = ["SpillFile", "read_rows", "restore", "spill"]
 
 
 class SpillFile:
@@ -117,10 +118,32 @@ def restore(cache: KVCache, positions: int | None = None) -> int:
         return n
 
 
-@contextmanager
-def resident(cache: KVCache) -> Iterator[KVCache]:
-    """Hold the cache in memory (read back if spilled) while the block reads its rows
-    outside the scheduler (Session.save)."""
+def read_rows(cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of the cache's rows [0, length) as k, v [layers, kv_heads, length, head_dim]
+    in its own dtype, for a reader outside the scheduler (Session.save). A spilled cache's
+    rows come from its file and it stays spilled: saving an idle session under a RAM
+    budget does not bring its KV cache back into memory (nor past the budget)."""
     with cache.lock:
-        restore(cache)
-        yield cache
+        n = cache.length
+        layers, heads, _, dim = cache.k.shape
+        if cache.spilled is None:
+            return cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy()
+        sf = cache.spilled
+        shape = (layers, heads, n, dim)
+        out = [np.empty(shape, cache.k.dtype), np.empty(shape, cache.v.dtype)]
+        row = sf.positions * dim * cache.k.dtype.itemsize  # one (layer, head) piece's bytes
+        try:
+            i = 0
+            for arr in out:
+                for layer in range(layers):
+                    for head in range(heads):
+                        piece = arr[layer, head]
+                        got = os.preadv(sf.file.fileno(), [memoryview(piece).cast("B")], i * row)
+                        if got != piece.nbytes:
+                            raise OSError(f"short read ({got} of {piece.nbytes} bytes)")
+                        i += 1
+        except OSError as e:
+            raise EdgerunError(f"cannot read an idle KV cache back from disk: {e}") from None
+        finally:
+            _drop_cached_pages(sf.file.fileno())
+        return out[0], out[1]
