@@ -242,6 +242,7 @@ class Generator:
             self.model.forward_batch(ids, pair)  # batched decode (sched/batching.py)
             compute_thread().call(self._warm_parallel_kernels)
             compute_thread().call(self._warm_every_format)
+            self.tokenizer.warm()  # byte-level BPE's merge kernel (tokenizer/bpe_merges.py)
         compiled = sum(1 for e in rec.buffer if e[1].is_start)
         self.warmed = WarmUp(time.perf_counter() - t0, compiled)
         if self.after_warm_up is not None:

@@ -248,6 +248,9 @@ class Tokenizer:
         self._special_text: dict[str, int] = {}  # control-token string -> id
         self._special_re: re.Pattern[str] | None = None
 
+    def warm(self) -> None:
+        """Load any kernel encoding uses (the generator's warm-up calls this)."""
+
     def special_texts(self) -> dict[str, int]:
         """The control-token strings that ``encode(parse_special=True)`` turns into ids, each
         with its id (do not modify the dict)."""
