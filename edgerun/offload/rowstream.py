@@ -40,14 +40,7 @@ __all__ = [
     "stream_ranges",
 ]
 
-# One read. 6 MiB: each I/O request costs this host kind's vCPUs time the kernels need
-# (a concurrent 1.2-1.8 GB/s direct reader halved the resident 1.5B's decode, 7.7 -> 4.1
-# tok/s), so fewer, larger reads (one piece for most streamed matrix tails) leave more
-# of it to compute. Qwen2.5-1.5B at 800 MiB in a cgroup, alternating: 3.35 / 3.35 / 2.68
-# tok/s against 2.78 / 2.83 / 2.46 with 2 MiB pieces, I/O wait ~40 vs ~80 ms a token, for
-# 3% more bytes a token (the ring holds 16 MiB more). Session 20, on a host whose
-# storage set the pace, measured 2 and 4 MiB within its noise.
-PIECE_BYTES = 6 << 20
+PIECE_BYTES = 2 << 20  # one read: large enough for the storage's full rate
 RING_SLOTS = 4  # pieces read ahead (one of them is being computed)
 ROW_MULTIPLE = 64  # piece boundaries on multiples of the kernels' row tiles
 
