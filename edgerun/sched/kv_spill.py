@@ -44,12 +44,23 @@ class SpillFile:
         self.file.close()
 
 
-def _rows(cache: KVCache, positions: int) -> Iterator:
-    """The cache's contiguous pieces of rows [0, positions), in file order."""
-    for arr in (cache.k, cache.v):
+def _pieces(k: np.ndarray, v: np.ndarray, positions: int) -> Iterator:
+    """The (layer, head) pieces of rows [0, positions) of k then v: the file's order."""
+    for arr in (k, v):
         for layer in range(arr.shape[0]):
             for head in range(arr.shape[1]):
                 yield arr[layer, head, :positions]
+
+
+def _read_pieces(sf: SpillFile, pieces: Iterator) -> None:
+    """Fill each piece (rows [0, n) of one layer and head) from its place in the file,
+    where every piece holds sf.positions rows; OSError on a short read."""
+    fd = sf.file.fileno()
+    for i, piece in enumerate(pieces):
+        at = i * sf.positions * piece.shape[-1] * piece.itemsize
+        got = os.preadv(fd, [memoryview(piece).cast("B")], at)
+        if got != piece.nbytes:
+            raise OSError(f"short read ({got} of {piece.nbytes} bytes)")
 
 
 def _drop_cached_pages(fd: int) -> None:
@@ -68,7 +79,7 @@ def spill(cache: KVCache, directory: Path) -> int:
         if n:
             sf = SpillFile(directory, n)
             try:
-                for piece in _rows(cache, n):
+                for piece in _pieces(cache.k, cache.v, n):
                     sf.file.write(memoryview(piece).cast("B"))
                 sf.file.flush()
                 os.fsync(sf.file.fileno())  # written back, so the pages can be dropped
@@ -94,14 +105,8 @@ def restore(cache: KVCache, positions: int | None = None) -> int:
             return 0
         n = sf.positions if positions is None else min(int(positions), sf.positions)
         try:
-            f = sf.file
-            row = sf.positions * cache.k.shape[-1] * cache.k.dtype.itemsize  # one piece's
-            for i, piece in enumerate(_rows(cache, n)):
-                f.seek(i * row)
-                got = f.readinto(memoryview(piece).cast("B"))
-                if got != piece.nbytes:
-                    raise OSError(f"short read ({got} of {piece.nbytes} bytes)")
-            _drop_cached_pages(f.fileno())
+            _read_pieces(sf, _pieces(cache.k, cache.v, n))
+            _drop_cached_pages(sf.file.fileno())
         except OSError as e:
             warnings.warn(
                 f"an idle KV cache could not be read back from disk ({e}); "
@@ -130,20 +135,11 @@ def read_rows(cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
             return cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy()
         sf = cache.spilled
         shape = (layers, heads, n, dim)
-        out = [np.empty(shape, cache.k.dtype), np.empty(shape, cache.v.dtype)]
-        row = sf.positions * dim * cache.k.dtype.itemsize  # one (layer, head) piece's bytes
+        k, v = np.empty(shape, cache.k.dtype), np.empty(shape, cache.v.dtype)
         try:
-            i = 0
-            for arr in out:
-                for layer in range(layers):
-                    for head in range(heads):
-                        piece = arr[layer, head]
-                        got = os.preadv(sf.file.fileno(), [memoryview(piece).cast("B")], i * row)
-                        if got != piece.nbytes:
-                            raise OSError(f"short read ({got} of {piece.nbytes} bytes)")
-                        i += 1
+            _read_pieces(sf, _pieces(k, v, n))
         except OSError as e:
             raise EdgerunError(f"cannot read an idle KV cache back from disk: {e}") from None
         finally:
             _drop_cached_pages(sf.file.fileno())
-        return out[0], out[1]
+        return k, v
