@@ -300,6 +300,26 @@ class Tokenizer:
         """
         raise NotImplementedError
 
+    def _encode_text(self, text: str) -> list[int]:
+        """Ids of text that holds no added token (the subclass's model)."""
+        raise NotImplementedError
+
+    def _encode_around(
+        self, text: str, pattern: re.Pattern[str] | None, ids_of: dict[str, int]
+    ) -> list[int]:
+        """Ids of text whose strings that `pattern` finds (added tokens) are taken whole as
+        ids_of gives them, the text between them through _encode_text."""
+        if pattern is None:
+            return self._encode_text(text)
+        ids: list[int] = []
+        pos = 0
+        for m in pattern.finditer(text):
+            ids += self._encode_text(text[pos : m.start()])
+            ids.append(ids_of[m.group()])
+            pos = m.end()
+        ids += self._encode_text(text[pos:])
+        return ids
+
     def _with_bos(self, ids: list[int], add_bos: bool | None) -> list[int]:
         if add_bos is None:
             add_bos = self.add_bos

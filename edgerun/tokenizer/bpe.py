@@ -269,9 +269,9 @@ class BPETokenizer(Tokenizer):
             )
         # Added tokens are matched whole before the split, leftmost-longest: control tokens
         # (special; plain text when parse_special is false) and user-defined ones (always).
-        self._special_text = {t: i for t, i in control}
+        self._special_text = dict(control)
         self._special_re = _literal_regex(self._special_text)
-        self._added_ids = {t: i for t, i in control + user}
+        self._added_ids = dict(control + user)
         self._added_re = _literal_regex(self._added_ids)
         self._user_re = _literal_regex(t for t, _ in user)
         self._word_cache: dict[str, list[int]] = {}
@@ -316,16 +316,7 @@ class BPETokenizer(Tokenizer):
         """Added tokens matched whole, the rest split (pre-tokenized) into words, each
         word BPE-merged; with parse_special=False control-token strings are plain text."""
         pattern = self._added_re if parse_special else self._user_re
-        if pattern is None:
-            return self._encode_text(text)
-        ids: list[int] = []
-        pos = 0
-        for m in pattern.finditer(text):
-            ids += self._encode_text(text[pos : m.start()])
-            ids.append(self._added_ids[m.group()])
-            pos = m.end()
-        ids += self._encode_text(text[pos:])
-        return ids
+        return self._encode_around(text, pattern, self._added_ids)
 
     def _encode_text(self, text: str) -> list[int]:
         if not text:

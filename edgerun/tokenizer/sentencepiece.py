@@ -298,16 +298,8 @@ class SentencePieceTokenizer(Tokenizer):
     ) -> list[int]:
         if not isinstance(text, str):
             raise InvalidArgumentError(f"encode() takes a str, got {type(text).__name__}")
-        if not parse_special or self._special_re is None:
-            return self._with_bos(self._encode_text(text), add_bos)
-        ids: list[int] = []
-        pos = 0
-        for m in self._special_re.finditer(text):
-            ids += self._encode_text(text[pos : m.start()])
-            ids.append(self._special_text[m.group()])
-            pos = m.end()
-        ids += self._encode_text(text[pos:])
-        return self._with_bos(ids, add_bos)
+        pattern = self._special_re if parse_special else None
+        return self._with_bos(self._encode_around(text, pattern, self._special_text), add_bos)
 
     def encode_batch(
         self, texts: Sequence[str], add_bos: bool | None = None, parse_special: bool = True
