@@ -94,6 +94,7 @@ def _child_edgerun(args: dict) -> dict:
         "ttft_s": (first or t2) - t1,
         "tok_s": decoded / max(1e-9, t2 - (first or t2)),
         "tokens": st.generated_tokens,
+        "decode_threads": st.threads,
     }
     s = m.offload_stats()
     if s is not None:
@@ -117,7 +118,7 @@ def _child_edgerun(args: dict) -> dict:
         if bundle is not None:
             from edgerun.sched.calibration import offload_figures
 
-            offload_figures(Path(bundle.path), args["threads"], refresh=True)
+            offload_figures(Path(bundle.path), m.threads, refresh=True)
         out["predicted_tok_s"] = m.predicted_plan().predicted_tok_s
     return out
 
@@ -126,7 +127,10 @@ def _child_llamacpp(args: dict) -> dict:
     from llama_cpp import Llama
 
     t0 = time.perf_counter()
-    llm = Llama(args["path"], n_ctx=args["ctx"], n_threads=args["threads"], verbose=False)
+    from edgerun.sysinfo import default_threads
+
+    threads = args["threads"] or default_threads()
+    llm = Llama(args["path"], n_ctx=args["ctx"], n_threads=threads, verbose=False)
     load_s = time.perf_counter() - t0
     ids = llm.tokenize(PROMPT.encode())
     t1 = time.perf_counter()
@@ -282,7 +286,14 @@ def main() -> None:
     ap.add_argument("--configs", default="mmap,dense,sparse,window,full,llama.cpp")
     ap.add_argument("-n", type=int, default=64, help="tokens to decode")
     ap.add_argument("-c", "--ctx", type=int, default=512)
-    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument(
+        "-t",
+        "--threads",
+        type=int,
+        default=None,
+        help="compute threads (default: edgerun's automatic count, which leaves dense "
+        "streaming's reader a core during decode; llama.cpp gets every CPU)",
+    )
     ap.add_argument("-r", "--repeats", type=int, default=1, help="runs of a cell in a row")
     ap.add_argument(
         "--rounds", type=int, default=1, help="passes over all cells, alternated (medians)"
@@ -304,11 +315,14 @@ def main() -> None:
 
     # Measured now, outside the cgroups (the children read the cached figures): this
     # machine's speed drifts, so a prediction is only fair against figures of the same run.
-    calibrate(a.threads, refresh=True)
+    from edgerun.sysinfo import default_threads
+
+    threads = a.threads or default_threads()
+    calibrate(threads, refresh=True)
     for model in a.models.split(","):
         bundle = _bundle_of(str(resolve_model(model)))
         if bundle is not None:
-            offload_figures(bundle, a.threads, refresh=True)
+            offload_figures(bundle, threads, refresh=True)
     # The calibration loaded kernels here, so this process maps LLVM's pages too, and a
     # child's MADV_PAGEOUT leaves pages another process maps: the child would free less
     # after its warm-up than a user's process does (and hold fewer rows). Give ours back.

@@ -212,6 +212,8 @@ class Model:
 
                 ensure_kernels_compiled(self.path, self.kv_type, qmatvec.kernel_path())
             self._offload(ram_budget, offload, offload_options, gpu_budget, gpu_device)
+            if threads is None:
+                self.governor.decode_reserve = self.reader_cores()
         # Under a RAM budget the plan reserves one n_ctx window of KV cache; concurrent
         # requests share it (sched/batching.BatchScheduler admits by it).
         self.kv_budget_tokens = self.n_ctx if ram_budget is not None else None
@@ -492,6 +494,14 @@ class Model:
 
                 release_file_pages(self.file)  # the moved weights were read once, here
         self._drop_page_cache()
+
+    def reader_cores(self) -> int:
+        """Cores a decode step leaves to the weight reader (sched/cpu_share.ThreadGovernor):
+        one where dense streaming reads FFN rows every token and there is a core to
+        spare. Sparse offloading reads on the computing thread and keeps them all."""
+        p = self.plan
+        streams = p is not None and p.mode == "dense" and p.read_bytes_per_token > 0
+        return 1 if streams and self.threads > 1 else 0
 
     def _after_warm_up(self) -> None:
         """Once the kernels are loaded: drop the page cache the load left and, where the

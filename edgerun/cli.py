@@ -18,7 +18,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="registry name (see `edgerun list`) or path to a .gguf file",
     )
-    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.add_argument(
+        "-t",
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: all; dense offloading decodes on one fewer, for its reader)",
+    )
     p.add_argument(
         "-c",
         "--ctx",

@@ -209,14 +209,15 @@ class Generator:
         self.prefill_chunk = prefill_chunk
         self.after_prompt_chunk = after_prompt_chunk
 
-    def _pace(self) -> None:
-        """Follow the governor's thread count (it changes only when other load does)."""
+    def _pace(self, decode: bool) -> None:
+        """Follow the governor's thread count for the next pass (it changes when other
+        load does, and between prompt chunks and decode steps of a streamed model)."""
         g = self.governor
         if g is not None:
-            before = g.threads
-            if g.update() != before:
-                set_threads(g.threads)
-            self.stats.threads = g.threads
+            g.update()
+            n = g.step_threads(decode)
+            set_threads(n)  # a few microseconds; other callers may have set another count
+            self.stats.threads = n
 
     def warm_up(self) -> WarmUp:
         """Run every kernel a prompt and a decode step use once, on a scratch cache.
@@ -282,6 +283,7 @@ class Generator:
         # its logits do not depend on how much of the prompt was cached: batched and
         # single-token kernels round differently, and a seed must give the same text.
         self._forward_chunks(ids[reuse:-1])
+        self._pace(decode=True)
         with self.lock:
             return self.model.forward(ids[-1:], self.cache)
 
@@ -289,7 +291,7 @@ class Generator:
         """Append `ids` to the cache, prefill_chunk tokens per forward call."""
         step = self.prefill_chunk
         for i in range(0, len(ids), step):
-            self._pace()
+            self._pace(decode=False)
             with self.lock:
                 self.model.forward(ids[i : i + step], self.cache)
                 if self.after_prompt_chunk is not None:
@@ -357,7 +359,7 @@ class Generator:
                     if self.context_policy != "slide":
                         break  # context full: finish_reason stays "length"
                     self._slide()
-                self._pace()
+                self._pace(decode=True)
                 with self.lock:
                     logits = self.model.forward([tok], self.cache)
                 stats.generate_seconds = time.perf_counter() - t1

@@ -148,3 +148,51 @@ def test_generator_follows_the_governor(smollm2) -> None:
     finally:
         gen.governor = saved
         numba.set_num_threads(2)
+
+
+def test_decode_steps_leave_the_weight_reader_its_cores() -> None:
+    """A streamed model's decode steps run on decode_reserve fewer threads; prompt
+    chunks keep all; never fewer than one, also when other processes took cores."""
+    cpu = FakeCpu()
+    g = ThreadGovernor(4, 4, interval=0.0, reader=cpu, clock=cpu.clock)
+    assert (g.step_threads(decode=True), g.step_threads(decode=False)) == (4, 4)
+    g.decode_reserve = 1
+    assert (g.step_threads(decode=True), g.step_threads(decode=False)) == (3, 4)
+    g.update()
+    cpu.tick(0.5, ours=0.5, others=0.75)  # other processes took one and a half cores
+    assert g.update() == 2
+    assert (g.step_threads(decode=True), g.step_threads(decode=False)) == (1, 2)
+    cpu.tick(0.5, ours=0.5, others=1.5)  # three cores busy: one thread left
+    assert g.update() == 1
+    assert g.step_threads(decode=True) == 1
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs a pool of 2 threads")
+def test_generator_decodes_on_the_threads_the_reader_leaves(smollm2) -> None:
+    """With a decode reserve the prompt chunk runs on every thread and each decode step
+    (the prompt's last token included) on one fewer; the text is the same."""
+    gen = smollm2.generator
+    saved, forward = gen.governor, gen.model.forward
+    seen: list[tuple[int, int]] = []
+
+    def recording_forward(ids, cache, *args, **kwargs):
+        seen.append((len(ids), numba.get_num_threads()))
+        return forward(ids, cache, *args, **kwargs)
+
+    ids = smollm2.tokenize("Once upon a time, in a small village by the sea,")
+    params = SamplingParams(temperature=0.0)
+    try:
+        gen.governor = ThreadGovernor(2, 2, adaptive=False)
+        want = "".join(gen.stream(ids, params, max_tokens=4))
+        gen.governor.decode_reserve = 1
+        gen.model.forward = recording_forward
+        gen.cache.truncate(0)  # the prompt is computed again, not reused
+        got = "".join(gen.stream(ids, params, max_tokens=4))
+    finally:
+        gen.governor, gen.model.forward = saved, forward
+        numba.set_num_threads(2)
+    assert got == want
+    prompt = [t for n, t in seen if n > 1]
+    steps = [t for n, t in seen if n == 1]
+    assert prompt == [2] and len(steps) == 4 and set(steps) == {1}
+    assert gen.stats.threads == 1

@@ -87,7 +87,7 @@ from edgerun.api import minimum_ram_budget
 need = minimum_ram_budget({str(smollm2_path)!r}, n_ctx=256)
 # SmolLM2's whole FFN fits in what paging LLVM out frees: hold nothing more after the
 # warm-up, so that all 64 tokens stream (the deferred rows: below)
-m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=2, offload="dense",
+m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, offload="dense",
                  ram_budget=int(need * 1.1),
                  offload_options=dict(hold_after_warm_up=False, kv_loan_tiers=0))
 m.reset_offload_stats()
@@ -120,7 +120,9 @@ again = "".join(m.generate({prompt!r}, max_tokens=8, temperature=0))
 print(json.dumps(dict(got=got, read=read, held=m.plan.cache_neurons, d_ff=m.spec.d_ff,
                       store=type(m.store).__name__, left=left, again=again, held0=held0,
                       held1=held1, deferred=deferred, held_later=held_later,
-                      got_later=got_later)))
+                      got_later=got_later, threads=m.threads,
+                      reserve=m.governor.decode_reserve,
+                      later_reserve=later.governor.decode_reserve)))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -128,6 +130,10 @@ print(json.dumps(dict(got=got, read=read, held=m.plan.cache_neurons, d_ff=m.spec
     assert res["store"] == "DenseStreamStore" and res["held"] < res["d_ff"]
     assert res["read"] > 10 * 2**20  # tens of MB streamed over the 64 tokens
     assert res["got"] == want  # same numbers, other home
+    # automatic threads: decode steps leave the row stream's reader a core where there
+    # is one to spare; `later` asked for 2 threads and keeps them
+    assert res["reserve"] == (1 if res["threads"] > 1 else 0)
+    assert res["later_reserve"] == 0
     # part of the held rows waits for the kernels' load, then LLVM's pages make room
     from edgerun.offload.io import can_page_out
 

@@ -361,12 +361,17 @@ class BatchScheduler:
                 self._active.clear()
 
     def _step(self) -> None:
+        from edgerun.sched.cpu_share import set_threads
+
+        governor = self.model.governor
         prefilling = [r for r in self._active if not r.decoding]
         if prefilling:
+            set_threads(governor.step_threads(decode=False))
             self._prefill_chunk(prefilling[0])
         decoding = [r for r in self._active if r.decoding]
         if not decoding:
             return
+        set_threads(governor.step_threads(decode=True))
         now = time.perf_counter()
         for r in decoding:
             if not r.t_decode:
