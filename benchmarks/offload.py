@@ -319,6 +319,8 @@ def main() -> None:
 
     threads = a.threads or default_threads()
     calibrate(threads, refresh=True)
+    if a.threads is None and threads > 1:  # dense decode steps' automatic thread count
+        calibrate(threads - 1, refresh=True)
     for model in a.models.split(","):
         bundle = _bundle_of(str(resolve_model(model)))
         if bundle is not None:

@@ -188,6 +188,7 @@ class Model:
         if not offloading:
             self._build_resident()
         self.threads = threads or default_threads()
+        self.auto_threads = threads is None  # the governor's to choose (cpu_share.py)
         if self.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {self.threads}")
         set_threads(self.threads)
@@ -212,7 +213,7 @@ class Model:
 
                 ensure_kernels_compiled(self.path, self.kv_type, qmatvec.kernel_path())
             self._offload(ram_budget, offload, offload_options, gpu_budget, gpu_device)
-            if threads is None:
+            if self.auto_threads:
                 self.governor.decode_reserve = self.reader_cores()
         # Under a RAM budget the plan reserves one n_ctx window of KV cache; concurrent
         # requests share it (sched/batching.BatchScheduler admits by it).
@@ -297,6 +298,12 @@ class Model:
             raise InvalidArgumentError(f"offload must be 'sparse' or 'dense', got {mode!r}")
         if mode == "dense":
             opts.sparsity = 0.0
+            if device is None and not gpu and self.auto_threads and self.threads > 1:
+                # decode steps will leave the row stream's reader a core (reader_cores):
+                # predict with the kernels' rate on the threads they will have, if measured
+                from edgerun.sched.calibration import cached
+
+                dev = cached(self.threads - 1) or dev
         profile = self.neuron_profile(opts.profile) if mode == "sparse" and opts.hot > 0 else None
         bundle = self._bundle_file() if mode == "sparse" else None  # dense streams the GGUF
         offload = None
@@ -369,12 +376,14 @@ class Model:
     def predicted_plan(self, threads: int | None = None):
         """The plan of this model's placement (budgets and devices it was loaded with),
         predicted with this machine's calibrated figures at `threads` (measured once and
-        cached): what `edgerun bench` compares its measurement to."""
+        cached): what `edgerun bench` compares its measurement to. By default the threads
+        its decode steps run on (fewer where they leave the row stream's reader a core)."""
         from edgerun.sched.calibration import calibrate
 
         ram, mode, opts, gpu, gpu_device = self._placement_args
         gpu_dev = gpu_device if gpu is not None else None
-        figs = calibrate(threads or self.threads, gpu_device=gpu_dev)
+        threads = threads or max(1, self.threads - self.governor.decode_reserve)
+        figs = calibrate(threads, gpu_device=gpu_dev)
         if ram is None and mode is None and gpu is None:
             ram = 1 << 62  # resident: a budget it fits
         return self.plan_for(ram, mode, opts, gpu, gpu_dev, device=figs)[0]
