@@ -154,6 +154,9 @@ def run(
     predict: add the placement planner's predicted decode tok/s per thread count (from
     calibrated device figures, sched/calibration.py) to set against the measurement.
     """
+    # Without a thread list, decode is timed on the threads `generate` decodes with: one
+    # fewer where a streamed model leaves its reader a core (ThreadGovernor.decode_reserve)
+    reserve = model.governor.decode_reserve if threads is None else 0
     threads = threads or [model.threads]
     rng = np.random.default_rng(0)
     set_threads(threads[0])
@@ -167,7 +170,9 @@ def run(
             set_threads(t)
             _time_decode(model, 4, rng)  # warm the thread pool and caches
             for name, timer, n in tests:
-                row = BenchRow(t, name)
+                tn = max(1, t - reserve) if timer is _time_decode else t
+                set_threads(tn)
+                row = BenchRow(tn, name)
                 for _ in range(repeats):
                     io0 = _io_seconds(model)
                     row.samples.append(timer(model, n, rng))
@@ -181,7 +186,7 @@ def run(
     system = probe()  # the machine these figures are from (cached; measured once)
     predicted = {}
     if predict:
-        for t in threads:
+        for t in sorted({r.threads for r in rows if r.test.startswith("tg")}):
             p = model.predicted_plan(t)
             predicted[str(t)] = {
                 "tok_s": p.predicted_tok_s,
@@ -189,7 +194,7 @@ def run(
                 "split_s": p.time_split,
                 "gpu_layers": len(p.gpu_ffn_layers),
             }
-    bw = {t: measure_bandwidth(t) for t in threads} if bandwidth else {}
+    bw = {t: measure_bandwidth(t) for t in sorted({r.threads for r in rows})} if bandwidth else {}
     prof = model.device_profile
     modelled = None
     if prof is not None and prof.compute_scale:

@@ -41,6 +41,23 @@ def test_bench_json_report(capsys, smollm2_path):
     assert rep["weight_bytes_per_token"] < rep["size_bytes"]
 
 
+def test_bench_times_decode_on_the_threads_generate_decodes_with(smollm2):
+    """Without a thread list, a model whose decode steps leave a streamed model's reader a
+    core is timed the same way: prompts on all its threads, decode on one fewer."""
+    from edgerun import bench
+
+    if smollm2.threads < 2:
+        pytest.skip("needs 2 threads to leave one")
+    saved = smollm2.governor.decode_reserve
+    smollm2.governor.decode_reserve = 1
+    try:
+        rep = bench.run(smollm2, 8, 4, repeats=1, bandwidth=False, progress=False, predict=False)
+    finally:
+        smollm2.governor.decode_reserve = saved
+    t = smollm2.threads
+    assert [(r["threads"], r["test"]) for r in rep["rows"]] == [(t, "pp8"), (t - 1, "tg4")]
+
+
 def test_bench_table_has_memory_line(capsys, smollm2_path):
     assert (
         main(
