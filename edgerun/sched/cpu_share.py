@@ -62,9 +62,9 @@ class ThreadGovernor:
     With adaptive False it always answers max_threads (threads the user asked for,
     or a sleeping wait policy, where extra threads do no harm).
 
-    `decode_reserve` cores are left to this process's own weight reader during decode
-    steps (step_threads): a model that streams FFN rows from flash every token has a
-    thread reading them, and compute threads on every core starve it. Measured on 2
+    `decode_reserve` cores are left to this process's own weight readers during decode
+    steps (step_threads): a model that reads FFN weights from flash every token has
+    threads reading them, and compute threads on every core starve them. Measured on 2
     vCPUs, Qwen2.5-Coder-1.5B at 560 MiB (520 MB read a token): decode with 1 compute
     thread 3.1-3.8 tok/s, I/O wait 12-40 ms a token; with 2, 2.3-2.6 tok/s, I/O wait
     180-200 ms. A prompt chunk is compute-bound (its rows are read once for the whole
