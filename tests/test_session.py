@@ -56,6 +56,34 @@ def test_resume_gives_the_same_tokens_as_uninterrupted(smollm2_path, kv_type, tm
         m.close()
 
 
+def test_save_and_load_hold_no_copy_of_the_kv_cache(model, tmp_path):
+    """A session's rows go to its file a layer and head at a time and come back a layer
+    at a time: neither holds a copy of the whole KV cache (under a RAM budget there is no
+    room for one). Traced allocations, against the rows' bytes."""
+    import tracemalloc
+
+    s = model.session()
+    s.send("Summarize: " + "the quick brown fox jumps over the lazy dog. " * 60, max_tokens=2)
+    c = s.cache
+    kv_bytes = 2 * c.k[:, :, : c.length].nbytes
+    assert kv_bytes > 20 << 20
+    tracemalloc.start()
+    try:
+        path = s.save(tmp_path / "long.safetensors")
+        _, save_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        resumed = Session.load(model, path)
+        _, load_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert save_peak < kv_bytes / 8, (save_peak, kv_bytes)
+    assert load_peak < kv_bytes / 4, (load_peak, kv_bytes)
+    n = c.length
+    assert resumed.cache.tokens == c.tokens
+    np.testing.assert_array_equal(resumed.cache.k[:, :, :n], c.k[:, :, :n])
+    np.testing.assert_array_equal(resumed.cache.v[:, :, :n], c.v[:, :, :n])
+
+
 def test_session_file_checks(model, tmp_path):
     from safetensors import safe_open
     from safetensors.numpy import load_file, save_file

@@ -28,7 +28,7 @@ import numpy as np
 from edgerun.errors import EdgerunError
 from edgerun.kvcache import KVCache
 
-__all__ = ["SpillFile", "read_rows", "restore", "spill"]
+__all__ = ["SpillFile", "drop_cached_pages", "restore", "spill", "write_rows"]
 
 
 class SpillFile:
@@ -55,15 +55,20 @@ def _pieces(k: np.ndarray, v: np.ndarray, positions: int) -> Iterator:
 def _read_pieces(sf: SpillFile, pieces: Iterator) -> None:
     """Fill each piece (rows [0, n) of one layer and head) from its place in the file,
     where every piece holds sf.positions rows; OSError on a short read."""
-    fd = sf.file.fileno()
     for i, piece in enumerate(pieces):
-        at = i * sf.positions * piece.shape[-1] * piece.itemsize
-        got = os.preadv(fd, [memoryview(piece).cast("B")], at)
-        if got != piece.nbytes:
-            raise OSError(f"short read ({got} of {piece.nbytes} bytes)")
+        _read_piece(sf, i, piece)
 
 
-def _drop_cached_pages(fd: int) -> None:
+def _read_piece(sf: SpillFile, i: int, piece: np.ndarray) -> None:
+    """Rows [0, len(piece)) of the file's i-th piece into piece (contiguous)."""
+    at = i * sf.positions * piece.shape[-1] * piece.itemsize
+    got = os.preadv(sf.file.fileno(), [memoryview(piece).cast("B")], at)
+    if got != piece.nbytes:
+        raise OSError(f"short read ({got} of {piece.nbytes} bytes)")
+
+
+def drop_cached_pages(fd: int) -> None:
+    """Evict a file's clean pages from the page cache (a memory cgroup counts them)."""
     if hasattr(os, "posix_fadvise"):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
@@ -83,7 +88,7 @@ def spill(cache: KVCache, directory: Path) -> int:
                     sf.file.write(memoryview(piece).cast("B"))
                 sf.file.flush()
                 os.fsync(sf.file.fileno())  # written back, so the pages can be dropped
-                _drop_cached_pages(sf.file.fileno())
+                drop_cached_pages(sf.file.fileno())
             except OSError as e:
                 sf.close()
                 raise EdgerunError(
@@ -106,7 +111,7 @@ def restore(cache: KVCache, positions: int | None = None) -> int:
         n = sf.positions if positions is None else min(int(positions), sf.positions)
         try:
             _read_pieces(sf, _pieces(cache.k, cache.v, n))
-            _drop_cached_pages(sf.file.fileno())
+            drop_cached_pages(sf.file.fileno())
         except OSError as e:
             warnings.warn(
                 f"an idle KV cache could not be read back from disk ({e}); "
@@ -123,23 +128,27 @@ def restore(cache: KVCache, positions: int | None = None) -> int:
         return n
 
 
-def read_rows(cache: KVCache) -> tuple[np.ndarray, np.ndarray]:
-    """Copies of the cache's rows [0, length) as k, v [layers, kv_heads, length, head_dim]
-    in its own dtype, for a reader outside the scheduler (Session.save). A spilled cache's
-    rows come from its file and it stays spilled: saving an idle session under a RAM
-    budget does not bring its KV cache back into memory (nor past the budget)."""
-    with cache.lock:
-        n = cache.length
-        layers, heads, _, dim = cache.k.shape
-        if cache.spilled is None:
-            return cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy()
-        sf = cache.spilled
-        shape = (layers, heads, n, dim)
-        k, v = np.empty(shape, cache.k.dtype), np.empty(shape, cache.v.dtype)
-        try:
-            _read_pieces(sf, _pieces(k, v, n))
-        except OSError as e:
-            raise EdgerunError(f"cannot read an idle KV cache back from disk: {e}") from None
-        finally:
-            _drop_cached_pages(sf.file.fileno())
-        return k, v
+def write_rows(cache: KVCache, out) -> int:
+    """Write the cache's rows [0, length) to the binary file `out` as k then v, each in
+    C order [layers, kv_heads, length, head_dim] and the cache's own dtype: a piece (one
+    layer and head) at a time, so that saving a session holds no copy of its KV cache. A
+    spilled cache's pieces are copied from its file and it stays spilled. Call with
+    cache.lock held (rows and tokens of one moment); returns the bytes written."""
+    n = cache.length
+    written = 0
+    if cache.spilled is None:
+        for piece in _pieces(cache.k, cache.v, n):
+            written += out.write(memoryview(np.ascontiguousarray(piece)).cast("B"))
+        return written
+    sf = cache.spilled
+    buf = np.empty((n, cache.k.shape[-1]), cache.k.dtype)
+    try:
+        for i in range(2 * cache.k.shape[0] * cache.k.shape[1]):
+            try:
+                _read_piece(sf, i, buf)
+            except OSError as e:
+                raise EdgerunError(f"cannot read an idle KV cache back from disk: {e}") from None
+            written += out.write(memoryview(buf).cast("B"))
+    finally:
+        drop_cached_pages(sf.file.fileno())
+    return written
