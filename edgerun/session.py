@@ -353,23 +353,37 @@ _NP_DTYPES = {"F16": "float16", "F32": "float32"}
 
 def _read_rows_into(path: Path, cache: KVCache, n: int) -> None:
     """Rows [0, n) of the session file's k and v into the cache, a layer at a time in the
-    cache's own type (so loading holds one layer's rows beyond the cache, not two copies
-    of all), and the file's pages out of the page cache after."""
-    from safetensors import SafetensorError, safe_open
-
+    cache's own type, read with plain reads (not mapped: safetensors maps the file, and
+    its pages would count in the process's RSS beside the cache) and dropped from the
+    page cache as they are used: loading holds one layer's rows beyond the cache.
+    The header was checked by _read_session_header."""
+    where = f"session file {path}"
     try:
-        with safe_open(str(path), framework="np") as f:
-            for name, dst in (("k", cache.k), ("v", cache.v)):
-                rows = f.get_slice(name)
-                for layer in range(dst.shape[0]):
-                    part = rows[layer]
-                    if cache.kv_type == "f16":
-                        dst[layer, :, :n] = part.astype(np.float16, copy=False).view(np.uint16)
-                    else:
-                        dst[layer, :, :n] = part.astype(np.float32, copy=False)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise SessionFileError(f"session file {path} is corrupt: {e}") from None
-    _drop_file_pages(path)
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise SessionFileError(f"cannot read {where}: {e.strerror or e}") from None
+    try:
+        hlen = int.from_bytes(os.pread(fd, 8, 0), "little")
+        header = json.loads(os.pread(fd, hlen, 8))
+        for name, dst in (("k", cache.k), ("v", cache.v)):
+            info = header[name]
+            dtype = np.float16 if info["dtype"] == "F16" else np.float32
+            layer_rows = np.empty(tuple(info["shape"][1:]), dtype)
+            at = 8 + hlen + int(info["data_offsets"][0])
+            for layer in range(dst.shape[0]):
+                got = os.preadv(fd, [memoryview(layer_rows).cast("B")], at)
+                if got != layer_rows.nbytes:
+                    raise SessionFileError(f"{where} is truncated (tensor '{name}')")
+                kv_spill.drop_cached_pages(fd)
+                at += layer_rows.nbytes
+                if cache.kv_type == "f16":
+                    dst[layer, :, :n] = layer_rows.astype(np.float16, copy=False).view(np.uint16)
+                else:
+                    dst[layer, :, :n] = layer_rows.astype(np.float32, copy=False)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SessionFileError(f"{where} is corrupt: {e}") from None
+    finally:
+        os.close(fd)
 
 
 def _drop_file_pages(path: Path) -> None:
