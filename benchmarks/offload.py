@@ -291,8 +291,8 @@ def main() -> None:
         "--threads",
         type=int,
         default=None,
-        help="compute threads (default: edgerun's automatic count, which leaves dense "
-        "streaming's reader a core during decode; llama.cpp gets every CPU)",
+        help="compute threads (default: edgerun's automatic count, which leaves the "
+        "offloaded weights' readers a core during decode; llama.cpp gets every CPU)",
     )
     ap.add_argument("-r", "--repeats", type=int, default=1, help="runs of a cell in a row")
     ap.add_argument(

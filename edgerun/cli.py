@@ -23,7 +23,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         default=None,
-        help="CPU threads (default: all; dense offloading decodes on one fewer, for its reader)",
+        help="CPU threads (default: all; offloading decodes on one fewer, for its readers)",
     )
     p.add_argument(
         "-c",

@@ -19,6 +19,7 @@ import numpy as np
 from edgerun.atomic import write_atomic
 from edgerun.errors import EdgerunError, InvalidArgumentError
 from edgerun.kvcache import KV_TYPES, KVCache
+from edgerun.offload.io import drop_page_cache
 from edgerun.sched import kv_spill
 from edgerun.sched.batching import Request, ResponseStats
 
@@ -238,7 +239,7 @@ class Session:
                     kv_spill.write_rows(c, f)
 
             out = write_atomic(path, write)
-        _drop_file_pages(out)
+        drop_page_cache([out])
         return out
 
     @classmethod
@@ -374,7 +375,7 @@ def _read_rows_into(path: Path, cache: KVCache, n: int) -> None:
                 got = os.preadv(fd, [memoryview(layer_rows).cast("B")], at)
                 if got != layer_rows.nbytes:
                     raise SessionFileError(f"{where} is truncated (tensor '{name}')")
-                kv_spill.drop_cached_pages(fd)
+                drop_page_cache([path])
                 at += layer_rows.nbytes
                 if cache.kv_type == "f16":
                     dst[layer, :, :n] = layer_rows.astype(np.float16, copy=False).view(np.uint16)
@@ -382,16 +383,5 @@ def _read_rows_into(path: Path, cache: KVCache, n: int) -> None:
                     dst[layer, :, :n] = layer_rows.astype(np.float32, copy=False)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SessionFileError(f"{where} is corrupt: {e}") from None
-    finally:
-        os.close(fd)
-
-
-def _drop_file_pages(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        kv_spill.drop_cached_pages(fd)
     finally:
         os.close(fd)

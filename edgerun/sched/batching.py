@@ -33,6 +33,7 @@ from edgerun.errors import ContextOverflowError, EdgerunError, InvalidArgumentEr
 from edgerun.kvcache import KVCache
 from edgerun.sampling import Sampler, SamplingParams
 from edgerun.sched import kv_spill
+from edgerun.sched.cpu_share import set_threads
 from edgerun.sysinfo import peak_rss_bytes
 from edgerun.tokenizer import StreamDecoder
 
@@ -334,8 +335,6 @@ class BatchScheduler:
         return window - used - self.model.prefix_cache.nbytes
 
     def _run(self) -> None:
-        from edgerun.sched.cpu_share import set_threads
-
         m = self.model
         while True:
             self._admit()
@@ -361,8 +360,6 @@ class BatchScheduler:
                 self._active.clear()
 
     def _step(self) -> None:
-        from edgerun.sched.cpu_share import set_threads
-
         governor = self.model.governor
         prefilling = [r for r in self._active if not r.decoding]
         if prefilling:

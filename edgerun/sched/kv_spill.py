@@ -28,7 +28,7 @@ import numpy as np
 from edgerun.errors import EdgerunError
 from edgerun.kvcache import KVCache
 
-__all__ = ["SpillFile", "drop_cached_pages", "restore", "spill", "write_rows"]
+__all__ = ["SpillFile", "restore", "spill", "write_rows"]
 
 
 class SpillFile:
@@ -67,8 +67,7 @@ def _read_piece(sf: SpillFile, i: int, piece: np.ndarray) -> None:
         raise OSError(f"short read ({got} of {piece.nbytes} bytes)")
 
 
-def drop_cached_pages(fd: int) -> None:
-    """Evict a file's clean pages from the page cache (a memory cgroup counts them)."""
+def _drop_cached_pages(fd: int) -> None:
     if hasattr(os, "posix_fadvise"):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
@@ -88,7 +87,7 @@ def spill(cache: KVCache, directory: Path) -> int:
                     sf.file.write(memoryview(piece).cast("B"))
                 sf.file.flush()
                 os.fsync(sf.file.fileno())  # written back, so the pages can be dropped
-                drop_cached_pages(sf.file.fileno())
+                _drop_cached_pages(sf.file.fileno())
             except OSError as e:
                 sf.close()
                 raise EdgerunError(
@@ -111,7 +110,7 @@ def restore(cache: KVCache, positions: int | None = None) -> int:
         n = sf.positions if positions is None else min(int(positions), sf.positions)
         try:
             _read_pieces(sf, _pieces(cache.k, cache.v, n))
-            drop_cached_pages(sf.file.fileno())
+            _drop_cached_pages(sf.file.fileno())
         except OSError as e:
             warnings.warn(
                 f"an idle KV cache could not be read back from disk ({e}); "
@@ -138,7 +137,7 @@ def write_rows(cache: KVCache, out) -> int:
     written = 0
     if cache.spilled is None:
         for piece in _pieces(cache.k, cache.v, n):
-            written += out.write(memoryview(np.ascontiguousarray(piece)).cast("B"))
+            written += out.write(memoryview(piece).cast("B"))
         return written
     sf = cache.spilled
     buf = np.empty((n, cache.k.shape[-1]), cache.k.dtype)
@@ -150,5 +149,5 @@ def write_rows(cache: KVCache, out) -> int:
                 raise EdgerunError(f"cannot read an idle KV cache back from disk: {e}") from None
             written += out.write(memoryview(buf).cast("B"))
     finally:
-        drop_cached_pages(sf.file.fileno())
+        _drop_cached_pages(sf.file.fileno())
     return written
