@@ -58,20 +58,26 @@ def test_storage_figures_agree_with_a_plain_read(tmp_path):
     assert all(v > 1e5 for kind in ("sequential", "random") for v in st[kind].values())
     assert st["sequential"][1 << 20] > st["sequential"][4096]
     assert not list(tmp_path.glob(".probe-*"))  # the scratch file is gone
-    # plain measurement of the same kind: a 16 MiB file read sequentially in 1 MiB reads
+    # plain measurement of the same kind: a 16 MiB file read sequentially in 1 MiB reads,
+    # alternated with the probe three times; shared storage drifts between single reads
+    # (one CI run saw 4.2x), so the median ratio is held, which a wrong unit or loop fails
     f = tmp_path / "plain.bin"
     f.write_bytes(np.random.default_rng(0).integers(0, 255, 16 << 20, np.uint8).tobytes())
-    if hasattr(os, "posix_fadvise"):
-        fd = os.open(f, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-    plain = _plain_sequential_read(f, 1 << 20)
-    ratio = st["sequential"][1 << 20] / plain
-    print(
-        f"sequential 1 MiB: probe {st['sequential'][1 << 20] / 1e6:.0f} MB/s, plain "
-        f"{plain / 1e6:.0f} MB/s"
-    )
-    assert 0.33 < ratio < 3.0  # shared storage drifts; a wrong unit or loop would not
+    ratios = []
+    for attempt in range(3):
+        if attempt:
+            st = probe_mod.measure_storage(tmp_path, nbytes=16 << 20, chunks=(1 << 20,))
+        if hasattr(os, "posix_fadvise"):
+            fd = os.open(f, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        plain = _plain_sequential_read(f, 1 << 20)
+        ratios.append(st["sequential"][1 << 20] / plain)
+        print(
+            f"sequential 1 MiB: probe {st['sequential'][1 << 20] / 1e6:.0f} MB/s, plain "
+            f"{plain / 1e6:.0f} MB/s"
+        )
+    assert 0.33 < float(np.median(ratios)) < 3.0
 
 
 def test_bandwidth_figure_agrees_with_a_plain_copy():
