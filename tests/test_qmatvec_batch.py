@@ -46,8 +46,13 @@ def test_batch_close_to_reference():
     x = np.random.default_rng(2).standard_normal((4, w.shape[1])).astype(np.float32)
     ref = qm.matmul_reference(w, x)
     y = qm.matvec_batch(w, x)
-    # the int8 paths quantize x (two-level int8 blocks, ~15 bits)
+    # the int8 paths quantize x: two-level int8 blocks (~15 bits), or single-level int8
+    # for Q4_K off the vnni path (activation_levels), which is then W @ xq
     tol = 2e-4 if qm.quantizes_activations(w.qtype) else 2e-5
+    if qm.activation_levels(w.qtype, 4) == 1:
+        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 2e-2
+        xq = qm.quantize_x_reference(x, qm.activation_block(w.qtype, 4), 1)
+        ref = qm.matmul_reference(w, xq)
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < tol
 
 

@@ -18,6 +18,9 @@ with AVX-512 VNNI "vnni", on other x86 CPUs with AVX2 "avx2" (x quantized once p
 to two-level int8 blocks of 32 -- q1 plus a rounded residual q2, ~15 bits, so results
 match float32 to ~1e-4 -- and integer dot products with vpdpbusd, or on AVX2 vpmaddwd
 on the two levels as one int16 word; F32/F16/BF16 weights stay on the float kernels).
+Q4_K decode on the avx2 / int8 paths takes single-level int8 activations instead (one scale
+per 256 elements, refined per 32 by powers of two; activation_levels): 1.4-1.6x the
+two-level kernel, for logits ~1e-4 KL from float activations (qmatvec_vnni.q4_k_block8).
 "int8" is the avx2 path's kernels spelled in LLVM's generic vector operations, for any
 CPU (`EDGERUN_KERNELS=int8`, opt-in: x86 compiles it to the same instructions; it has
 not run on ARM hardware yet).
@@ -47,6 +50,7 @@ from edgerun.quant.reference import dequantize  # noqa: E402
 
 __all__ = [
     "activation_block",
+    "activation_levels",
     "available_paths",
     "embedding_rows",
     "kernel_path",
@@ -288,14 +292,35 @@ def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
     return _path in INT8_PATHS and qtype in _MVB_INT8 and 1 < ntokens <= mvb_prefill_max(qtype)
 
 
+def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
+    """Whether `ntokens` rows meet `qtype` in the single-level int8 decode kernels
+    (qmatvec_vnni.SB8_DECODE: Q4_K off the vnni path, one vector or a batch)."""
+    return (
+        qtype == QuantType.Q4_K
+        and _path in INT8_PATHS
+        and _v.SB8_DECODE
+        and (ntokens == 1 or _mvb_prefill(qtype, ntokens))
+    )
+
+
 def activation_block(qtype: QuantType, ntokens: int) -> int:
     """Elements per activation scale when `ntokens` rows of x meet a `qtype` matrix on
     the current path (see quantize_x_reference): 256 for the K-quant prefill GEMM of the
-    int8 paths (qmatmul_superblock, and its AMX tiles), else 32 (prompts of at most
-    mvb_prefill_max tokens, on the batched decode kernels, included)."""
+    int8 paths (qmatmul_superblock, and its AMX tiles) and for the single-level Q4_K
+    decode kernels (activation_levels), else 32 (prompts of at most mvb_prefill_max
+    tokens, on the batched decode kernels, included)."""
+    if _q8_decode(qtype, ntokens):
+        return 256
     if ntokens > 1 and _path in INT8_PATHS and qtype in _MM_SUPERBLOCK:
         return 32 if _mvb_prefill(qtype, ntokens) else 256
     return 32
+
+
+def activation_levels(qtype: QuantType, ntokens: int) -> int:
+    """2 where the int8 paths quantize x to two levels (~15 bits), 1 where a decode kernel
+    takes single-level int8 with power-of-two refinements per 32 (Q4_K on the avx2 and
+    int8 paths; see quantize_x_reference)."""
+    return 1 if _q8_decode(qtype, ntokens) else 2
 
 
 def quantizes_activations(qtype: QuantType, ntokens: int = 1, cols: int = 0) -> bool:
@@ -639,19 +664,35 @@ def embedding_rows(w: QuantTensor, ids: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- references
-def quantize_x_reference(x: np.ndarray, block: int = 32) -> np.ndarray:
-    """What the int8 paths compute with instead of x (two-level int8 blocks of `block`
-    elements, see activation_block).
+def quantize_x_reference(x: np.ndarray, block: int = 32, levels: int = 2) -> np.ndarray:
+    """What the int8 paths compute with instead of x (see activation_block and
+    activation_levels). The last axis must be a multiple of `block`.
 
-    Per block: dx = max|x| / 127, q1 = rint(x / dx), q2 = rint((x - q1 dx) * 128 / dx);
-    returns (128 q1 + q2) * dx / 128 (float32), within dx / 256 of x. The last axis must
-    be a multiple of `block`.
+    levels=2, per block: dx = max|x| / 127, q1 = rint(x / dx), q2 = rint((x - q1 dx) *
+    128 / dx); returns (128 q1 + q2) * dx / 128 (float32), within dx / 256 of x.
+    levels=1 (qmatvec_vnni.quantize_x_sb8), per block dx = max|x| / 127 and per 32
+    elements the largest e <= 6 with 2^e max|x_32| <= max|x|: q = rint(x 2^e / dx);
+    returns q dx / 2^e, within dx / 2^(e+1) of x.
     """
     x = np.asarray(x, dtype=np.float32)
     b = x.reshape(*x.shape[:-1], -1, block)
     d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127.0)
     with np.errstate(divide="ignore"):
         inv = np.where(d == 0, np.float32(0.0), np.float32(1.0) / d).astype(np.float32)
+    if levels == 1:
+        amax = np.abs(b).max(axis=-1, keepdims=True)
+        s = b.reshape(*b.shape[:-1], -1, 32)
+        a32 = np.abs(s).max(axis=-1, keepdims=True)
+        e = np.zeros(a32.shape, np.int32)
+        for _ in range(6):  # as the kernel: while e < 6 and a32 2^(e+1) <= amax
+            grow = (e < 6) & (
+                a32 * np.float32(2.0) ** (e + 1).astype(np.float32) <= amax[..., None]
+            )
+            e += grow
+        f = np.float32(2.0) ** e.astype(np.float32)
+        q = np.rint(s * (inv[..., None] * f))
+        out = q.astype(np.float64) * (d[..., None] / f).astype(np.float64)
+        return out.astype(np.float32).reshape(x.shape)
     q1 = np.rint(b * inv)
     q2 = np.rint((b - q1 * d) * (inv * np.float32(128.0)))
     q = q1.astype(np.float64) * 128 + q2

@@ -2,6 +2,10 @@
 or, on CPUs with only AVX2, `vpmaddwd` on int16 activations (`DOT`; same lanes and
 int32 results).
 
+Q4_K decode off the vnni path is the exception: single-level int8 activations with one
+scale per super-block refined per 32 by powers of two (quantize_x_sb8, q4_k_block8),
+half the multiplies for ~1e-4 KL on the logits (see q4_k_block8).
+
 x is quantized once per call to two-level int8 blocks of 32: q1 = rint(x / dx) with
 dx = max|x| / 127 (llama.cpp's q8 activations) plus the rounded residual
 q2 = rint((x - q1 dx) * 128 / dx). Every weight block is unpacked to unsigned bytes in
@@ -66,6 +70,13 @@ F0 = np.float32(0.0)
 # the same int16 multiply-adds in LLVM's generic vector operations, for any LLVM target
 # (x86 lowers them to vpmaddwd; opt-in with EDGERUN_KERNELS=int8, see _simd.int8_dot).
 DOT = int8_dot() or "avx2"
+
+# Q4_K decode (mv_q4_k, mvb_q4_k, sparse_ffn's rows) off the vnni path takes single-level
+# int8 activations with one scale per super-block refined by powers of two
+# (quantize_x_sb8, q4_k_block8): vpmaddubsw plus a vpmaddwd that applies the sub-block
+# scales, half the multiplies of the two-level int16 words and no float scaling per
+# sub-block. What it measured, in speed and in logits, is at q4_k_block8.
+SB8_DECODE = DOT != "vnni"
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32 = ir.FloatType()
@@ -183,6 +194,18 @@ class _IR:
             return b.call(self.fn("llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16]), [a, x])
         p = b.mul(b.sext(a, V16I32), b.sext(x, V16I32))
         return b.add(self.shuf(p, p, range(0, 16, 2)), self.shuf(p, p, range(1, 16, 2)))
+
+    def maddubs(self, w, x):
+        """vpmaddubsw: <32 x i8> unsigned w, signed x -> <16 x i16> lanes w[2j] x[2j] +
+        w[2j+1] x[2j+1] (callers keep the pair sums inside int16: no saturation). The
+        "int8" path spells it in generic IR."""
+        b = self.b
+        V16I16, V32I16 = _v(I16, 16), _v(I16, 32)
+        if DOT == "avx2":
+            f = self.fn("llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+            return b.call(f, [w, x])
+        p = b.mul(b.zext(w, V32I16), b.sext(x, V32I16))
+        return b.add(self.shuf(p, p, range(0, 32, 2)), self.shuf(p, p, range(1, 32, 2)))
 
     def fma(self, a, b, c):
         n = a.type.count
@@ -472,6 +495,56 @@ def q4_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so):
         return context.get_dummy_value()
 
     return _sig(a16, a8, row, off, xq, xo, xds, so), codegen
+
+
+@intrinsic
+def q4_k_block8(typingctx, a8, am, row, off, xb, xo, xsb, xp, s):
+    """One 256-element Q4_K super-block on quantize_x_sb8's activations (the avx2 / int8
+    decode path): per 32 weights one vpmaddubsw (nibbles x int8) and one vpmaddwd by the
+    sub-block scale times 2^(6 - e) (<= 4032), summed in int32 lanes over the
+    super-block; one convert and fma at its end. a8 lanes 0..7 collect the scaled dots,
+    am lanes 0..7 the dmin m_j sx_j the caller subtracts. xsb[9 s .. 9 s + 8]: dx 2^-e
+    sum(q) of each 32 elements, then dx / 64; xp[8 s .. 8 s + 8]: the 2^(6 - e).
+
+    A super-block on q4_k_block's two-level int16 words is 16 vpmaddwd, the shifts and
+    masks that make words of the nibbles, and per 64 weights two converts, two fmas and
+    the scale broadcasts; here it is 8 vpmaddubsw on the nibble bytes, 8 vpmaddwd, one
+    convert and one fma. Zen 3 EPYC, one thread, alternating with the
+    two-level kernel in one process (`python benchmarks/kernel_ab.py --base <rev> --rows R
+    --cols C --formats Q4_K -t 1`, medians of 15): 1536x1536 1.38x, 8960x1536 1.59x,
+    1536x8960 1.43x; batches of 2 / 4 vectors 1.19-1.34x. The logits it costs,
+    teacher-forced against float activations (`benchmarks/decode_quality.py`,
+    `benchmarks/results/decode_quality_avx2.txt`): Qwen2.5-1.5B top-1 100%, KL 2.4e-4,
+    NLL unchanged; Gemma 3 270M top-1 99.5%, KL 5.4e-4 (one scale per 256 without the
+    powers of two, llama.cpp's q8_K: 97.8%, KL 2.1e-3)."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        off, xo = args[3], args[5]
+        _prefetch_ahead(r, off, 144)
+        dm, sc8, mn8 = q4k_scale_bytes(r, 2, off)
+        d = b.extract_element(dm, ir.Constant(I32, 0))
+        dmin = b.extract_element(dm, ir.Constant(I32, 1))
+        so = b.mul(args[8], ir.Constant(args[8].type, 9))
+        sx = r.load(6, so, V8F)
+        dx = r.load(6, so, F32, 8)
+        mterm = b.fmul(b.fmul(r.splat(dmin, 8), b.uitofp(mn8, V8F)), sx)
+        _acc_add(r, 1, V8F, lambda a: b.fadd(a, mterm))
+        pw = r.load(7, b.mul(args[8], ir.Constant(args[8].type, 8)), _v(I16, 8))
+        sc = b.mul(b.zext(sc8, _v(I16, 8)), pw)  # sc_j 2^(6 - e_j) <= 4032
+        acc = None
+        for g in range(4):
+            for k, q in enumerate(q4k_nibbles(r, 2, off, g)):  # sub-block 2g + k
+                xv = r.load(4, b.add(xo, ir.Constant(xo.type, 64 * g + 32 * k)), V32I8)
+                dot = r.madd16(r.maddubs(q, xv), r.shuf(sc, sc, [2 * g + k] * 16))
+                acc = dot if acc is None else b.add(acc, dot)
+        df = b.sitofp(acc, V8F)
+        sv = r.splat(b.fmul(d, dx), 8)
+        _acc_add(r, 0, V8F, lambda a: r.fma(df, sv, a))
+        return context.get_dummy_value()
+
+    return types.void(a8, am, row, off, xb, xo, xsb, xp, s), codegen
 
 
 # Software prefetch distance of the matvec block intrinsics, in bytes of the weight row.
@@ -797,6 +870,56 @@ def quantize_x(x, nib2, xq, xds, xs16):
         _to_words(xq, nb)
 
 
+@intrinsic
+def q8_32(typingctx, x, xo, xb, inv):
+    """32 elements x[xo:xo+32] -> rint(x * inv) as int8 at xb[xo:xo+32]; returns their
+    sum (int64)."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        V32F, V32I32 = _v(F32, 32), _v(I32, 32)
+        rint = r.fn("llvm.rint.v32f32", V32F, [V32F])
+        q = b.fptosi(b.call(rint, [b.fmul(r.load(0, args[1], V32F), r.splat(args[3], 32))]), V32I32)
+        _store(r, 2, args[1], b.trunc(q, V32I8))
+        red = r.fn("llvm.vector.reduce.add.v32i32", I32, [V32I32])
+        return b.sext(b.call(red, [q]), I64)
+
+    return types.int64(x, xo, xb, inv), codegen
+
+
+SB8_EMAX = 6  # most halvings of a 32-element block's scale (quantize_x_sb8)
+
+
+@njit(cache=True, nogil=True)
+def quantize_x_sb8(x, xb, xsb, xp):
+    """Single-level int8 activations for q4_k_block8, in element order in xb int8 [cols]:
+    one scale dx = max|x| / 127 per 256-element super-block, refined per 32 elements by
+    a power of two, q = rint(x 2^e / dx) with e (0..SB8_EMAX) the largest that keeps
+    |q| <= 127. The kernel folds 2^(6 - e) into the sub-block scales it multiplies with
+    (vpmaddwd), so the refinement costs one int16 multiply a super-block, and a block of
+    small values beside an outlier keeps up to 6 more bits than one scale per 256
+    (llama.cpp's q8_K) leaves it. xp int16 [8 * cols // 256]: 2^(6 - e) of each 32;
+    xsb float32 [9 * cols // 256]: per super-block dx 2^-e sum(q) of each 32 elements,
+    then dx / 64."""
+    for s in range(x.shape[0] // 256):
+        amax = F0
+        a32 = np.empty(8, np.float32)
+        for j in range(8):
+            a32[j] = amax32(x, s * 256 + 32 * j)
+            amax = max(amax, a32[j])
+        d = amax / np.float32(127.0)
+        inv = np.float32(1.0) / d if d != F0 else F0
+        for j in range(8):
+            e = 0
+            while e < SB8_EMAX and a32[j] * np.float32(2 ** (e + 1)) <= amax:
+                e += 1
+            f = np.float32(2**e)
+            xp[8 * s + j] = np.int16(2 ** (SB8_EMAX - e))
+            xsb[9 * s + j] = d / f * np.float32(q8_32(x, s * 256 + 32 * j, xb, inv * f))
+        xsb[9 * s + 8] = d / np.float32(2**SB8_EMAX)
+
+
 @njit(inline="always")
 def _region_to_words(xq, base, n):
     """One [q1 (n B) | q2 (n B)] region of xq -> n int16 words 128 q1 + q2, per 32
@@ -843,6 +966,13 @@ def _scratch(cols):
         np.empty(2 * nb, np.float32),
         np.empty(2 * nb, np.float32),
     )
+
+
+@njit(inline="always")
+def scratch_sb8(cols):
+    """quantize_x_sb8's outputs for x of `cols` elements: (xb, xsb, xp)."""
+    n = cols // 256
+    return np.empty(cols, np.int8), np.empty(9 * n, np.float32), np.empty(8 * n, np.int16)
 
 
 # --------------------------------------------------------------------------- matvec
@@ -905,6 +1035,15 @@ def _row_q4_k(row, base, nsb, xq, xds, xs16):
     for b in range(nsb):
         q4_k_block(a16, am, row, base + b * 144, xq, b * 512, xds, b * 16)
     return _hsum(a16, 16) - _hsum(am, 8)
+
+
+@njit(inline="always")
+def _row_q4_k8(row, base, nsb, xb, xsb, xp):
+    a = acc16()
+    m = acc16()
+    for s in range(nsb):
+        q4_k_block8(a, m, row, base + s * 144, xb, s * 256, xsb, xp, s)
+    return _hsum(a, 8) - _hsum(m, 8)
 
 
 @njit(inline="always")
@@ -1019,13 +1158,24 @@ def mv_q8_0(d0, d1, d2, x, o0, o1, o2):
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q4_k(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
-    xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, False, xq, xds, xs16)
     n = cols // 256
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
     n0, n1 = d0.shape[0], d1.shape[0]
     n01 = n0 + n1
+    if SB8_DECODE:
+        xb, xsb, xp = scratch_sb8(cols)
+        quantize_x_sb8(x, xb, xsb, xp)
+        for i in prange(n01 + d2.shape[0]):
+            if i < n0:
+                o0[i] = _row_q4_k8(f0, i * b0, n, xb, xsb, xp)
+            elif i < n01:
+                o1[i - n0] = _row_q4_k8(f1, (i - n0) * b1, n, xb, xsb, xp)
+            else:
+                o2[i - n01] = _row_q4_k8(f2, (i - n01) * b2, n, xb, xsb, xp)
+        return
+    xq, xds, xs16 = _scratch(cols)
+    quantize_x(x, False, xq, xds, xs16)
     for i in prange(n01 + d2.shape[0]):
         if i < n0:
             o0[i] = _row_q4_k(f0, i * b0, n, xq, xds, xs16)
@@ -1555,9 +1705,87 @@ def mvb_q8_0(d0, d1, d2, X, o0, o1, o2):
     _mvb(KIND_Q8_0, d0, d1, d2, X, o0, o1, o2)
 
 
+@njit(inline="always")
+def _q4k8_rows4(flat, base, nsb, cols, xb, xsb, xp, v0, nv, rv):
+    """One Q4_K row . vectors v0 .. v0 + 3 (clamped to nv - 1; a clamped copy's result is
+    dropped) on quantize_x_sb8 activations: q4_k_block8 for each vector in turn, the
+    same IR as _row_q4_k8's, so each result equals the single matvec's bit for bit; the
+    four calls load and unpack the same weights, and LLVM does that once."""
+    va, vb, vc, vd = v0, min(v0 + 1, nv - 1), min(v0 + 2, nv - 1), min(v0 + 3, nv - 1)
+    a0, m0, a1, m1 = acc16(), acc16(), acc16(), acc16()
+    a2, m2, a3, m3 = acc16(), acc16(), acc16(), acc16()
+    for s in range(nsb):
+        w, o = base + s * 144, s * 256
+        q4_k_block8(a0, m0, flat, w, xb, va * cols + o, xsb, xp, va * nsb + s)
+        q4_k_block8(a1, m1, flat, w, xb, vb * cols + o, xsb, xp, vb * nsb + s)
+        q4_k_block8(a2, m2, flat, w, xb, vc * cols + o, xsb, xp, vc * nsb + s)
+        q4_k_block8(a3, m3, flat, w, xb, vd * cols + o, xsb, xp, vd * nsb + s)
+    rv[0] = _hsum(a0, 8) - _hsum(m0, 8)
+    rv[1] = _hsum(a1, 8) - _hsum(m1, 8)
+    rv[2] = _hsum(a2, 8) - _hsum(m2, 8)
+    rv[3] = _hsum(a3, 8) - _hsum(m3, 8)
+
+
+@njit(inline="always")
+def _q4k8_rows2(flat, base, nsb, cols, xb, xsb, xp, v0, rv):
+    a0, m0, a1, m1 = acc16(), acc16(), acc16(), acc16()
+    v1 = v0 + 1
+    for s in range(nsb):
+        w, o = base + s * 144, s * 256
+        q4_k_block8(a0, m0, flat, w, xb, v0 * cols + o, xsb, xp, v0 * nsb + s)
+        q4_k_block8(a1, m1, flat, w, xb, v1 * cols + o, xsb, xp, v1 * nsb + s)
+    rv[0] = _hsum(a0, 8) - _hsum(m0, 8)
+    rv[1] = _hsum(a1, 8) - _hsum(m1, 8)
+
+
+@njit(inline="always")
+def _mvb_q4k8(d0, d1, d2, X, o0, o1, o2):
+    """_mvb for Q4_K on quantize_x_sb8 activations (SB8_DECODE): rows equal mv_q4_k's."""
+    nv, cols = X.shape
+    n = cols // 256
+    xb = np.empty(nv * cols, np.int8)
+    xsb = np.empty(nv * 9 * n, np.float32)
+    xp = np.empty(nv * 8 * n, np.int16)
+    for v in range(nv):
+        quantize_x_sb8(
+            X[v],
+            xb[v * cols : (v + 1) * cols],
+            xsb[v * 9 * n : (v + 1) * 9 * n],
+            xp[v * 8 * n : (v + 1) * 8 * n],
+        )
+    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
+    n0, n1 = d0.shape[0], d1.shape[0]
+    n01 = n0 + n1
+    for row in prange(n01 + d2.shape[0]):
+        i = np.int64(row)
+        res = acc_vectors(1)
+        rv = numba.carray(res, GROUP)
+        if i < n0:
+            flat, base, out, r = f0, i * d0.shape[1], o0, i
+        elif i < n01:
+            flat, base, out, r = f1, (i - n0) * d1.shape[1], o1, i - n0
+        else:
+            flat, base, out, r = f2, (i - n01) * d2.shape[1], o2, i - n01
+        for v0 in range(0, nv, GROUP):
+            g = min(GROUP, nv - v0)
+            if g >= 3:
+                _q4k8_rows4(flat, base, n, cols, xb, xsb, xp, v0, nv, rv)
+            elif g == 2:
+                _q4k8_rows2(flat, base, n, cols, xb, xsb, xp, v0, rv)
+            else:
+                rv[0] = _row_q4_k8(
+                    flat, base, n, xb[v0 * cols :], xsb[v0 * 9 * n :], xp[v0 * 8 * n :]
+                )
+            for v in range(g):
+                out[v0 + v, r] = rv[v]
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def mvb_q4_k(d0, d1, d2, X, o0, o1, o2):
-    _mvb(KIND_Q4_K, d0, d1, d2, X, o0, o1, o2)
+    if SB8_DECODE:
+        _mvb_q4k8(d0, d1, d2, X, o0, o1, o2)
+    else:
+        _mvb(KIND_Q4_K, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)

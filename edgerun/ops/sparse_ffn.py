@@ -68,6 +68,13 @@ if _HAS_INT8:
     @njit(cache=True, nogil=True, parallel=True)
     def _mv_rows_vnni(kind, nib2, nunit, flat, stride, offset, idx, x, out):
         cols = x.shape[0]
+        if kind == 4 and _v.SB8_DECODE:  # mv_q4_k's single-level int8 activations
+            xb, xsb, xp = _v.scratch_sb8(cols)
+            _v.quantize_x_sb8(x, xb, xsb, xp)
+            for k in prange(idx.shape[0]):
+                base = np.int64(idx[k]) * stride + offset
+                out[k] = _v._row_q4_k8(flat, base, nunit, xb, xsb, xp)
+            return
         xq, xds, xs16 = _v._scratch(cols)
         _v.quantize_x(x, nib2, xq, xds, xs16)
         for k in prange(idx.shape[0]):
