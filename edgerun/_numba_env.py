@@ -9,6 +9,7 @@ directory of their own. A user's explicit setting always wins.
 
 import os
 import sys
+from pathlib import Path
 
 
 def wait_policy() -> str | None:
@@ -65,3 +66,14 @@ def kernel_cache_is_cold() -> bool:
         if any(f.endswith(".nbi") for f in files):
             return False
     return True
+
+
+def sources_stamp(package: str = "") -> str:
+    """Size and mtime of every edgerun source file (under the subpackage `package`, e.g.
+    "ops"): a changed kernel means a new compile, and new speed figures."""
+    root = Path(__file__).resolve().parent  # the edgerun package
+    parts = []
+    for p in sorted((root / package).rglob("*.py")):
+        st = p.stat()
+        parts.append(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts)

@@ -13,7 +13,8 @@ machine it runs on rather than assuming them:
   per-call host<->device round trip (edgerun/gpu/calibrate.py).
 
 Results are cached as JSON under the cache directory, keyed by CPU model, thread
-count, storage device and torch device, and re-measured after a week or on request.
+count, storage device, torch device and the kernels' sources (edgerun/ops), and
+re-measured after a week or on request.
 The whole calibration takes a few seconds.
 """
 
@@ -179,9 +180,12 @@ def _key(threads: int, directory: Path, gpu_device: str | None) -> str:
             break
         except OSError:
             continue
+    from edgerun._numba_env import sources_stamp
     from edgerun.probe import cpu_features
 
+    # the kernels' sources too: an upgrade that changes their speed measures them again
     text = f"{cpu_features()['model']}|{os.cpu_count()}|{threads}|{dev}|{gpu_device or ''}"
+    text += sources_stamp("ops")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

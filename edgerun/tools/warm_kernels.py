@@ -22,19 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from edgerun._numba_env import sources_stamp
 from edgerun.offload.io import drop_page_cache
 
 __all__ = ["ensure_kernels_compiled", "warm_marker"]
-
-
-def _sources_stamp() -> str:
-    """Size and mtime of every edgerun source file: a changed kernel means a new compile."""
-    root = Path(__file__).resolve().parents[1]
-    parts = []
-    for p in sorted(root.rglob("*.py")):
-        st = p.stat()
-        parts.append(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}")
-    return "|".join(parts)
 
 
 def warm_marker(path: str | os.PathLike, kv_type: str, kernels: str) -> Path | None:
@@ -44,7 +35,7 @@ def warm_marker(path: str | os.PathLike, kv_type: str, kernels: str) -> Path | N
         return None
     p = Path(path).resolve()
     st = p.stat()
-    text = f"{p}|{st.st_size}|{st.st_mtime_ns}|{kv_type}|{kernels}|{_sources_stamp()}"
+    text = f"{p}|{st.st_size}|{st.st_mtime_ns}|{kv_type}|{kernels}|{sources_stamp()}"
     return Path(cache) / "warm" / hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
