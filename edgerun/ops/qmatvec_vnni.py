@@ -1590,6 +1590,19 @@ def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
 
 
 @njit(inline="always")
+def _batch_row(row, f0, f1, f2, d0, d1, d2, o0, o1, o2):
+    """Row `row` of the batched kernels' parallel loop over the rows of up to three
+    matrices -> (its matrix's flat bytes, the row's byte offset, the output, its row)."""
+    i = np.int64(row)  # one integer type for r in every branch
+    n0, n01 = d0.shape[0], d0.shape[0] + d1.shape[0]
+    if i < n0:
+        return f0, i * d0.shape[1], o0, i
+    if i < n01:
+        return f1, (i - n0) * d1.shape[1], o1, i - n0
+    return f2, (i - n01) * d2.shape[1], o2, i - n01
+
+
+@njit(inline="always")
 def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
     """o_k[v] = W_k @ X[v] for up to three matrices W_k (d0, d1, d2) that share X: X is
     quantized once and the rows of all of them share one parallel loop (Q/K/V, gate/up;
@@ -1658,15 +1671,9 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
     n0, n1 = d0.shape[0], d1.shape[0]
     n01 = n0 + n1
     for row in prange(n01 + d2.shape[0]):
-        i = np.int64(row)  # one integer type for r in every branch
         res = acc_vectors(1)  # >= GROUP floats
         rv = numba.carray(res, GROUP)
-        if i < n0:
-            flat, base, out, r = f0, i * d0.shape[1], o0, i
-        elif i < n01:
-            flat, base, out, r = f1, (i - n0) * d1.shape[1], o1, i - n0
-        else:
-            flat, base, out, r = f2, (i - n01) * d2.shape[1], o2, i - n01
+        flat, base, out, r = _batch_row(row, f0, f1, f2, d0, d1, d2, o0, o1, o2)
         for v0 in range(0, nv, GROUP):
             g = min(GROUP, nv - v0)
             xo = 2 * cols * v0
@@ -1757,15 +1764,9 @@ def _mvb_q4k8(d0, d1, d2, X, o0, o1, o2):
     n0, n1 = d0.shape[0], d1.shape[0]
     n01 = n0 + n1
     for row in prange(n01 + d2.shape[0]):
-        i = np.int64(row)
-        res = acc_vectors(1)
+        res = acc_vectors(1)  # >= GROUP floats
         rv = numba.carray(res, GROUP)
-        if i < n0:
-            flat, base, out, r = f0, i * d0.shape[1], o0, i
-        elif i < n01:
-            flat, base, out, r = f1, (i - n0) * d1.shape[1], o1, i - n0
-        else:
-            flat, base, out, r = f2, (i - n01) * d2.shape[1], o2, i - n01
+        flat, base, out, r = _batch_row(row, f0, f1, f2, d0, d1, d2, o0, o1, o2)
         for v0 in range(0, nv, GROUP):
             g = min(GROUP, nv - v0)
             if g >= 3:
