@@ -902,9 +902,9 @@ def quantize_x_sb8(x, xb, xsb, xp):
     (llama.cpp's q8_K) leaves it. xp int16 [8 * cols // 256]: 2^(6 - e) of each 32;
     xsb float32 [9 * cols // 256]: per super-block dx 2^-e sum(q) of each 32 elements,
     then dx / 64."""
+    a32 = np.empty(8, np.float32)  # one allocation a call, not one a super-block
     for s in range(x.shape[0] // 256):
         amax = F0
-        a32 = np.empty(8, np.float32)
         for j in range(8):
             a32[j] = amax32(x, s * 256 + 32 * j)
             amax = max(amax, a32[j])
