@@ -478,22 +478,24 @@ def test_generic_int8_path_matches_avx2(tmp_path):
 @pytest.mark.skipif(
     "avx2" not in qm.available_paths(), reason="not an AVX2 CPU without AVX-512 VNNI"
 )
-@pytest.mark.parametrize("q", [QuantType.Q4_K, QuantType.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize(
+    "q", [QuantType.Q4_K, QuantType.Q8_0, QuantType.Q4_1], ids=lambda q: q.name
+)
 def test_avx2_kernel_emits_vpmaddwd(q):
     from numba import njit
 
     from edgerun.ops import qmatvec_vnni as v
 
-    kernel = {QuantType.Q4_K: v.mv_q4_k, QuantType.Q8_0: v.mv_q8_0}[q]
+    kernel = {QuantType.Q4_K: v.mv_q4_k, QuantType.Q8_0: v.mv_q8_0, QuantType.Q4_1: v.mv_q4_1}[q]
     fresh = njit(parallel=True)(kernel.py_func)  # uncached: inspect_asm needs a compile
     e, e0 = np.empty((0, 1), np.uint8), np.empty(0, np.float32)
     w = random_blocks(q, 4, 256, np.random.default_rng(0))
     fresh(w, e, e, np.ones(256, np.float32), np.empty(4, np.float32), e0, e0)
     asm = "".join(fresh.inspect_asm().values())
     assert "vpmaddwd" in asm and "zmm" not in asm  # ymm only
-    if q == QuantType.Q4_K:  # single-level int8 x: vpmaddubsw, then vpmaddwd by the scales
+    if q != QuantType.Q8_0:  # single-level int8 x: vpmaddubsw, then vpmaddwd
         assert "vpmaddubsw" in asm
-    else:  # int16 activations: vpmaddwd only (no vpmaddubsw on two int8 levels)
+    else:  # two-level int16 activations: vpmaddwd only
         assert "vpmaddubsw" not in asm
 
 

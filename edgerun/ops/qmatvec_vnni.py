@@ -2,9 +2,11 @@
 or, on CPUs with only AVX2, `vpmaddwd` on int16 activations (`DOT`; same lanes and
 int32 results).
 
-Q4_K decode off the vnni path is the exception: single-level int8 activations with one
-scale per super-block refined per 32 by powers of two (quantize_x_sb8, q4_k_block8),
-half the multiplies for ~1e-4 KL on the logits (see q4_k_block8).
+Decode off the vnni path has two exceptions: Q4_K takes single-level int8 activations
+with one scale per super-block refined per 32 by powers of two (quantize_x_sb8,
+q4_k_block8), half the multiplies for ~1e-4 KL on the logits (see q4_k_block8); the
+nibble formats (Q4_0, Q4_1, Q5_0) single-level int8 with a scale per 32 (quantize_x1,
+X1).
 
 x is quantized once per call to two-level int8 blocks of 32: q1 = rint(x / dx) with
 dx = max|x| / 127 (llama.cpp's q8 activations) plus the rounded residual
@@ -77,6 +79,19 @@ DOT = int8_dot() or "avx2"
 # scales, half the multiplies of the two-level int16 words and no float scaling per
 # sub-block. What it measured, in speed and in logits, is at q4_k_block8.
 SB8_DECODE = DOT != "vnni"
+
+# The nibble formats (Q4_0, Q4_1, Q5_0: the nib2 x layout) off the vnni path decode on
+# single-level int8 activations, one scale per 32 as llama.cpp's q8_0 / q8_1
+# (quantize_x1, _IR.dot_x1): per 64 weights two vpmaddubsw and one vpmaddwd where the
+# two-level int16 words took four vpmaddwd and the shifts and masks that make words of
+# the bytes. Zen 3, one thread, alternating with the two-level kernels
+# (`python benchmarks/kernel_ab.py --base <rev> --formats Q5_0 Q8_0 Q4_1 --rows R --cols C
+# -t 1`) on 4864x896, 896x4864 and 262144x640: Q4_1 1.24-1.33x (4 vectors 1.44-1.50x),
+# Q5_0 1.15-1.18x (4 vectors 1.53x). Q8_0 on them (|w| times x carrying w's sign, as
+# llama.cpp) measured 0.96-1.04x, so it keeps the two levels' precision.
+# XBN: bytes of activations per element of the nibble formats (their layout's offsets).
+X1 = DOT != "vnni"
+XBN = 1 if X1 else 2
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32 = ir.FloatType()
@@ -207,6 +222,24 @@ class _IR:
         p = b.mul(b.zext(w, V32I16), b.sext(x, V32I16))
         return b.add(self.shuf(p, p, range(0, 32, 2)), self.shuf(p, p, range(1, 32, 2)))
 
+    def dot_x1(self, w, i, xo, n, fold):
+        """dpx on quantize_x1's single-level bytes: dot of n (64 or 32) weight bytes w
+        with the int8 activations at byte xo of array arg i, int32 lane j = bytes
+        4j..4j+3 (dpx's layout), from vpmaddubsw and a vpmaddwd by ones per 32 bytes.
+        fold (the nib2 pairs, _folds): the two halves' int16 sums are added before the
+        vpmaddwd (<= 2 * 2 * 31 * 127 for the unsigned 5-bit formats), giving the 8
+        folded lanes directly."""
+        ones = ir.Constant(_v(I16, 16), [1] * 16)
+        parts = []
+        for h in range(n // 32):
+            wh = w if n == 32 else self.shuf(w, w, range(32 * h, 32 * h + 32))
+            xh = self.load(i, xo, V32I8, 32 * h)
+            parts.append(self.maddubs(wh, xh))
+        if fold and len(parts) == 2:
+            return self.madd16(self.b.add(parts[0], parts[1]), ones)
+        dots = [self.madd16(p, ones) for p in parts]
+        return dots[0] if len(dots) == 1 else self.concat(dots[0], dots[1])
+
     def fma(self, a, b, c):
         n = a.type.count
         f = self.fn(f"llvm.fma.v{n}f32", _v(F32, n), [_v(F32, n)] * 3)
@@ -279,6 +312,8 @@ def _folds(sv_idx) -> bool:
 
 
 def _fold16(ir_, dot):
+    if dot.type.count == 8:  # dot_x1 folded it in int16
+        return dot
     return ir_.b.add(ir_.shuf(dot, dot, range(8)), ir_.shuf(dot, dot, range(8, 16)))
 
 
@@ -332,16 +367,27 @@ def _unpack_q4_1(r, off):
     return _nib_pair(r, q), dm, _SV_NIB2
 
 
-def _pair_intrinsic(unpack, name, nbytes):
+def _block_dot(r, w, xo, n, x1, lanes):
+    """A block (pair)'s integer dot at x byte offset xo: dpx on quantize_x's two levels,
+    or (x1: the nibble formats off the vnni path) dot_x1 on quantize_x1's bytes."""
+    if x1:
+        return r.dot_x1(w, 4, xo, n, _folds(lanes))
+    return r.dpx(w, 4, xo, n)
+
+
+def _pair_intrinsic(unpack, name, nbytes, x1=False):
     """The block-pair intrinsic of a format whose `unpack(r, off)` gives (weight bytes,
-    4 scale lanes, lane map) of the nbytes at off: one dpx, then _pair_common."""
+    4 scale lanes, lane map) of the nbytes at off: one dot (_block_dot), then
+    _pair_common. x1: a nibble format, whose activations are quantize_x1's where X1
+    holds."""
+    x1 = x1 and X1
 
     def pair(typingctx, a16, a4, row, off, xq, xo, xds, so):
         def codegen(context, builder, sig, args):
             r = _IR(context, builder, sig, args)
             _prefetch_ahead(r, args[3], nbytes)
             w, dm, lanes = unpack(r, args[3])
-            dot = r.dpx(w, 4, args[5], 64)
+            dot = _block_dot(r, w, args[5], 64, x1, lanes)
             _pair_common(r, dot, dm, r.load(6, args[7], V4F), lanes)
             return context.get_dummy_value()
 
@@ -349,14 +395,15 @@ def _pair_intrinsic(unpack, name, nbytes):
 
     pair.__name__ = name
     fn = intrinsic(pair)
-    fn.unpack, fn.nbytes = unpack, nbytes  # for the batched blocks (_pair_batch)
+    # for the batched blocks (_pair_batch)
+    fn.unpack, fn.nbytes, fn.x1 = unpack, nbytes, x1
     return fn
 
 
-q4_1_pair = _pair_intrinsic(_unpack_q4_1, "q4_1_pair", 40)
+q4_1_pair = _pair_intrinsic(_unpack_q4_1, "q4_1_pair", 40, x1=True)
 
 
-def _single_intrinsic(unpack, name):
+def _single_intrinsic(unpack, name, x1=False):
     """The odd-last-block intrinsic of a format whose `unpack(r, off)` gives its 32
     weight bytes and [d, m] (or [d, d]): one 32-byte dot, then _single_common."""
 
@@ -364,7 +411,8 @@ def _single_intrinsic(unpack, name):
         def codegen(context, builder, sig, args):
             r = _IR(context, builder, sig, args)
             w, dm = unpack(r, args[3])
-            _single_common(r, r.dpx(w, 4, args[5], 32), dm, r.load(6, args[7], V2F))
+            dot = _block_dot(r, w, args[5], 32, x1 and X1, ())
+            _single_common(r, dot, dm, r.load(6, args[7], V2F))
             return context.get_dummy_value()
 
         return _sig(a16, a4, row, off, xq, xo, xds, so), codegen
@@ -377,7 +425,7 @@ def _unpack1_q4_1(r, off):
     return _nib_single(r, r.load(2, off, V16I8, 4)), r.f16x(2, off, 2)
 
 
-q4_1_single = _single_intrinsic(_unpack1_q4_1, "q4_1_single")
+q4_1_single = _single_intrinsic(_unpack1_q4_1, "q4_1_single", x1=True)
 
 
 def _dd(r, off, extra):
@@ -398,14 +446,14 @@ def _unpack_q4_0(r, off):
     return _nib_pair(r, q), _dd2(r, off, 18), _SV_NIB2
 
 
-q4_0_pair = _pair_intrinsic(_unpack_q4_0, "q4_0_pair", 36)
+q4_0_pair = _pair_intrinsic(_unpack_q4_0, "q4_0_pair", 36, x1=True)
 
 
 def _unpack1_q4_0(r, off):
     return _nib_single(r, r.load(2, off, V16I8, 2)), _dd(r, off, 0)
 
 
-q4_0_single = _single_intrinsic(_unpack1_q4_0, "q4_0_single")
+q4_0_single = _single_intrinsic(_unpack1_q4_0, "q4_0_single", x1=True)
 
 
 def _hbits(r, off, extra):
@@ -440,7 +488,7 @@ def _unpack_q5_0(r, off):
     return b.or_(w, hv), _dd2(r, off, 22), _SV_NIB2
 
 
-q5_0_pair = _pair_intrinsic(_unpack_q5_0, "q5_0_pair", 44)
+q5_0_pair = _pair_intrinsic(_unpack_q5_0, "q5_0_pair", 44, x1=True)
 
 
 def _unpack1_q5_0(r, off):
@@ -450,7 +498,7 @@ def _unpack1_q5_0(r, off):
     return b.or_(w, hv), _dd(r, off, 0)
 
 
-q5_0_single = _single_intrinsic(_unpack1_q5_0, "q5_0_single")
+q5_0_single = _single_intrinsic(_unpack1_q5_0, "q5_0_single", x1=True)
 
 
 def _unpack_q8_0(r, off):
@@ -870,22 +918,69 @@ def quantize_x(x, nib2, xq, xds, xs16):
         _to_words(xq, nb)
 
 
+def _q8_codegen(r, n, xo, bo, inv):
+    """rint(x[xo:xo+n] * inv) as int8 at xb[bo:bo+n] (args 0 and 2); their sum (int64)."""
+    b = r.b
+    VF, VI = _v(F32, n), _v(I32, n)
+    rint = r.fn(f"llvm.rint.v{n}f32", VF, [VF])
+    q = b.fptosi(b.call(rint, [b.fmul(r.load(0, xo, VF), r.splat(inv, n))]), VI)
+    _store(r, 2, bo, b.trunc(q, _v(I8, n)))
+    red = r.fn(f"llvm.vector.reduce.add.v{n}i32", I32, [VI])
+    return b.sext(b.call(red, [q]), I64)
+
+
 @intrinsic
 def q8_32(typingctx, x, xo, xb, inv):
     """32 elements x[xo:xo+32] -> rint(x * inv) as int8 at xb[xo:xo+32]; returns their
     sum (int64)."""
 
     def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        b = builder
-        V32F, V32I32 = _v(F32, 32), _v(I32, 32)
-        rint = r.fn("llvm.rint.v32f32", V32F, [V32F])
-        q = b.fptosi(b.call(rint, [b.fmul(r.load(0, args[1], V32F), r.splat(args[3], 32))]), V32I32)
-        _store(r, 2, args[1], b.trunc(q, V32I8))
-        red = r.fn("llvm.vector.reduce.add.v32i32", I32, [V32I32])
-        return b.sext(b.call(red, [q]), I64)
+        return _q8_codegen(_IR(context, builder, sig, args), 32, args[1], args[1], args[3])
 
     return types.int64(x, xo, xb, inv), codegen
+
+
+@intrinsic
+def q8_16(typingctx, x, xo, xb, bo, inv):
+    """16 elements x[xo:xo+16] -> rint(x * inv) as int8 at xb[bo:bo+16]; their sum."""
+
+    def codegen(context, builder, sig, args):
+        return _q8_codegen(_IR(context, builder, sig, args), 16, args[1], args[3], args[4])
+
+    return types.int64(x, xo, xb, bo, inv), codegen
+
+
+@njit(cache=True, nogil=True)
+def quantize_x1(x, nib2, xq, xds):
+    """Single-level int8 activations of the nibble formats off the vnni path (X1):
+    per block of 32, q = rint(x / dx) with dx = max|x| / 127 (llama.cpp's q8_0), one
+    byte per element in quantize_x's block order: chunks of 64 elements, natural or
+    with nib2 [x_a[0:16], x_b[0:16], x_a[16:32], x_b[16:32]], an odd last block
+    natural. xds float32 [2 nb]: [dx, dx sum(q)] per block (quantize_x's meaning)."""
+    nb = x.shape[0] // 32
+    for b in range(nb):
+        amax = amax32(x, b * 32)
+        d = amax / np.float32(127.0)
+        inv = np.float32(1.0) / d if d != F0 else F0
+        o0 = b * 32
+        o1 = o0 + 16
+        if nib2 and (b // 2) * 2 + 1 < nb:  # block b is in a full 64-element chunk
+            o0 = (b // 2) * 64 + (b & 1) * 16
+            o1 = o0 + 32
+        s = q8_16(x, b * 32, xq, o0, inv) + q8_16(x, b * 32 + 16, xq, o1, inv)
+        xds[2 * b] = d
+        xds[2 * b + 1] = d * np.float32(s)
+
+
+@njit(inline="always")
+def quantize_xn(x, nib2, xq, xds, xs16):
+    """The activations of a 32-element format's kernels (nib2: a nibble format's):
+    quantize_x1 for the nibble formats where X1 holds, else quantize_x (xs16 is then
+    filled too; no 32-element kernel reads it)."""
+    if X1 and nib2:
+        quantize_x1(x, nib2, xq, xds)
+    else:
+        quantize_x(x, nib2, xq, xds, xs16)
 
 
 SB8_EMAX = 6  # most halvings of a 32-element block's scale (quantize_x_sb8)
@@ -981,10 +1076,10 @@ def _row_q4_1(row, base, nb, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for p in range(nb // 2):
-        q4_1_pair(a16, a4, row, base + p * 40, xq, p * 128, xds, p * 4)
+        q4_1_pair(a16, a4, row, base + p * 40, xq, p * 64 * XBN, xds, p * 4)
     if nb & 1:
         b = nb - 1
-        q4_1_single(a16, a4, row, base + b * 20, xq, b * 64, xds, b * 2)
+        q4_1_single(a16, a4, row, base + b * 20, xq, b * 32 * XBN, xds, b * 2)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) + (s[1] + s[3])
 
@@ -994,10 +1089,10 @@ def _row_q4_0(row, base, nb, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for p in range(nb // 2):
-        q4_0_pair(a16, a4, row, base + p * 36, xq, p * 128, xds, p * 4)
+        q4_0_pair(a16, a4, row, base + p * 36, xq, p * 64 * XBN, xds, p * 4)
     if nb & 1:
         b = nb - 1
-        q4_0_single(a16, a4, row, base + b * 18, xq, b * 64, xds, b * 2)
+        q4_0_single(a16, a4, row, base + b * 18, xq, b * 32 * XBN, xds, b * 2)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) - np.float32(8.0) * (s[1] + s[3])
 
@@ -1007,10 +1102,10 @@ def _row_q5_0(row, base, nb, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for p in range(nb // 2):
-        q5_0_pair(a16, a4, row, base + p * 44, xq, p * 128, xds, p * 4)
+        q5_0_pair(a16, a4, row, base + p * 44, xq, p * 64 * XBN, xds, p * 4)
     if nb & 1:
         b = nb - 1
-        q5_0_single(a16, a4, row, base + b * 22, xq, b * 64, xds, b * 2)
+        q5_0_single(a16, a4, row, base + b * 22, xq, b * 32 * XBN, xds, b * 2)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) - np.float32(16.0) * (s[1] + s[3])
 
@@ -1083,7 +1178,7 @@ def _row_q3_g64(row, base, nblk, xq, xds, xs16):
 def mv_q4_1(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, True, xq, xds, xs16)
+    quantize_xn(x, True, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1102,7 +1197,7 @@ def mv_q4_1(d0, d1, d2, x, o0, o1, o2):
 def mv_q4_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, True, xq, xds, xs16)
+    quantize_xn(x, True, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1121,7 +1216,7 @@ def mv_q4_0(d0, d1, d2, x, o0, o1, o2):
 def mv_q5_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, True, xq, xds, xs16)
+    quantize_xn(x, True, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1140,7 +1235,7 @@ def mv_q5_0(d0, d1, d2, x, o0, o1, o2):
 def mv_q8_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, False, xq, xds, xs16)
+    quantize_xn(x, False, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1302,6 +1397,7 @@ _PAIR_UNPACK = {  # the pair intrinsics, whose unpack and nbytes _pair_batch use
 
 
 _K_KINDS = (KIND_Q4_K, KIND_Q6_K)
+_NIB_KINDS = (KIND_Q4_0, KIND_Q4_1, KIND_Q5_0)  # the nib2 formats (quantize_xn)
 
 
 def _pairs_batched(kind: int, g: int) -> bool:
@@ -1399,7 +1495,7 @@ def _q6k_batch(r, g, xstride):
                 _acc_fma(r, v, df, sv)
 
 
-def _pair_batch(r, g, unpack, nbytes, xstride):
+def _pair_batch(r, g, pair, xstride):
     """One block pair (or 64-element low-bit block) for g vectors, r's args laid out as
     (acc, acc, row, off, xq, xo, xds, so, xsi, soi). The weights are unpacked once; the
     scale products of all g vectors are one 4g-lane multiply of [d_a, m_a, d_b, m_b]
@@ -1409,14 +1505,14 @@ def _pair_batch(r, g, unpack, nbytes, xstride):
     per vector only the dot, its conversion, one lane shuffle and the FMA remain (the
     single path repeats the scale load, multiply and bias add for every vector)."""
     b = r.b
-    _prefetch_ahead(r, r.args[3], nbytes)
-    w, dm, lanes = unpack(r, r.args[3])
+    _prefetch_ahead(r, r.args[3], pair.nbytes)
+    w, dm, lanes = pair.unpack(r, r.args[3])
     n = 4 * g
     prod = b.fmul(r.shuf(dm, dm, [0, 1, 2, 3] * g), r.load(8, r.args[9], _v(F32, n)))
     _bias_add(r, g, prod)
     fold = _folds(lanes)
     for v in range(g):
-        dot = r.dpx(w, 4, _x_at(r, xstride, v, 0), 64)
+        dot = _block_dot(r, w, _x_at(r, xstride, v, 0), 64, pair.x1, lanes)
         if fold:  # as _pair_common
             df = b.sitofp(_fold16(r, dot), V8F)
             _acc_fma(r, v, df, r.shuf(prod, prod, [4 * v + i for i in lanes[:8]]))
@@ -1446,7 +1542,8 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
 
     def codegen(context, builder, sig, args):
         cols_v = _i64(builder, args[3])
-        xstride = builder.mul(cols_v, ir.Constant(I64, 2))  # int8 x of one vector
+        xb = XBN if k in _NIB_KINDS else 2  # bytes of one vector's x per element
+        xstride = builder.mul(cols_v, ir.Constant(I64, xb))
         sstride = builder.sdiv(cols_v, ir.Constant(I64, 16))  # its xds / xs16
         if batched:
             tys = (fp, fp, row, i64, xq, i64, xds, i64, xs16, i64)
@@ -1458,8 +1555,7 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
             if batch_fn is not None:
                 batch_fn(r, g.literal_value, xstride)
             else:
-                pair = _PAIR_UNPACK[k]
-                _pair_batch(r, g.literal_value, pair.unpack, pair.nbytes, xstride)
+                _pair_batch(r, g.literal_value, _PAIR_UNPACK[k], xstride)
             return context.get_dummy_value()
         base = [context.cast(builder, a, t0, t1) for a, t0, t1 in zip(args[5:], sig.args[5:], rest)]
         for v in range(g.literal_value):
@@ -1579,13 +1675,15 @@ def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
             w = base + b * ub
             block_g(g, kind, 0, cols, acc, flat, w, xq, xo + b * 128, xds, o, xs16, so + b * 16)
     else:  # xs16: the interleaved scales of _mvb's vector group (_pair_batch)
+        xb = 2 if kind == KIND_Q8_0 else XBN  # bytes of x per element
         for p in range(nunit // 2):
             o, w = so + p * 4, base + p * 2 * ub
-            block_g(g, kind, 0, cols, acc, flat, w, xq, xo + p * 128, xds, o, xs16, so + p * 16)
+            xp = xo + p * 64 * xb
+            block_g(g, kind, 0, cols, acc, flat, w, xq, xp, xds, o, xs16, so + p * 16)
         if nunit & 1:
             b = nunit - 1
-            o = so + b * 2
-            block_g(g, kind, 1, cols, acc, flat, base + b * ub, xq, xo + b * 64, xds, o, xs16, o)
+            o, xp = so + b * 2, xo + b * 32 * xb
+            block_g(g, kind, 1, cols, acc, flat, base + b * ub, xq, xp, xds, o, xs16, o)
     vector_results(g, kind, acc, res)
 
 
@@ -1619,12 +1717,16 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
     xq = np.empty(npad * 2 * cols, np.int8)
     xds = np.empty(npad * xs, np.float32)
     xs16 = np.empty(npad * xs, np.float32)
+    xb = XBN if nib2 else 2  # bytes of x per element
     for v in range(nv):
-        q = 2 * cols * v
-        quantize_x(X[v], nib2, xq[q : q + 2 * cols], xds[v * xs : v * xs + xs], xs16[v * xs :])
+        q, xv, sv = xb * cols * v, xq[xb * cols * v :], xds[v * xs : v * xs + xs]
+        if unit == 32:  # the nibble formats' take quantize_x1 where X1 holds
+            quantize_xn(X[v], nib2, xv, sv, xs16[v * xs :])
+        else:
+            quantize_x(X[v], nib2, xv, sv, xs16[v * xs :])
     if npad > nv:
-        q = 2 * cols * nv
-        xq[q : q + 2 * cols] = xq[q - 2 * cols : q]
+        q = xb * cols * nv
+        xq[q : q + xb * cols] = xq[q - xb * cols : q]
         xds[nv * xs : npad * xs] = xds[(nv - 1) * xs : nv * xs]
         xs16[nv * xs : npad * xs] = xs16[(nv - 1) * xs : nv * xs]
     # each group of GROUP vectors' scales side by side, so that a block's scale products
@@ -1676,7 +1778,7 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
         flat, base, out, r = _batch_row(row, f0, f1, f2, d0, d1, d2, o0, o1, o2)
         for v0 in range(0, nv, GROUP):
             g = min(GROUP, nv - v0)
-            xo = 2 * cols * v0
+            xo = xb * cols * v0
             so = xs * v0
             if g >= 3:
                 _rows_g(4, kind, flat, base, nunit, cols, xq, xo, xds, so, aux, res)
