@@ -292,14 +292,15 @@ def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
     return _path in INT8_PATHS and qtype in _MVB_INT8 and 1 < ntokens <= mvb_prefill_max(qtype)
 
 
-_X1_FORMATS = (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q5_0)  # qmatvec_vnni.X1
+# qmatvec_vnni.X1's formats
+_X1_FORMATS = (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q5_0, QuantType.Q3_G64, QuantType.Q2_G64)
 
 
 def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
     """Whether `ntokens` rows meet `qtype` in the single-level int8 decode kernels, one
     vector or a batch: Q4_K off the vnni path (qmatvec_vnni.SB8_DECODE, one scale per
-    256 refined per 32) and the nibble formats there (qmatvec_vnni.X1, one scale per
-    32)."""
+    256 refined per 32) and the nibble and G64 formats there (qmatvec_vnni.X1, one
+    scale per 32)."""
     if _path not in INT8_PATHS or not (ntokens == 1 or _mvb_prefill(qtype, ntokens)):
         return False
     return (qtype == QuantType.Q4_K and _v.SB8_DECODE) or (qtype in _X1_FORMATS and _v.X1)
@@ -321,7 +322,7 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
 def activation_levels(qtype: QuantType, ntokens: int) -> int:
     """2 where the int8 paths quantize x to two levels (~15 bits), 1 where a decode kernel
     takes single-level int8 (on the avx2 and int8 paths: Q4_K with power-of-two
-    refinements per 32, the nibble formats with a scale per 32; see
+    refinements per 32, the nibble and G64 formats with a scale per 32; see
     quantize_x_reference)."""
     return 1 if _q8_decode(qtype, ntokens) else 2
 

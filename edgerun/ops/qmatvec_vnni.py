@@ -80,18 +80,18 @@ DOT = int8_dot() or "avx2"
 # sub-block. What it measured, in speed and in logits, is at q4_k_block8.
 SB8_DECODE = DOT != "vnni"
 
-# The nibble formats (Q4_0, Q4_1, Q5_0: the nib2 x layout) off the vnni path decode on
-# single-level int8 activations, one scale per 32 as llama.cpp's q8_0 / q8_1
-# (quantize_x1, _IR.dot_x1): per 64 weights two vpmaddubsw and one vpmaddwd where the
-# two-level int16 words took four vpmaddwd and the shifts and masks that make words of
-# the bytes. Zen 3, one thread, alternating with the two-level kernels
-# (`python benchmarks/kernel_ab.py --base <rev> --formats Q5_0 Q8_0 Q4_1 --rows R --cols C
-# -t 1`) on 4864x896, 896x4864 and 262144x640: Q4_1 1.24-1.33x (4 vectors 1.44-1.50x),
-# Q5_0 1.15-1.18x (4 vectors 1.53x). Q8_0 on them (|w| times x carrying w's sign, as
-# llama.cpp) measured 0.96-1.04x, so it keeps the two levels' precision.
-# XBN: bytes of activations per element of the nibble formats (their layout's offsets).
+# The nibble formats (Q4_0, Q4_1, Q5_0: the nib2 x layout) and edgerun's Q3_G64 / Q2_G64
+# off the vnni path decode on single-level int8 activations, one scale per 32 as
+# llama.cpp's q8_0 / q8_1 (quantize_x1, _IR.dot_x1): per 64 nibble weights two
+# vpmaddubsw and one vpmaddwd where the two-level int16 words took four vpmaddwd and the
+# shifts and masks that make words of the bytes. Zen 3, one thread, alternating with
+# the two-level kernels (`python benchmarks/kernel_ab.py --base <rev> --formats Q5_0 Q8_0
+# Q4_1 --rows R --cols C -t 1`) on 4864x896, 896x4864 and 262144x640: Q4_1 1.24-1.33x
+# (4 vectors 1.44-1.50x), Q5_0 1.15-1.18x (4 vectors 1.53x). Q8_0 on them (|w| times x
+# carrying w's sign, as llama.cpp) measured 0.96-1.04x, so it keeps the two levels.
+# XB1: bytes of activations per element of those formats (their layout's offsets).
 X1 = DOT != "vnni"
-XBN = 1 if X1 else 2
+XB1 = 1 if X1 else 2
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32 = ir.FloatType()
@@ -816,7 +816,8 @@ def _unpack_g64(bits):
 
 
 def _lowbit_block(bits):
-    return _pair_intrinsic(_unpack_g64(bits), f"q{bits}_g64_block", 20 if bits == 2 else 28)
+    nbytes = 20 if bits == 2 else 28
+    return _pair_intrinsic(_unpack_g64(bits), f"q{bits}_g64_block", nbytes, x1=True)
 
 
 q2_g64_block = _lowbit_block(2)
@@ -973,11 +974,10 @@ def quantize_x1(x, nib2, xq, xds):
 
 
 @njit(inline="always")
-def quantize_xn(x, nib2, xq, xds, xs16):
-    """The activations of a 32-element format's kernels (nib2: a nibble format's):
-    quantize_x1 for the nibble formats where X1 holds, else quantize_x (xs16 is then
-    filled too; no 32-element kernel reads it)."""
-    if X1 and nib2:
+def quantize_xn(x, x1, nib2, xq, xds, xs16):
+    """The activations of a format's kernels: quantize_x1 for the formats of X1 (x1:
+    the nibble and G64 formats) where it holds, else quantize_x."""
+    if X1 and x1:
         quantize_x1(x, nib2, xq, xds)
     else:
         quantize_x(x, nib2, xq, xds, xs16)
@@ -1076,10 +1076,10 @@ def _row_q4_1(row, base, nb, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for p in range(nb // 2):
-        q4_1_pair(a16, a4, row, base + p * 40, xq, p * 64 * XBN, xds, p * 4)
+        q4_1_pair(a16, a4, row, base + p * 40, xq, p * 64 * XB1, xds, p * 4)
     if nb & 1:
         b = nb - 1
-        q4_1_single(a16, a4, row, base + b * 20, xq, b * 32 * XBN, xds, b * 2)
+        q4_1_single(a16, a4, row, base + b * 20, xq, b * 32 * XB1, xds, b * 2)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) + (s[1] + s[3])
 
@@ -1089,10 +1089,10 @@ def _row_q4_0(row, base, nb, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for p in range(nb // 2):
-        q4_0_pair(a16, a4, row, base + p * 36, xq, p * 64 * XBN, xds, p * 4)
+        q4_0_pair(a16, a4, row, base + p * 36, xq, p * 64 * XB1, xds, p * 4)
     if nb & 1:
         b = nb - 1
-        q4_0_single(a16, a4, row, base + b * 18, xq, b * 32 * XBN, xds, b * 2)
+        q4_0_single(a16, a4, row, base + b * 18, xq, b * 32 * XB1, xds, b * 2)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) - np.float32(8.0) * (s[1] + s[3])
 
@@ -1102,10 +1102,10 @@ def _row_q5_0(row, base, nb, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for p in range(nb // 2):
-        q5_0_pair(a16, a4, row, base + p * 44, xq, p * 64 * XBN, xds, p * 4)
+        q5_0_pair(a16, a4, row, base + p * 44, xq, p * 64 * XB1, xds, p * 4)
     if nb & 1:
         b = nb - 1
-        q5_0_single(a16, a4, row, base + b * 22, xq, b * 32 * XBN, xds, b * 2)
+        q5_0_single(a16, a4, row, base + b * 22, xq, b * 32 * XB1, xds, b * 2)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) - np.float32(16.0) * (s[1] + s[3])
 
@@ -1155,7 +1155,7 @@ def _row_q2_g64(row, base, nblk, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for b in range(nblk):
-        q2_g64_block(a16, a4, row, base + b * 20, xq, b * 128, xds, b * 4)
+        q2_g64_block(a16, a4, row, base + b * 20, xq, b * 64 * XB1, xds, b * 4)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) + (s[1] + s[3])
 
@@ -1165,7 +1165,7 @@ def _row_q3_g64(row, base, nblk, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for b in range(nblk):
-        q3_g64_block(a16, a4, row, base + b * 28, xq, b * 128, xds, b * 4)
+        q3_g64_block(a16, a4, row, base + b * 28, xq, b * 64 * XB1, xds, b * 4)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) + (s[1] + s[3])
 
@@ -1178,7 +1178,7 @@ def _row_q3_g64(row, base, nblk, xq, xds, xs16):
 def mv_q4_1(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, True, xq, xds, xs16)
+    quantize_xn(x, True, True, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1197,7 +1197,7 @@ def mv_q4_1(d0, d1, d2, x, o0, o1, o2):
 def mv_q4_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, True, xq, xds, xs16)
+    quantize_xn(x, True, True, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1216,7 +1216,7 @@ def mv_q4_0(d0, d1, d2, x, o0, o1, o2):
 def mv_q5_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, True, xq, xds, xs16)
+    quantize_xn(x, True, True, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1235,7 +1235,7 @@ def mv_q5_0(d0, d1, d2, x, o0, o1, o2):
 def mv_q8_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, False, xq, xds, xs16)
+    quantize_x(x, False, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1303,7 +1303,7 @@ def mv_q6_k(d0, d1, d2, x, o0, o1, o2):
 def mv_q2_g64(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, False, xq, xds, xs16)
+    quantize_xn(x, True, False, xq, xds, xs16)
     n = cols // 64
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1322,7 +1322,7 @@ def mv_q2_g64(d0, d1, d2, x, o0, o1, o2):
 def mv_q3_g64(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, False, xq, xds, xs16)
+    quantize_xn(x, True, False, xq, xds, xs16)
     n = cols // 64
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1397,7 +1397,7 @@ _PAIR_UNPACK = {  # the pair intrinsics, whose unpack and nbytes _pair_batch use
 
 
 _K_KINDS = (KIND_Q4_K, KIND_Q6_K)
-_NIB_KINDS = (KIND_Q4_0, KIND_Q4_1, KIND_Q5_0)  # the nib2 formats (quantize_xn)
+_X1_KINDS = (KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q3_G64, KIND_Q2_G64)  # X1's formats
 
 
 def _pairs_batched(kind: int, g: int) -> bool:
@@ -1542,7 +1542,7 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
 
     def codegen(context, builder, sig, args):
         cols_v = _i64(builder, args[3])
-        xb = XBN if k in _NIB_KINDS else 2  # bytes of one vector's x per element
+        xb = XB1 if k in _X1_KINDS else 2  # bytes of one vector's x per element
         xstride = builder.mul(cols_v, ir.Constant(I64, xb))
         sstride = builder.sdiv(cols_v, ir.Constant(I64, 16))  # its xds / xs16
         if batched:
@@ -1673,9 +1673,10 @@ def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
         for b in range(nunit):
             o = so + b * 4
             w = base + b * ub
-            block_g(g, kind, 0, cols, acc, flat, w, xq, xo + b * 128, xds, o, xs16, so + b * 16)
+            xp = xo + b * 64 * XB1
+            block_g(g, kind, 0, cols, acc, flat, w, xq, xp, xds, o, xs16, so + b * 16)
     else:  # xs16: the interleaved scales of _mvb's vector group (_pair_batch)
-        xb = 2 if kind == KIND_Q8_0 else XBN  # bytes of x per element
+        xb = 2 if kind == KIND_Q8_0 else XB1  # bytes of x per element
         for p in range(nunit // 2):
             o, w = so + p * 4, base + p * 2 * ub
             xp = xo + p * 64 * xb
@@ -1717,11 +1718,12 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
     xq = np.empty(npad * 2 * cols, np.int8)
     xds = np.empty(npad * xs, np.float32)
     xs16 = np.empty(npad * xs, np.float32)
-    xb = XBN if nib2 else 2  # bytes of x per element
+    x1 = kind != KIND_Q4_K and kind != KIND_Q6_K and kind != KIND_Q8_0  # X1's formats
+    xb = XB1 if x1 else 2  # bytes of x per element
     for v in range(nv):
         q, xv, sv = xb * cols * v, xq[xb * cols * v :], xds[v * xs : v * xs + xs]
-        if unit == 32:  # the nibble formats' take quantize_x1 where X1 holds
-            quantize_xn(X[v], nib2, xv, sv, xs16[v * xs :])
+        if x1:
+            quantize_xn(X[v], True, nib2, xv, sv, xs16[v * xs :])
         else:
             quantize_x(X[v], nib2, xv, sv, xs16[v * xs :])
     if npad > nv:
