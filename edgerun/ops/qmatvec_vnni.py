@@ -5,16 +5,17 @@ int32 results).
 Decode off the vnni path has two exceptions: Q4_K takes single-level int8 activations
 with one scale per super-block refined per 32 by powers of two (quantize_x_sb8,
 q4_k_block8), half the multiplies for ~1e-4 KL on the logits (see q4_k_block8); the
-nibble formats (Q4_0, Q4_1, Q5_0) single-level int8 with a scale per 32 (quantize_x1,
-X1).
+nibble formats (Q4_0, Q4_1, Q5_0) and Q3_G64/Q2_G64 single-level int8 with a scale per
+32 (quantize_x1, X1): 1.1-1.3x the kernels, 1e-3 to 2e-3 KL on the logits of the small
+models and their text NLL within +-0.2% (benchmarks/results/decode_quality_avx2.txt).
 
 x is quantized once per call to two-level int8 blocks of 32: q1 = rint(x / dx) with
 dx = max|x| / 127 (llama.cpp's q8 activations) plus the rounded residual
 q2 = rint((x - q1 dx) * 128 / dx). Every weight block is unpacked to unsigned bytes in
 registers and multiplied with `llvm.x86.avx512.vpdpbusd.512` (64 u8 x s8 products summed
 in groups of 4 into 16 int32 lanes) as 128 * dot(w, q1) + dot(w, q2), exact in int32.
-Plain q8 activations moved SmolLM2's logits by ~6% and flipped its greedy answers; the
-residual makes the result match the float32 kernels to ~1e-4 for ~20% more compute.
+The residual makes the result match the float32 kernels to ~1e-4 (KL ~1e-7 on
+SmolLM2's logits, against ~2e-3 for plain q8) for ~20% more compute on VNNI.
 The block scales are applied per 32 (or 16) elements in float:
 y = sum_b d_b dx'_b dot_b + bias_b sx_b.
 
