@@ -176,8 +176,29 @@ _use_amx = False  # the vnni path's prefill GEMMs on AMX tiles (qmatmul_amx)
 #   Q4_K 1.18 / 0.90 / 0.83 / 0.74 / 0.67 / 0.56, Q6_K 0.82 / 0.63 / 0.52 / 0.49, Q5_0
 #   1.34 / 1.04 / 0.94 / 0.86, Q4_1 1.34 / 1.38 / 1.20 / 1.12 / 1.03 / 0.99, Q8_0 1.73 /
 #   1.35 / 1.17 / 1.12 / 1.02 / 0.97.
+#   Session 28, with the nibble and G64 formats' batched kernels on single-level int8
+#   (qmatvec_vnni.X1) and Q4_K's (SB8_DECODE): the same ratio on the 1.5B / 0.5B / SmolLM2
+#   shapes, 2 threads (1 thread within 0.1), at 4 / 8 / 12 / 16 / 24 / 32 / 64 / 128 / 512
+#   tokens: Q4_K 1.45 / 1.15 / 1.04 / 0.99 / 0.95 / 0.91, Q6_K 1.00 / 0.78 / 0.68 / 0.65,
+#   Q8_0 1.18 / 1.08 / 1.01 / 0.97 / 0.93, Q5_0 2.02 / 1.51 / 1.48 / 1.41 / 1.31 / 1.29 /
+#   1.17 / 1.14 / 1.13, Q4_1 2.09 / 1.65 / ... / 1.50 / 1.50 / 1.32 / 1.35, Q4_0 (8 / 24 /
+#   64 / 128 / 512) 1.88 / 1.49 / 1.39 / 1.35 / 1.30, Q2_G64 1.52 / 1.20 / 1.11 / 1.09 /
+#   1.00, Q3_G64 1.26 / 1.04 / 0.97 / 0.95. So the nibble formats never take their GEMM
+#   here (NO_GEMM): the batched kernels read each weight block once per 4 tokens from L1
+#   and multiply single-level int8, the GEMM two-level int16 words.
 # - "int8" (generic vectors, e.g. ARM) has not been measured; it takes avx2's figures.
-_MVB_AVX2 = {QuantType.Q4_K: 7, QuantType.Q6_K: 4, QuantType.Q5_0: 10, None: 24}
+NO_GEMM = 1 << 30  # a prompt length no prompt reaches: the format always takes mvb_<fmt>
+_MVB_AVX2 = {
+    QuantType.Q4_K: 14,
+    QuantType.Q6_K: 4,
+    QuantType.Q8_0: 12,
+    QuantType.Q5_0: NO_GEMM,
+    QuantType.Q4_1: NO_GEMM,
+    QuantType.Q4_0: NO_GEMM,
+    QuantType.Q3_G64: 32,
+    QuantType.Q2_G64: 256,
+    None: 24,
+}
 MVB_PREFILL_MAX: dict[str, dict] = {
     "amx": {QuantType.Q4_K: 10, QuantType.Q6_K: 10, None: 23},
     "vnni": {QuantType.Q4_K: 14, QuantType.Q6_K: 14, None: 28},
@@ -244,21 +265,24 @@ def _amx_bf16(qtype: QuantType, ntokens: int, cols: int) -> bool:
 
 def warm_prefill(qtypes: Iterable[QuantType], cols: int = 256) -> None:
     """Run the prefill GEMM of each of `qtypes` once, on a small zero matrix and enough
-    zero rows to take it (past every MVB_PREFILL_MAX, and onto the AMX tiles where the
-    CPU has them): a short warm-up prompt takes the batched decode kernels instead, and
+    zero rows to take it (past the format's MVB_PREFILL_MAX on this route, and onto the
+    AMX tiles where the CPU has them; a format that never takes a GEMM here, NO_GEMM, is
+    left to warm_decode): a short warm-up prompt takes the batched decode kernels instead, and
     the GEMMs' first compile or cache load would otherwise land in a user's first long
     prompt (and, under a RAM budget, after the page cache of loading them was dropped:
     the 0.5B's streamed FFN formats, missing from the first layer's attention, loaded
     mm_superblock in a prompt and faulted 73 MB of libllvmlite.so back)."""
     if _path not in INT8_PATHS:
         return  # the portable matmul is one kernel at any prompt length
-    rows = 1 + max(n for table in MVB_PREFILL_MAX.values() for n in table.values())
-    if _use_amx:
-        rows = max(rows, _amx.BF16_MIN_TOKENS)
-    x = np.zeros((rows, cols), np.float32)
     for qtype in dict.fromkeys(qtypes):
+        limit = mvb_prefill_max(qtype)
+        if limit >= NO_GEMM:
+            continue  # every prompt takes the batched kernels (warm_decode's)
+        rows = 1 + limit
+        if _use_amx:
+            rows = max(rows, _amx.BF16_MIN_TOKENS)
         data = np.zeros((8, row_bytes(qtype, cols)), np.uint8)
-        matmul(QuantTensor("warm-up", qtype, (8, cols), data), x)
+        matmul(QuantTensor("warm-up", qtype, (8, cols), data), np.zeros((rows, cols), np.float32))
 
 
 def warm_decode(qtypes: Iterable[QuantType], cols: int = 256) -> None:
@@ -282,7 +306,7 @@ def warm_decode(qtypes: Iterable[QuantType], cols: int = 256) -> None:
 
 def mvb_prefill_max(qtype: QuantType) -> int:
     """The most prompt tokens for which `qtype` takes the batched decode kernels on the
-    current int8 path (MVB_PREFILL_MAX); longer prompts take a GEMM."""
+    current int8 path (MVB_PREFILL_MAX); longer prompts take a GEMM (NO_GEMM: none does)."""
     table = MVB_PREFILL_MAX["amx" if _use_amx else _path]
     return table.get(qtype, table[None])
 
