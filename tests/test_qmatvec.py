@@ -479,14 +479,14 @@ def test_generic_int8_path_matches_avx2(tmp_path):
     "avx2" not in qm.available_paths(), reason="not an AVX2 CPU without AVX-512 VNNI"
 )
 @pytest.mark.parametrize(
-    "q", [QuantType.Q4_K, QuantType.Q8_0, QuantType.Q4_1], ids=lambda q: q.name
+    "q", [QuantType.Q4_K, QuantType.Q8_0, QuantType.Q5_0], ids=lambda q: q.name
 )
 def test_avx2_kernel_emits_vpmaddwd(q):
     from numba import njit
 
     from edgerun.ops import qmatvec_vnni as v
 
-    kernel = {QuantType.Q4_K: v.mv_q4_k, QuantType.Q8_0: v.mv_q8_0, QuantType.Q4_1: v.mv_q4_1}[q]
+    kernel = {QuantType.Q4_K: v.mv_q4_k, QuantType.Q8_0: v.mv_q8_0, QuantType.Q5_0: v.mv_q5_0}[q]
     fresh = njit(parallel=True)(kernel.py_func)  # uncached: inspect_asm needs a compile
     e, e0 = np.empty((0, 1), np.uint8), np.empty(0, np.float32)
     w = random_blocks(q, 4, 256, np.random.default_rng(0))

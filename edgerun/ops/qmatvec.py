@@ -176,16 +176,16 @@ _use_amx = False  # the vnni path's prefill GEMMs on AMX tiles (qmatmul_amx)
 #   Q4_K 1.18 / 0.90 / 0.83 / 0.74 / 0.67 / 0.56, Q6_K 0.82 / 0.63 / 0.52 / 0.49, Q5_0
 #   1.34 / 1.04 / 0.94 / 0.86, Q4_1 1.34 / 1.38 / 1.20 / 1.12 / 1.03 / 0.99, Q8_0 1.73 /
 #   1.35 / 1.17 / 1.12 / 1.02 / 0.97.
-#   Session 28, with the nibble and G64 formats' batched kernels on single-level int8
+#   Session 28, with the batched kernels of Q5_0 and the G64 formats on single-level int8
 #   (qmatvec_vnni.X1) and Q4_K's (SB8_DECODE): the same ratio on the 1.5B / 0.5B / SmolLM2
 #   shapes, 2 threads (1 thread within 0.1), at 4 / 8 / 12 / 16 / 24 / 32 / 64 / 128 / 512
 #   tokens: Q4_K 1.45 / 1.15 / 1.04 / 0.99 / 0.95 / 0.91, Q6_K 1.00 / 0.78 / 0.68 / 0.65,
 #   Q8_0 1.18 / 1.08 / 1.01 / 0.97 / 0.93, Q5_0 2.02 / 1.51 / 1.48 / 1.41 / 1.31 / 1.29 /
-#   1.17 / 1.14 / 1.13, Q4_1 2.09 / 1.65 / ... / 1.50 / 1.50 / 1.32 / 1.35, Q4_0 (8 / 24 /
-#   64 / 128 / 512) 1.88 / 1.49 / 1.39 / 1.35 / 1.30, Q2_G64 1.52 / 1.20 / 1.11 / 1.09 /
-#   1.00, Q3_G64 1.26 / 1.04 / 0.97 / 0.95. So the nibble formats never take their GEMM
-#   here (NO_GEMM): the batched kernels read each weight block once per 4 tokens from L1
-#   and multiply single-level int8, the GEMM two-level int16 words.
+#   1.17 / 1.14 / 1.13, Q2_G64 (8 / 24 / 64 / 128 / 512) 1.52 / 1.20 / 1.11 / 1.09 / 1.00,
+#   Q3_G64 1.26 / 1.04 / 0.97 / 0.95. So Q5_0 never takes its GEMM here (NO_GEMM): its
+#   batched kernels read each weight block once per 4 tokens from L1 and multiply
+#   single-level int8, the GEMM two-level int16 words. (Q4_1 and Q4_0 on single-level
+#   int8 measured the same, 1.3-2.1x at every length, but keep two levels: see X1.)
 # - "int8" (generic vectors, e.g. ARM) has not been measured; it takes avx2's figures.
 NO_GEMM = 1 << 30  # a prompt length no prompt reaches: the format always takes mvb_<fmt>
 _MVB_AVX2 = {
@@ -193,8 +193,6 @@ _MVB_AVX2 = {
     QuantType.Q6_K: 4,
     QuantType.Q8_0: 12,
     QuantType.Q5_0: NO_GEMM,
-    QuantType.Q4_1: NO_GEMM,
-    QuantType.Q4_0: NO_GEMM,
     QuantType.Q3_G64: 32,
     QuantType.Q2_G64: 256,
     None: 24,
@@ -316,15 +314,14 @@ def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
     return _path in INT8_PATHS and qtype in _MVB_INT8 and 1 < ntokens <= mvb_prefill_max(qtype)
 
 
-# qmatvec_vnni.X1's formats
-_X1_FORMATS = (QuantType.Q4_0, QuantType.Q4_1, QuantType.Q5_0, QuantType.Q3_G64, QuantType.Q2_G64)
+_X1_FORMATS = (QuantType.Q5_0, QuantType.Q3_G64, QuantType.Q2_G64)  # qmatvec_vnni.X1
 
 
 def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
     """Whether `ntokens` rows meet `qtype` in the single-level int8 decode kernels, one
     vector or a batch: Q4_K off the vnni path (qmatvec_vnni.SB8_DECODE, one scale per
-    256 refined per 32) and the nibble and G64 formats there (qmatvec_vnni.X1, one
-    scale per 32)."""
+    256 refined per 32) and Q5_0 and the G64 formats there (qmatvec_vnni.X1, one scale
+    per 32)."""
     if _path not in INT8_PATHS or not (ntokens == 1 or _mvb_prefill(qtype, ntokens)):
         return False
     return (qtype == QuantType.Q4_K and _v.SB8_DECODE) or (qtype in _X1_FORMATS and _v.X1)
@@ -346,7 +343,7 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
 def activation_levels(qtype: QuantType, ntokens: int) -> int:
     """2 where the int8 paths quantize x to two levels (~15 bits), 1 where a decode kernel
     takes single-level int8 (on the avx2 and int8 paths: Q4_K with power-of-two
-    refinements per 32, the nibble and G64 formats with a scale per 32; see
+    refinements per 32, Q5_0 and the G64 formats with a scale per 32; see
     quantize_x_reference)."""
     return 1 if _q8_decode(qtype, ntokens) else 2
 

@@ -4,10 +4,9 @@ int32 results).
 
 Decode off the vnni path has two exceptions: Q4_K takes single-level int8 activations
 with one scale per super-block refined per 32 by powers of two (quantize_x_sb8,
-q4_k_block8), half the multiplies for ~1e-4 KL on the logits (see q4_k_block8); the
-nibble formats (Q4_0, Q4_1, Q5_0) and Q3_G64/Q2_G64 single-level int8 with a scale per
-32 (quantize_x1, X1): 1.1-1.3x the kernels, 1e-3 to 2e-3 KL on the logits of the small
-models and their text NLL within +-0.2% (benchmarks/results/decode_quality_avx2.txt).
+q4_k_block8), half the multiplies for ~1e-4 KL on the logits (see q4_k_block8); Q5_0
+and Q3_G64/Q2_G64 single-level int8 with a scale per 32 (quantize_x1, X1): 1.1-1.2x
+the kernels (benchmarks/results/decode_quality_avx2.txt has what it costs).
 
 x is quantized once per call to two-level int8 blocks of 32: q1 = rint(x / dx) with
 dx = max|x| / 127 (llama.cpp's q8 activations) plus the rounded residual
@@ -81,15 +80,19 @@ DOT = int8_dot() or "avx2"
 # sub-block. What it measured, in speed and in logits, is at q4_k_block8.
 SB8_DECODE = DOT != "vnni"
 
-# The nibble formats (Q4_0, Q4_1, Q5_0: the nib2 x layout) and edgerun's Q3_G64 / Q2_G64
-# off the vnni path decode on single-level int8 activations, one scale per 32 as
-# llama.cpp's q8_0 / q8_1 (quantize_x1, _IR.dot_x1): per 64 nibble weights two
-# vpmaddubsw and one vpmaddwd where the two-level int16 words took four vpmaddwd and the
-# shifts and masks that make words of the bytes. Zen 3, one thread, alternating with
-# the two-level kernels (`python benchmarks/kernel_ab.py --base <rev> --formats Q5_0 Q8_0
-# Q4_1 --rows R --cols C -t 1`) on 4864x896, 896x4864 and 262144x640: Q4_1 1.24-1.33x
-# (4 vectors 1.44-1.50x), Q5_0 1.15-1.18x (4 vectors 1.53x). Q8_0 on them (|w| times x
-# carrying w's sign, as llama.cpp) measured 0.96-1.04x, so it keeps the two levels.
+# Q5_0 and edgerun's Q3_G64 / Q2_G64 off the vnni path decode on single-level int8
+# activations, one scale per 32 as llama.cpp's q8_0 (quantize_x1, _IR.dot_x1): per 64
+# nibble weights two vpmaddubsw and one vpmaddwd where the two-level int16 words took four
+# vpmaddwd and the shifts and masks that make words of the bytes. Zen 3, one thread,
+# alternating with the two-level kernels (`python benchmarks/kernel_ab.py --base <rev>
+# --formats Q5_0 Q4_1 --rows R --cols C -t 1`, 4864x896, 896x4864, 262144x640): Q5_0
+# 1.15-1.18x (4 vectors 1.53x), Q3_G64 1.11x, Q2_G64 1.20x. Measured and not kept:
+# - Q4_1 / Q4_0 the same way, 1.24-1.33x (4 vectors 1.44-1.50x) and SmolLM2 (all Q4_1)
+#   decoding 1.47x llama.cpp instead of 1.24x; but that model's logits moved by up to ~1
+#   (KL 2e-3 against float activations where the two levels give 2e-7), its greedy chat
+#   answers changed, and an f16 KV cache's rounding then moved them by 0.94: the
+#   smallest model keeps the two levels. (Q5_0 on the 0.5B: KL 2e-4, top-1 99.5%.)
+# - Q8_0 with |w| times x carrying w's sign (llama.cpp's): 0.96-1.04x.
 # XB1: bytes of activations per element of those formats (their layout's offsets).
 X1 = DOT != "vnni"
 XB1 = 1 if X1 else 2
@@ -370,7 +373,7 @@ def _unpack_q4_1(r, off):
 
 def _block_dot(r, w, xo, n, x1, lanes):
     """A block (pair)'s integer dot at x byte offset xo: dpx on quantize_x's two levels,
-    or (x1: the nibble formats off the vnni path) dot_x1 on quantize_x1's bytes."""
+    or (x1: X1's formats off the vnni path) dot_x1 on quantize_x1's bytes."""
     if x1:
         return r.dot_x1(w, 4, xo, n, _folds(lanes))
     return r.dpx(w, 4, xo, n)
@@ -379,8 +382,8 @@ def _block_dot(r, w, xo, n, x1, lanes):
 def _pair_intrinsic(unpack, name, nbytes, x1=False):
     """The block-pair intrinsic of a format whose `unpack(r, off)` gives (weight bytes,
     4 scale lanes, lane map) of the nbytes at off: one dot (_block_dot), then
-    _pair_common. x1: a nibble format, whose activations are quantize_x1's where X1
-    holds."""
+    _pair_common. x1: one of X1's formats, whose activations are quantize_x1's where
+    X1 holds."""
     x1 = x1 and X1
 
     def pair(typingctx, a16, a4, row, off, xq, xo, xds, so):
@@ -401,7 +404,7 @@ def _pair_intrinsic(unpack, name, nbytes, x1=False):
     return fn
 
 
-q4_1_pair = _pair_intrinsic(_unpack_q4_1, "q4_1_pair", 40, x1=True)
+q4_1_pair = _pair_intrinsic(_unpack_q4_1, "q4_1_pair", 40)
 
 
 def _single_intrinsic(unpack, name, x1=False):
@@ -426,7 +429,7 @@ def _unpack1_q4_1(r, off):
     return _nib_single(r, r.load(2, off, V16I8, 4)), r.f16x(2, off, 2)
 
 
-q4_1_single = _single_intrinsic(_unpack1_q4_1, "q4_1_single", x1=True)
+q4_1_single = _single_intrinsic(_unpack1_q4_1, "q4_1_single")
 
 
 def _dd(r, off, extra):
@@ -447,14 +450,14 @@ def _unpack_q4_0(r, off):
     return _nib_pair(r, q), _dd2(r, off, 18), _SV_NIB2
 
 
-q4_0_pair = _pair_intrinsic(_unpack_q4_0, "q4_0_pair", 36, x1=True)
+q4_0_pair = _pair_intrinsic(_unpack_q4_0, "q4_0_pair", 36)
 
 
 def _unpack1_q4_0(r, off):
     return _nib_single(r, r.load(2, off, V16I8, 2)), _dd(r, off, 0)
 
 
-q4_0_single = _single_intrinsic(_unpack1_q4_0, "q4_0_single", x1=True)
+q4_0_single = _single_intrinsic(_unpack1_q4_0, "q4_0_single")
 
 
 def _hbits(r, off, extra):
@@ -954,7 +957,7 @@ def q8_16(typingctx, x, xo, xb, bo, inv):
 
 @njit(cache=True, nogil=True)
 def quantize_x1(x, nib2, xq, xds):
-    """Single-level int8 activations of the nibble formats off the vnni path (X1):
+    """Single-level int8 activations of X1's formats off the vnni path:
     per block of 32, q = rint(x / dx) with dx = max|x| / 127 (llama.cpp's q8_0), one
     byte per element in quantize_x's block order: chunks of 64 elements, natural or
     with nib2 [x_a[0:16], x_b[0:16], x_a[16:32], x_b[16:32]], an odd last block
@@ -977,7 +980,7 @@ def quantize_x1(x, nib2, xq, xds):
 @njit(inline="always")
 def quantize_xn(x, x1, nib2, xq, xds, xs16):
     """The activations of a format's kernels: quantize_x1 for the formats of X1 (x1:
-    the nibble and G64 formats) where it holds, else quantize_x."""
+    Q5_0 and the G64 formats) where it holds, else quantize_x."""
     if X1 and x1:
         quantize_x1(x, nib2, xq, xds)
     else:
@@ -1077,10 +1080,10 @@ def _row_q4_1(row, base, nb, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for p in range(nb // 2):
-        q4_1_pair(a16, a4, row, base + p * 40, xq, p * 64 * XB1, xds, p * 4)
+        q4_1_pair(a16, a4, row, base + p * 40, xq, p * 128, xds, p * 4)
     if nb & 1:
         b = nb - 1
-        q4_1_single(a16, a4, row, base + b * 20, xq, b * 32 * XB1, xds, b * 2)
+        q4_1_single(a16, a4, row, base + b * 20, xq, b * 64, xds, b * 2)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) + (s[1] + s[3])
 
@@ -1090,10 +1093,10 @@ def _row_q4_0(row, base, nb, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for p in range(nb // 2):
-        q4_0_pair(a16, a4, row, base + p * 36, xq, p * 64 * XB1, xds, p * 4)
+        q4_0_pair(a16, a4, row, base + p * 36, xq, p * 128, xds, p * 4)
     if nb & 1:
         b = nb - 1
-        q4_0_single(a16, a4, row, base + b * 18, xq, b * 32 * XB1, xds, b * 2)
+        q4_0_single(a16, a4, row, base + b * 18, xq, b * 64, xds, b * 2)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) - np.float32(8.0) * (s[1] + s[3])
 
@@ -1179,7 +1182,7 @@ def _row_q3_g64(row, base, nblk, xq, xds, xs16):
 def mv_q4_1(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, True, True, xq, xds, xs16)
+    quantize_x(x, True, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1198,7 +1201,7 @@ def mv_q4_1(d0, d1, d2, x, o0, o1, o2):
 def mv_q4_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, True, True, xq, xds, xs16)
+    quantize_x(x, True, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1398,7 +1401,7 @@ _PAIR_UNPACK = {  # the pair intrinsics, whose unpack and nbytes _pair_batch use
 
 
 _K_KINDS = (KIND_Q4_K, KIND_Q6_K)
-_X1_KINDS = (KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q3_G64, KIND_Q2_G64)  # X1's formats
+_X1_KINDS = (KIND_Q5_0, KIND_Q3_G64, KIND_Q2_G64)  # X1's formats
 
 
 def _pairs_batched(kind: int, g: int) -> bool:
@@ -1677,7 +1680,7 @@ def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
             xp = xo + b * 64 * XB1
             block_g(g, kind, 0, cols, acc, flat, w, xq, xp, xds, o, xs16, so + b * 16)
     else:  # xs16: the interleaved scales of _mvb's vector group (_pair_batch)
-        xb = 2 if kind == KIND_Q8_0 else XB1  # bytes of x per element
+        xb = XB1 if kind == KIND_Q5_0 else 2  # bytes of x per element
         for p in range(nunit // 2):
             o, w = so + p * 4, base + p * 2 * ub
             xp = xo + p * 64 * xb
@@ -1719,7 +1722,7 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
     xq = np.empty(npad * 2 * cols, np.int8)
     xds = np.empty(npad * xs, np.float32)
     xs16 = np.empty(npad * xs, np.float32)
-    x1 = kind != KIND_Q4_K and kind != KIND_Q6_K and kind != KIND_Q8_0  # X1's formats
+    x1 = kind == KIND_Q5_0 or kind == KIND_Q3_G64 or kind == KIND_Q2_G64  # X1's formats
     xb = XB1 if x1 else 2  # bytes of x per element
     for v in range(nv):
         q, xv, sv = xb * cols * v, xq[xb * cols * v :], xds[v * xs : v * xs + xs]
