@@ -1404,6 +1404,18 @@ _K_KINDS = (KIND_Q4_K, KIND_Q6_K)
 _X1_KINDS = (KIND_Q5_0, KIND_Q3_G64, KIND_Q2_G64)  # X1's formats
 
 
+@njit(inline="always")
+def x1_kind(kind):
+    """Whether a format is one of X1's (_X1_KINDS): its x is quantize_xn's single level."""
+    return kind == KIND_Q5_0 or kind == KIND_Q3_G64 or kind == KIND_Q2_G64
+
+
+@njit(inline="always")
+def x_bytes(kind):
+    """Bytes of one vector's activations per element for a format's kernels."""
+    return XB1 if x1_kind(kind) else 2
+
+
 def _pairs_batched(kind: int, g: int) -> bool:
     """Whether a g-vector pass runs the format's block pairs through _pair_batch (block_g
     and vector_results must agree on where the bias lanes are)."""
@@ -1677,10 +1689,10 @@ def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
         for b in range(nunit):
             o = so + b * 4
             w = base + b * ub
-            xp = xo + b * 64 * XB1
+            xp = xo + b * 64 * x_bytes(kind)
             block_g(g, kind, 0, cols, acc, flat, w, xq, xp, xds, o, xs16, so + b * 16)
     else:  # xs16: the interleaved scales of _mvb's vector group (_pair_batch)
-        xb = XB1 if kind == KIND_Q5_0 else 2  # bytes of x per element
+        xb = x_bytes(kind)
         for p in range(nunit // 2):
             o, w = so + p * 4, base + p * 2 * ub
             xp = xo + p * 64 * xb
@@ -1722,14 +1734,10 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
     xq = np.empty(npad * 2 * cols, np.int8)
     xds = np.empty(npad * xs, np.float32)
     xs16 = np.empty(npad * xs, np.float32)
-    x1 = kind == KIND_Q5_0 or kind == KIND_Q3_G64 or kind == KIND_Q2_G64  # X1's formats
-    xb = XB1 if x1 else 2  # bytes of x per element
+    xb = x_bytes(kind)  # bytes of x per element
     for v in range(nv):
-        q, xv, sv = xb * cols * v, xq[xb * cols * v :], xds[v * xs : v * xs + xs]
-        if x1:
-            quantize_xn(X[v], True, nib2, xv, sv, xs16[v * xs :])
-        else:
-            quantize_x(X[v], nib2, xv, sv, xs16[v * xs :])
+        xv, sv = xq[xb * cols * v :], xds[v * xs : v * xs + xs]
+        quantize_xn(X[v], x1_kind(kind), nib2, xv, sv, xs16[v * xs :])
     if npad > nv:
         q = xb * cols * nv
         xq[q : q + xb * cols] = xq[q - xb * cols : q]
