@@ -140,13 +140,17 @@ def test_lowbit_registered_formats(name):
     deq = dequantize(q, t.data)
     assert _rel_rmse(deq, x) < (0.25 if name == "Q3_G64" else 0.5)
     v = np.random.default_rng(0).standard_normal(192).astype(np.float32)
-    np.testing.assert_allclose(
-        qmatvec.matvec(t, v), qmatvec.matvec_reference(t, v), rtol=1e-3, atol=1e-4
-    )
     X = np.random.default_rng(1).standard_normal((3, 192)).astype(np.float32)
-    np.testing.assert_allclose(
-        qmatvec.matmul(t, X), qmatvec.matmul_reference(t, X), rtol=1e-3, atol=1e-4
-    )
+    for xs, got, ref in (
+        (v, qmatvec.matvec(t, v), qmatvec.matvec_reference),
+        (X, qmatvec.matmul(t, X), qmatvec.matmul_reference),
+    ):
+        n = 1 if xs.ndim == 1 else xs.shape[0]
+        if qmatvec.quantizes_activations(q, n, 192):  # the x the int8 kernels multiply
+            xs = qmatvec.quantize_x_reference(
+                xs, qmatvec.activation_block(q, n), qmatvec.activation_levels(q, n)
+            )
+        np.testing.assert_allclose(got, ref(t, xs), rtol=1e-3, atol=1e-4)
     np.testing.assert_array_equal(qmatvec.embedding_rows(t, np.array([4, 0])), deq[[4, 0]])
 
 

@@ -186,6 +186,11 @@ _use_amx = False  # the vnni path's prefill GEMMs on AMX tiles (qmatmul_amx)
 #   batched kernels read each weight block once per 4 tokens from L1 and multiply
 #   single-level int8, the GEMM two-level int16 words. (Q4_1 and Q4_0 on single-level
 #   int8 measured the same, 1.3-2.1x at every length, but keep two levels: see X1.)
+#   Session 29, the G64 formats' batched kernels on one activation scale per 64 (their
+#   halves added in int16, quantize_x1's span): GEMM over batched on the 0.5B and SmolLM2
+#   shapes at 8 / 32 / 64 / 128 / 512 tokens, 2 threads: Q3_G64 1.62 / 1.33 / 1.30 / 1.29 /
+#   1.22, Q2_G64 1.78 / 1.55 / 1.46 / 1.48 / 1.45 (1 thread at 8 / 64 / 512: 1.56 / 1.32 /
+#   1.29 and 1.90 / 1.50 / 1.45), so neither takes its GEMM either.
 # - "int8" (generic vectors, e.g. ARM) has not been measured; it takes avx2's figures.
 NO_GEMM = 1 << 30  # a prompt length no prompt reaches: the format always takes mvb_<fmt>
 _MVB_AVX2 = {
@@ -193,8 +198,8 @@ _MVB_AVX2 = {
     QuantType.Q6_K: 4,
     QuantType.Q8_0: 12,
     QuantType.Q5_0: NO_GEMM,
-    QuantType.Q3_G64: 32,
-    QuantType.Q2_G64: 256,
+    QuantType.Q3_G64: NO_GEMM,
+    QuantType.Q2_G64: NO_GEMM,
     None: 24,
 }
 MVB_PREFILL_MAX: dict[str, dict] = {
@@ -314,7 +319,8 @@ def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
     return _path in INT8_PATHS and qtype in _MVB_INT8 and 1 < ntokens <= mvb_prefill_max(qtype)
 
 
-_X1_FORMATS = (QuantType.Q5_0, QuantType.Q3_G64, QuantType.Q2_G64)  # qmatvec_vnni.X1
+_G64 = (QuantType.Q3_G64, QuantType.Q2_G64)
+_X1_FORMATS = (QuantType.Q5_0, *_G64)  # qmatvec_vnni.X1
 
 
 def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
@@ -331,10 +337,13 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
     """Elements per activation scale when `ntokens` rows of x meet a `qtype` matrix on
     the current path (see quantize_x_reference): 256 for the K-quant prefill GEMM of the
     int8 paths (qmatmul_superblock, and its AMX tiles) and for the single-level Q4_K
-    decode kernels (activation_levels), else 32 (prompts of at most mvb_prefill_max
-    tokens, on the batched decode kernels, included)."""
+    decode kernels (activation_levels), 64 for the G64 formats' single-level decode,
+    else 32 (prompts of at most mvb_prefill_max tokens, on the batched decode kernels,
+    included)."""
     if _q8_decode(qtype, ntokens) and qtype == QuantType.Q4_K:
         return 256
+    if _q8_decode(qtype, ntokens) and qtype in _G64:  # quantize_x1's span 64
+        return 64
     if ntokens > 1 and _path in INT8_PATHS and qtype in _MM_SUPERBLOCK:
         return 32 if _mvb_prefill(qtype, ntokens) else 256
     return 32
@@ -343,7 +352,7 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
 def activation_levels(qtype: QuantType, ntokens: int) -> int:
     """2 where the int8 paths quantize x to two levels (~15 bits), 1 where a decode kernel
     takes single-level int8 (on the avx2 and int8 paths: Q4_K with power-of-two
-    refinements per 32, Q5_0 and the G64 formats with a scale per 32; see
+    refinements per 32, Q5_0 with a scale per 32 and the G64 formats per 64; see
     quantize_x_reference)."""
     return 1 if _q8_decode(qtype, ntokens) else 2
 
@@ -695,9 +704,10 @@ def quantize_x_reference(x: np.ndarray, block: int = 32, levels: int = 2) -> np.
 
     levels=2, per block: dx = max|x| / 127, q1 = rint(x / dx), q2 = rint((x - q1 dx) *
     128 / dx); returns (128 q1 + q2) * dx / 128 (float32), within dx / 256 of x.
-    levels=1 (qmatvec_vnni.quantize_x_sb8), per block dx = max|x| / 127 and per 32
-    elements the largest e <= 6 with 2^e max|x_32| <= max|x|: q = rint(x 2^e / dx);
-    returns q dx / 2^e, within dx / 2^(e+1) of x.
+    levels=1, per block dx = max|x| / 127: blocks of 256 (qmatvec_vnni.quantize_x_sb8)
+    refine it per 32 elements by the largest e <= 6 with 2^e max|x_32| <= max|x|,
+    q = rint(x 2^e / dx), returning q dx / 2^e, within dx / 2^(e+1) of x; blocks of 32
+    or 64 (quantize_x1) keep e = 0.
     """
     x = np.asarray(x, dtype=np.float32)
     b = x.reshape(*x.shape[:-1], -1, block)
@@ -709,7 +719,7 @@ def quantize_x_reference(x: np.ndarray, block: int = 32, levels: int = 2) -> np.
         s = b.reshape(*b.shape[:-1], -1, 32)
         a32 = np.abs(s).max(axis=-1, keepdims=True)
         e = np.zeros(a32.shape, np.int32)
-        for _ in range(6):  # as the kernel: while e < 6 and a32 2^(e+1) <= amax
+        for _ in range(6 if block == 256 else 0):  # as the kernel: while e < 6 and a32 2^(e+1) <= amax
             grow = (e < 6) & (
                 a32 * np.float32(2.0) ** (e + 1).astype(np.float32) <= amax[..., None]
             )

@@ -5,8 +5,8 @@ int32 results).
 Decode off the vnni path has two exceptions: Q4_K takes single-level int8 activations
 with one scale per super-block refined per 32 by powers of two (quantize_x_sb8,
 q4_k_block8), half the multiplies for ~1e-4 KL on the logits (see q4_k_block8); Q5_0
-and Q3_G64/Q2_G64 single-level int8 with a scale per 32 (quantize_x1, X1): 1.1-1.2x
-the kernels (benchmarks/results/decode_quality_avx2.txt has what it costs).
+with a scale per 32 and Q3_G64/Q2_G64 per 64 (quantize_x1, X1): 1.1-1.5x the
+kernels (benchmarks/results/decode_quality_avx2.txt has what it costs).
 
 x is quantized once per call to two-level int8 blocks of 32: q1 = rint(x / dx) with
 dx = max|x| / 127 (llama.cpp's q8 activations) plus the rounded residual
@@ -93,6 +93,14 @@ SB8_DECODE = DOT != "vnni"
 #   answers changed, and an f16 KV cache's rounding then moved them by 0.94: the
 #   smallest model keeps the two levels. (Q5_0 on the 0.5B: KL 2e-4, top-1 99.5%.)
 # - Q8_0 with |w| times x carrying w's sign (llama.cpp's): 0.96-1.04x.
+# Session 29: the G64 formats' x takes one scale per 64, the block's own span (its 64
+# weights share d and m), so the two halves' vpmaddubsw sums add in int16 and a block is
+# one vpmaddwd, one conversion and one 8-lane FMA, not two of each and a lane insert
+# (_SV_SHARED): against the per-32 kernels, same benchmark, 4864x896, one thread, 1, 2 and
+# 4 vectors: Q2_G64 1.20 / 1.22 / 1.35x, Q3_G64 1.18 / 1.28 / 1.30x. Measured and not
+# kept: the 16 bytes of ql broadcast to both lanes and shifted by 0 and 2 with one vpsrlvd
+# (and qh broadcast as a quadword, shifted per quarter), 5 instead of 11 unpack ops for
+# Q2 and 17 instead of 23 for Q3: Q2 1.00x, Q3 0.89x against the xmm unpack here.
 # XB1: bytes of activations per element of those formats (their layout's offsets).
 X1 = DOT != "vnni"
 XB1 = 1 if X1 else 2
@@ -305,14 +313,16 @@ def _acc_add(ir_, i, vt, fn):
 
 _SV_NIB2 = [0] * 4 + [2] * 4 + [0] * 4 + [2] * 4  # lanes of a nib2 dot -> block a/b
 _SV_NAT2 = [0] * 8 + [2] * 8  # lanes of a natural 2-block dot -> block a/b
+_SV_SHARED = [0] * 16  # a G64 block on X1's x: one d and one dx for all 64 (quantize_x1)
 
 
 def _folds(sv_idx) -> bool:
     """Whether a pair's 16 dot lanes are summed to 8 in integers before the float scale:
     on the vpmaddwd paths (AVX2, int8) the nib2 lane map puts the same blocks in lanes
     0-7 and 8-15 ([a a a a b b b b] twice), so their exact int32 sum takes one conversion
-    and one 8-lane FMA where 16 lanes took two of each (VNNI's 16 lanes are one zmm op)."""
-    return DOT != "vnni" and list(sv_idx) == _SV_NIB2
+    and one 8-lane FMA where 16 lanes took two of each (VNNI's 16 lanes are one zmm op).
+    A G64 block on X1's activations (_SV_SHARED) folds its two halves the same way."""
+    return DOT != "vnni" and list(sv_idx) in (_SV_NIB2, _SV_SHARED)
 
 
 def _fold16(ir_, dot):
@@ -814,7 +824,8 @@ def _unpack_g64(bits):
         """One 64-element block (x = d q + m): as a Q4_1 pair of two 32-element x blocks
         sharing d and m."""
         dm = r.f16x(2, off, 2)  # [d, m]
-        return _lowbit_bytes(r, off, bits), r.shuf(dm, dm, [0, 1, 0, 1]), _SV_NAT2
+        lanes = _SV_SHARED if X1 else _SV_NAT2  # X1: one dx per 64 (quantize_x1)
+        return _lowbit_bytes(r, off, bits), r.shuf(dm, dm, [0, 1, 0, 1]), lanes
 
     return unpack
 
@@ -956,33 +967,42 @@ def q8_16(typingctx, x, xo, xb, bo, inv):
 
 
 @njit(cache=True, nogil=True)
-def quantize_x1(x, nib2, xq, xds):
+def quantize_x1(x, nib2, xq, xds, span):
     """Single-level int8 activations of X1's formats off the vnni path:
-    per block of 32, q = rint(x / dx) with dx = max|x| / 127 (llama.cpp's q8_0), one
-    byte per element in quantize_x's block order: chunks of 64 elements, natural or
-    with nib2 [x_a[0:16], x_b[0:16], x_a[16:32], x_b[16:32]], an odd last block
-    natural. xds float32 [2 nb]: [dx, dx sum(q)] per block (quantize_x's meaning)."""
+    per span of 32 or 64 elements, q = rint(x / dx) with dx = max|x| / 127 (span 32:
+    llama.cpp's q8_0, for Q5_0; 64: the G64 formats, whose 64 weights share d and m, so
+    the kernel adds the block's two halves in int16 before one vpmaddwd, conversion and
+    FMA), one byte per element in quantize_x's block order: chunks of 64 elements,
+    natural or with nib2 [x_a[0:16], x_b[0:16], x_a[16:32], x_b[16:32]], an odd last
+    block natural. xds float32 [2 nb]: [dx, dx sum(q)] per block of 32 (quantize_x's
+    meaning; the two blocks of a 64-span carry the same dx)."""
     nb = x.shape[0] // 32
-    for b in range(nb):
-        amax = amax32(x, b * 32)
+    per = span // 32  # blocks of 32 sharing a scale
+    for b0 in range(0, nb, per):
+        b1 = min(b0 + per, nb)
+        amax = amax32(x, b0 * 32)
+        for b in range(b0 + 1, b1):
+            amax = max(amax, amax32(x, b * 32))
         d = amax / np.float32(127.0)
         inv = np.float32(1.0) / d if d != F0 else F0
-        o0 = b * 32
-        o1 = o0 + 16
-        if nib2 and (b // 2) * 2 + 1 < nb:  # block b is in a full 64-element chunk
-            o0 = (b // 2) * 64 + (b & 1) * 16
-            o1 = o0 + 32
-        s = q8_16(x, b * 32, xq, o0, inv) + q8_16(x, b * 32 + 16, xq, o1, inv)
-        xds[2 * b] = d
-        xds[2 * b + 1] = d * np.float32(s)
+        for b in range(b0, b1):
+            o0 = b * 32
+            o1 = o0 + 16
+            if nib2 and (b // 2) * 2 + 1 < nb:  # block b is in a full 64-element chunk
+                o0 = (b // 2) * 64 + (b & 1) * 16
+                o1 = o0 + 32
+            s = q8_16(x, b * 32, xq, o0, inv) + q8_16(x, b * 32 + 16, xq, o1, inv)
+            xds[2 * b] = d
+            xds[2 * b + 1] = d * np.float32(s)
 
 
 @njit(inline="always")
 def quantize_xn(x, x1, nib2, xq, xds, xs16):
-    """The activations of a format's kernels: quantize_x1 for the formats of X1 (x1:
-    Q5_0 and the G64 formats) where it holds, else quantize_x."""
+    """The activations of a format's kernels: quantize_x1 with scales per x1 elements
+    for the formats of X1 (x1: 32 for Q5_0, 64 for the G64 formats, x1_span) where it
+    holds, else (x1 = 0, or the vnni path) quantize_x."""
     if X1 and x1:
-        quantize_x1(x, nib2, xq, xds)
+        quantize_x1(x, nib2, xq, xds, x1)
     else:
         quantize_x(x, nib2, xq, xds, xs16)
 
@@ -1220,7 +1240,7 @@ def mv_q4_0(d0, d1, d2, x, o0, o1, o2):
 def mv_q5_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, True, True, xq, xds, xs16)
+    quantize_xn(x, 32, True, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1307,7 +1327,7 @@ def mv_q6_k(d0, d1, d2, x, o0, o1, o2):
 def mv_q2_g64(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, True, False, xq, xds, xs16)
+    quantize_xn(x, 64, False, xq, xds, xs16)
     n = cols // 64
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1326,7 +1346,7 @@ def mv_q2_g64(d0, d1, d2, x, o0, o1, o2):
 def mv_q3_g64(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, True, False, xq, xds, xs16)
+    quantize_xn(x, 64, False, xq, xds, xs16)
     n = cols // 64
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1408,6 +1428,14 @@ _X1_KINDS = (KIND_Q5_0, KIND_Q3_G64, KIND_Q2_G64)  # X1's formats
 def x1_kind(kind):
     """Whether a format is one of X1's (_X1_KINDS): its x is quantize_xn's single level."""
     return kind == KIND_Q5_0 or kind == KIND_Q3_G64 or kind == KIND_Q2_G64
+
+
+@njit(inline="always")
+def x1_span(kind):
+    """Elements per activation scale of X1's formats (quantize_x1's span), 0 for others."""
+    if kind == KIND_Q5_0:
+        return 32
+    return 64 if kind == KIND_Q3_G64 or kind == KIND_Q2_G64 else 0
 
 
 @njit(inline="always")
@@ -1737,7 +1765,7 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
     xb = x_bytes(kind)  # bytes of x per element
     for v in range(nv):
         xv, sv = xq[xb * cols * v :], xds[v * xs : v * xs + xs]
-        quantize_xn(X[v], x1_kind(kind), nib2, xv, sv, xs16[v * xs :])
+        quantize_xn(X[v], x1_span(kind), nib2, xv, sv, xs16[v * xs :])
     if npad > nv:
         q = xb * cols * nv
         xq[q : q + xb * cols] = xq[q - xb * cols : q]

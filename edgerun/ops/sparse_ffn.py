@@ -76,7 +76,7 @@ if _HAS_INT8:
                 out[k] = _v._row_q4_k8(flat, base, nunit, xb, xsb, xp)
             return
         xq, xds, xs16 = _v._scratch(cols)
-        _v.quantize_xn(x, kind == 2, nib2, xq, xds, xs16)  # Q5_0: single-level where X1
+        _v.quantize_xn(x, 32 if kind == 2 else 0, nib2, xq, xds, xs16)  # Q5_0: X1's
         for k in prange(idx.shape[0]):
             base = np.int64(idx[k]) * stride + offset
             if kind == 4:
