@@ -719,7 +719,8 @@ def quantize_x_reference(x: np.ndarray, block: int = 32, levels: int = 2) -> np.
         s = b.reshape(*b.shape[:-1], -1, 32)
         a32 = np.abs(s).max(axis=-1, keepdims=True)
         e = np.zeros(a32.shape, np.int32)
-        for _ in range(6 if block == 256 else 0):  # as the kernel: while e < 6 and a32 2^(e+1) <= amax
+        # as the kernel: while e < 6 and a32 2^(e+1) <= amax (blocks of 256 only)
+        for _ in range(6 if block == 256 else 0):
             grow = (e < 6) & (
                 a32 * np.float32(2.0) ** (e + 1).astype(np.float32) <= amax[..., None]
             )
