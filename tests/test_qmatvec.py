@@ -388,7 +388,10 @@ from edgerun.quant.reference import random_blocks
 assert qm.available_paths()[-1] == qm.kernel_path() == v.DOT == "int8", qm.available_paths()
 rng = np.random.default_rng(0)
 res = {}
-for name, rows, cols in [("Q4_K", 40, 512), ("Q6_K", 21, 512), ("Q4_1", 33, 96), ("Q5_0", 17, 96)]:
+for name, rows, cols in [
+    ("Q4_K", 40, 512), ("Q6_K", 21, 512), ("Q4_1", 33, 96), ("Q5_0", 17, 96),
+    ("Q3_G64", 19, 192), ("Q2_G64", 23, 128),
+]:
     q = QuantType[name]
     w = QuantTensor("w", q, (rows, cols), random_blocks(q, rows, cols, rng))
     X = rng.standard_normal((5, cols)).astype(np.float32)
@@ -463,7 +466,7 @@ def test_generic_int8_path_matches_avx2(tmp_path):
     old = qm.kernel_path()
     qm.set_kernel_path(host)
     try:
-        for name in ("Q4_K", "Q6_K", "Q4_1", "Q5_0"):
+        for name in ("Q4_K", "Q6_K", "Q4_1", "Q5_0", "Q3_G64", "Q2_G64"):
             q = QuantType[name]
             data, X = got[name + "_data"], got[name + "_x"]
             w = QuantTensor("w", q, (data.shape[0], X.shape[1]), data)
