@@ -375,7 +375,8 @@ def _read_rows_into(path: Path, cache: KVCache, n: int) -> None:
                 got = os.preadv(fd, [memoryview(layer_rows).cast("B")], at)
                 if got != layer_rows.nbytes:
                     raise SessionFileError(f"{where} is truncated (tensor '{name}')")
-                drop_page_cache([path])
+                if hasattr(os, "posix_fadvise"):  # the rows just read, on this descriptor
+                    os.posix_fadvise(fd, at, layer_rows.nbytes, os.POSIX_FADV_DONTNEED)
                 at += layer_rows.nbytes
                 if cache.kv_type == "f16":
                     dst[layer, :, :n] = layer_rows.astype(np.float16, copy=False).view(np.uint16)
