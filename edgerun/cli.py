@@ -110,6 +110,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="stream an answer to a prompt")
     g.add_argument("prompt", nargs="?", default=None, help="prompt text (default: read stdin)")
+    g.add_argument(
+        "-p",
+        "--prompt",
+        dest="prompt_opt",
+        default=None,
+        help="prompt text as an option (llama.cpp's spelling; same as the positional prompt)",
+    )
     _add_model_args(g)
     g.add_argument("-n", "--max-tokens", type=int, default=256)
     # Sampling flags left unset take the model's recommended settings (`edgerun info`).
@@ -278,7 +285,9 @@ def _build_parser() -> argparse.ArgumentParser:
 def _cmd_generate(args: argparse.Namespace) -> int:
     import edgerun
 
-    prompt = args.prompt
+    if args.prompt is not None and args.prompt_opt is not None:
+        raise EdgerunError("two prompts given: pass the prompt as an argument or with -p, not both")
+    prompt = args.prompt if args.prompt_opt is None else args.prompt_opt
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():
             raise EdgerunError("no prompt given: pass it as an argument or on standard input")

@@ -18,6 +18,15 @@ def test_generate_end_to_end():
     assert "tok/s" in r.stderr and "peak RSS" in r.stderr and "load" in r.stderr
 
 
+def test_generate_prompt_option_as_llama_cpp_spells_it():
+    r = _run("generate", "-p", "What is the capital of France?", "--temp", "0", "-n", "24")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    both = _run("generate", "-p", "a", "b")
+    assert both.returncode != 0 and "two prompts given" in both.stderr
+    assert "Traceback" not in both.stderr
+
+
 def test_generate_with_f16_kv_cache_and_automatic_threads():
     r = _run("generate", "What is the capital of France?", "--temp", "0", "-n", "24")
     r16 = _run(
