@@ -54,12 +54,16 @@ def test_debug_shows_the_traceback(capsys):
 def test_ctrl_c_stops_generate_with_stats_and_130():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "edgerun", "generate", "--raw", "-n", "2000", "--temp", "0.7"]
+    # A shell that starts a job in the background without job control ignores SIGINT in
+    # it, and Python then installs no KeyboardInterrupt handler: give the child the
+    # default disposition a terminal's process has.
     p = subprocess.Popen(
         [*cmd, "Once upon a time"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # wait for the first generated text, then interrupt
     first = p.stdout.read(1)
