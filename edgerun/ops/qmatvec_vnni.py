@@ -1240,7 +1240,7 @@ def mv_q4_0(d0, d1, d2, x, o0, o1, o2):
 def mv_q5_0(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, 32, True, xq, xds, xs16)
+    quantize_xn(x, x1_span(KIND_Q5_0), True, xq, xds, xs16)
     n = cols // 32
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1327,7 +1327,7 @@ def mv_q6_k(d0, d1, d2, x, o0, o1, o2):
 def mv_q2_g64(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, 64, False, xq, xds, xs16)
+    quantize_xn(x, x1_span(KIND_Q2_G64), False, xq, xds, xs16)
     n = cols // 64
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1346,7 +1346,7 @@ def mv_q2_g64(d0, d1, d2, x, o0, o1, o2):
 def mv_q3_g64(d0, d1, d2, x, o0, o1, o2):
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, 64, False, xq, xds, xs16)
+    quantize_xn(x, x1_span(KIND_Q3_G64), False, xq, xds, xs16)
     n = cols // 64
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
@@ -1425,17 +1425,18 @@ _X1_KINDS = (KIND_Q5_0, KIND_Q3_G64, KIND_Q2_G64)  # X1's formats
 
 
 @njit(inline="always")
-def x1_kind(kind):
-    """Whether a format is one of X1's (_X1_KINDS): its x is quantize_xn's single level."""
-    return kind == KIND_Q5_0 or kind == KIND_Q3_G64 or kind == KIND_Q2_G64
-
-
-@njit(inline="always")
 def x1_span(kind):
-    """Elements per activation scale of X1's formats (quantize_x1's span), 0 for others."""
+    """Elements per activation scale of X1's formats (_X1_KINDS; quantize_x1's span), 0
+    for the others."""
     if kind == KIND_Q5_0:
         return 32
     return 64 if kind == KIND_Q3_G64 or kind == KIND_Q2_G64 else 0
+
+
+@njit(inline="always")
+def x1_kind(kind):
+    """Whether a format is one of X1's: its x is quantize_xn's single level."""
+    return x1_span(kind) != 0
 
 
 @njit(inline="always")
