@@ -330,7 +330,11 @@ def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
     per 32)."""
     if _path not in INT8_PATHS or not (ntokens == 1 or _mvb_prefill(qtype, ntokens)):
         return False
-    return (qtype == QuantType.Q4_K and _v.SB8_DECODE) or (qtype in _X1_FORMATS and _v.X1)
+    return (
+        (qtype == QuantType.Q4_K and _v.SB8_DECODE)
+        or (qtype == QuantType.Q6_K and _v.Q6K_SB8)
+        or (qtype in _X1_FORMATS and _v.X1)
+    )
 
 
 def activation_block(qtype: QuantType, ntokens: int) -> int:
@@ -340,7 +344,7 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
     decode kernels (activation_levels), 64 for the G64 formats' single-level decode,
     else 32 (prompts of at most mvb_prefill_max tokens, on the batched decode kernels,
     included)."""
-    if _q8_decode(qtype, ntokens) and qtype == QuantType.Q4_K:
+    if _q8_decode(qtype, ntokens) and qtype in (QuantType.Q4_K, QuantType.Q6_K):
         return 256
     if _q8_decode(qtype, ntokens) and qtype in _G64:  # quantize_x1's span 64
         return 64

@@ -757,6 +757,48 @@ def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
     return types.void(a16, a8, row, off, xq, xo, xds, so, xs16, so16), codegen
 
 
+@intrinsic
+def q6_k_block8(typingctx, a8, am, row, off, xb, xo, xsb, xp, s, bs):
+    """One 256-element Q6_K super-block on quantize_x_sb8's activations (the avx2 / int8
+    decode path, Q6K_SB8), as q4_k_block8: per 32 weights one vpmaddubsw (6-bit weights
+    0..63 x int8, pair sums <= 16002) and one vpmaddwd by the two 16-element sub-block
+    scales times 2^(6 - e) (|sc 2^(6-e)| <= 8192), summed in int32 lanes over the
+    super-block (<= 8 x 262M); one convert and FMA at its end. The -32 offset: am
+    collects 32 d dx/64 sum_j sc_j 2^(6 - e) bs_j, one vpmaddwd of the scales with the
+    per-16 sums of q (bs int16 [16 s ..], sums16_sb8), which the caller subtracts.
+    xsb, xp as q4_k_block8's."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        off, xo, s_ = args[3], args[5], args[8]
+        _prefetch_ahead(r, off, 210)
+        d = r.f16(2, off, 208)
+        V16I16 = _v(I16, 16)
+        sc16 = b.sext(r.load(2, off, V16I8, 192), V16I16)
+        pw8 = r.load(7, b.mul(s_, ir.Constant(s_.type, 8)), _v(I16, 8))
+        scp = b.mul(sc16, r.shuf(pw8, pw8, [i // 2 for i in range(16)]))
+        acc = None
+        for c, w in enumerate(q6k_chunks(r, off)):
+            for k in range(2):
+                j = 2 * c + k  # 32-element block of the super-block
+                w32 = r.shuf(w, w, range(32 * k, 32 * k + 32))
+                x32 = r.load(4, b.add(xo, ir.Constant(xo.type, 32 * j)), V32I8)
+                sv = r.shuf(scp, scp, [2 * j] * 8 + [2 * j + 1] * 8)
+                dot = r.madd16(r.maddubs(w32, x32), sv)
+                acc = dot if acc is None else b.add(acc, dot)
+        bsum = r.madd16(scp, r.load(9, b.mul(s_, ir.Constant(s_.type, 16)), V16I16))
+        so = b.add(b.mul(s_, ir.Constant(s_.type, 9)), ir.Constant(s_.type, 8))
+        sv = r.splat(b.fmul(d, r.load(6, so, F32)), 8)  # d dx / 64
+        df = b.sitofp(acc, V8F)
+        _acc_add(r, 0, V8F, lambda a: r.fma(df, sv, a))
+        bf = b.fmul(b.sitofp(bsum, V8F), ir.Constant(V8F, [32.0] * 8))
+        _acc_add(r, 1, V8F, lambda a: r.fma(bf, sv, a))
+        return context.get_dummy_value()
+
+    return types.void(a8, am, row, off, xb, xo, xsb, xp, s, bs), codegen
+
+
 # Q6_K on AVX2 / generic int8: each 16-weight scale group's dot lanes summed in integers
 # (shuffles and adds), then one 16-lane conversion and FMA a super-block and one bias
 # multiply, instead of four of each plus their scale shuffles. Zen 3, one thread, the
@@ -766,6 +808,10 @@ def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
 # llvm.x86.avx2.phadd.d for the sums (slower than the shuffles) and integer multiplies
 # by the scales.
 Q6K_GROUP_SUMS = DOT != "vnni"
+# Q6_K decode off the vnni path on quantize_x_sb8's single-level activations (q6_k_block8),
+# as Q4_K's (SB8_DECODE). Zen 3, one thread, against the two-level kernel with the group
+# sums above: 1536x8960 1.40x, 8960x1536 1.35x, 1536x1536 1.40x (a prototype's run).
+Q6K_SB8 = DOT != "vnni"
 Q6K_DX_ORDER = tuple(2 * (s // 2) for s in Q6K_SUM_ORDER)  # dx of scale s: xds[2 (s // 2)]
 
 
@@ -1089,9 +1135,26 @@ def _scratch(cols):
 
 @njit(inline="always")
 def scratch_sb8(cols):
-    """quantize_x_sb8's outputs for x of `cols` elements: (xb, xsb, xp)."""
+    """quantize_x_sb8's outputs for x of `cols` elements: (xb, xsb, xp), and sums16_sb8's
+    (bs)."""
     n = cols // 256
-    return np.empty(cols, np.int8), np.empty(9 * n, np.float32), np.empty(8 * n, np.int16)
+    return (
+        np.empty(cols, np.int8),
+        np.empty(9 * n, np.float32),
+        np.empty(8 * n, np.int16),
+        np.empty(16 * n, np.int16),
+    )
+
+
+@njit(cache=True, nogil=True)
+def sums16_sb8(xb, bs):
+    """The sums of each 16 of quantize_x_sb8's bytes (|sum| <= 2032) into bs int16, for
+    q6_k_block8's -32 offset."""
+    for i in range(bs.shape[0]):
+        t = np.int32(0)
+        for k in range(16):
+            t += np.int32(xb[16 * i + k])
+        bs[i] = np.int16(t)
 
 
 # --------------------------------------------------------------------------- matvec
@@ -1157,11 +1220,27 @@ def _row_q4_k(row, base, nsb, xq, xds, xs16):
 
 
 @njit(inline="always")
-def _row_q4_k8(row, base, nsb, xb, xsb, xp):
+def _k8_block(kind, a, m, row, off, xb, xo, xsb, xp, s, bs):
+    """A K-quant super-block on quantize_x_sb8's activations (kind a literal)."""
+    if kind == KIND_Q4_K:
+        q4_k_block8(a, m, row, off, xb, xo, xsb, xp, s)
+    else:
+        q6_k_block8(a, m, row, off, xb, xo, xsb, xp, s, bs)
+
+
+@njit(inline="always")
+def _k8_bytes(kind):
+    return 144 if kind == KIND_Q4_K else 210
+
+
+@njit(inline="always")
+def _row_k8(kind, row, base, nsb, xb, xsb, xp, bs):
+    """One row of a Q4_K or Q6_K matrix on quantize_x_sb8's activations."""
     a = acc16()
     m = acc16()
+    nbytes = _k8_bytes(kind)
     for s in range(nsb):
-        q4_k_block8(a, m, row, base + s * 144, xb, s * 256, xsb, xp, s)
+        _k8_block(kind, a, m, row, base + s * nbytes, xb, s * 256, xsb, xp, s, bs)
     return _hsum(a, 8) - _hsum(m, 8)
 
 
@@ -1283,15 +1362,7 @@ def mv_q4_k(d0, d1, d2, x, o0, o1, o2):
     n0, n1 = d0.shape[0], d1.shape[0]
     n01 = n0 + n1
     if SB8_DECODE:
-        xb, xsb, xp = scratch_sb8(cols)
-        quantize_x_sb8(x, xb, xsb, xp)
-        for i in prange(n01 + d2.shape[0]):
-            if i < n0:
-                o0[i] = _row_q4_k8(f0, i * b0, n, xb, xsb, xp)
-            elif i < n01:
-                o1[i - n0] = _row_q4_k8(f1, (i - n0) * b1, n, xb, xsb, xp)
-            else:
-                o2[i - n01] = _row_q4_k8(f2, (i - n01) * b2, n, xb, xsb, xp)
+        _mv_k8(KIND_Q4_K, d0, d1, d2, x, o0, o1, o2)
         return
     xq, xds, xs16 = _scratch(cols)
     quantize_x(x, False, xq, xds, xs16)
@@ -1304,8 +1375,33 @@ def mv_q4_k(d0, d1, d2, x, o0, o1, o2):
             o2[i - n01] = _row_q4_k(f2, (i - n01) * b2, n, xq, xds, xs16)
 
 
+@njit(inline="always")
+def _mv_k8(kind, d0, d1, d2, x, o0, o1, o2):
+    """mv_q4_k / mv_q6_k on quantize_x_sb8's activations (SB8_DECODE, Q6K_SB8)."""
+    cols = x.shape[0]
+    n = cols // 256
+    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
+    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
+    n0, n1 = d0.shape[0], d1.shape[0]
+    n01 = n0 + n1
+    xb, xsb, xp, bs = scratch_sb8(cols)
+    quantize_x_sb8(x, xb, xsb, xp)
+    if kind == KIND_Q6_K:
+        sums16_sb8(xb, bs)
+    for i in prange(n01 + d2.shape[0]):
+        if i < n0:
+            o0[i] = _row_k8(kind, f0, i * b0, n, xb, xsb, xp, bs)
+        elif i < n01:
+            o1[i - n0] = _row_k8(kind, f1, (i - n0) * b1, n, xb, xsb, xp, bs)
+        else:
+            o2[i - n01] = _row_k8(kind, f2, (i - n01) * b2, n, xb, xsb, xp, bs)
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q6_k(d0, d1, d2, x, o0, o1, o2):
+    if Q6K_SB8:
+        _mv_k8(KIND_Q6_K, d0, d1, d2, x, o0, o1, o2)
+        return
     cols = x.shape[0]
     xq, xds, xs16 = _scratch(cols)
     quantize_x(x, False, xq, xds, xs16)
@@ -1858,20 +1954,22 @@ def mvb_q8_0(d0, d1, d2, X, o0, o1, o2):
 
 
 @njit(inline="always")
-def _q4k8_rows4(flat, base, nsb, cols, xb, xsb, xp, v0, nv, rv):
-    """One Q4_K row . vectors v0 .. v0 + 3 (clamped to nv - 1; a clamped copy's result is
-    dropped) on quantize_x_sb8 activations: q4_k_block8 for each vector in turn, the
-    same IR as _row_q4_k8's, so each result equals the single matvec's bit for bit; the
-    four calls load and unpack the same weights, and LLVM does that once."""
+def _k8_rows4(kind, flat, base, nsb, cols, xb, xsb, xp, bs, v0, nv, rv):
+    """One Q4_K / Q6_K row . vectors v0 .. v0 + 3 (clamped to nv - 1; a clamped copy's
+    result is dropped) on quantize_x_sb8 activations: the block intrinsic for each
+    vector in turn, the same IR as _row_k8's, so each result equals the single matvec's
+    bit for bit; the four calls load and unpack the same weights, and LLVM does that
+    once."""
     va, vb, vc, vd = v0, min(v0 + 1, nv - 1), min(v0 + 2, nv - 1), min(v0 + 3, nv - 1)
     a0, m0, a1, m1 = acc16(), acc16(), acc16(), acc16()
     a2, m2, a3, m3 = acc16(), acc16(), acc16(), acc16()
+    nbytes = _k8_bytes(kind)
     for s in range(nsb):
-        w, o = base + s * 144, s * 256
-        q4_k_block8(a0, m0, flat, w, xb, va * cols + o, xsb, xp, va * nsb + s)
-        q4_k_block8(a1, m1, flat, w, xb, vb * cols + o, xsb, xp, vb * nsb + s)
-        q4_k_block8(a2, m2, flat, w, xb, vc * cols + o, xsb, xp, vc * nsb + s)
-        q4_k_block8(a3, m3, flat, w, xb, vd * cols + o, xsb, xp, vd * nsb + s)
+        w, o = base + s * nbytes, s * 256
+        _k8_block(kind, a0, m0, flat, w, xb, va * cols + o, xsb, xp, va * nsb + s, bs)
+        _k8_block(kind, a1, m1, flat, w, xb, vb * cols + o, xsb, xp, vb * nsb + s, bs)
+        _k8_block(kind, a2, m2, flat, w, xb, vc * cols + o, xsb, xp, vc * nsb + s, bs)
+        _k8_block(kind, a3, m3, flat, w, xb, vd * cols + o, xsb, xp, vd * nsb + s, bs)
     rv[0] = _hsum(a0, 8) - _hsum(m0, 8)
     rv[1] = _hsum(a1, 8) - _hsum(m1, 8)
     rv[2] = _hsum(a2, 8) - _hsum(m2, 8)
@@ -1879,32 +1977,33 @@ def _q4k8_rows4(flat, base, nsb, cols, xb, xsb, xp, v0, nv, rv):
 
 
 @njit(inline="always")
-def _q4k8_rows2(flat, base, nsb, cols, xb, xsb, xp, v0, rv):
+def _k8_rows2(kind, flat, base, nsb, cols, xb, xsb, xp, bs, v0, rv):
     a0, m0, a1, m1 = acc16(), acc16(), acc16(), acc16()
     v1 = v0 + 1
+    nbytes = _k8_bytes(kind)
     for s in range(nsb):
-        w, o = base + s * 144, s * 256
-        q4_k_block8(a0, m0, flat, w, xb, v0 * cols + o, xsb, xp, v0 * nsb + s)
-        q4_k_block8(a1, m1, flat, w, xb, v1 * cols + o, xsb, xp, v1 * nsb + s)
+        w, o = base + s * nbytes, s * 256
+        _k8_block(kind, a0, m0, flat, w, xb, v0 * cols + o, xsb, xp, v0 * nsb + s, bs)
+        _k8_block(kind, a1, m1, flat, w, xb, v1 * cols + o, xsb, xp, v1 * nsb + s, bs)
     rv[0] = _hsum(a0, 8) - _hsum(m0, 8)
     rv[1] = _hsum(a1, 8) - _hsum(m1, 8)
 
 
 @njit(inline="always")
-def _mvb_q4k8(d0, d1, d2, X, o0, o1, o2):
-    """_mvb for Q4_K on quantize_x_sb8 activations (SB8_DECODE): rows equal mv_q4_k's."""
+def _mvb_k8(kind, d0, d1, d2, X, o0, o1, o2):
+    """_mvb for Q4_K / Q6_K on quantize_x_sb8 activations (SB8_DECODE, Q6K_SB8): rows
+    equal mv_q4_k's / mv_q6_k's."""
     nv, cols = X.shape
     n = cols // 256
     xb = np.empty(nv * cols, np.int8)
     xsb = np.empty(nv * 9 * n, np.float32)
     xp = np.empty(nv * 8 * n, np.int16)
+    bs = np.empty(nv * 16 * n, np.int16)
     for v in range(nv):
-        quantize_x_sb8(
-            X[v],
-            xb[v * cols : (v + 1) * cols],
-            xsb[v * 9 * n : (v + 1) * 9 * n],
-            xp[v * 8 * n : (v + 1) * 8 * n],
-        )
+        xv = xb[v * cols : (v + 1) * cols]
+        quantize_x_sb8(X[v], xv, xsb[v * 9 * n : (v + 1) * 9 * n], xp[v * 8 * n : (v + 1) * 8 * n])
+        if kind == KIND_Q6_K:
+            sums16_sb8(xv, bs[v * 16 * n : (v + 1) * 16 * n])
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     n0, n1 = d0.shape[0], d1.shape[0]
     n01 = n0 + n1
@@ -1915,12 +2014,19 @@ def _mvb_q4k8(d0, d1, d2, X, o0, o1, o2):
         for v0 in range(0, nv, GROUP):
             g = min(GROUP, nv - v0)
             if g >= 3:
-                _q4k8_rows4(flat, base, n, cols, xb, xsb, xp, v0, nv, rv)
+                _k8_rows4(kind, flat, base, n, cols, xb, xsb, xp, bs, v0, nv, rv)
             elif g == 2:
-                _q4k8_rows2(flat, base, n, cols, xb, xsb, xp, v0, rv)
+                _k8_rows2(kind, flat, base, n, cols, xb, xsb, xp, bs, v0, rv)
             else:
-                rv[0] = _row_q4_k8(
-                    flat, base, n, xb[v0 * cols :], xsb[v0 * 9 * n :], xp[v0 * 8 * n :]
+                rv[0] = _row_k8(
+                    kind,
+                    flat,
+                    base,
+                    n,
+                    xb[v0 * cols :],
+                    xsb[v0 * 9 * n :],
+                    xp[v0 * 8 * n :],
+                    bs[v0 * 16 * n :],
                 )
             for v in range(g):
                 out[v0 + v, r] = rv[v]
@@ -1929,14 +2035,17 @@ def _mvb_q4k8(d0, d1, d2, X, o0, o1, o2):
 @njit(parallel=True, cache=True, nogil=True)
 def mvb_q4_k(d0, d1, d2, X, o0, o1, o2):
     if SB8_DECODE:
-        _mvb_q4k8(d0, d1, d2, X, o0, o1, o2)
+        _mvb_k8(KIND_Q4_K, d0, d1, d2, X, o0, o1, o2)
     else:
         _mvb(KIND_Q4_K, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mvb_q6_k(d0, d1, d2, X, o0, o1, o2):
-    _mvb(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
+    if Q6K_SB8:
+        _mvb_k8(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
+    else:
+        _mvb(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -68,12 +68,18 @@ if _HAS_INT8:
     @njit(cache=True, nogil=True, parallel=True)
     def _mv_rows_vnni(kind, nib2, nunit, flat, stride, offset, idx, x, out):
         cols = x.shape[0]
-        if kind == 4 and _v.SB8_DECODE:  # mv_q4_k's single-level int8 activations
-            xb, xsb, xp = _v.scratch_sb8(cols)
+        if (kind == 4 and _v.SB8_DECODE) or (kind == 5 and _v.Q6K_SB8):
+            # mv_q4_k's / mv_q6_k's single-level int8 activations
+            xb, xsb, xp, bs = _v.scratch_sb8(cols)
             _v.quantize_x_sb8(x, xb, xsb, xp)
+            if kind == 5:
+                _v.sums16_sb8(xb, bs)
             for k in prange(idx.shape[0]):
                 base = np.int64(idx[k]) * stride + offset
-                out[k] = _v._row_q4_k8(flat, base, nunit, xb, xsb, xp)
+                if kind == 4:
+                    out[k] = _v._row_k8(_v.KIND_Q4_K, flat, base, nunit, xb, xsb, xp, bs)
+                else:
+                    out[k] = _v._row_k8(_v.KIND_Q6_K, flat, base, nunit, xb, xsb, xp, bs)
             return
         xq, xds, xs16 = _v._scratch(cols)
         _v.quantize_xn(x, 32 if kind == 2 else 0, nib2, xq, xds, xs16)  # Q5_0: X1's
