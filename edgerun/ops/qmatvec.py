@@ -191,11 +191,14 @@ _use_amx = False  # the vnni path's prefill GEMMs on AMX tiles (qmatmul_amx)
 #   shapes at 8 / 32 / 64 / 128 / 512 tokens, 2 threads: Q3_G64 1.62 / 1.33 / 1.30 / 1.29 /
 #   1.22, Q2_G64 1.78 / 1.55 / 1.46 / 1.48 / 1.45 (1 thread at 8 / 64 / 512: 1.56 / 1.32 /
 #   1.29 and 1.90 / 1.50 / 1.45), so neither takes its GEMM either.
+#   Session 30, Q6_K's batched kernels on single-level int8 (Q6K_SB8): GEMM over batched on
+#   the 1.5B's Q6_K shapes at 2 / 4 / 6 / 8 / 12 / 16 tokens, 2 threads: 1.86 / 1.13 / 0.99
+#   / 0.81 / 0.74 / 0.68; 1 thread: 1.84 / 1.27 / 1.29 / 0.86 / 0.70 / 0.67.
 # - "int8" (generic vectors, e.g. ARM) has not been measured; it takes avx2's figures.
 NO_GEMM = 1 << 30  # a prompt length no prompt reaches: the format always takes mvb_<fmt>
 _MVB_AVX2 = {
     QuantType.Q4_K: 14,
-    QuantType.Q6_K: 4,
+    QuantType.Q6_K: 6,
     QuantType.Q8_0: 12,
     QuantType.Q5_0: NO_GEMM,
     QuantType.Q3_G64: NO_GEMM,
