@@ -322,8 +322,10 @@ def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
     return _path in INT8_PATHS and qtype in _MVB_INT8 and 1 < ntokens <= mvb_prefill_max(qtype)
 
 
-_G64 = (QuantType.Q3_G64, QuantType.Q2_G64)
-_X1_FORMATS = (QuantType.Q5_0, *_G64)  # qmatvec_vnni.X1
+def _x1_span(qtype: QuantType) -> int:
+    """Elements per activation scale where `qtype` is one of qmatvec_vnni.X1's formats
+    (their decode takes quantize_x1's single level; qmatvec_vnni.x1_span), else 0."""
+    return _v.x1_span.py_func(_MM_INT8[qtype]) if _path in INT8_PATHS and qtype in _MM_INT8 else 0
 
 
 def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
@@ -336,7 +338,7 @@ def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
     return (
         (qtype == QuantType.Q4_K and _v.SB8_DECODE)
         or (qtype == QuantType.Q6_K and _v.Q6K_SB8)
-        or (qtype in _X1_FORMATS and _v.X1)
+        or (_x1_span(qtype) != 0 and _v.X1)
     )
 
 
@@ -344,13 +346,13 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
     """Elements per activation scale when `ntokens` rows of x meet a `qtype` matrix on
     the current path (see quantize_x_reference): 256 for the K-quant prefill GEMM of the
     int8 paths (qmatmul_superblock, and its AMX tiles) and for the single-level Q4_K
-    decode kernels (activation_levels), 64 for the G64 formats' single-level decode,
-    else 32 (prompts of at most mvb_prefill_max tokens, on the batched decode kernels,
-    included)."""
+    and Q6_K decode kernels (activation_levels), X1's span for its formats' single-level
+    decode (64 for the G64 formats), else 32 (prompts of at most mvb_prefill_max tokens,
+    on the batched decode kernels, included)."""
     if _q8_decode(qtype, ntokens) and qtype in (QuantType.Q4_K, QuantType.Q6_K):
         return 256
-    if _q8_decode(qtype, ntokens) and qtype in _G64:  # quantize_x1's span 64
-        return 64
+    if _q8_decode(qtype, ntokens) and _x1_span(qtype):
+        return _x1_span(qtype)
     if ntokens > 1 and _path in INT8_PATHS and qtype in _MM_SUPERBLOCK:
         return 32 if _mvb_prefill(qtype, ntokens) else 256
     return 32
@@ -358,7 +360,7 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
 
 def activation_levels(qtype: QuantType, ntokens: int) -> int:
     """2 where the int8 paths quantize x to two levels (~15 bits), 1 where a decode kernel
-    takes single-level int8 (on the avx2 and int8 paths: Q4_K with power-of-two
+    takes single-level int8 (on the avx2 and int8 paths: Q4_K and Q6_K with power-of-two
     refinements per 32, Q5_0 with a scale per 32 and the G64 formats per 64; see
     quantize_x_reference)."""
     return 1 if _q8_decode(qtype, ntokens) else 2
