@@ -246,7 +246,7 @@ class Session:
     def load(cls, model: Model, path: str | os.PathLike) -> Session:
         """Resume a saved session on `model` (the same model file it was saved from)."""
         path = Path(path)
-        meta, shapes = _read_session_header(path)
+        meta, tensors = _read_session_header(path)
         where = f"session file {path}"
         if meta.get("format") != SESSION_FORMAT:
             raise SessionFileError(
@@ -271,14 +271,10 @@ class Session:
         s = model.spec
         n = len(tokens)
         want = (s.n_layers, s.n_kv_heads, n, s.head_dim)
-        for name, (dtype, shape) in shapes.items():
+        for name, (_, shape, _) in tensors.items():
             if shape != want:
                 raise SessionFileError(
                     f"{where}: tensor '{name}' has shape {shape}, expected {want} ({n} tokens)"
-                )
-            if dtype not in ("float16", "float32"):
-                raise SessionFileError(
-                    f"{where}: tensor '{name}' is {dtype}, expected float16 or float32"
                 )
         if not all(isinstance(t, int) and 0 <= t < s.vocab_size for t in tokens):
             raise SessionFileError(f"{where}: field 'tokens' holds ids outside the vocabulary")
@@ -295,7 +291,7 @@ class Session:
         sess.system = system
         c = sess.cache
         model.before_kv_write(c, n)
-        _read_rows_into(path, c, n)
+        _read_rows_into(path, tensors, c, n)
         c.mark_written(n)
         c.tokens[:] = tokens
         sess.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
@@ -320,57 +316,73 @@ def _json_field(meta: dict, key: str, kind: Any, where: str) -> Any:
     return val
 
 
-def _read_session_header(path: Path) -> tuple[dict, dict[str, tuple[str, tuple]]]:
-    """The metadata and the k / v tensors' (dtype, shape) of a session file, checked as a
-    safetensors file; no row is read yet."""
-    from safetensors import SafetensorError, safe_open
+_DTYPES = {"F16": np.float16, "F32": np.float32}
 
+
+def _read_session_header(path: Path) -> tuple[dict, dict[str, tuple[np.dtype, tuple, int]]]:
+    """The metadata and the k / v tensors' (dtype, shape, file offset) of a session file,
+    read once and checked against the safetensors layout `save` writes; no row is read.
+    (safetensors' own reader maps the file, so loading parses its header here.)"""
     where = f"session file {path}"
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
             head = f.read(8)
+            hlen = int.from_bytes(head, "little")
+            if len(head) < 8 or hlen > min(_MAX_META, size - 8):
+                raise SessionFileError(
+                    f"{where} is truncated or not a session file (header length)"
+                )
+            header = json.loads(f.read(hlen))
     except OSError as e:
         raise SessionFileError(f"cannot read {where}: {e.strerror or e}") from None
-    if len(head) < 8 or int.from_bytes(head, "little") > min(_MAX_META, size - 8):
-        raise SessionFileError(f"{where} is truncated or not a session file (header length)")
-    try:
-        with safe_open(str(path), framework="np") as f:
-            meta = f.metadata() or {}
-            names = set(f.keys())
-            if names != {"k", "v"}:
-                raise SessionFileError(f"{where}: tensors {sorted(names)}, expected ['k', 'v']")
-            shapes = {}
-            for name in ("k", "v"):
-                s = f.get_slice(name)
-                shapes[name] = (_NP_DTYPES.get(s.get_dtype(), s.get_dtype()), tuple(s.get_shape()))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise SessionFileError(f"{where} is corrupt: {e}") from None
-    return meta, shapes
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SessionFileError(f"{where} is corrupt: header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise SessionFileError(f"{where} is corrupt: header is not a JSON object")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise SessionFileError(f"{where} is corrupt: '__metadata__' is not a string map")
+    if set(header) != {"k", "v"}:
+        raise SessionFileError(f"{where}: tensors {sorted(header)}, expected ['k', 'v']")
+    tensors = {}
+    for name in ("k", "v"):
+        info = header[name]
+        try:
+            dtype = np.dtype(_DTYPES[info["dtype"]])
+            shape = tuple(int(d) for d in info["shape"])
+            begin, stop = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise SessionFileError(
+                f"{where}: tensor '{name}' has dtype {info.get('dtype')!r} (expected F16 or "
+                f"F32), or a malformed shape / data_offsets"
+            ) from None
+        want = int(np.prod(shape)) * dtype.itemsize
+        if len(shape) != 4 or stop - begin != want or begin < 0 or 8 + hlen + stop > size:
+            raise SessionFileError(
+                f"{where} is truncated or corrupt: tensor '{name}' of shape {shape} spans "
+                f"bytes {begin}..{stop} of a {size - 8 - hlen}-byte data section"
+            )
+        tensors[name] = (dtype, shape, 8 + hlen + begin)
+    return meta, tensors
 
 
-_NP_DTYPES = {"F16": "float16", "F32": "float32"}
-
-
-def _read_rows_into(path: Path, cache: KVCache, n: int) -> None:
-    """Rows [0, n) of the session file's k and v into the cache, a layer at a time in the
-    cache's own type, read with plain reads (not mapped: safetensors maps the file, and
-    its pages would count in the process's RSS beside the cache) and dropped from the
-    page cache as they are used: loading holds one layer's rows beyond the cache.
-    The header was checked by _read_session_header."""
+def _read_rows_into(
+    path: Path, tensors: dict[str, tuple[np.dtype, tuple, int]], cache: KVCache, n: int
+) -> None:
+    """Rows [0, n) of the session file's k and v (`tensors`, _read_session_header's) into
+    the cache, a layer at a time in the cache's own type, read with plain reads (not
+    mapped: mapped pages would count in the process's RSS beside the cache) and dropped
+    from the page cache as they are used: loading holds one layer's rows beyond the cache."""
     where = f"session file {path}"
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as e:
         raise SessionFileError(f"cannot read {where}: {e.strerror or e}") from None
     try:
-        hlen = int.from_bytes(os.pread(fd, 8, 0), "little")
-        header = json.loads(os.pread(fd, hlen, 8))
         for name, dst in (("k", cache.k), ("v", cache.v)):
-            info = header[name]
-            dtype = np.float16 if info["dtype"] == "F16" else np.float32
-            layer_rows = np.empty(tuple(info["shape"][1:]), dtype)
-            at = 8 + hlen + int(info["data_offsets"][0])
+            dtype, shape, at = tensors[name]
+            layer_rows = np.empty(shape[1:], dtype)
             for layer in range(dst.shape[0]):
                 got = os.preadv(fd, [memoryview(layer_rows).cast("B")], at)
                 if got != layer_rows.nbytes:
@@ -382,7 +394,7 @@ def _read_rows_into(path: Path, cache: KVCache, n: int) -> None:
                     dst[layer, :, :n] = layer_rows.astype(np.float16, copy=False).view(np.uint16)
                 else:
                     dst[layer, :, :n] = layer_rows.astype(np.float32, copy=False)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SessionFileError(f"{where} is corrupt: {e}") from None
+    except OSError as e:
+        raise SessionFileError(f"{where} cannot be read: {e.strerror or e}") from None
     finally:
         os.close(fd)

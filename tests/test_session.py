@@ -4,6 +4,7 @@ concurrent batched decoding, cancellation, async streaming (real SmolLM2 weights
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import numpy as np
@@ -108,6 +109,20 @@ def test_session_file_checks(model, tmp_path):
         Session.load(model, short)
     with pytest.raises(SessionFileError, match="cannot read"):
         Session.load(model, tmp_path / "missing.safetensors")
+    raw = p.read_bytes()
+    hlen = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + hlen])
+    header["v"]["data_offsets"][1] += 2  # v's bytes no longer match its shape
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    skewed = tmp_path / "skewed.safetensors"
+    skewed.write_bytes(len(head).to_bytes(8, "little") + head + raw[8 + hlen :])
+    with pytest.raises(SessionFileError, match="tensor 'v' of shape .* spans bytes"):
+        Session.load(model, skewed)
+    garbled = tmp_path / "garbled.safetensors"
+    garbled.write_bytes(raw[:8] + b"\xff" * hlen + raw[8 + hlen :])
+    with pytest.raises(SessionFileError, match="header is not JSON"):
+        Session.load(model, garbled)
     assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temp file
 
 
