@@ -18,6 +18,10 @@ Measured on the Zen 3 EPYC (128 tokens, Qwen2.5-1.5B's shapes): 1.4-2.4x the per
 Its int16 dot is `vpdpwssd` zmm on the "vnni" path and qmatvec_vnni's `_IR.madd16`
 elsewhere (vpmaddwd on "avx2", generic IR on "int8"); qmatvec routes every int8 path's
 K-quant prefill here. On Zen 4 (vnni path) it ran 1.3-2.1x the per-32 vpdpbusd GEMM.
+Measured and not kept (Zen 3, avx2, session 30): two weight rows per step, so that each
+token's words load once for both (8 vpmaddwd per 6 loads instead of 4 per 5): 0.81-0.85x
+on the 1.5B's shapes, 64 tokens, one thread (alternating, while another job held the
+other core), bit-identical results.
 """
 
 from __future__ import annotations

@@ -705,6 +705,13 @@ def _q4k_chunk(r, off, g):
     return r.concat(*q4k_nibbles(r, 2, off, g))
 
 
+def _q6k_super_scale(r, off):
+    """Prefetch ahead of the Q6_K super-block at byte off of the row (arg 2) and return
+    its scale d (the f16 at byte 208) as a float."""
+    _prefetch_ahead(r, off, 210)
+    return r.f16(2, off, 208)
+
+
 @intrinsic
 def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
     """One 256-element Q6_K super-block. xs16[so16 + k] = dx * sum(q_x) over the k-th 16
@@ -714,8 +721,7 @@ def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
         r = _IR(context, builder, sig, args)
         b = builder
         off, xo, so = args[3], args[5], args[7]
-        _prefetch_ahead(r, off, 210)
-        d = r.f16(2, off, 208)
+        d = _q6k_super_scale(r, off)
         if Q6K_GROUP_SUMS:
             dsc = q6k_scales(r, off, d)
             bias = b.fmul(dsc, r.load(8, args[9], V16F))
@@ -772,8 +778,7 @@ def q6_k_block8(typingctx, a8, am, row, off, xb, xo, xsb, xp, s, bs):
         r = _IR(context, builder, sig, args)
         b = builder
         off, xo, s_ = args[3], args[5], args[8]
-        _prefetch_ahead(r, off, 210)
-        d = r.f16(2, off, 208)
+        d = _q6k_super_scale(r, off)
         V16I16 = _v(I16, 16)
         sc16 = b.sext(r.load(2, off, V16I8, 192), V16I16)
         pw8 = r.load(7, b.mul(s_, ir.Constant(s_.type, 8)), _v(I16, 8))
