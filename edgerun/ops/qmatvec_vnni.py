@@ -1151,6 +1151,17 @@ def scratch_sb8(cols):
     )
 
 
+@njit(inline="always")
+def x_k8(kind, x):
+    """x on quantize_x_sb8's activations for one Q4_K / Q6_K matvec: (xb, xsb, xp, bs),
+    bs (sums16_sb8) filled for Q6_K only."""
+    xb, xsb, xp, bs = scratch_sb8(x.shape[0])
+    quantize_x_sb8(x, xb, xsb, xp)
+    if kind == KIND_Q6_K:
+        sums16_sb8(xb, bs)
+    return xb, xsb, xp, bs
+
+
 @njit(cache=True, nogil=True)
 def sums16_sb8(xb, bs):
     """The sums of each 16 of quantize_x_sb8's bytes (|sum| <= 2032) into bs int16, for
@@ -1360,15 +1371,15 @@ def mv_q8_0(d0, d1, d2, x, o0, o1, o2):
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q4_k(d0, d1, d2, x, o0, o1, o2):
+    if SB8_DECODE:
+        _mv_k8(KIND_Q4_K, d0, d1, d2, x, o0, o1, o2)
+        return
     cols = x.shape[0]
     n = cols // 256
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
     n0, n1 = d0.shape[0], d1.shape[0]
     n01 = n0 + n1
-    if SB8_DECODE:
-        _mv_k8(KIND_Q4_K, d0, d1, d2, x, o0, o1, o2)
-        return
     xq, xds, xs16 = _scratch(cols)
     quantize_x(x, False, xq, xds, xs16)
     for i in prange(n01 + d2.shape[0]):
@@ -1389,10 +1400,7 @@ def _mv_k8(kind, d0, d1, d2, x, o0, o1, o2):
     b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
     n0, n1 = d0.shape[0], d1.shape[0]
     n01 = n0 + n1
-    xb, xsb, xp, bs = scratch_sb8(cols)
-    quantize_x_sb8(x, xb, xsb, xp)
-    if kind == KIND_Q6_K:
-        sums16_sb8(xb, bs)
+    xb, xsb, xp, bs = x_k8(kind, x)
     for i in prange(n01 + d2.shape[0]):
         if i < n0:
             o0[i] = _row_k8(kind, f0, i * b0, n, xb, xsb, xp, bs)

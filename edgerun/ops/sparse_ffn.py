@@ -70,10 +70,7 @@ if _HAS_INT8:
         cols = x.shape[0]
         if (kind == 4 and _v.SB8_DECODE) or (kind == 5 and _v.Q6K_SB8):
             # mv_q4_k's / mv_q6_k's single-level int8 activations
-            xb, xsb, xp, bs = _v.scratch_sb8(cols)
-            _v.quantize_x_sb8(x, xb, xsb, xp)
-            if kind == 5:
-                _v.sums16_sb8(xb, bs)
+            xb, xsb, xp, bs = _v.x_k8(_v.KIND_Q4_K if kind == 4 else _v.KIND_Q6_K, x)
             for k in prange(idx.shape[0]):
                 base = np.int64(idx[k]) * stride + offset
                 if kind == 4:
@@ -82,7 +79,7 @@ if _HAS_INT8:
                     out[k] = _v._row_k8(_v.KIND_Q6_K, flat, base, nunit, xb, xsb, xp, bs)
             return
         xq, xds, xs16 = _v._scratch(cols)
-        _v.quantize_xn(x, 32 if kind == 2 else 0, nib2, xq, xds, xs16)  # Q5_0: X1's
+        _v.quantize_xn(x, _v.x1_span(_v.KIND_Q5_0) if kind == 2 else 0, nib2, xq, xds, xs16)
         for k in prange(idx.shape[0]):
             base = np.int64(idx[k]) * stride + offset
             if kind == 4:
