@@ -78,6 +78,13 @@ DOT = int8_dot() or "avx2"
 # (quantize_x_sb8, q4_k_block8): vpmaddubsw plus a vpmaddwd that applies the sub-block
 # scales, half the multiplies of the two-level int16 words and no float scaling per
 # sub-block. What it measured, in speed and in logits, is at q4_k_block8.
+# Measured and not kept on the vnni path (session 31, 2-vCPU Xeon with AVX-512 VNNI, the
+# same kernels on ymm vpmaddubsw / vpmaddwd; `kernel_ab.py --base <rev> -t 1`): Q4_K one
+# vector 1.24-1.26x, batched 0.89-1.15x; Q6_K one vector 1.01-1.05x, 4 vectors
+# 0.56-0.69x; vpdpwssd fusing the scale multiply-add 1.00x. Whole 1.5B decode, edgerun
+# bench alternating, 1 thread: ~1.06x, and `vs_llamacpp.py` gave the same ratio for both
+# (tg128 1.65x / 1.67x against 1.66x / 1.70x at 1 / 2 threads): decode is bound by DRAM
+# there, so the vnni path keeps the more exact two-level activations.
 SB8_DECODE = DOT != "vnni"
 
 # Q5_0 and edgerun's Q3_G64 / Q2_G64 off the vnni path decode on single-level int8
