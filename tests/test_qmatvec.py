@@ -394,7 +394,8 @@ for name, rows, cols in [
 ]:
     q = QuantType[name]
     w = QuantTensor("w", q, (rows, cols), random_blocks(q, rows, cols, rng))
-    X = rng.standard_normal((5, cols)).astype(np.float32)
+    # 16 tokens: past every route's MVB_PREFILL_MAX for Q4_K, so matmul is the GEMM
+    X = rng.standard_normal((16, cols)).astype(np.float32)
     res[name + "_data"] = w.data
     res[name + "_x"] = X
     res[name + "_mv"] = qm.matvec(w, X[0])
@@ -437,7 +438,7 @@ np.savez(sys.argv[1], **res)
 @pytest.mark.skipif(
     not {"avx2", "vnni"} & set(qm.available_paths()), reason="not an x86 CPU with AVX2"
 )
-def test_generic_int8_path_matches_avx2(tmp_path):
+def test_generic_int8_path_matches_avx2(tmp_path, monkeypatch):
     """EDGERUN_KERNELS=int8 (the int8 kernels in LLVM's generic vector operations, the
     path meant for ARM) gives the avx2 path's results bit for bit (on a VNNI CPU: the
     super-block GEMM's, whose vpdpwssd sums are the same exact int32); x86 compiles its
@@ -465,6 +466,7 @@ def test_generic_int8_path_matches_avx2(tmp_path):
     assert int(got["arm_smull"]) > 0 and not bool(got["arm_x86_left"])
     old = qm.kernel_path()
     qm.set_kernel_path(host)
+    monkeypatch.setattr(qm, "_use_amx", False)  # the AVX-512 GEMM, not the AMX tiles
     try:
         for name in ("Q4_K", "Q6_K", "Q4_1", "Q5_0", "Q3_G64", "Q2_G64"):
             q = QuantType[name]

@@ -1300,80 +1300,73 @@ def _row_q3_g64(row, base, nblk, xq, xds, xs16):
 # x quantization and one parallel launch for all of them; unused slots get 0-row arrays.
 
 
+@njit(inline="always")
+def _row_of(kind, row, base, n, xq, xds, xs16):
+    """One row's dot on quantize_x's (or, for X1's formats, quantize_x1's) activations:
+    kind is a constant at every call site, so the branch folds away."""
+    if kind == KIND_Q4_1:
+        return _row_q4_1(row, base, n, xq, xds, xs16)
+    if kind == KIND_Q4_0:
+        return _row_q4_0(row, base, n, xq, xds, xs16)
+    if kind == KIND_Q5_0:
+        return _row_q5_0(row, base, n, xq, xds, xs16)
+    if kind == KIND_Q8_0:
+        return _row_q8_0(row, base, n, xq, xds, xs16)
+    if kind == KIND_Q4_K:
+        return _row_q4_k(row, base, n, xq, xds, xs16)
+    if kind == KIND_Q6_K:
+        return _row_q6_k(row, base, n, xq, xds, xs16)
+    if kind == KIND_Q2_G64:
+        return _row_q2_g64(row, base, n, xq, xds, xs16)
+    return _row_q3_g64(row, base, n, xq, xds, xs16)
+
+
+@njit(inline="always")
+def _set_row(i, o0, o1, o2, r, v):
+    """Row r of the output that loop row i belongs to (_batch_row's) = v. The store names
+    o0, o1, o2 themselves: a prange body that assigns into the array _batch_row returned
+    loses the write (Numba 0.68's parfor pass, silently; a nested loop or a call hides it,
+    as in _mvb)."""
+    if i < o0.shape[0]:
+        o0[r] = v
+    elif i < o0.shape[0] + o1.shape[0]:
+        o1[r] = v
+    else:
+        o2[r] = v
+
+
+@njit(inline="always")
+def _mv(kind, d0, d1, d2, x, o0, o1, o2):
+    """o_k = W_k @ x for up to three matrices of one format (d0, d1, d2) on one quantized
+    x (quantize_x, or quantize_x1 for X1's formats), their rows in one parallel loop."""
+    cols = x.shape[0]
+    unit, nib2 = row_layout(kind)
+    xq, xds, xs16 = _scratch(cols)
+    quantize_xn(x, x1_span(kind), nib2, xq, xds, xs16)
+    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
+    for i in prange(d0.shape[0] + d1.shape[0] + d2.shape[0]):
+        flat, base, _, r = _batch_row(i, f0, f1, f2, d0, d1, d2, o0, o1, o2)
+        _set_row(i, o0, o1, o2, r, _row_of(kind, flat, base, cols // unit, xq, xds, xs16))
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q4_1(d0, d1, d2, x, o0, o1, o2):
-    cols = x.shape[0]
-    xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, True, xq, xds, xs16)
-    n = cols // 32
-    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
-    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
-    n0, n1 = d0.shape[0], d1.shape[0]
-    n01 = n0 + n1
-    for i in prange(n01 + d2.shape[0]):
-        if i < n0:
-            o0[i] = _row_q4_1(f0, i * b0, n, xq, xds, xs16)
-        elif i < n01:
-            o1[i - n0] = _row_q4_1(f1, (i - n0) * b1, n, xq, xds, xs16)
-        else:
-            o2[i - n01] = _row_q4_1(f2, (i - n01) * b2, n, xq, xds, xs16)
+    _mv(KIND_Q4_1, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q4_0(d0, d1, d2, x, o0, o1, o2):
-    cols = x.shape[0]
-    xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, True, xq, xds, xs16)
-    n = cols // 32
-    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
-    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
-    n0, n1 = d0.shape[0], d1.shape[0]
-    n01 = n0 + n1
-    for i in prange(n01 + d2.shape[0]):
-        if i < n0:
-            o0[i] = _row_q4_0(f0, i * b0, n, xq, xds, xs16)
-        elif i < n01:
-            o1[i - n0] = _row_q4_0(f1, (i - n0) * b1, n, xq, xds, xs16)
-        else:
-            o2[i - n01] = _row_q4_0(f2, (i - n01) * b2, n, xq, xds, xs16)
+    _mv(KIND_Q4_0, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q5_0(d0, d1, d2, x, o0, o1, o2):
-    cols = x.shape[0]
-    xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, x1_span(KIND_Q5_0), True, xq, xds, xs16)
-    n = cols // 32
-    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
-    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
-    n0, n1 = d0.shape[0], d1.shape[0]
-    n01 = n0 + n1
-    for i in prange(n01 + d2.shape[0]):
-        if i < n0:
-            o0[i] = _row_q5_0(f0, i * b0, n, xq, xds, xs16)
-        elif i < n01:
-            o1[i - n0] = _row_q5_0(f1, (i - n0) * b1, n, xq, xds, xs16)
-        else:
-            o2[i - n01] = _row_q5_0(f2, (i - n01) * b2, n, xq, xds, xs16)
+    _mv(KIND_Q5_0, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q8_0(d0, d1, d2, x, o0, o1, o2):
-    cols = x.shape[0]
-    xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, False, xq, xds, xs16)
-    n = cols // 32
-    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
-    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
-    n0, n1 = d0.shape[0], d1.shape[0]
-    n01 = n0 + n1
-    for i in prange(n01 + d2.shape[0]):
-        if i < n0:
-            o0[i] = _row_q8_0(f0, i * b0, n, xq, xds, xs16)
-        elif i < n01:
-            o1[i - n0] = _row_q8_0(f1, (i - n0) * b1, n, xq, xds, xs16)
-        else:
-            o2[i - n01] = _row_q8_0(f2, (i - n01) * b2, n, xq, xds, xs16)
+    _mv(KIND_Q8_0, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -1381,21 +1374,7 @@ def mv_q4_k(d0, d1, d2, x, o0, o1, o2):
     if SB8_DECODE:
         _mv_k8(KIND_Q4_K, d0, d1, d2, x, o0, o1, o2)
         return
-    cols = x.shape[0]
-    n = cols // 256
-    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
-    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
-    n0, n1 = d0.shape[0], d1.shape[0]
-    n01 = n0 + n1
-    xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, False, xq, xds, xs16)
-    for i in prange(n01 + d2.shape[0]):
-        if i < n0:
-            o0[i] = _row_q4_k(f0, i * b0, n, xq, xds, xs16)
-        elif i < n01:
-            o1[i - n0] = _row_q4_k(f1, (i - n0) * b1, n, xq, xds, xs16)
-        else:
-            o2[i - n01] = _row_q4_k(f2, (i - n01) * b2, n, xq, xds, xs16)
+    _mv(KIND_Q4_K, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(inline="always")
@@ -1403,18 +1382,11 @@ def _mv_k8(kind, d0, d1, d2, x, o0, o1, o2):
     """mv_q4_k / mv_q6_k on quantize_x_sb8's activations (SB8_DECODE, Q6K_SB8)."""
     cols = x.shape[0]
     n = cols // 256
-    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
-    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
-    n0, n1 = d0.shape[0], d1.shape[0]
-    n01 = n0 + n1
     xb, xsb, xp, bs = x_k8(kind, x)
-    for i in prange(n01 + d2.shape[0]):
-        if i < n0:
-            o0[i] = _row_k8(kind, f0, i * b0, n, xb, xsb, xp, bs)
-        elif i < n01:
-            o1[i - n0] = _row_k8(kind, f1, (i - n0) * b1, n, xb, xsb, xp, bs)
-        else:
-            o2[i - n01] = _row_k8(kind, f2, (i - n01) * b2, n, xb, xsb, xp, bs)
+    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
+    for i in prange(d0.shape[0] + d1.shape[0] + d2.shape[0]):
+        flat, base, _, r = _batch_row(i, f0, f1, f2, d0, d1, d2, o0, o1, o2)
+        _set_row(i, o0, o1, o2, r, _row_k8(kind, flat, base, n, xb, xsb, xp, bs))
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -1422,59 +1394,17 @@ def mv_q6_k(d0, d1, d2, x, o0, o1, o2):
     if Q6K_SB8:
         _mv_k8(KIND_Q6_K, d0, d1, d2, x, o0, o1, o2)
         return
-    cols = x.shape[0]
-    xq, xds, xs16 = _scratch(cols)
-    quantize_x(x, False, xq, xds, xs16)
-    n = cols // 256
-    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
-    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
-    n0, n1 = d0.shape[0], d1.shape[0]
-    n01 = n0 + n1
-    for i in prange(n01 + d2.shape[0]):
-        if i < n0:
-            o0[i] = _row_q6_k(f0, i * b0, n, xq, xds, xs16)
-        elif i < n01:
-            o1[i - n0] = _row_q6_k(f1, (i - n0) * b1, n, xq, xds, xs16)
-        else:
-            o2[i - n01] = _row_q6_k(f2, (i - n01) * b2, n, xq, xds, xs16)
+    _mv(KIND_Q6_K, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q2_g64(d0, d1, d2, x, o0, o1, o2):
-    cols = x.shape[0]
-    xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, x1_span(KIND_Q2_G64), False, xq, xds, xs16)
-    n = cols // 64
-    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
-    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
-    n0, n1 = d0.shape[0], d1.shape[0]
-    n01 = n0 + n1
-    for i in prange(n01 + d2.shape[0]):
-        if i < n0:
-            o0[i] = _row_q2_g64(f0, i * b0, n, xq, xds, xs16)
-        elif i < n01:
-            o1[i - n0] = _row_q2_g64(f1, (i - n0) * b1, n, xq, xds, xs16)
-        else:
-            o2[i - n01] = _row_q2_g64(f2, (i - n01) * b2, n, xq, xds, xs16)
+    _mv(KIND_Q2_G64, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q3_g64(d0, d1, d2, x, o0, o1, o2):
-    cols = x.shape[0]
-    xq, xds, xs16 = _scratch(cols)
-    quantize_xn(x, x1_span(KIND_Q3_G64), False, xq, xds, xs16)
-    n = cols // 64
-    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
-    b0, b1, b2 = d0.shape[1], d1.shape[1], d2.shape[1]
-    n0, n1 = d0.shape[0], d1.shape[0]
-    n01 = n0 + n1
-    for i in prange(n01 + d2.shape[0]):
-        if i < n0:
-            o0[i] = _row_q3_g64(f0, i * b0, n, xq, xds, xs16)
-        elif i < n01:
-            o1[i - n0] = _row_q3_g64(f1, (i - n0) * b1, n, xq, xds, xs16)
-        else:
-            o2[i - n01] = _row_q3_g64(f2, (i - n01) * b2, n, xq, xds, xs16)
+    _mv(KIND_Q3_G64, d0, d1, d2, x, o0, o1, o2)
 
 
 # --------------------------------------------------------------- batched decode blocks
