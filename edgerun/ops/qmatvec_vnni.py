@@ -108,6 +108,12 @@ SB8_DECODE = DOT != "vnni"
 # kept: the 16 bytes of ql broadcast to both lanes and shifted by 0 and 2 with one vpsrlvd
 # (and qh broadcast as a quadword, shifted per quarter), 5 instead of 11 unpack ops for
 # Q2 and 17 instead of 23 for Q3: Q2 1.00x, Q3 0.89x against the xmm unpack here.
+# Measured and not kept on the vnni path (session 31, 2-vCPU Xeon, AVX-512 VNNI): X1 there,
+# each 32 or 64 bytes one vpdpbusd on quantize_x1's bytes (the avx2 path's exact int32
+# sums): kernels 4864x896, one thread, 1 / 2 / 4 vectors Q5_0 1.14 / 1.16 / 1.24x, Q3_G64
+# 1.08 / 1.17 / 1.22x, Q2_G64 1.13 / 1.20 / 1.30x; whole decode of Qwen2.5-0.5B and Gemma 3
+# 270M unchanged within noise (DRAM-bound there), while their logits moved from KL ~2e-7
+# to 1.4e-4 (0.5B) and 1.1e-3 (Gemma, top-1 99.5%; benchmarks/decode_quality.py).
 # XB1: bytes of activations per element of those formats (their layout's offsets).
 X1 = DOT != "vnni"
 XB1 = 1 if X1 else 2
