@@ -115,7 +115,7 @@ SB8_DECODE = DOT != "vnni"
 # 270M unchanged within noise (DRAM-bound there), while their logits moved from KL ~2e-7
 # to 1.4e-4 (0.5B) and 1.1e-3 (Gemma, top-1 99.5%; benchmarks/decode_quality.py).
 # XB1: bytes of activations per element of those formats (their layout's offsets).
-X1 = DOT != "vnni"
+X1 = True
 XB1 = 1 if X1 else 2
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
@@ -254,6 +254,14 @@ class _IR:
         fold (the nib2 pairs, _folds): the two halves' int16 sums are added before the
         vpmaddwd (<= 2 * 2 * 31 * 127 for the unsigned 5-bit formats), giving the 8
         folded lanes directly."""
+        if DOT == "vnni":  # one vpdpbusd: the same lanes, the same exact int32 sums
+            it = V16I32 if n == 64 else V8I32
+            f = self.fn(f"llvm.x86.avx512.vpdpbusd.{8 * n}", it, [it, it, it])
+            xv = self.b.bitcast(self.load(i, xo, _v(I8, n)), it)
+            d = self.b.call(f, [ir.Constant(it, [0] * (n // 4)), self.b.bitcast(w, it), xv])
+            if fold and n == 64:
+                return self.b.add(self.shuf(d, d, range(8)), self.shuf(d, d, range(8, 16)))
+            return d
         ones = ir.Constant(_v(I16, 16), [1] * 16)
         parts = []
         for h in range(n // 32):
