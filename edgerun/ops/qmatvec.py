@@ -177,7 +177,7 @@ _use_amx = False  # the vnni path's prefill GEMMs on AMX tiles (qmatmul_amx)
 #   1.34 / 1.04 / 0.94 / 0.86, Q4_1 1.34 / 1.38 / 1.20 / 1.12 / 1.03 / 0.99, Q8_0 1.73 /
 #   1.35 / 1.17 / 1.12 / 1.02 / 0.97.
 #   Session 28, with the batched kernels of Q5_0 and the G64 formats on single-level int8
-#   (qmatvec_vnni.X1) and Q4_K's (SB8_DECODE): the same ratio on the 1.5B / 0.5B / SmolLM2
+#   (qmatvec_vnni's X1 formats) and Q4_K's (SB8_DECODE): the same ratio on the 1.5B / 0.5B / SmolLM2
 #   shapes, 2 threads (1 thread within 0.1), at 4 / 8 / 12 / 16 / 24 / 32 / 64 / 128 / 512
 #   tokens: Q4_K 1.45 / 1.15 / 1.04 / 0.99 / 0.95 / 0.91, Q6_K 1.00 / 0.78 / 0.68 / 0.65,
 #   Q8_0 1.18 / 1.08 / 1.01 / 0.97 / 0.93, Q5_0 2.02 / 1.51 / 1.48 / 1.41 / 1.31 / 1.29 /
@@ -323,7 +323,7 @@ def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
 
 
 def _x1_span(qtype: QuantType) -> int:
-    """Elements per activation scale where `qtype` is one of qmatvec_vnni.X1's formats
+    """Elements per activation scale where `qtype` is one of qmatvec_vnni's X1 formats
     (their decode takes quantize_x1's single level; qmatvec_vnni.x1_span), else 0."""
     return _v.x1_span.py_func(_MM_INT8[qtype]) if _path in INT8_PATHS and qtype in _MM_INT8 else 0
 
@@ -331,14 +331,14 @@ def _x1_span(qtype: QuantType) -> int:
 def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
     """Whether `ntokens` rows meet `qtype` in the single-level int8 decode kernels, one
     vector or a batch: Q4_K off the vnni path (qmatvec_vnni.SB8_DECODE, one scale per
-    256 refined per 32) and Q5_0 and the G64 formats there (qmatvec_vnni.X1, one scale
-    per 32)."""
+    256 refined per 32) and Q6_K likewise (Q6K_SB8); Q5_0 and the G64 formats on every
+    int8 path (qmatvec_vnni's X1 formats, one scale per 32 or 64)."""
     if _path not in INT8_PATHS or not (ntokens == 1 or _mvb_prefill(qtype, ntokens)):
         return False
     return (
         (qtype == QuantType.Q4_K and _v.SB8_DECODE)
         or (qtype == QuantType.Q6_K and _v.Q6K_SB8)
-        or (_x1_span(qtype) != 0 and _v.X1)
+        or _x1_span(qtype) != 0
     )
 
 

@@ -2,11 +2,12 @@
 or, on CPUs with only AVX2, `vpmaddwd` on int16 activations (`DOT`; same lanes and
 int32 results).
 
-Decode off the vnni path has two exceptions: Q4_K takes single-level int8 activations
-with one scale per super-block refined per 32 by powers of two (quantize_x_sb8,
-q4_k_block8), half the multiplies for ~1e-4 KL on the logits (see q4_k_block8); Q5_0
-with a scale per 32 and Q3_G64/Q2_G64 per 64 (quantize_x1, X1): 1.1-1.5x the
-kernels (benchmarks/results/decode_quality_avx2.txt has what it costs).
+Decode has two exceptions: off the vnni path Q4_K and Q6_K take single-level int8
+activations with one scale per super-block refined per 32 by powers of two
+(quantize_x_sb8, q4_k_block8), half the multiplies for ~1e-4 KL on the logits (see
+q4_k_block8); on every int8 path Q5_0 takes a scale per 32 and Q3_G64/Q2_G64 one per 64
+(quantize_x1, "X1's formats"): 1.1-1.5x the kernels
+(benchmarks/results/decode_quality_avx2.txt has what it costs).
 
 x is quantized once per call to two-level int8 blocks of 32: q1 = rint(x / dx) with
 dx = max|x| / 127 (llama.cpp's q8 activations) plus the rounded residual
@@ -87,7 +88,7 @@ DOT = int8_dot() or "avx2"
 # there, so the vnni path keeps the more exact two-level activations.
 SB8_DECODE = DOT != "vnni"
 
-# Q5_0 and edgerun's Q3_G64 / Q2_G64 off the vnni path decode on single-level int8
+# Q5_0 and edgerun's Q3_G64 / Q2_G64 (X1's formats) decode on single-level int8
 # activations, one scale per 32 as llama.cpp's q8_0 (quantize_x1, _IR.dot_x1): per 64
 # nibble weights two vpmaddubsw and one vpmaddwd where the two-level int16 words took four
 # vpmaddwd and the shifts and masks that make words of the bytes. Zen 3, one thread,
@@ -108,15 +109,15 @@ SB8_DECODE = DOT != "vnni"
 # kept: the 16 bytes of ql broadcast to both lanes and shifted by 0 and 2 with one vpsrlvd
 # (and qh broadcast as a quadword, shifted per quarter), 5 instead of 11 unpack ops for
 # Q2 and 17 instead of 23 for Q3: Q2 1.00x, Q3 0.89x against the xmm unpack here.
-# Measured and not kept on the vnni path (session 31, 2-vCPU Xeon, AVX-512 VNNI): X1 there,
-# each 32 or 64 bytes one vpdpbusd on quantize_x1's bytes (the avx2 path's exact int32
-# sums): kernels 4864x896, one thread, 1 / 2 / 4 vectors Q5_0 1.14 / 1.16 / 1.24x, Q3_G64
-# 1.08 / 1.17 / 1.22x, Q2_G64 1.13 / 1.20 / 1.30x; whole decode of Qwen2.5-0.5B and Gemma 3
-# 270M unchanged within noise (DRAM-bound there), while their logits moved from KL ~2e-7
-# to 1.4e-4 (0.5B) and 1.1e-3 (Gemma, top-1 99.5%; benchmarks/decode_quality.py).
-# XB1: bytes of activations per element of those formats (their layout's offsets).
-X1 = True
-XB1 = 1 if X1 else 2
+# Session 31: the vnni path too (it had kept two levels), each 32 or 64 bytes one
+# vpdpbusd on quantize_x1's bytes, the avx2 path's exact int32 sums, so every int8 path
+# computes these formats alike. 2-vCPU Xeon with AVX-512 VNNI, kernels 4864x896, one
+# thread, 1 / 2 / 4 vectors: Q5_0 1.14 / 1.16 / 1.24x, Q3_G64 1.08 / 1.17 / 1.22x, Q2_G64
+# 1.13 / 1.20 / 1.30x; Qwen2.5-0.5B's decode (`benchmarks/concurrency.py -s 1,4`, 4 rounds
+# alternating) 1.05x for one session and 1.13x for four, 4 sessions 2.53x one (median)
+# against 2.39x. Logits against float activations (`benchmarks/decode_quality.py`): 0.5B
+# KL 1.4e-4, top-1 100% -> 99.5%; Gemma 3 270M KL 1.1e-3, top-1 99.5% (two levels: ~2e-7).
+# Their x is one byte an element (x_bytes).
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32 = ir.FloatType()
@@ -404,7 +405,7 @@ def _unpack_q4_1(r, off):
 
 def _block_dot(r, w, xo, n, x1, lanes):
     """A block (pair)'s integer dot at x byte offset xo: dpx on quantize_x's two levels,
-    or (x1: X1's formats off the vnni path) dot_x1 on quantize_x1's bytes."""
+    or (x1: X1's formats) dot_x1 on quantize_x1's bytes."""
     if x1:
         return r.dot_x1(w, 4, xo, n, _folds(lanes))
     return r.dpx(w, 4, xo, n)
@@ -413,9 +414,7 @@ def _block_dot(r, w, xo, n, x1, lanes):
 def _pair_intrinsic(unpack, name, nbytes, x1=False):
     """The block-pair intrinsic of a format whose `unpack(r, off)` gives (weight bytes,
     4 scale lanes, lane map) of the nbytes at off: one dot (_block_dot), then
-    _pair_common. x1: one of X1's formats, whose activations are quantize_x1's where
-    X1 holds."""
-    x1 = x1 and X1
+    _pair_common. x1: one of X1's formats, whose activations are quantize_x1's."""
 
     def pair(typingctx, a16, a4, row, off, xq, xo, xds, so):
         def codegen(context, builder, sig, args):
@@ -446,7 +445,7 @@ def _single_intrinsic(unpack, name, x1=False):
         def codegen(context, builder, sig, args):
             r = _IR(context, builder, sig, args)
             w, dm = unpack(r, args[3])
-            dot = _block_dot(r, w, args[5], 32, x1 and X1, ())
+            dot = _block_dot(r, w, args[5], 32, x1, ())
             _single_common(r, dot, dm, r.load(6, args[7], V2F))
             return context.get_dummy_value()
 
@@ -896,7 +895,7 @@ def _unpack_g64(bits):
         """One 64-element block (x = d q + m): as a Q4_1 pair of two 32-element x blocks
         sharing d and m."""
         dm = r.f16x(2, off, 2)  # [d, m]
-        lanes = _SV_SHARED if X1 else _SV_NAT2  # X1: one dx per 64 (quantize_x1)
+        lanes = _SV_SHARED  # one dx per 64 (quantize_x1)
         return _lowbit_bytes(r, off, bits), r.shuf(dm, dm, [0, 1, 0, 1]), lanes
 
     return unpack
@@ -1040,7 +1039,7 @@ def q8_16(typingctx, x, xo, xb, bo, inv):
 
 @njit(cache=True, nogil=True)
 def quantize_x1(x, nib2, xq, xds, span):
-    """Single-level int8 activations of X1's formats off the vnni path:
+    """Single-level int8 activations of X1's formats (Q5_0, Q3_G64, Q2_G64):
     per span of 32 or 64 elements, q = rint(x / dx) with dx = max|x| / 127 (span 32:
     llama.cpp's q8_0, for Q5_0; 64: the G64 formats, whose 64 weights share d and m, so
     the kernel adds the block's two halves in int16 before one vpmaddwd, conversion and
@@ -1071,9 +1070,9 @@ def quantize_x1(x, nib2, xq, xds, span):
 @njit(inline="always")
 def quantize_xn(x, x1, nib2, xq, xds, xs16):
     """The activations of a format's kernels: quantize_x1 with scales per x1 elements
-    for the formats of X1 (x1: 32 for Q5_0, 64 for the G64 formats, x1_span) where it
-    holds, else (x1 = 0, or the vnni path) quantize_x."""
-    if X1 and x1:
+    for the formats of X1 (x1: 32 for Q5_0, 64 for the G64 formats, x1_span), else
+    (x1 = 0) quantize_x."""
+    if x1:
         quantize_x1(x, nib2, xq, xds, x1)
     else:
         quantize_x(x, nib2, xq, xds, xs16)
@@ -1226,10 +1225,10 @@ def _row_q5_0(row, base, nb, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for p in range(nb // 2):
-        q5_0_pair(a16, a4, row, base + p * 44, xq, p * 64 * XB1, xds, p * 4)
+        q5_0_pair(a16, a4, row, base + p * 44, xq, p * 64, xds, p * 4)
     if nb & 1:
         b = nb - 1
-        q5_0_single(a16, a4, row, base + b * 22, xq, b * 32 * XB1, xds, b * 2)
+        q5_0_single(a16, a4, row, base + b * 22, xq, b * 32, xds, b * 2)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) - np.float32(16.0) * (s[1] + s[3])
 
@@ -1295,7 +1294,7 @@ def _row_q2_g64(row, base, nblk, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for b in range(nblk):
-        q2_g64_block(a16, a4, row, base + b * 20, xq, b * 64 * XB1, xds, b * 4)
+        q2_g64_block(a16, a4, row, base + b * 20, xq, b * 64, xds, b * 4)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) + (s[1] + s[3])
 
@@ -1305,7 +1304,7 @@ def _row_q3_g64(row, base, nblk, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
     for b in range(nblk):
-        q3_g64_block(a16, a4, row, base + b * 28, xq, b * 64 * XB1, xds, b * 4)
+        q3_g64_block(a16, a4, row, base + b * 28, xq, b * 64, xds, b * 4)
     s = numba.carray(a4, 4)
     return _hsum(a16, 16) + (s[1] + s[3])
 
@@ -1502,7 +1501,7 @@ def x1_kind(kind):
 @njit(inline="always")
 def x_bytes(kind):
     """Bytes of one vector's activations per element for a format's kernels."""
-    return XB1 if x1_kind(kind) else 2
+    return 1 if x1_kind(kind) else 2
 
 
 def _pairs_batched(kind: int, g: int) -> bool:
@@ -1647,7 +1646,7 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
 
     def codegen(context, builder, sig, args):
         cols_v = _i64(builder, args[3])
-        xb = XB1 if k in _X1_KINDS else 2  # bytes of one vector's x per element
+        xb = 1 if k in _X1_KINDS else 2  # bytes of one vector's x per element
         xstride = builder.mul(cols_v, ir.Constant(I64, xb))
         sstride = builder.sdiv(cols_v, ir.Constant(I64, 16))  # its xds / xs16
         if batched:
