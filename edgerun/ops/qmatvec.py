@@ -360,9 +360,9 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
 
 def activation_levels(qtype: QuantType, ntokens: int) -> int:
     """2 where the int8 paths quantize x to two levels (~15 bits), 1 where a decode kernel
-    takes single-level int8 (on the avx2 and int8 paths: Q4_K and Q6_K with power-of-two
-    refinements per 32, Q5_0 with a scale per 32 and the G64 formats per 64; see
-    quantize_x_reference)."""
+    takes single-level int8 (on the avx2 and int8 paths Q4_K and Q6_K with power-of-two
+    refinements per 32; on every int8 path Q5_0 with a scale per 32 and the G64 formats
+    per 64; see quantize_x_reference)."""
     return 1 if _q8_decode(qtype, ntokens) else 2
 
 
