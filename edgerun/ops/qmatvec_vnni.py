@@ -1172,13 +1172,20 @@ def scratch_sb8(cols):
 
 
 @njit(inline="always")
+def quantize_k8(kind, x, xb, xsb, xp, bs):
+    """x -> quantize_x_sb8's activations for a Q4_K / Q6_K kernel, and for Q6_K the
+    sums per 16 its -32 offset takes (sums16_sb8 into bs)."""
+    quantize_x_sb8(x, xb, xsb, xp)
+    if kind == KIND_Q6_K:
+        sums16_sb8(xb, bs)
+
+
+@njit(inline="always")
 def x_k8(kind, x):
     """x on quantize_x_sb8's activations for one Q4_K / Q6_K matvec: (xb, xsb, xp, bs),
     bs (sums16_sb8) filled for Q6_K only."""
     xb, xsb, xp, bs = scratch_sb8(x.shape[0])
-    quantize_x_sb8(x, xb, xsb, xp)
-    if kind == KIND_Q6_K:
-        sums16_sb8(xb, bs)
+    quantize_k8(kind, x, xb, xsb, xp, bs)
     return xb, xsb, xp, bs
 
 
@@ -1354,12 +1361,13 @@ def _mv(kind, d0, d1, d2, x, o0, o1, o2):
     x (quantize_x, or quantize_x1 for X1's formats), their rows in one parallel loop."""
     cols = x.shape[0]
     unit, nib2 = row_layout(kind)
+    n = cols // unit
     xq, xds, xs16 = _scratch(cols)
     quantize_xn(x, x1_span(kind), nib2, xq, xds, xs16)
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     for i in prange(d0.shape[0] + d1.shape[0] + d2.shape[0]):
         flat, base, _, r = _batch_row(i, f0, f1, f2, d0, d1, d2, o0, o1, o2)
-        _set_row(i, o0, o1, o2, r, _row_of(kind, flat, base, cols // unit, xq, xds, xs16))
+        _set_row(i, o0, o1, o2, r, _row_of(kind, flat, base, n, xq, xds, xs16))
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -1963,10 +1971,14 @@ def _mvb_k8(kind, d0, d1, d2, X, o0, o1, o2):
     xp = np.empty(nv * 8 * n, np.int16)
     bs = np.empty(nv * 16 * n, np.int16)
     for v in range(nv):
-        xv = xb[v * cols : (v + 1) * cols]
-        quantize_x_sb8(X[v], xv, xsb[v * 9 * n : (v + 1) * 9 * n], xp[v * 8 * n : (v + 1) * 8 * n])
-        if kind == KIND_Q6_K:
-            sums16_sb8(xv, bs[v * 16 * n : (v + 1) * 16 * n])
+        quantize_k8(
+            kind,
+            X[v],
+            xb[v * cols : (v + 1) * cols],
+            xsb[v * 9 * n : (v + 1) * 9 * n],
+            xp[v * 8 * n : (v + 1) * 8 * n],
+            bs[v * 16 * n : (v + 1) * 16 * n],
+        )
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     n0, n1 = d0.shape[0], d1.shape[0]
     n01 = n0 + n1
