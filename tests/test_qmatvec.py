@@ -282,6 +282,40 @@ def test_matvec_many_matches_matvec(path, q):
         qm.matvec_many([ws[0], _tensor(q, 2, 2 * cols, 1)], x)
 
 
+def test_one_two_or_three_read_only_matrices_share_one_compiled_kernel(path):
+    """Weights are read-only (mapped, or set so at load), and so are the empty rows that
+    pad a three-matrix kernel's call: 1, 2 or 3 matrices take one signature. A writeable
+    pad once made a third held part of a Q6_K matrix (rows lent under a RAM budget)
+    load a kernel the warm-up had not, 76 MB of LLVM pages back at the budget."""
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    def overloads() -> int:
+        return sum(
+            len(v.overloads)
+            for name, mod in list(sys.modules.items())
+            if name.startswith("edgerun.ops")
+            for v in list(vars(mod).values())
+            if isinstance(v, CPUDispatcher)
+        )
+
+    q = QuantType.Q6_K
+    ws = [_tensor(q, 64, 256, seed=s) for s in range(3)]
+    for w in ws:
+        w.data.flags.writeable = False
+    x = np.random.default_rng(5).standard_normal(256).astype(np.float32)
+    xb = np.stack([x, -x])
+    one = qm.matvec_many(ws[:1], x)
+    qm.matvec_batch_many(ws[:1], xb)
+    before = overloads()
+    three = qm.matvec_many(ws, x)
+    qm.matvec_many(ws[:2], x)
+    qm.matvec_batch_many(ws, xb)
+    assert overloads() == before
+    np.testing.assert_array_equal(three[0], one[0])
+
+
 def test_layouts_of_data_are_accepted(path):
     # a non-contiguous view and a flat byte buffer give the same result as the plain array
     rng = np.random.default_rng(11)

@@ -74,6 +74,12 @@ _MVB = {
     QuantType.Q5_0: lambda d, x, o: _b.mvb_q5_0(d, x, o, _p.Q5_HBITS),
 }
 _NO_ROWS = np.empty((0, 1), np.uint8)
+# read-only like the weights (mapped, or set so at load): a kernel called with fewer than
+# three matrices then has the same signature as with three, so one compiled kernel
+# serves both. A writeable pad made a third matrix of one format (rows lent under a
+# budget: offload/kv_loan.py) load a kernel the warm-up had not, 76 MB of LLVM pages
+# back in a process at its budget.
+_NO_ROWS.flags.writeable = False
 _NO_OUT = np.empty(0, np.float32)
 _NO_OUT2 = np.empty((0, 0), np.float32)
 
