@@ -46,8 +46,8 @@ CONFIGS = {
     "dense": {"offload": "dense"},
     # dense, streaming every head row it does not hold (no sketch: the resident logits)
     "dense-exact": {"offload": "dense", "head_candidates": 0},
-    # dense, lending the KV cache's unwritten reserve to streamed rows (offload/kv_loan.py)
-    "dense-loan": {"offload": "dense", "kv_loan_tiers": 8},
+    # dense without lending the budget's unused memory to streamed rows (offload/kv_loan.py)
+    "dense-noloan": {"offload": "dense", "kv_loan_tiers": 0},
     "sparse": {"offload": "sparse", "window": 0, "prefetch": False},
     "window": {"offload": "sparse", "window": 5, "prefetch": False, "hot": 0.0},
     "full": {"offload": "sparse", "window": 5, "prefetch": True, "hot": 0.0},
@@ -61,6 +61,14 @@ CONFIGS = {
 def _join_cgroup(name: str | None) -> None:
     if name:
         (CGROUP_ROOT / name / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def _run_peak_mb(args: dict) -> float | None:
+    """The cgroup's peak so far: the run's, before the child's bookkeeping after it (the
+    planner's prediction re-reads the model's metadata and calibration)."""
+    if not args.get("cgroup"):
+        return None
+    return int((CGROUP_ROOT / args["cgroup"] / "memory.max_usage_in_bytes").read_text()) / 1e6
 
 
 def _child_edgerun(args: dict) -> dict:
@@ -87,6 +95,7 @@ def _child_edgerun(args: dict) -> dict:
             first = time.perf_counter()
             m.reset_offload_stats()
     t2 = time.perf_counter()
+    run_peak = _run_peak_mb(args)
     st = gen.stats
     decoded = max(1, st.generated_tokens - 1)
     out = {
@@ -95,6 +104,7 @@ def _child_edgerun(args: dict) -> dict:
         "tok_s": decoded / max(1e-9, t2 - (first or t2)),
         "tokens": st.generated_tokens,
         "decode_threads": st.threads,
+        "run_peak_mb": run_peak,
     }
     s = m.offload_stats()
     if s is not None:
@@ -144,6 +154,7 @@ def _child_llamacpp(args: dict) -> dict:
             break
     t2 = time.perf_counter()
     return {
+        "run_peak_mb": _run_peak_mb(args),
         "load_s": load_s,
         "ttft_s": (first or t2) - t1,
         "tok_s": max(1, n - 1) / max(1e-9, t2 - (first or t2)),
@@ -197,12 +208,20 @@ def run_one(engine: str, path: str, budget: int | None, options, a) -> dict:
         "cgroup": name if g else None,
     }
     t0 = time.perf_counter()
-    p = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=a.timeout,
-    )
+    try:
+        p = subprocess.run(
+            [sys.executable, __file__, "--child", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=a.timeout,
+        )
+    except subprocess.TimeoutExpired:  # thrashing at its limit (llama.cpp at 560 MiB)
+        res = {"wall_s": time.perf_counter() - t0, "rc": None}
+        res["error"] = f"no result in {a.timeout} s (killed)"
+        if g is not None:
+            res["max_usage_mb"] = int((g / "memory.max_usage_in_bytes").read_text()) / 1e6
+            g.rmdir()
+        return res
     res: dict = {"wall_s": time.perf_counter() - t0, "rc": p.returncode}
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -342,13 +361,14 @@ def main() -> None:
         def f(k, fmt="{:.1f}"):
             return fmt.format(r[k]) if isinstance(r.get(k), (int, float)) else "-"
 
+        peak = "run_peak_mb" if r.get("run_peak_mb") else "max_usage_mb"
         ratio = "-"
         if r.get("predicted_tok_s") and isinstance(r.get("tok_s"), (int, float)):
             ratio = f"{r['tok_s'] / r['predicted_tok_s']:.2f}"
         return (
             f"{r['model']:<20} {r['budget_mb']:>6.0f}M {r['config']:<9} {f('tok_s', '{:.2f}'):>6} "
             f"{f('mb_per_token'):>7} {f('hit_rate', '{:.2f}'):>5} {f('io_ms'):>6} "
-            f"{f('mm_ms'):>6} {f('compute_ms'):>6} {f('max_usage_mb', '{:.0f}'):>7} "
+            f"{f('mm_ms'):>6} {f('compute_ms'):>6} {f(peak, '{:.0f}'):>7} "
             f"{f('predicted_tok_s', '{:.2f}'):>6} {ratio:>9}  {r.get('error', '')[:100]}"
         )
 

@@ -95,8 +95,10 @@ KERNEL_FLOOR_BYTES = 88 << 20
 # floor), part from loading the kernels (in KERNEL_FLOOR_BYTES). Qwen2.5-1.5B, Zen 3,
 # avx2 kernels, 800M: 67 MiB, RSS 708 -> 642 MiB.
 KERNEL_PAGED_OUT_BYTES = 60 << 20
-# Kept free under a budget when rows are lent on the KV reserve (offload/kv_loan.py): page
-# cache the RSS does not show, and a prompt chunk's temporaries
+# Kept free under a budget when rows are lent on its unused memory (offload/kv_loan.py):
+# what the RSS does not show or not yet: the page cache later reads leave and the heap's
+# growth (placement.LATE_MEMORY_BYTES), embedding rows a long chat touches
+# (placement.EMBEDDING_TOUCH_BYTES), and a decode step's temporaries
 KV_LOAN_MARGIN = 32 << 20
 
 
@@ -338,11 +340,12 @@ class Model:
         p = plan_with(self.floor_bytes)
         if mode == "dense" and opts.hold_after_warm_up and p.cache_neurons < fp.d_ff:
             p = self._with_rows_after_kernels(p, plan_with)
-        if mode == "dense" and opts.kv_loan_tiers and p.kv_bytes and p.cache_neurons < fp.d_ff:
+        if mode == "dense" and opts.kv_loan_tiers and p.cache_neurons < fp.d_ff:
             p.notes.append(
-                f"while the context is short, up to {p.kv_bytes / 2**20:,.0f} MiB more of the "
-                "streamed rows are held on the KV cache's unwritten reserve and given back as "
-                "it fills (reads less a token than predicted here)"
+                "after the warm-up, the memory measured free under the budget (the KV "
+                f"cache's unwritten part of its {p.kv_bytes / 2**20:,.0f} MiB, the prompt "
+                "step's margin) holds more of the streamed rows, given back before a "
+                "prompt or the cache needs it (reads less a token than predicted here)"
             )
         if force:
             p.notes.append(
@@ -594,38 +597,47 @@ class Model:
             return_free_heap_to_os()
 
     def _lend_kv_reserve(self) -> None:
-        """Dense offloading: hold more FFN rows on the KV reserve the caches have not
-        written yet, given back as they fill (offload/kv_loan.py)."""
+        """Dense offloading: hold more FFN rows on the memory the budget reserves but the
+        process does not use yet (the KV cache's unwritten pages, the prompt step's
+        temporaries, the plan's margins), given back before it is needed
+        (offload/kv_loan.py)."""
         from edgerun.kvcache import KV_TYPES
         from edgerun.offload.kv_loan import PAGE_BYTES, KVLoan
+        from edgerun.sched.placement import STEP_MARGIN_BYTES
+        from edgerun.sysinfo import return_free_heap_to_os
 
         store, p, spec = self.store, self.plan, self.spec
         tiers = getattr(getattr(store, "options", None), "kv_loan_tiers", 0)
         if not tiers or not hasattr(store, "lend") or self.transformer.kv_growth is not None:
             return
-        if p.kv_bytes <= 0 or store.held_neurons >= spec.d_ff:
+        if store.held_neurons >= spec.d_ff:
             return
         item = KV_TYPES[self.kv_type].itemsize
         row = spec.head_dim * item  # one position of one (layer, kv head)
-        # Lend only what the process measures free: the plan's other parts are estimates,
-        # and the unwritten reserve was the slack that absorbed their error. Measured in
-        # a cgroup of the budget + 5%: lending the whole reserve took Qwen2.5-0.5B at 400M
-        # to 432 MB (budget 419) and to 3.3 tok/s instead of 5.2.
-        from edgerun.sysinfo import return_free_heap_to_os
+        budget = p.budget
 
-        loan = KVLoan(
-            store,
-            p.kv_bytes,
-            2 * spec.n_layers * spec.n_kv_heads * row,
-            max(1, PAGE_BYTES // row),
-            tiers,
-        )
-        with self.compute_lock:
-            cache = self.generator.cache
-            loan.before_forward([cache], [cache.length])
+        def free_bytes() -> int:
+            # what the RSS shows, after the C heap's free pages are given back; the
+            # margin covers what it does not (see KV_LOAN_MARGIN)
             return_free_heap_to_os()
-            unwritten = p.kv_bytes - loan.kv_bytes()  # written pages are in the RSS
-            loan.limit = max(0, p.budget - current_rss_bytes() - unwritten - KV_LOAN_MARGIN)
+            return budget - current_rss_bytes() - KV_LOAN_MARGIN
+
+        with self.compute_lock:
+            free = free_bytes()
+            if free < PAGE_BYTES * tiers:
+                return
+            loan = KVLoan(
+                store,
+                free_bytes,
+                2 * spec.n_layers * spec.n_kv_heads * row,
+                max(1, PAGE_BYTES // row),
+                tier_bytes=free // tiers,
+                tiers=tiers,
+                step_bytes=STEP_MARGIN_BYTES,
+                step_tokens=self.prefill_chunk or 1,
+            )
+            cache = self.generator.cache
+            loan.before_forward([cache], [cache.length], tokens=0)
             self.transformer.kv_growth = loan.before_forward
             loan.lend()
         self.kv_loan = loan
@@ -672,7 +684,7 @@ class Model:
         grow = self.transformer.kv_growth
         if grow is not None:
             with self.compute_lock:
-                grow([cache], [end])
+                grow([cache], [end], 0)
 
     def offload_stats(self) -> dict | None:
         """Flash reads and the I/O / cache / compute split since the last reset (None when

@@ -96,9 +96,10 @@ class Transformer:
                 f"{(spec.vocab_size, spec.d_model)}"
             )
         self._rope_cache: dict[float, tuple[int, np.ndarray, np.ndarray]] = {}
-        # Under a budget, called as kv_growth(caches, ends) before a pass writes KV
-        # positions up to ends[i] of caches[i] (offload/kv_loan.py gives rows back)
-        self.kv_growth: Callable[[Sequence[KVCache], Sequence[int]], None] | None = None
+        # Under a budget, called as kv_growth(caches, ends, tokens) before a pass of
+        # `tokens` positions writes KV up to ends[i] of caches[i] (offload/kv_loan.py
+        # gives rows back for its pages and temporaries)
+        self.kv_growth: Callable[[Sequence[KVCache], Sequence[int], int], None] | None = None
         # decode steps of a resident model, bound once (decode_step.py); None until the
         # first one, False while the model has parts it does not cover; _decode_key: the
         # executors and kernel entry points it was decided for (_executors)
@@ -172,7 +173,7 @@ class Transformer:
             raise ValueError(f"token id out of range [0, {s.vocab_size})")
         positions = np.arange(start, start + n, dtype=np.int64)
         if self.kv_growth is not None:
-            self.kv_growth([cache], [start + n])
+            self.kv_growth([cache], [start + n], n)
         eps = s.norm_eps
         h = qmatvec.embedding_rows(self.token_embd, ids)
         if s.embed_scale != 1.0:
@@ -268,7 +269,7 @@ class Transformer:
             raise ValueError(f"token id out of range [0, {self.spec.vocab_size})")
         starts = [c.length for c in caches]
         if self.kv_growth is not None:
-            self.kv_growth(caches, [p + 1 for p in starts])
+            self.kv_growth(caches, [p + 1 for p in starts], len(caches))
         return ids, starts
 
     def _forward_batch(self, tokens: list[int], caches: list[KVCache]) -> np.ndarray:

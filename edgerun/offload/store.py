@@ -73,14 +73,17 @@ class OffloadOptions:
     # Dense mode: plan the FFN rows the memory of LLVM's pages holds once the kernels
     # are loaded (they are paged out then), and read those rows after the warm-up.
     hold_after_warm_up: bool = True
-    # Dense mode: lend the KV cache's unwritten reserve to streamed rows while the context
-    # is short, in these many tiers given back as the caches fill (offload/kv_loan.py);
-    # 0: off. Off by default: on Qwen2.5-Coder-1.5B at 800 MiB (2048-token context) it
-    # read 408 instead of 462 MB a token, yet in a cgroup of the budget + 5% ran no faster
-    # (3.71 vs 3.97, 2.77 vs 3.48 tok/s, medians of alternating runs), and it took the
-    # process nearer its budget (peak 828 vs 775 MB; Qwen2.5-0.5B at 400 MiB: 424-432 MB
-    # against a 419 MB budget). results/offload_1.5b_zen3_s20.txt.
-    kv_loan_tiers: int = 0
+    # Dense mode: lend the memory the budget reserves but the process is not using yet
+    # (the KV cache's unwritten pages, the prompt step's temporaries, the plan's margins)
+    # to streamed rows, in at most these many tiers given back before it is needed
+    # (offload/kv_loan.py); 0: off. Measured on Qwen2.5-Coder-1.5B (context 512, Xeon,
+    # cgroups of the budget + 5%, medians of 3 alternating): at 800 MiB 232 instead of
+    # 276 MB read a token, 6.24 against 5.55 tok/s, peak 779 against 777 MB of 839; at
+    # 560 MiB 481 / 520 MB, 3.34 / 3.16 tok/s, peak 530 / 530 MB of 587
+    # (results/offload_1.5b_xeon_s32.txt). Session 20's version lent only the KV
+    # reserve, and a third part of a Q6_K matrix loaded a kernel the warm-up had not
+    # (76 MB of LLVM pages back): it ran no faster, so it was off by default.
+    kv_loan_tiers: int = 4
     # Dense mode, an untied head: the head rows not held stay on flash, and a rank-
     # head_rank sketch of them picks this many a sequence and token to read exactly
     # (offload/head.py); 0 streams them all every token (exactly the resident logits).
