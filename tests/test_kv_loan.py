@@ -187,3 +187,24 @@ def test_lent_rows_compute_the_same_logits_and_stream_again_once_repaid(tmp_path
     with pytest.raises(InvalidArgumentError, match="newest first"):
         store.repay(loan)
     store.close()
+
+
+def test_batched_decode_steps_lend_again_and_kv_writes_without_a_pass_do_not():
+    """A step of 2 sequences (a token each) counts as a decode step; KV written without a
+    pass (a shared prefix, a loaded session: tokens=0) gives back but never lends."""
+    store, proc, loan = _loan(
+        budget=200 * KIB, tier=20 * KIB, tiers=10, step=256 * KIB, step_tokens=128
+    )
+    caches = [Cache() for _ in range(2)]
+    loan.before_forward(caches[1:], [1], tokens=0)  # a page of the second cache: 16 KiB
+    assert loan.lend() == 180 * KIB and proc.measured == 1
+    loan.before_forward(caches[:1], [10], tokens=10)  # a page, and 20 KiB of temporaries
+    assert store.held == 140 * KIB and loan.free_estimate() >= 20 * KIB
+    for _ in range(5):
+        loan.before_forward(caches[:1], [10], tokens=0)  # KV written without a pass
+    assert store.held == 140 * KIB and proc.measured == 1
+    for step in range(3):  # decode steps of 2 sequences, 4 KiB of temporaries each
+        loan.before_forward(caches, [11 + step, 2 + step], tokens=2)
+    assert proc.measured == 2  # measured again, and lent what fits beside the step
+    assert store.held == 160 * KIB
+    assert loan.free_estimate() - 4 * KIB < loan.tier_bytes

@@ -151,7 +151,8 @@ class KVLoan:
             repaid = True
         if repaid:
             self._quiet, self._store_full = 0, False
-        elif need <= self.step_bytes // 8:  # a decode step (of up to 1/8 of a chunk's rows)
+        elif tokens > 0 and need <= self.step_bytes // 8:  # a decode step (up to 1/8 of
+            # a chunk's rows; 0 tokens: KV written without a pass, a prefix or a session)
             self._quiet += 1
             if (
                 self._quiet >= self.relend_after
