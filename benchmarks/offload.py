@@ -63,12 +63,15 @@ def _join_cgroup(name: str | None) -> None:
         (CGROUP_ROOT / name / "cgroup.procs").write_text(str(os.getpid()))
 
 
+def _peak_mb(group: Path) -> float:
+    """A memory cgroup's peak usage so far (page cache included), MB."""
+    return int((group / "memory.max_usage_in_bytes").read_text()) / 1e6
+
+
 def _run_peak_mb(args: dict) -> float | None:
-    """The cgroup's peak so far: the run's, before the child's bookkeeping after it (the
-    planner's prediction re-reads the model's metadata and calibration)."""
-    if not args.get("cgroup"):
-        return None
-    return int((CGROUP_ROOT / args["cgroup"] / "memory.max_usage_in_bytes").read_text()) / 1e6
+    """The child's cgroup peak so far: the run's, before the child's bookkeeping after it
+    (the planner's prediction re-reads the model's metadata and calibration)."""
+    return _peak_mb(CGROUP_ROOT / args["cgroup"]) if args.get("cgroup") else None
 
 
 def _child_edgerun(args: dict) -> dict:
@@ -216,21 +219,19 @@ def run_one(engine: str, path: str, budget: int | None, options, a) -> dict:
             timeout=a.timeout,
         )
     except subprocess.TimeoutExpired:  # thrashing at its limit (llama.cpp at 560 MiB)
-        res = {"wall_s": time.perf_counter() - t0, "rc": None}
+        p = None
+    res: dict = {"wall_s": time.perf_counter() - t0, "rc": p and p.returncode}
+    if p is None:
         res["error"] = f"no result in {a.timeout} s (killed)"
-        if g is not None:
-            res["max_usage_mb"] = int((g / "memory.max_usage_in_bytes").read_text()) / 1e6
-            g.rmdir()
-        return res
-    res: dict = {"wall_s": time.perf_counter() - t0, "rc": p.returncode}
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            res.update(json.loads(line[7:]))
-    if p.returncode != 0:
-        lines = p.stderr.strip().splitlines() or [""]
-        res["error"] = "OOM-killed" if p.returncode in (137, -9) else lines[-1][-300:]
+    else:
+        for line in p.stdout.splitlines():
+            if line.startswith("RESULT "):
+                res.update(json.loads(line[7:]))
+        if p.returncode != 0:
+            lines = p.stderr.strip().splitlines() or [""]
+            res["error"] = "OOM-killed" if p.returncode in (137, -9) else lines[-1][-300:]
     if g is not None:
-        res["max_usage_mb"] = int((g / "memory.max_usage_in_bytes").read_text()) / 1e6
+        res["max_usage_mb"] = _peak_mb(g)
         res["failcnt"] = int((g / "memory.failcnt").read_text())
         g.rmdir()
     return res

@@ -149,10 +149,9 @@ class KVLoan:
         while self._lent and self.free_estimate() < need:
             self._repay_newest()
             repaid = True
-        if repaid:
-            self._quiet, self._store_full = 0, False
-        elif tokens > 0 and need <= self.step_bytes // 8:  # a decode step (up to 1/8 of
-            # a chunk's rows; 0 tokens: KV written without a pass, a prefix or a session)
+        # a decode step: up to 1/8 of a chunk's rows (0 tokens: KV written without a pass,
+        # a shared prefix or a loaded session)
+        if not repaid and tokens > 0 and need <= self.step_bytes // 8:
             self._quiet += 1
             if (
                 self._quiet >= self.relend_after
@@ -166,10 +165,12 @@ class KVLoan:
         """Give every tier back (the rows stream again); a later lend() measures anew."""
         while self._lent:
             self._repay_newest()
-        self._quiet, self._store_full = 0, False
 
     def _repay_newest(self) -> None:
+        """Give the newest tier back; lending again waits for relend_after decode steps,
+        and the store has room for its rows again."""
         token, n = self._lent.pop()
         self.store.repay(token)
         self._lent_sum -= n
         self.repaid_bytes += n
+        self._quiet, self._store_full = 0, False
