@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
-from edgerun.ops import attention_tiled
+from edgerun.ops import attention_decode, attention_tiled
 from edgerun.ops._simd import axpy16, madd16, stack16, store16, vsum16, widen, zero16
+from edgerun.ops.attention_decode import attend_many, attend_one, cache_at
 
 
 def cache_values(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -166,36 +166,42 @@ def _attention(q, k, v, start, window, scale, scores, out):
         _attend_row(q[i, h], k[kh], v[kh], lo, pos + 1, scale, scores[job], out[i, h])
 
 
-@intrinsic
-def _cache_at(typingctx, addr, like):
-    """The int64 address of a cache array's element -> a pointer of `like`'s dtype."""
-    ptr = types.CPointer(like.dtype)
-
-    def codegen(context, builder, sig, args):
-        return builder.inttoptr(args[0], context.get_value_type(ptr))
-
-    return ptr(addr, like), codegen
-
-
-@njit(cache=True, parallel=True, fastmath=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _attention_batch(
     q, k_new, v_new, kaddr, vaddr, nctx, layer, starts, window, scale, scores, out
 ):
     """Each sequence's cache is passed as the address of its [layers, kv_heads, n_ctx,
     head_dim] array (kaddr, vaddr; n_ctx per cache): one signature for any number of
-    sequences, and no typed list (whose helpers Numba compiles anew in every process)."""
+    sequences, and no typed list (whose helpers Numba compiles anew in every process).
+    Stores each sequence's new key and value, then attends: attention_decode's kernel
+    where it takes the head size, the one-row kernel otherwise (as `attention` does for
+    one token, so a batched row equals a single one)."""
     n, hq, hd = q.shape
     hkv = k_new.shape[1]
     item = k_new.itemsize
     for b in range(n):  # store first: each query attends to its own new key too
         off = layer * hkv * nctx[b] * hd * item
-        kc = numba.carray(_cache_at(kaddr[b] + off, k_new), (hkv, nctx[b], hd))
-        vc = numba.carray(_cache_at(vaddr[b] + off, k_new), (hkv, nctx[b], hd))
+        kc = numba.carray(cache_at(kaddr[b] + off, k_new), (hkv, nctx[b], hd))
+        vc = numba.carray(cache_at(vaddr[b] + off, k_new), (hkv, nctx[b], hd))
         pos = starts[b]
         for h in range(hkv):
             for d in range(hd):
                 kc[h, pos, d] = k_new[b, h, d]
                 vc[h, pos, d] = v_new[b, h, d]
+    if hd == 64 or hd == 128 or hd == 256:  # attention_decode.HEAD_DIMS
+        attend_many(q, k_new, kaddr, vaddr, nctx, layer, starts, window, scale, out)
+    else:
+        _attention_rows_batch(q, k_new, kaddr, vaddr, nctx, layer, starts, window, scale,
+                              scores, out)  # fmt: skip
+
+
+@njit(cache=True, parallel=True, fastmath=True, nogil=True)
+def _attention_rows_batch(q, like, kaddr, vaddr, nctx, layer, starts, window, scale, scores, out):
+    """_attention_batch's attention on the one-row kernel (head sizes attention_decode
+    does not take)."""
+    n, hq, hd = q.shape
+    hkv = like.shape[1]
+    item = like.itemsize
     group = hq // hkv
     for job in prange(n * hq):
         b = job // hq
@@ -206,8 +212,8 @@ def _attention_batch(
         if window > 0:
             lo = max(0, pos - window + 1)
         off = layer * hkv * nctx[b] * hd * item
-        kc = numba.carray(_cache_at(kaddr[b] + off, k_new), (hkv, nctx[b], hd))
-        vc = numba.carray(_cache_at(vaddr[b] + off, k_new), (hkv, nctx[b], hd))
+        kc = numba.carray(cache_at(kaddr[b] + off, like), (hkv, nctx[b], hd))
+        vc = numba.carray(cache_at(vaddr[b] + off, like), (hkv, nctx[b], hd))
         _attend_row(q[b, h], kc[kh], vc[kh], lo, pos + 1, scale, scores[job], out[b, h])
 
 
@@ -235,6 +241,10 @@ def attention(
     )
     if attention_tiled.supports(n, hd):  # prefill: query rows in register tiles
         attention_tiled.attention_tiled(q, k, v, start, window, out.reshape(n, hq, hd))
+        return out.reshape(n, hq * hd)
+    if n == 1 and attention_decode.supports(hd):  # decode: the split-position kernel
+        attend_one(q[0], k, v, np.int64(start), np.int64(window), np.float32(1.0 / np.sqrt(hd)),
+                   out.reshape(hq, hd))  # fmt: skip
         return out.reshape(n, hq * hd)
     scores = np.empty((n * hq, length), dtype=np.float32)
     _attention(

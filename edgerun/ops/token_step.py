@@ -15,8 +15,9 @@ from numba import njit, types
 from numba.extending import overload
 
 from edgerun.ops.attention import _attention, _attention_batch
+from edgerun.ops.attention_decode import attend_one
 from edgerun.ops.norm import _rmsnorm_serial
-from edgerun.ops.rope import _rope_inplace, _rope_inplace_serial
+from edgerun.ops.rope import _rope_inplace_serial
 
 __all__ = ["attend_token", "attend_rows", "add_normed", "half_bits"]
 
@@ -110,7 +111,10 @@ def attend_token(
     for h in range(hkv):
         _put(kc[h, pos], k2[h])
         _put(vc[h, pos], v2[h])
-    _attention(q3, kc, vc, pos, window, scale, scores, ctx.reshape(1, hq, hd))
+    if hd == 64 or hd == 128 or hd == 256:  # attention_decode.HEAD_DIMS
+        attend_one(q2, kc, vc, pos, window, scale, ctx.reshape(hq, hd))
+    else:
+        _attention(q3, kc, vc, pos, window, scale, scores, ctx.reshape(1, hq, hd))
 
 
 def _as_cache(src, dst):
@@ -160,8 +164,8 @@ def attend_rows(
         _rmsnorm_serial(q2, q_norm, eps, q2)
         _rmsnorm_serial(k2, k_norm, eps, k2)
     q3 = q.reshape(n, hq, hd)
-    _rope_inplace(q3, positions, cos, sin, neox)
-    _rope_inplace(k.reshape(n, hkv, hd), positions, cos, sin, neox)
+    _rope_inplace_serial(q3, positions, cos, sin, neox)
+    _rope_inplace_serial(k.reshape(n, hkv, hd), positions, cos, sin, neox)
     kn = _as_cache(k, k_new)
     vn = _as_cache(v, v_new)
     _attention_batch(

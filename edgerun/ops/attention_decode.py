@@ -1,0 +1,402 @@
+"""Decode attention: one new query token per sequence against its KV cache, split over
+the cache's positions and grouped by KV head.
+
+The one-row kernel (attention._attend_row) scored each (query head, key) with a 16-lane
+multiply-add chain and a horizontal sum, took the softmax's exponentials one libm call
+at a time, and had every query head of a GQA group read the group's keys and values
+again. At a 1,000-token context that was over a third of a SmolLM2-135M decode step.
+Here a job is (sequence, KV head, chunk of CHUNK positions):
+
+- the group's query heads score 16 keys at a time (`scores16`): one 16-lane product
+  per key and 16 columns, then a transpose-and-add tree turns the 16 keys' lanes into
+  one vector of 16 scores (15 adds, 30 shuffles, instead of a 4-level sum per key); the
+  16 key rows stay in L1 while every head of the group scores them;
+- the softmax's exponentials run 16 lanes at a time (_simd.exp_shift16);
+- each head's weighted sum of the chunk's values runs 64 columns at a time;
+- the chunks' partial results (max, sum, unnormalised output) are merged per head as in
+  flash-decoding, so a long context spreads over every thread even when a model has one
+  or two KV heads.
+
+Chunks are cut from each sequence's own attended range, so a sequence's result does not
+depend on which others share the step: batched decode equals single decode bit for bit.
+Head sizes 64, 128 and 256 take it (`supports`).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic, overload
+
+from edgerun.ops._simd import (
+    _V16F,
+    _is_c_array,
+    _load16,
+    axpy16,
+    exp_shift16,
+    max16,
+    stack16,
+    store16,
+    vsum16,
+    zero16,
+)
+
+CHUNK = 128  # positions a job scores (a multiple of 16)
+_I32, _I64 = ir.IntType(32), ir.IntType(64)
+HEAD_DIMS = (64, 128, 256)  # each compiles its own copy; others take the one-row kernel
+
+
+def supports(head_dim: int) -> bool:
+    """Whether this kernel takes a head size (every registry model's does)."""
+    return head_dim in HEAD_DIMS
+
+
+def _sum_lanes16(b, vecs):
+    """IR: 16 <16 x float> -> one <16 x float> whose lane j is the sum of vecs[j]'s lanes:
+    pairs of vectors exchange halves and add, 4 rounds (8 + 4 + 2 + 1 adds)."""
+    width = 16  # lanes each vector's keys still occupy
+    while len(vecs) > 1:
+        half = width // 2
+        keys = 16 // width
+        lo, hi = [], []
+        for base in (0, 16):
+            for key in range(keys):
+                lo += [base + key * width + i for i in range(half)]
+                hi += [base + key * width + half + i for i in range(half)]
+        mlo = ir.Constant(ir.VectorType(_I32, 16), lo)
+        mhi = ir.Constant(ir.VectorType(_I32, 16), hi)
+        vecs = [
+            b.fadd(b.shuffle_vector(x, y, mlo), b.shuffle_vector(x, y, mhi))
+            for x, y in zip(vecs[0::2], vecs[1::2])
+        ]
+        width = half
+    return vecs[0]
+
+
+@intrinsic
+def scores16(typingctx, hd, q, qi, k, ki, nvalid, scale, out, oi):
+    """out.flat[oi:oi+16] = scale * q.flat[qi:qi+hd] . k row j (the hd elements at
+    k.flat[ki + j hd]) for j < nvalid, -inf for the other lanes (their rows are not
+    read). hd: a literal multiple of 16; q, out: C-contiguous float32; k: float32 or fp16
+    bits."""
+    if not isinstance(hd, types.IntegerLiteral) or hd.literal_value % 16:
+        return None
+    if not (
+        _is_c_array(q, (types.float32,)) and _is_c_array(k) and _is_c_array(out, (types.float32,))
+    ):
+        return None
+    n16 = hd.literal_value // 16
+
+    def codegen(context, builder, sig, args):
+        b = builder
+        _, qa, qi_, ka, ki_, nv, sc, oa, oi_ = args
+        idx = zip((qi_, ki_, oi_, nv), (sig.args[i] for i in (2, 4, 8, 5)))
+        qi_, ki_, oi_, nv = (context.cast(b, v, t, types.int64) for v, t in idx)
+        qv = [
+            _load16(context, b, sig.args[1], qa, b.add(qi_, ir.Constant(_I64, 16 * c)))
+            for c in range(n16)
+        ]
+        last = b.sub(nv, ir.Constant(_I64, 1))
+        accs = []
+        for j in range(16):
+            jc = ir.Constant(_I64, j)
+            row = b.select(b.icmp_signed("<", jc, nv), jc, last)
+            base = b.add(ki_, b.mul(row, ir.Constant(_I64, hd.literal_value)))
+            acc = None
+            for c in range(n16):
+                kv = _load16(context, b, sig.args[3], ka, b.add(base, ir.Constant(_I64, 16 * c)))
+                p = b.fmul(qv[c], kv, flags=("contract",))
+                acc = p if acc is None else b.fadd(acc, p, flags=("contract",))
+            accs.append(acc)
+        s = _sum_lanes16(b, accs)
+        sv = b.insert_element(ir.Constant(_V16F, None), sc, ir.Constant(_I32, 0))
+        s = b.fmul(s, b.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_I32, 16), None)))
+        lanes = ir.Constant(ir.VectorType(_I64, 16), list(range(16)))
+        nvv = b.insert_element(ir.Constant(ir.VectorType(_I64, 16), None), nv, ir.Constant(_I32, 0))
+        nvv = b.shuffle_vector(nvv, nvv, ir.Constant(ir.VectorType(_I32, 16), None))
+        s = b.select(b.icmp_signed("<", lanes, nvv), s, ir.Constant(_V16F, [float("-inf")] * 16))
+        data = context.make_array(sig.args[7])(context, b, oa).data
+        b.store(s, b.bitcast(b.gep(data, [oi_]), _V16F.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    sig = types.none(hd, q, qi, k, ki, nvalid, types.float32, out, oi)
+    return sig, codegen
+
+
+@njit(inline="always")
+def _softmax_chunk(sc, s0, nk):
+    """sc[s0:s0 + nk] = e^(s - max) over the chunk's scores (the lanes after nk up to a
+    multiple of 16 hold -inf and come out ~1e-38, which no sum of at least 1 notices);
+    returns (max, sum)."""
+    acc = stack16()
+    accv = numba.carray(acc, 16)
+    for j in range(16):
+        accv[j] = sc[s0 + j]
+    for t in range(16, nk, 16):
+        max16(acc, sc, s0 + t)
+    m = np.float32(-np.inf)
+    for j in range(16):
+        m = max(m, accv[j])
+    zero16(acc)
+    for t in range(0, nk, 16):
+        exp_shift16(acc, sc, s0 + t, m)
+    return m, vsum16(acc)
+
+
+@njit(inline="always")
+def _weighted_rows(o, oi, p, pi, v, vi, nk, hd):
+    """o.flat[oi:oi + hd] = sum_t p[pi + t] v.flat[vi + t hd : + hd] for t < nk, 64
+    columns at a time (four 16-lane chains), then 16."""
+    a0, a1, a2, a3 = stack16(), stack16(), stack16(), stack16()
+    c = 0
+    while c + 64 <= hd:
+        zero16(a0)
+        zero16(a1)
+        zero16(a2)
+        zero16(a3)
+        for t in range(nk):
+            w = p[pi + t]
+            base = vi + t * hd + c
+            axpy16(a0, w, v, base)
+            axpy16(a1, w, v, base + 16)
+            axpy16(a2, w, v, base + 32)
+            axpy16(a3, w, v, base + 48)
+        one = np.float32(1.0)
+        store16(o, oi + c, a0, one)
+        store16(o, oi + c + 16, a1, one)
+        store16(o, oi + c + 32, a2, one)
+        store16(o, oi + c + 48, a3, one)
+        c += 64
+    while c < hd:
+        zero16(a0)
+        for t in range(nk):
+            axpy16(a0, p[pi + t], v, vi + t * hd + c)
+        store16(o, oi + c, a0, np.float32(1.0))
+        c += 16
+
+
+@njit(inline="always")
+def _weighted_rows2(o, oa, ob, p, pa, pb, v, vi, nk, hd):
+    """_weighted_rows for two heads at once: each value row loaded once for both, and
+    eight independent 16-lane chains (four leave the FMA units waiting on latency)."""
+    a0, a1, a2, a3 = stack16(), stack16(), stack16(), stack16()
+    b0, b1, b2, b3 = stack16(), stack16(), stack16(), stack16()
+    one = np.float32(1.0)
+    for c in range(0, hd, 64):
+        for a in (a0, a1, a2, a3, b0, b1, b2, b3):
+            zero16(a)
+        for t in range(nk):
+            wa, wb = p[pa + t], p[pb + t]
+            base = vi + t * hd + c
+            axpy16(a0, wa, v, base)
+            axpy16(b0, wb, v, base)
+            axpy16(a1, wa, v, base + 16)
+            axpy16(b1, wb, v, base + 16)
+            axpy16(a2, wa, v, base + 32)
+            axpy16(b2, wb, v, base + 32)
+            axpy16(a3, wa, v, base + 48)
+            axpy16(b3, wb, v, base + 48)
+        store16(o, oa + c, a0, one)
+        store16(o, oa + c + 16, a1, one)
+        store16(o, oa + c + 32, a2, one)
+        store16(o, oa + c + 48, a3, one)
+        store16(o, ob + c, b0, one)
+        store16(o, ob + c + 16, b1, one)
+        store16(o, ob + c + 32, b2, one)
+        store16(o, ob + c + 48, b3, one)
+
+
+def _as_f32(src, si, n, buf):
+    """(array, index) of the n elements at src.flat[si:]: src itself (float32), or the
+    elements widened once into buf (fp16 bits), so a group's heads convert them once."""
+
+
+@overload(_as_f32, inline="always")
+def _as_f32_impl(src, si, n, buf):
+    if src.dtype == types.float32:
+        return lambda src, si, n, buf: (src, si)
+
+    def impl(src, si, n, buf):
+        a = stack16()
+        for i in range(0, n, 16):
+            zero16(a)
+            axpy16(a, np.float32(1.0), src, si + i)
+            store16(buf, i, a, np.float32(1.0))
+        return buf, 0
+
+    return impl
+
+
+def _widen_buffer(src, n):
+    """Scratch for _as_f32: n float32 for fp16-bits caches, none for float32 ones."""
+
+
+@overload(_widen_buffer, inline="always")
+def _widen_buffer_impl(src, n):
+    if src.dtype == types.float32:
+        return lambda src, n: np.empty(0, np.float32)
+    return lambda src, n: np.empty(n, np.float32)
+
+
+@njit(inline="always")
+def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, scale, sc, po, pm, job):
+    """Heads qb / hd .. + group of flat q against positions t0 .. t0 + nk of one KV head
+    (its rows at kf / vf's flat element kvb): each head's chunk max and exponential sum
+    into pm[job, g], its unnormalised weighted values into po[job, g]."""
+    hd = HD
+    s0 = job * group * CHUNK
+    buf = _widen_buffer(kf, CHUNK * hd)
+    kw, kr = _as_f32(kf, kvb + t0 * hd, nk * hd, buf)
+    for tb in range(0, nk, 16):
+        nv = min(16, nk - tb)
+        for g in range(group):
+            scores16(HD, q, qb + g * hd, kw, kr + tb * hd, nv, scale, sc, s0 + g * CHUNK + tb)
+    for g in range(group):
+        m, total = _softmax_chunk(sc, s0 + g * CHUNK, nk)
+        pm[job, g, 0] = m
+        pm[job, g, 1] = total
+    vw, vr = _as_f32(vf, kvb + t0 * hd, nk * hd, buf)
+    o0 = job * group * hd
+    for g in range(0, group - 1, 2):
+        _weighted_rows2(po, o0 + g * hd, o0 + (g + 1) * hd, sc, s0 + g * CHUNK,
+                        s0 + (g + 1) * CHUNK, vw, vr, nk, hd)  # fmt: skip
+    if group & 1:
+        g = group - 1
+        _weighted_rows(po, o0 + g * hd, sc, s0 + g * CHUNK, vw, vr, nk, hd)
+
+
+@njit(inline="always")
+def _merge(po, pm, job0, nch, group, g, hd, out, oi):
+    """out.flat[oi:oi + hd] = one head's softmax-weighted values from its nch chunks'
+    partial results (jobs job0 .. job0 + nch - 1)."""
+    m = np.float32(-np.inf)
+    for c in range(nch):
+        m = max(m, pm[job0 + c, g, 0])
+    total = np.float32(0.0)
+    w = np.empty(nch, np.float32)
+    for c in range(nch):
+        w[c] = np.exp(pm[job0 + c, g, 0] - m)
+        total += pm[job0 + c, g, 1] * w[c]
+    inv = np.float32(1.0) / total
+    a = stack16()
+    for col in range(0, hd, 16):
+        zero16(a)
+        for c in range(nch):
+            axpy16(a, w[c], po, ((job0 + c) * group + g) * hd + col)
+        store16(out, oi + col, a, inv)
+
+
+@njit(inline="always")
+def _span(pos, window):
+    """The positions a query at pos attends: [lo, pos + 1)."""
+    lo = 0
+    if window > 0:
+        lo = max(0, pos - window + 1)
+    return lo, pos + 1
+
+
+@njit(inline="always")
+def _attend_one(HD, q, kc, vc, pos, window, scale, out):
+    """q [hq, hd] of one token at pos against kc, vc [hkv, n_ctx, hd] -> out [hq, hd]."""
+    hq, hd = q.shape
+    hkv, nctx = kc.shape[0], kc.shape[1]
+    group = hq // hkv
+    lo, hi = _span(pos, window)
+    nch = (hi - lo + CHUNK - 1) // CHUNK
+    njobs = hkv * nch
+    sc = np.empty(njobs * group * CHUNK, np.float32)
+    po = np.empty(njobs * group * hd, np.float32)
+    pm = np.empty((njobs, group, 2), np.float32)
+    qf, kf, vf, of = q.reshape(-1), kc.reshape(-1), vc.reshape(-1), out.reshape(-1)
+    for job in prange(njobs):
+        kh = job // nch
+        t0 = lo + (job - kh * nch) * CHUNK
+        nk = min(CHUNK, hi - t0)
+        _chunk_job(HD, qf, kh * group * hd, group, kf, vf, kh * nctx * hd, t0, nk, scale,
+                   sc, po, pm, job)  # fmt: skip
+    for h in range(hq):
+        kh = h // group
+        _merge(po, pm, kh * nch, nch, group, h - kh * group, hd, of, h * hd)
+
+
+@intrinsic
+def cache_at(typingctx, addr, like):
+    """The int64 address of a cache array's element -> a pointer of `like`'s dtype."""
+    ptr = types.CPointer(like.dtype)
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(ptr))
+
+    return ptr(addr, like), codegen
+
+
+@njit(inline="always")
+def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out):
+    """q [n, hq, hd]: each sequence b's token at starts[b] against its own layer `layer`
+    of the caches at kaddr[b], vaddr[b] ([layers, hkv, nctx[b], hd], of like's dtype)
+    -> out [n, hq, hd]. The jobs are (sequence, KV head, chunk), each as _attend_one
+    cuts them for that sequence alone."""
+    n, hq, hd = q.shape
+    hkv = like.shape[1]
+    group = hq // hkv
+    nch = np.empty(n, np.int64)
+    for b in range(n):
+        lo, hi = _span(starts[b], window)
+        nch[b] = (hi - lo + CHUNK - 1) // CHUNK
+    most = nch.max()
+    per = hkv * most  # jobs a sequence may take
+    njobs = n * per
+    sc = np.empty(njobs * group * CHUNK, np.float32)
+    po = np.empty(njobs * group * hd, np.float32)
+    pm = np.empty((njobs, group, 2), np.float32)
+    qf, of = q.reshape(-1), out.reshape(-1)
+    item = like.itemsize
+    for job in prange(njobs):
+        b = job // per
+        r = job - b * per
+        kh = r // most
+        c = r - kh * most
+        if c < nch[b]:
+            size = hkv * nctx[b] * hd
+            kf = numba.carray(cache_at(kaddr[b] + layer * size * item, like), size)
+            vf = numba.carray(cache_at(vaddr[b] + layer * size * item, like), size)
+            lo, hi = _span(starts[b], window)
+            t0 = lo + c * CHUNK
+            _chunk_job(HD, qf, (b * hq + kh * group) * hd, group, kf, vf, kh * nctx[b] * hd,
+                       t0, min(CHUNK, hi - t0), scale, sc, po, pm, job)  # fmt: skip
+    for b in range(n):
+        for h in range(hq):
+            kh = h // group
+            j0 = b * per + kh * most
+            _merge(po, pm, j0, nch[b], group, h - kh * group, hd, of, (b * hq + h) * hd)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def attend_many(q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out):
+    """Decode attention of n sequences' tokens, each against its own cache, in one
+    parallel call (ops/attention.BatchAttention's addresses; like: an array of the
+    caches' dtype shaped [n, hkv, hd]; new keys and values already stored) -> out
+    [n, hq, hd]. `supports(hd)` must hold."""
+    hd = q.shape[2]
+    if hd == 64:
+        _attend_many(64, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out)
+    elif hd == 128:
+        _attend_many(128, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out)
+    else:
+        _attend_many(256, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def attend_one(q, kc, vc, pos, window, scale, out):
+    """Decode attention of one token: q [hq, hd] (C-contiguous float32) at position pos
+    against the caches kc, vc [hkv, n_ctx, hd] (float32 or fp16 bits, position pos
+    already stored) -> out [hq, hd]. `supports(hd)` must hold."""
+    hd = q.shape[1]
+    if hd == 64:
+        _attend_one(64, q, kc, vc, pos, window, scale, out)
+    elif hd == 128:
+        _attend_one(128, q, kc, vc, pos, window, scale, out)
+    else:
+        _attend_one(256, q, kc, vc, pos, window, scale, out)
