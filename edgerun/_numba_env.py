@@ -54,7 +54,37 @@ def configure() -> None:
         # the generic "int8" kernels differ from the CPU-specific ones only inside their
         # intrinsics, which Numba's cache key does not see: they get a directory of their own
         name = "numba-int8" if requested_kernels() == "int8" else "numba"
-        os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, "edgerun", name)
+        os.environ["NUMBA_CACHE_DIR"] = kernel_cache_dir(os.path.join(base, "edgerun", name))
+
+
+def kernel_cache_dir(root: str) -> str:
+    """The directory under root for the kernels of these ops sources.
+
+    Numba's cache key is the file of the function itself, but a cached kernel also
+    carries the code of every njit function and intrinsic it calls from other files:
+    editing ops/_simd.py left attention.py's cached kernels running the old exp, and a
+    changed attention_decode.py left token_step.py's running the old split. So each
+    state of edgerun/ops (its files' sizes and mtimes) compiles into a directory of
+    its own; those not used for KERNEL_CACHE_KEEP_DAYS are removed."""
+    import hashlib
+    import shutil
+    import time
+
+    digest = hashlib.sha1(sources_stamp("ops").encode()).hexdigest()[:12]
+    path = os.path.join(root, digest)
+    try:
+        old = time.time() - KERNEL_CACHE_KEEP_DAYS * 86400
+        for entry in os.scandir(root):
+            if entry.is_dir() and entry.name != digest and entry.stat().st_mtime < old:
+                shutil.rmtree(entry.path, ignore_errors=True)
+        os.makedirs(path, exist_ok=True)
+        os.utime(path)  # used now
+    except OSError:  # an unwritable cache: Numba then compiles in memory
+        pass
+    return path
+
+
+KERNEL_CACHE_KEEP_DAYS = 7
 
 
 def kernel_cache_is_cold() -> bool:

@@ -30,8 +30,9 @@ def _f32(a):
         (9, 3, 64, 0, 0),  # one key
         (9, 3, 64, 15, 0),  # one full 16-key block
         (9, 3, 64, 16, 0),  # a block of one
-        (14, 2, 64, D.CHUNK - 1, 0),  # exactly one chunk
-        (14, 2, 64, D.CHUNK, 0),  # a second chunk of one key
+        (14, 2, 64, D.MIN_CHUNK - 1, 0),  # one chunk of MIN_CHUNK
+        (14, 2, 64, D.MIN_CHUNK, 0),  # a second chunk of one key
+        (14, 2, 64, 8 * D.CHUNK - 1, 0),  # the largest chunks
         (12, 2, 128, 3 * D.CHUNK + 40, 0),  # several chunks, GQA group of 6
         (4, 1, 256, 700, 512),  # sliding window, one KV head
         (8, 8, 64, 300, 0),  # no grouping
@@ -80,11 +81,12 @@ def test_batched_rows_equal_single_rows_bit_for_bit(kv):
     rng = np.random.default_rng(2)
     hq, hkv, hd, layers = 14, 2, 64, 2
     starts = np.array([5, 3 * D.CHUNK + 17, D.CHUNK, 100], np.int64)
+    nctx = int(starts.max()) + 8
     ks, vs = [], []
     for _ in starts:
-        k, v = _caches(rng, layers * hkv, 500, hd, kv)
-        ks.append(k.reshape(layers, hkv, 500, hd))
-        vs.append(v.reshape(layers, hkv, 500, hd))
+        k, v = _caches(rng, layers * hkv, nctx, hd, kv)
+        ks.append(k.reshape(layers, hkv, nctx, hd))
+        vs.append(v.reshape(layers, hkv, nctx, hd))
     q = rng.standard_normal((len(starts), hq, hd)).astype(np.float32)
     kn = np.zeros((len(starts), hkv, hd), ks[0].dtype)
     for b, s in enumerate(starts):  # the batched call stores these at each position

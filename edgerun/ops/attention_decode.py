@@ -28,7 +28,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 from edgerun.ops._simd import (
     _V16F,
@@ -43,7 +43,9 @@ from edgerun.ops._simd import (
     zero16,
 )
 
-CHUNK = 128  # positions a job scores (a multiple of 16)
+CHUNK = 256  # most positions a job scores (a multiple of 16)
+JOBS = 8  # fewest jobs a sequence is cut into, where each gets MIN_CHUNK positions
+MIN_CHUNK = 32
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 HEAD_DIMS = (64, 128, 256)  # each compiles its own copy; others take the one-row kernel
 
@@ -208,63 +210,29 @@ def _weighted_rows2(o, oa, ob, p, pa, pb, v, vi, nk, hd):
         store16(o, ob + c + 48, b3, one)
 
 
-def _as_f32(src, si, n, buf):
-    """(array, index) of the n elements at src.flat[si:]: src itself (float32), or the
-    elements widened once into buf (fp16 bits), so a group's heads convert them once."""
-
-
-@overload(_as_f32, inline="always")
-def _as_f32_impl(src, si, n, buf):
-    if src.dtype == types.float32:
-        return lambda src, si, n, buf: (src, si)
-
-    def impl(src, si, n, buf):
-        a = stack16()
-        for i in range(0, n, 16):
-            zero16(a)
-            axpy16(a, np.float32(1.0), src, si + i)
-            store16(buf, i, a, np.float32(1.0))
-        return buf, 0
-
-    return impl
-
-
-def _widen_buffer(src, n):
-    """Scratch for _as_f32: n float32 for fp16-bits caches, none for float32 ones."""
-
-
-@overload(_widen_buffer, inline="always")
-def _widen_buffer_impl(src, n):
-    if src.dtype == types.float32:
-        return lambda src, n: np.empty(0, np.float32)
-    return lambda src, n: np.empty(n, np.float32)
-
-
 @njit(inline="always")
-def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, scale, sc, po, pm, job):
-    """Heads qb / hd .. + group of flat q against positions t0 .. t0 + nk of one KV head
-    (its rows at kf / vf's flat element kvb): each head's chunk max and exponential sum
-    into pm[job, g], its unnormalised weighted values into po[job, g]."""
+def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, chunk, scale, po, pm, job):
+    """Heads qb / hd .. + group of flat q against positions t0 .. t0 + nk (nk <= chunk)
+    of one KV head (its rows at kf / vf's flat element kvb): each head's chunk max and
+    exponential sum into pm[job, g], its unnormalised weighted values into po[job, g]."""
     hd = HD
-    s0 = job * group * CHUNK
-    buf = _widen_buffer(kf, CHUNK * hd)
-    kw, kr = _as_f32(kf, kvb + t0 * hd, nk * hd, buf)
+    sc = np.empty(group * chunk, np.float32)  # head g's scores at g * chunk
+    kr = kvb + t0 * hd
     for tb in range(0, nk, 16):
         nv = min(16, nk - tb)
         for g in range(group):
-            scores16(HD, q, qb + g * hd, kw, kr + tb * hd, nv, scale, sc, s0 + g * CHUNK + tb)
+            scores16(HD, q, qb + g * hd, kf, kr + tb * hd, nv, scale, sc, g * chunk + tb)
     for g in range(group):
-        m, total = _softmax_chunk(sc, s0 + g * CHUNK, nk)
+        m, total = _softmax_chunk(sc, g * chunk, nk)
         pm[job, g, 0] = m
         pm[job, g, 1] = total
-    vw, vr = _as_f32(vf, kvb + t0 * hd, nk * hd, buf)
     o0 = job * group * hd
     for g in range(0, group - 1, 2):
-        _weighted_rows2(po, o0 + g * hd, o0 + (g + 1) * hd, sc, s0 + g * CHUNK,
-                        s0 + (g + 1) * CHUNK, vw, vr, nk, hd)  # fmt: skip
+        _weighted_rows2(po, o0 + g * hd, o0 + (g + 1) * hd, sc, g * chunk, (g + 1) * chunk,
+                        vf, kr, nk, hd)  # fmt: skip
     if group & 1:
         g = group - 1
-        _weighted_rows(po, o0 + g * hd, sc, s0 + g * CHUNK, vw, vr, nk, hd)
+        _weighted_rows(po, o0 + g * hd, sc, g * chunk, vf, kr, nk, hd)
 
 
 @njit(inline="always")
@@ -298,24 +266,35 @@ def _span(pos, window):
 
 
 @njit(inline="always")
+def _chunking(length, hkv):
+    """(positions a chunk, chunks) for a sequence attending `length` positions: at least
+    JOBS jobs over its KV heads where chunks of MIN_CHUNK allow, chunks of at most CHUNK. It
+    depends on the sequence alone (not on the batch, nor the thread count), so a row
+    comes out the same in any batch on any number of threads."""
+    want = max((length + CHUNK - 1) // CHUNK, (JOBS + hkv - 1) // hkv)
+    chunk = (length + want - 1) // want
+    chunk = min(CHUNK, max(MIN_CHUNK, (chunk + 15) // 16 * 16))
+    return chunk, (length + chunk - 1) // chunk
+
+
+@njit(inline="always")
 def _attend_one(HD, q, kc, vc, pos, window, scale, out):
     """q [hq, hd] of one token at pos against kc, vc [hkv, n_ctx, hd] -> out [hq, hd]."""
     hq, hd = q.shape
     hkv, nctx = kc.shape[0], kc.shape[1]
     group = hq // hkv
     lo, hi = _span(pos, window)
-    nch = (hi - lo + CHUNK - 1) // CHUNK
+    chunk, nch = _chunking(hi - lo, hkv)
     njobs = hkv * nch
-    sc = np.empty(njobs * group * CHUNK, np.float32)
     po = np.empty(njobs * group * hd, np.float32)
     pm = np.empty((njobs, group, 2), np.float32)
     qf, kf, vf, of = q.reshape(-1), kc.reshape(-1), vc.reshape(-1), out.reshape(-1)
     for job in prange(njobs):
         kh = job // nch
-        t0 = lo + (job - kh * nch) * CHUNK
-        nk = min(CHUNK, hi - t0)
-        _chunk_job(HD, qf, kh * group * hd, group, kf, vf, kh * nctx * hd, t0, nk, scale,
-                   sc, po, pm, job)  # fmt: skip
+        t0 = lo + (job - kh * nch) * chunk
+        nk = min(chunk, hi - t0)
+        _chunk_job(HD, qf, kh * group * hd, group, kf, vf, kh * nctx * hd, t0, nk, chunk,
+                   scale, po, pm, job)  # fmt: skip
     for h in range(hq):
         kh = h // group
         _merge(po, pm, kh * nch, nch, group, h - kh * group, hd, of, h * hd)
@@ -342,13 +321,13 @@ def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, 
     hkv = like.shape[1]
     group = hq // hkv
     nch = np.empty(n, np.int64)
+    chunks = np.empty(n, np.int64)
     for b in range(n):
         lo, hi = _span(starts[b], window)
-        nch[b] = (hi - lo + CHUNK - 1) // CHUNK
+        chunks[b], nch[b] = _chunking(hi - lo, hkv)
     most = nch.max()
     per = hkv * most  # jobs a sequence may take
     njobs = n * per
-    sc = np.empty(njobs * group * CHUNK, np.float32)
     po = np.empty(njobs * group * hd, np.float32)
     pm = np.empty((njobs, group, 2), np.float32)
     qf, of = q.reshape(-1), out.reshape(-1)
@@ -363,9 +342,9 @@ def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, 
             kf = numba.carray(cache_at(kaddr[b] + layer * size * item, like), size)
             vf = numba.carray(cache_at(vaddr[b] + layer * size * item, like), size)
             lo, hi = _span(starts[b], window)
-            t0 = lo + c * CHUNK
+            t0 = lo + c * chunks[b]
             _chunk_job(HD, qf, (b * hq + kh * group) * hd, group, kf, vf, kh * nctx[b] * hd,
-                       t0, min(CHUNK, hi - t0), scale, sc, po, pm, job)  # fmt: skip
+                       t0, min(chunks[b], hi - t0), chunks[b], scale, po, pm, job)  # fmt: skip
     for b in range(n):
         for h in range(hq):
             kh = h // group

@@ -1,0 +1,28 @@
+"""The kernel cache directory follows the ops sources (Numba's own key does not)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from edgerun import _numba_env
+
+
+def test_kernel_cache_dir_is_named_by_the_ops_sources_and_prunes_stale_ones(tmp_path):
+    stale, recent = tmp_path / "0123456789ab", tmp_path / "ba9876543210"
+    stale.mkdir()
+    recent.mkdir()
+    week_ago = time.time() - (_numba_env.KERNEL_CACHE_KEEP_DAYS + 1) * 86400
+    os.utime(stale, (week_ago, week_ago))
+    path = _numba_env.kernel_cache_dir(str(tmp_path))
+    assert os.path.isdir(path)
+    assert path == _numba_env.kernel_cache_dir(str(tmp_path))  # same sources, same place
+    assert not stale.exists() and recent.exists()
+    # the name is a digest of the ops files' sizes and mtimes: touching one moves it
+    ops = os.path.join(os.path.dirname(_numba_env.__file__), "ops", "rope.py")
+    st = os.stat(ops)
+    try:
+        os.utime(ops, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+        assert _numba_env.kernel_cache_dir(str(tmp_path)) != path
+    finally:
+        os.utime(ops, ns=(st.st_atime_ns, st.st_mtime_ns))
