@@ -12,8 +12,12 @@ With --ram-budget the model is loaded under that budget (offloaded when it does 
 concurrent requests then share one KV window and, dense-offloaded, each step's streamed
 weight reads; run it inside a memory cgroup to prove the budget from outside.
 
+With --history T each request starts with T tokens of its own stretch of a document (a
+long chat's context): every decode step then attends over T+ positions per session.
+
 Usage: python benchmarks/concurrency.py [-m MODEL ...] [-s 1,2,4,8] [-n 64] [-r 3] [-t 2]
-                                        [--ram-budget 800M] [-c 512] [--json out.json]
+                                        [--ram-budget 800M] [-c 512] [--history T]
+                                        [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,14 +41,26 @@ PROMPTS = [
 ]
 
 
-def _run(model, n_sessions: int, n_gen: int, concurrent: bool) -> dict:
+def _history(model, i: int, tokens: int) -> list[int]:
+    """About `tokens` tokens of the built-in evaluation text, a different stretch for
+    each session i (no shared prefix: each session's attention reads its own context)."""
+    from edgerun.corpus import evaluation_text
+
+    ids = model.tokenize(evaluation_text(), add_bos=False)
+    start = (i * tokens) % max(1, len(ids) - tokens)
+    return ids[start : start + tokens]
+
+
+def _run(model, n_sessions: int, n_gen: int, concurrent: bool, history: int = 0) -> dict:
     from edgerun.sampling import SamplingParams
 
     params = SamplingParams(temperature=0.0, repeat_penalty=1.0)
-    ids = [
-        model.encode_chat([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
-        for i in range(n_sessions)
-    ]
+    ids = []
+    for i in range(n_sessions):
+        text = PROMPTS[i % len(PROMPTS)]
+        if history:
+            text = model.detokenize(_history(model, i, history)) + "\n\n" + text
+        ids.append(model.encode_chat([{"role": "user", "content": text}]))
     sched = model.scheduler
     c0 = dataclasses.replace(sched.counters)
     t0 = time.perf_counter()
@@ -84,6 +100,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ram-budget", default=None, help="load under this budget (e.g. 800M)")
     ap.add_argument("-c", "--ctx", type=int, default=512)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--history", type=int, default=0, help="tokens of a different document before each prompt"
+    )
     args = ap.parse_args(argv)
     import edgerun
 
@@ -100,8 +119,8 @@ def main(argv=None) -> int:
         # spell then hits all N alike, and "x one" is the median of per-repetition ratios
         for _ in range(args.repetitions):
             for n in sizes:
-                runs[n]["batched"].append(_run(model, n, args.n_gen, True))
-                runs[n]["sequential"].append(_run(model, n, args.n_gen, False))
+                runs[n]["batched"].append(_run(model, n, args.n_gen, True, args.history))
+                runs[n]["sequential"].append(_run(model, n, args.n_gen, False, args.history))
         one = runs.get(1, {}).get("batched")
         for n in sizes:
             med = {
@@ -135,6 +154,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             out = {"threads": args.threads, "n_gen": args.n_gen, "ctx": args.ctx, "rows": rows}
+            out["history"] = args.history
             json.dump({**out, "ram_budget": args.ram_budget}, f, indent=1)
     return 0
 

@@ -100,3 +100,21 @@ def test_batched_rows_equal_single_rows_bit_for_bit(kv):
         D.attend_one(q[b], ks[b][1], vs[b][1], np.int64(s), np.int64(0),
                      np.float32(1 / np.sqrt(hd)), one)  # fmt: skip
         assert np.array_equal(out[b], one.reshape(-1)), b
+
+
+def test_batched_rows_of_another_head_size_take_the_one_row_kernel():
+    """Head size 80 (no split-kernel copy): BatchAttention's rows equal `attention` on
+    each cache alone, as the bound and general decode paths need."""
+    rng = np.random.default_rng(3)
+    hq, hkv, hd = 4, 2, 80
+    starts = [3, 40]
+    ks = [rng.standard_normal((1, hkv, 64, hd)).astype(np.float32) for _ in starts]
+    vs = [rng.standard_normal((1, hkv, 64, hd)).astype(np.float32) for _ in starts]
+    q = rng.standard_normal((2, hq, hd)).astype(np.float32)
+    kn = np.stack([ks[b][0, :, s] for b, s in enumerate(starts)])
+    vn = np.stack([vs[b][0, :, s] for b, s in enumerate(starts)])
+    out = np.empty((2, hq * hd), np.float32)
+    A.BatchAttention(ks, vs, starts)(0, q, kn, vn, 0, out)
+    for b, s in enumerate(starts):
+        one = A.attention(q[b : b + 1], ks[b][0], vs[b][0], s, 0)
+        assert np.array_equal(out[b], one[0]), b
