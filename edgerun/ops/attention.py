@@ -7,8 +7,8 @@ import numpy as np
 from numba import njit, prange
 
 from edgerun.ops import attention_decode, attention_tiled
-from edgerun.ops._simd import axpy16, madd16, stack16, store16, vsum16, widen, zero16
-from edgerun.ops.attention_decode import attend_many, attend_one, cache_at
+from edgerun.ops._simd import madd16, stack16, vsum16, widen, zero16
+from edgerun.ops.attention_decode import attend_many, attend_one, cache_at, weighted_rows
 
 
 def cache_values(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -44,37 +44,13 @@ def attention_reference(
 
 @njit(inline="always")
 def _weighted_sum(o, p, v, lo, hi, inv):
-    """o[:hd] = inv * sum_t p[t] * v[t, :hd] for t in lo..hi-1. Columns in chunks of 64
-    (then 16) outside, positions inside: four independent 16-lane vector sums stay in
-    registers (o does not round-trip through memory once per position, and four FMA
-    chains hide each other's latency). Every column still sums over t in order."""
+    """o[:hd] = inv * sum_t p[t] * v[t, :hd] for t in lo..hi-1: whole 16-column vectors
+    in registers (attention_decode.weighted_rows: o does not round-trip through memory
+    once per position, and four FMA chains hide each other's latency), then the columns
+    past them. Every column still sums over t in order."""
     hd = o.shape[0]
     n16 = hd // 16
-    a0, a1, a2, a3 = stack16(), stack16(), stack16(), stack16()
-    c = 0
-    while c + 4 <= n16:
-        zero16(a0)
-        zero16(a1)
-        zero16(a2)
-        zero16(a3)
-        for t in range(lo, hi):
-            w = p[t]
-            base = t * hd + c * 16
-            axpy16(a0, w, v, base)
-            axpy16(a1, w, v, base + 16)
-            axpy16(a2, w, v, base + 32)
-            axpy16(a3, w, v, base + 48)
-        store16(o, c * 16, a0, inv)
-        store16(o, c * 16 + 16, a1, inv)
-        store16(o, c * 16 + 32, a2, inv)
-        store16(o, c * 16 + 48, a3, inv)
-        c += 4
-    while c < n16:
-        zero16(a0)
-        for t in range(lo, hi):
-            axpy16(a0, p[t], v, t * hd + c * 16)
-        store16(o, c * 16, a0, inv)
-        c += 1
+    weighted_rows(o, 0, p, lo, v, lo * hd, hi - lo, hd, n16 * 16, inv)
     for d in range(n16 * 16, hd):
         x = np.float32(0.0)
         for t in range(lo, hi):

@@ -148,40 +148,40 @@ def _softmax_chunk(sc, s0, nk):
 
 
 @njit(inline="always")
-def _weighted_rows(o, oi, p, pi, v, vi, nk, hd):
-    """o.flat[oi:oi + hd] = sum_t p[pi + t] v.flat[vi + t hd : + hd] for t < nk, 64
-    columns at a time (four 16-lane chains), then 16."""
+def weighted_rows(o, oi, p, pi, v, vi, nk, stride, cols, inv):
+    """o.flat[oi:oi + cols] = inv * sum_t p[pi + t] v.flat[vi + t stride : + cols] for
+    t < nk (cols a multiple of 16), 64 columns at a time (four 16-lane chains in
+    registers), then 16; every column sums over t in order."""
     a0, a1, a2, a3 = stack16(), stack16(), stack16(), stack16()
     c = 0
-    while c + 64 <= hd:
+    while c + 64 <= cols:
         zero16(a0)
         zero16(a1)
         zero16(a2)
         zero16(a3)
         for t in range(nk):
             w = p[pi + t]
-            base = vi + t * hd + c
+            base = vi + t * stride + c
             axpy16(a0, w, v, base)
             axpy16(a1, w, v, base + 16)
             axpy16(a2, w, v, base + 32)
             axpy16(a3, w, v, base + 48)
-        one = np.float32(1.0)
-        store16(o, oi + c, a0, one)
-        store16(o, oi + c + 16, a1, one)
-        store16(o, oi + c + 32, a2, one)
-        store16(o, oi + c + 48, a3, one)
+        store16(o, oi + c, a0, inv)
+        store16(o, oi + c + 16, a1, inv)
+        store16(o, oi + c + 32, a2, inv)
+        store16(o, oi + c + 48, a3, inv)
         c += 64
-    while c < hd:
+    while c < cols:
         zero16(a0)
         for t in range(nk):
-            axpy16(a0, p[pi + t], v, vi + t * hd + c)
-        store16(o, oi + c, a0, np.float32(1.0))
+            axpy16(a0, p[pi + t], v, vi + t * stride + c)
+        store16(o, oi + c, a0, inv)
         c += 16
 
 
 @njit(inline="always")
 def _weighted_rows2(o, oa, ob, p, pa, pb, v, vi, nk, hd):
-    """_weighted_rows for two heads at once: each value row loaded once for both, and
+    """weighted_rows for two heads at once: each value row loaded once for both, and
     eight independent 16-lane chains (four leave the FMA units waiting on latency)."""
     a0, a1, a2, a3 = stack16(), stack16(), stack16(), stack16()
     b0, b1, b2, b3 = stack16(), stack16(), stack16(), stack16()
@@ -232,7 +232,7 @@ def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, chunk, scale, po, pm, job)
                         vf, kr, nk, hd)  # fmt: skip
     if group & 1:
         g = group - 1
-        _weighted_rows(po, o0 + g * hd, sc, g * chunk, vf, kr, nk, hd)
+        weighted_rows(po, o0 + g * hd, sc, g * chunk, vf, kr, nk, hd, hd, np.float32(1.0))
 
 
 @njit(inline="always")
