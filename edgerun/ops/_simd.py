@@ -288,8 +288,9 @@ def max16(typingctx, acc, a, ai):
 
 # Softmax weights below e^-64 (1.6e-28 of the largest) are 0: exp16 clamps its input at
 # -87.3 and returns ~1e-38 there, and the weighted sums' products of such weights are
-# denormal, which Intel cores compute in microcode. Real heads that attend sharply (an
-# attention sink 100 above the rest) made the decode kernel 12x slower before this.
+# denormal, which Intel cores compute in microcode. On a real Qwen2.5-0.5B cache (scores
+# up to 2.7e6 below a row's maximum) the decode kernel took 17.3 us a layer without this,
+# 13.0 with it (Xeon, both compiled fresh in one session).
 SOFTMAX_FLUSH = -64.0
 
 
