@@ -8,7 +8,14 @@ from numba import njit, prange
 
 from edgerun.ops import attention_decode, attention_tiled
 from edgerun.ops._simd import madd16, stack16, vsum16, widen, zero16
-from edgerun.ops.attention_decode import attend_many, attend_one, cache_at, weighted_rows
+from edgerun.ops.attention_decode import (
+    attend_many,
+    attend_one,
+    cache_at,
+    span,
+    takes,
+    weighted_rows,
+)
 
 
 def cache_values(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -136,10 +143,8 @@ def _attention(q, k, v, start, window, scale, scores, out):
         h = job - i * hq
         kh = h // group
         pos = start + i
-        lo = 0
-        if window > 0:
-            lo = max(0, pos - window + 1)
-        _attend_row(q[i, h], k[kh], v[kh], lo, pos + 1, scale, scores[job], out[i, h])
+        lo, hi = span(pos, window)
+        _attend_row(q[i, h], k[kh], v[kh], lo, hi, scale, scores[job], out[i, h])
 
 
 @njit(cache=True, nogil=True)
@@ -164,7 +169,7 @@ def _attention_batch(
             for d in range(hd):
                 kc[h, pos, d] = k_new[b, h, d]
                 vc[h, pos, d] = v_new[b, h, d]
-    if hd == 64 or hd == 128 or hd == 256:  # attention_decode.HEAD_DIMS
+    if takes(hd):
         attend_many(q, k_new, kaddr, vaddr, nctx, layer, starts, window, scale, out)
     else:
         _attention_rows_batch(q, k_new, kaddr, vaddr, nctx, layer, starts, window, scale,
@@ -184,13 +189,11 @@ def _attention_rows_batch(q, like, kaddr, vaddr, nctx, layer, starts, window, sc
         h = job - b * hq
         kh = h // group
         pos = starts[b]
-        lo = 0
-        if window > 0:
-            lo = max(0, pos - window + 1)
+        lo, hi = span(pos, window)
         off = layer * hkv * nctx[b] * hd * item
         kc = numba.carray(cache_at(kaddr[b] + off, like), (hkv, nctx[b], hd))
         vc = numba.carray(cache_at(vaddr[b] + off, like), (hkv, nctx[b], hd))
-        _attend_row(q[b, h], kc[kh], vc[kh], lo, pos + 1, scale, scores[job], out[b, h])
+        _attend_row(q[b, h], kc[kh], vc[kh], lo, hi, scale, scores[job], out[b, h])
 
 
 def attention(
@@ -218,21 +221,12 @@ def attention(
     if attention_tiled.supports(n, hd):  # prefill: query rows in register tiles
         attention_tiled.attention_tiled(q, k, v, start, window, out.reshape(n, hq, hd))
         return out.reshape(n, hq * hd)
+    scale = np.float32(1.0 / np.sqrt(hd))
     if n == 1 and attention_decode.supports(hd):  # decode: the split-position kernel
-        attend_one(q[0], k, v, np.int64(start), np.int64(window), np.float32(1.0 / np.sqrt(hd)),
-                   out.reshape(hq, hd))  # fmt: skip
+        attend_one(q[0], k, v, np.int64(start), np.int64(window), scale, out.reshape(hq, hd))
         return out.reshape(n, hq * hd)
     scores = np.empty((n * hq, length), dtype=np.float32)
-    _attention(
-        q,
-        k,
-        v,
-        np.int64(start),
-        np.int64(window),
-        np.float32(1.0 / np.sqrt(hd)),
-        scores,
-        out.reshape(n, hq, hd),
-    )
+    _attention(q, k, v, np.int64(start), np.int64(window), scale, scores, out.reshape(n, hq, hd))
     return out.reshape(n, hq * hd)
 
 

@@ -55,6 +55,12 @@ def supports(head_dim: int) -> bool:
     return head_dim in HEAD_DIMS
 
 
+@njit(inline="always")
+def takes(head_dim):
+    """`supports` inside compiled code (token_step, attention's batched rows)."""
+    return head_dim in HEAD_DIMS
+
+
 def _sum_lanes16(b, vecs):
     """IR: 16 <16 x float> -> one <16 x float> whose lane j is the sum of vecs[j]'s lanes:
     pairs of vectors exchange halves and add, 4 rounds (8 + 4 + 2 + 1 adds)."""
@@ -130,8 +136,7 @@ def scores16(typingctx, hd, q, qi, k, ki, nvalid, scale, out, oi):
 @njit(inline="always")
 def _softmax_chunk(sc, s0, nk):
     """sc[s0:s0 + nk] = e^(s - max) over the chunk's scores (the lanes after nk up to a
-    multiple of 16 hold -inf and come out ~1e-38, which no sum of at least 1 notices);
-    returns (max, sum)."""
+    multiple of 16 hold -inf and come out 0, below SOFTMAX_FLUSH); returns (max, sum)."""
     acc = stack16()
     accv = numba.carray(acc, 16)
     for j in range(16):
@@ -257,7 +262,7 @@ def _merge(po, pm, job0, nch, group, g, hd, out, oi):
 
 
 @njit(inline="always")
-def _span(pos, window):
+def span(pos, window):
     """The positions a query at pos attends: [lo, pos + 1)."""
     lo = 0
     if window > 0:
@@ -283,7 +288,7 @@ def _attend_one(HD, q, kc, vc, pos, window, scale, out):
     hq, hd = q.shape
     hkv, nctx = kc.shape[0], kc.shape[1]
     group = hq // hkv
-    lo, hi = _span(pos, window)
+    lo, hi = span(pos, window)
     chunk, nch = _chunking(hi - lo, hkv)
     njobs = hkv * nch
     po = np.empty(njobs * group * hd, np.float32)
@@ -322,9 +327,10 @@ def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, 
     group = hq // hkv
     nch = np.empty(n, np.int64)
     chunks = np.empty(n, np.int64)
+    los = np.empty(n, np.int64)
     for b in range(n):
-        lo, hi = _span(starts[b], window)
-        chunks[b], nch[b] = _chunking(hi - lo, hkv)
+        los[b], hi = span(starts[b], window)
+        chunks[b], nch[b] = _chunking(hi - los[b], hkv)
     most = nch.max()
     per = hkv * most  # jobs a sequence may take
     njobs = n * per
@@ -341,10 +347,10 @@ def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, 
             size = hkv * nctx[b] * hd
             kf = numba.carray(cache_at(kaddr[b] + layer * size * item, like), size)
             vf = numba.carray(cache_at(vaddr[b] + layer * size * item, like), size)
-            lo, hi = _span(starts[b], window)
-            t0 = lo + c * chunks[b]
+            t0 = los[b] + c * chunks[b]
             _chunk_job(HD, qf, (b * hq + kh * group) * hd, group, kf, vf, kh * nctx[b] * hd,
-                       t0, min(chunks[b], hi - t0), chunks[b], scale, po, pm, job)  # fmt: skip
+                       t0, min(chunks[b], starts[b] + 1 - t0), chunks[b], scale, po, pm,
+                       job)  # fmt: skip
     for b in range(n):
         for h in range(hq):
             kh = h // group

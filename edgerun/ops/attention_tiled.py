@@ -37,6 +37,7 @@ from edgerun.ops._simd import (
     widen,
     zero16,
 )
+from edgerun.ops.attention_decode import span
 
 ROWS = 4  # query rows per tile
 KEYS = 64  # keys per score tile
@@ -187,9 +188,7 @@ def _attention_tiled(q, kt, v, start, window, scale, scores, out, spare):
         r0 = (job - kh * ntile) * ROWS
         last = min(r0 + ROWS, rows) - 1
         hi = start + last // group + 1  # the keys of the tile's last (latest) row
-        lo = 0
-        if window > 0:
-            lo = max(0, start + r0 // group - window + 1)
+        lo, _ = span(start + r0 // group, window)  # the keys of its first (earliest) row on
         ra, rb = min(r0, last), min(r0 + 1, last)
         rc, rd = min(r0 + 2, last), min(r0 + 3, last)
         ia, ib, ic, id_ = ra // group, rb // group, rc // group, rd // group
@@ -201,8 +200,8 @@ def _attention_tiled(q, kt, v, start, window, scale, scores, out, spare):
         inv = np.empty(ROWS, np.float32)
         for r in range(ROWS):
             pos = start + min(r0 + r, last) // group
-            rlo = max(0, pos - window + 1) if window > 0 else 0
-            inv[r] = _softmax_weights(scores[job, r], lo, hi, rlo, pos + 1)
+            rlo, rhi = span(pos, window)
+            inv[r] = _softmax_weights(scores[job, r], lo, hi, rlo, rhi)
         # padding rows (past the last) recompute the last row into a spare output
         o0 = out[ia, ha]
         o1 = out[ib, hb] if r0 + 1 <= last else spare[job]

@@ -15,7 +15,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from edgerun.ops.attention import _attention, _attention_batch
-from edgerun.ops.attention_decode import attend_one
+from edgerun.ops.attention_decode import attend_one, takes
 from edgerun.ops.norm import _rmsnorm_serial
 from edgerun.ops.rope import _rope_inplace_serial
 
@@ -111,7 +111,7 @@ def attend_token(
     for h in range(hkv):
         _put(kc[h, pos], k2[h])
         _put(vc[h, pos], v2[h])
-    if hd == 64 or hd == 128 or hd == 256:  # attention_decode.HEAD_DIMS
+    if takes(hd):
         attend_one(q2, kc, vc, pos, window, scale, ctx.reshape(hq, hd))
     else:
         _attention(q3, kc, vc, pos, window, scale, scores, ctx.reshape(1, hq, hd))
