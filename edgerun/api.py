@@ -100,6 +100,8 @@ KERNEL_PAGED_OUT_BYTES = 60 << 20
 # growth (placement.LATE_MEMORY_BYTES), embedding rows a long chat touches
 # (placement.EMBEDDING_TOUCH_BYTES), and a decode step's temporaries
 KV_LOAN_MARGIN = 32 << 20
+# The chat length `edgerun plan` estimates the loan at (its KV pages are not lent)
+LOAN_CHAT_TOKENS = 256
 
 
 def runtime_floor_bytes() -> int:
@@ -255,9 +257,11 @@ class Model:
         gpu_budget: int | str | None = None,
         gpu_device: str | None = None,
         device=None,
+        lent_bytes: int = 0,
     ) -> tuple[Plan, OffloadOptions]:
         """Where this model's parts would live under `ram_budget` (and `gpu_budget` on
-        torch device `gpu_device`), and the offload options.
+        torch device `gpu_device`), and the offload options. lent_bytes: streamed rows
+        held on loan (dense offloading, offload/kv_loan.py) that the prediction counts.
 
         With only a budget (mode None) a model that fits stays resident; otherwise the
         FFNs are offloaded in `mode` (default DEFAULT_OFFLOAD). In sparse mode a saved
@@ -314,7 +318,7 @@ class Model:
 
             offload = offload_figures(bundle, self.threads)
 
-        def plan_with(floor: int) -> Plan:
+        def plan_with(floor: int, lent: int = lent_bytes) -> Plan:
             return plan(
                 fp,
                 budget,
@@ -335,18 +339,39 @@ class Model:
                 head_candidates=opts.head_candidates if mode == "dense" else 0,
                 head_rank=opts.head_rank,
                 head_held=opts.head_held,
+                lent_bytes=lent,
             )
 
-        p = plan_with(self.floor_bytes)
-        if mode == "dense" and opts.hold_after_warm_up and p.cache_neurons < fp.d_ff:
-            p = self._with_rows_after_kernels(p, plan_with)
-        if mode == "dense" and opts.kv_loan_tiers and p.cache_neurons < fp.d_ff:
-            p.notes.append(
-                "after the warm-up, the memory measured free under the budget (the KV "
-                f"cache's unwritten part of its {p.kv_bytes / 2**20:,.0f} MiB, the prompt "
-                "step's margin) holds more of the streamed rows, given back before a "
-                "prompt or the cache needs it (reads less a token than predicted here)"
+        def steady(lent: int = lent_bytes) -> Plan:
+            p = plan_with(self.floor_bytes, lent)
+            if mode == "dense" and opts.hold_after_warm_up and p.cache_neurons < fp.d_ff:
+                p = self._with_rows_after_kernels(p, lambda floor: plan_with(floor, lent))
+            return p
+
+        p = steady()
+        if mode == "dense" and opts.kv_loan_tiers and p.cache_neurons < fp.d_ff and not lent_bytes:
+            # what a short chat leaves unused of what the plan reserves: the KV cache's
+            # unwritten part, the plan's margins and slack, less what the loan keeps free
+            from edgerun.sched.placement import MARGIN_BYTES
+
+            chat = min(self.n_ctx, LOAN_CHAT_TOKENS)
+            est = (
+                p.kv_bytes
+                - chat * fp.kv_bytes_per_token
+                + max(0, p.budget - p.used_bytes)
+                + MARGIN_BYTES
+                - KV_LOAN_MARGIN
             )
+            if est > 0:
+                q = steady(est)
+                p.notes.append(
+                    "after the warm-up the memory measured free under the budget holds "
+                    "more of the streamed rows (the KV cache's unwritten part of its "
+                    f"{p.kv_bytes / 2**20:,.0f} MiB, the margins), given back before a prompt "
+                    f"or the cache needs it: in a chat of {chat} tokens at least "
+                    f"{q.lent_bytes / 2**20:,.0f} MiB, {q.read_bytes_per_token / 2**20:,.1f} MiB "
+                    f"read a token, {q.predicted_tok_s:,.1f} tok/s (offload/kv_loan.py)"
+                )
         if force:
             p.notes.append(
                 "--gpu-device cpu runs the torch path on the CPU (a test, not a speedup)"
@@ -379,8 +404,9 @@ class Model:
     def predicted_plan(self, threads: int | None = None):
         """The plan of this model's placement (budgets and devices it was loaded with),
         predicted with this machine's calibrated figures at `threads` (measured once and
-        cached): what `edgerun bench` compares its measurement to. By default the threads
-        its decode steps run on (fewer where they leave the row stream's reader a core)."""
+        cached), and the rows its KV loan holds now: what `edgerun bench` compares its
+        measurement to. By default the threads its decode steps run on (fewer where they
+        leave the row stream's reader a core)."""
         from edgerun.sched.calibration import calibrate
 
         ram, mode, opts, gpu, gpu_device = self._placement_args
@@ -389,7 +415,8 @@ class Model:
         figs = calibrate(threads, gpu_device=gpu_dev)
         if ram is None and mode is None and gpu is None:
             ram = 1 << 62  # resident: a budget it fits
-        return self.plan_for(ram, mode, opts, gpu, gpu_dev, device=figs)[0]
+        lent = self.kv_loan.lent_bytes if self.kv_loan is not None else 0
+        return self.plan_for(ram, mode, opts, gpu, gpu_dev, device=figs, lent_bytes=lent)[0]
 
     def _bundle_file(self) -> Path | None:
         """This model's flash bundle when it exists (made by the first offloaded run)."""

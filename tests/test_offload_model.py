@@ -204,13 +204,22 @@ with m.compute_lock:
 short = "".join(m.generate({short!r}, max_tokens=8, temperature=0))
 lent0, tiers0 = loan.lent_bytes, loan.lent_tiers
 held0 = m.store.held_neurons
+# the prediction bench prints counts the rows on loan (default figures: no calibration)
+from edgerun.sched import calibration
+from edgerun.sched.placement import DeviceFigures
+calibration.calibrate = lambda *a, **k: DeviceFigures()
+ram, mode, opts, gpu, gpu_dev = m._placement_args
+base = m.plan_for(ram, mode, opts, gpu, gpu_dev, device=DeviceFigures())[0]
+pred = m.predicted_plan()
 n_prompt = len(m.tokenize({prompt!r}))
 long = "".join(m.generate({prompt!r}, max_tokens=8, temperature=0))
 print(json.dumps(dict(short=short, long=long, lent0=lent0, tiers0=tiers0,
                       tiers1=loan.lent_tiers, kv=loan.kv_bytes(), free=loan.free_estimate(),
                       lent1=loan.lent_bytes, repaid=loan.repaid_bytes,
                       held0=held0, held1=m.store.held_neurons, plan=m.plan.cache_neurons,
-                      n_prompt=n_prompt)))
+                      n_prompt=n_prompt, pred_lent=pred.lent_bytes,
+                      pred_read=pred.read_bytes_per_token, base_read=base.read_bytes_per_token,
+                      pred_tps=pred.predicted_tok_s, base_tps=base.predicted_tok_s)))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -223,3 +232,6 @@ print(json.dumps(dict(short=short, long=long, lent0=lent0, tiers0=tiers0,
     # the process measured free, or (pages past it: a budget's KV reserve) none is lent
     assert res["free"] >= 0 or res["lent1"] == 0, res
     assert res["short"] == want_short and res["long"] == want
+    assert 0 < res["pred_lent"] <= res["lent0"], res  # capped at what a token streams
+    assert res["pred_read"] == pytest.approx(res["base_read"] - res["pred_lent"], abs=1)
+    assert res["pred_tps"] >= res["base_tps"]

@@ -84,6 +84,21 @@ def test_dense_mode_reads_more_than_a_sparse_few_neurons():
     assert s30.read_bytes_per_token > 0.9 * d.read_bytes_per_token
 
 
+def test_rows_on_loan_are_not_read_and_the_prediction_counts_them():
+    d = plan(QWEN15, 800 * MB, FLOOR, 512, mode="dense")
+    lent = plan(QWEN15, 800 * MB, FLOOR, 512, mode="dense", lent_bytes=50 * MB)
+    assert lent.lent_bytes == 50 * MB
+    assert lent.read_bytes_per_token == pytest.approx(d.read_bytes_per_token - 50 * MB)
+    assert lent.predicted_tok_s > d.predicted_tok_s
+    assert lent.cache_bytes == d.cache_bytes  # the plan's own split is unchanged
+    assert "rows lent (KV loan)" in lent.describe()
+    # a loan larger than what is streamed reads nothing, and sparse mode lends nothing
+    huge = plan(QWEN15, 800 * MB, FLOOR, 512, mode="dense", lent_bytes=1 << 40)
+    assert huge.read_bytes_per_token == 0 and huge.lent_bytes == math.ceil(d.read_bytes_per_token)
+    s = plan(QWEN15, 800 * MB, FLOOR, 512, mode="sparse", lent_bytes=50 * MB)
+    assert s.lent_bytes == 0
+
+
 def test_sparse_reads_model_the_readers_merging():
     from edgerun.sched.placement import _sparse_read
 

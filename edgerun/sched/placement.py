@@ -174,6 +174,10 @@ class Plan:
     # resident_bytes), since a token reads only candidates whatever the count: the held
     # rows buy exactness on the most used tokens, and the FFN's rows each save a read
     head_held_rows: int = 0
+    # dense mode: streamed rows held on memory the budget reserves but does not use yet
+    # (offload/kv_loan.py), which read_bytes_per_token and predicted_tok_s count: what a
+    # running model measured it lends (Model.predicted_plan), or an estimate
+    lent_bytes: int = 0
 
     @property
     def used_bytes(self) -> int:
@@ -299,6 +303,8 @@ class Plan:
                     f"{len(self.gpu_attention_layers)}",
                 )
             )
+        if self.lent_bytes:
+            rows.append(("rows lent (KV loan)", f"{self.lent_bytes / mb:,.0f} MiB"))
         rows += [
             ("predicted read per token", f"{self.read_bytes_per_token / mb:,.1f} MiB"),
             ("predicted decode", f"{self.predicted_tok_s:,.1f} tok/s"),
@@ -657,6 +663,7 @@ def plan(
     head_candidates: int = 0,
     head_rank: int = 64,
     head_held: int = 49152,
+    lent_bytes: int = 0,
 ) -> Plan:
     """Split `budget` bytes between resident weights, gate, predictor and neuron cache,
     and `gpu_budget` bytes between layers' FFNs and attention on a torch device.
@@ -670,6 +677,8 @@ def plan(
     flash and a rank-head_rank sketch of them in RAM picks that many a token to read
     (offload/head.py), instead of streaming them all; then the head's first head_held
     rows are held (fewer if the budget leaves less) and the FFN's share takes the rest.
+    lent_bytes (dense mode): streamed rows held on loan (offload/kv_loan.py), which every
+    token then does not read.
 
     Predicted time per token = the CPU's streamed bytes / its matvec rate + flash reads /
     the read rate at their size + device bytes / the device rate + one round trip per
@@ -748,6 +757,11 @@ def plan(
         per_layer = fit if fit >= fp.d_ff else fit - fit % ROW_MULTIPLE  # row multiples
         cache_bytes = int(per_layer * nb)
         read = (fp.d_ff - per_layer) * nb
+        if per_layer < fp.d_ff:  # rows on loan are streamed rows a token does not read
+            lent_bytes = int(min(max(0, lent_bytes), math.ceil(read)))
+            read = max(0.0, read - lent_bytes)
+        else:
+            lent_bytes = 0
         if sketched and tail:  # the head's other rows: the candidates, a 4 KiB read each
             read += head_candidates * 4096
         gate_resident, pred, gate_b = False, 0, 0
@@ -835,6 +849,7 @@ def plan(
         head_candidates=head_candidates if head_sketch else 0,
         head_sketch_bytes=head_sketch,
         head_held_rows=head_held_rows,
+        lent_bytes=lent_bytes if mode == "dense" and L_cpu else 0,
     )
 
 
