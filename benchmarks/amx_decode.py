@@ -87,7 +87,6 @@ from edgerun.ops.qmatvec_vnni import (  # noqa: E402
 
 MAX_VECTORS = 8  # columns of C: 2 blocks x 8 vectors fill a 64-byte tile row
 CHUNK = 64  # columns per tile product (two blocks of 32)
-KINDS = (KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q8_0)
 # row-tile parts a call splits into (each with its own scratch), at most one a tile: a
 # constant, as numba.get_num_threads() inside a kernel keeps it out of the disk cache
 PARTS = 16

@@ -722,6 +722,7 @@ def plan(
     notes: list[str] = []
     pinned = 0
     head_sketch = head_fixed = head_held_rows = tail = 0
+    lent = 0  # of lent_bytes, what this plan streams (dense mode)
     gate_cpu = L_cpu * fp.d_ff * fp.gate_row_bytes
     if L_cpu == 0:
         per_layer, cache_bytes, read, compute_s = 0, 0, 0.0, 0.0
@@ -758,10 +759,8 @@ def plan(
         cache_bytes = int(per_layer * nb)
         read = (fp.d_ff - per_layer) * nb
         if per_layer < fp.d_ff:  # rows on loan are streamed rows a token does not read
-            lent_bytes = int(min(max(0, lent_bytes), math.ceil(read)))
-            read = max(0.0, read - lent_bytes)
-        else:
-            lent_bytes = 0
+            lent = int(min(max(0, lent_bytes), math.ceil(read)))
+            read = max(0.0, read - lent)
         if sketched and tail:  # the head's other rows: the candidates, a 4 KiB read each
             read += head_candidates * 4096
         gate_resident, pred, gate_b = False, 0, 0
@@ -849,7 +848,7 @@ def plan(
         head_candidates=head_candidates if head_sketch else 0,
         head_sketch_bytes=head_sketch,
         head_held_rows=head_held_rows,
-        lent_bytes=lent_bytes if mode == "dense" and L_cpu else 0,
+        lent_bytes=lent,
     )
 
 
