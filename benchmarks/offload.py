@@ -116,6 +116,7 @@ def _child_edgerun(args: dict) -> dict:
             mb_per_token=s["bytes_read"] / per / 1e6,
             hit_rate=s.get("hit_rate", float("nan")),
             io_ms=1e3 * s["io_s"] / per,
+            read_ms=1e3 * s.get("read_s", 0.0) / per,
             mm_ms=1e3 * s["mm_s"] / per,
             compute_ms=1e3 * s["compute_s"] / per,
             plan=s.get("plan", ""),
@@ -355,7 +356,8 @@ def main() -> None:
     why_no_llama: dict[str, str] = {}
     hdr = (
         f"{'model':<20} {'budget':>7} {'config':<9} {'tok/s':>6} {'MB/tok':>7} {'hit':>5} "
-        f"{'io ms':>6} {'mm ms':>6} {'cmp ms':>6} {'max MB':>7} {'pred':>6} {'meas/pred':>9}  note"
+        f"{'io ms':>6} {'rd ms':>6} {'mm ms':>6} {'cmp ms':>6} {'max MB':>7} {'pred':>6} "
+        f"{'meas/pred':>9}  note"
     )
 
     def line(r: dict) -> str:
@@ -369,7 +371,7 @@ def main() -> None:
         return (
             f"{r['model']:<20} {r['budget_mb']:>6.0f}M {r['config']:<9} {f('tok_s', '{:.2f}'):>6} "
             f"{f('mb_per_token'):>7} {f('hit_rate', '{:.2f}'):>5} {f('io_ms'):>6} "
-            f"{f('mm_ms'):>6} {f('compute_ms'):>6} {f(peak, '{:.0f}'):>7} "
+            f"{f('read_ms'):>6} {f('mm_ms'):>6} {f('compute_ms'):>6} {f(peak, '{:.0f}'):>7} "
             f"{f('predicted_tok_s', '{:.2f}'):>6} {ratio:>9}  {r.get('error', '')[:100]}"
         )
 
@@ -405,7 +407,7 @@ def main() -> None:
     for c in cells:
         ok = [r for r in runs[c] if "error" not in r]
         r = dict(ok[-1] if ok else runs[c][-1])
-        for k in ("tok_s", "predicted_tok_s", "mb_per_token", "io_ms", "compute_ms"):
+        for k in ("tok_s", "predicted_tok_s", "mb_per_token", "io_ms", "read_ms", "compute_ms"):
             vals = [x[k] for x in ok if isinstance(x.get(k), (int, float))]
             if vals:
                 r[k] = statistics.median(vals)

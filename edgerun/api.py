@@ -213,9 +213,12 @@ class Model:
         if offloading:
             if ram_budget is not None:  # compiling beside the budgeted weights thrashes
                 from edgerun.ops import qmatvec
+                from edgerun.sched.placement import parse_budget
                 from edgerun.tools.warm_kernels import ensure_kernels_compiled
 
-                ensure_kernels_compiled(self.path, self.kv_type, qmatvec.kernel_path())
+                # the children compile within what the budget leaves beside this process
+                room = max(0, parse_budget(ram_budget) - current_rss_bytes())
+                ensure_kernels_compiled(self.path, self.kv_type, qmatvec.kernel_path(), room)
             self._offload(ram_budget, offload, offload_options, gpu_budget, gpu_device)
             if self.auto_threads:
                 self.governor.decode_reserve = self.reader_cores()

@@ -1,5 +1,6 @@
-"""Kernels are compiled in a child before a budgeted load, so the compiler's memory
-never sits beside the budgeted weights (edgerun/tools/warm_kernels.py)."""
+"""Kernels are compiled in children before a budgeted load, so the compiler's memory
+never sits beside the budgeted weights, and each child stays within what the budget
+leaves (edgerun/tools/warm_kernels.py)."""
 
 from __future__ import annotations
 
@@ -24,15 +25,20 @@ w = m.warm_up()
 marker = warm_marker({str(smollm2_path)!r}, m.kv_type, qmatvec.kernel_path())
 again = ensure_kernels_compiled({str(smollm2_path)!r}, m.kv_type, qmatvec.kernel_path())
 print(json.dumps(dict(store=type(m.store).__name__, compiled=w.compiled,
-                      marker=marker.exists(), again=again)))
+                      marker=marker.read_text(), again=again)))
 """
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))  # cold
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["store"] == "DenseStreamStore"
-    assert res["marker"] and not res["again"]  # warmed once, then skipped
-    assert res["compiled"] == 0  # the streamed and held rows hit the child's kernels
+    assert not res["again"]  # warmed once, then skipped
+    # The budget (the minimum + 10%) leaves the children less than all of the compiles
+    # take, so each stopped at its ceiling and the next went on from the cache
+    words = res["marker"].split()  # "N functions compiled in S s by K processes"
+    assert words[1:3] == ["functions", "compiled"] and int(words[0]) > 10, res["marker"]
+    assert int(words[-2]) > 1, res["marker"]
+    assert res["compiled"] == 0  # the streamed and held rows hit the children's kernels
 
 
 @pytest.mark.slow

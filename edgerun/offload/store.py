@@ -308,6 +308,7 @@ class OffloadStore(ResidentStore):
         misses = sum(c.stats.misses for c in self.caches)
         return {
             "bytes_read": int(r.bytes_read),
+            "read_s": r.read_seconds,
             "io_s": self.stats.io_s,
             "mm_s": self.stats.mm_s,
             "compute_s": self.stats.compute_s,
@@ -629,6 +630,7 @@ class DenseStreamStore(ResidentStore):
         r = self.direct
         return {
             "bytes_read": int(r.bytes_read),
+            "read_s": r.read_seconds,  # the reader inside its reads: its rate and duty
             "io_s": self.stats.io_s,
             "mm_s": 0.0,
             "compute_s": self.stats.compute_s,

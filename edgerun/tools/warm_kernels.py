@@ -9,8 +9,16 @@ were never compiled, a child loads the model resident (mapped: its pages are cle
 and the kernel reclaims them under the limit), compiles and caches every kernel the
 model's formats use, and exits. The parent then loads them from Numba's disk cache.
 
+The child itself must fit the budget too: Numba keeps what every compile allocated
+until the process exits (Qwen2.5-Coder-0.5B: 664 MiB anonymous after all 173 kernels,
+one of them 156 MiB), more than a 400 MiB budget holds, and such a child thrashed at
+its cgroup's limit for over 5 minutes. So a child given a memory ceiling stops before
+its next compile once its anonymous memory passes it (everything compiled so far is in
+the cache by then) and exits with PARTIAL; the parent starts another, which loads those
+kernels from the cache (little memory) and compiles on, until one finishes.
+
 A marker in Numba's cache directory records that this model was warmed with these
-kernel sources, kernel path and KV type, so later loads skip the child.
+kernel sources, kernel path and KV type, so later loads skip the children.
 """
 
 from __future__ import annotations
@@ -39,35 +47,109 @@ def warm_marker(path: str | os.PathLike, kv_type: str, kernels: str) -> Path | N
     return Path(cache) / "warm" / hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def ensure_kernels_compiled(path: str | os.PathLike, kv_type: str, kernels: str) -> bool:
-    """Compile `path`'s kernels in a child unless the marker says they are cached.
+PARTIAL = 75  # a child's exit status: it stopped at its memory ceiling, run another
+# What one compile may add to a child's anonymous memory, the first one's Numba and
+# LLVM start-up included (measured: 156 MiB for qmatvec_vnni.mvb_q5_0 alone, 210 MiB
+# as a process's first compile): a child stops while it has this much left.
+COMPILE_HEADROOM_BYTES = 224 << 20
+MAX_CHILDREN = 200  # each child compiles at least one function, so this bounds a bug
 
-    Returns True when a child ran and succeeded. A child that fails (no memory even
-    for it, a broken install) is not fatal: the caller's own warm-up compiles then."""
+
+def ensure_kernels_compiled(
+    path: str | os.PathLike, kv_type: str, kernels: str, memory_bytes: int | None = None
+) -> bool:
+    """Compile `path`'s kernels in children unless the marker says they are cached.
+
+    memory_bytes: what the children may use (the RAM budget less what the caller holds);
+    each child stops COMPILE_HEADROOM_BYTES short of it and another goes on. None: one
+    child compiles everything. Returns True when the children ran and succeeded. A child
+    that fails (no memory even for it, a broken install) is not fatal: the caller's own
+    warm-up compiles then."""
     marker = warm_marker(path, kv_type, kernels)
     if marker is None or marker.exists():
         return False
     env = dict(os.environ, EDGERUN_KERNELS=kernels)
     cmd = [sys.executable, "-m", "edgerun.tools.warm_kernels", str(path), "--kv-type", kv_type]
-    r = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    drop_page_cache([path])  # the child's mapped pages would count against the budget
-    if r.returncode != 0:
+    if memory_bytes is not None:
+        ceiling = max(0, memory_bytes - COMPILE_HEADROOM_BYTES)
+        cmd += ["--stop-above", str(ceiling)]
+    compiled, seconds, children, rc = 0, 0.0, 0, PARTIAL
+    while rc == PARTIAL and children < MAX_CHILDREN:
+        r = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        drop_page_cache([path])  # the child's mapped pages would count against the budget
+        children, rc = children + 1, r.returncode
+        for line in r.stdout.splitlines():
+            if line.startswith("compiled "):
+                n, s = line.split()[1:3]
+                compiled, seconds = compiled + int(n), seconds + float(s)
+    if rc != 0:
         return False
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(r.stdout.strip() + "\n")
+    marker.write_text(f"{compiled} functions compiled in {seconds:.1f} s by {children} processes\n")
     return True
+
+
+def _anonymous_bytes() -> int:
+    """This process's resident anonymous memory (Linux; 0 where /proc does not say)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _watch_compiles(ceiling: int | None, started: float, counts: list[int]) -> None:
+    """Count Numba's top-level compiles into counts[0]. With a ceiling: before each one
+    after the first, exit with PARTIAL once anonymous memory passed it (what was compiled
+    is cached by then: Numba saves a function as its compile ends, before the next
+    starts)."""
+    import time
+
+    from numba.core import event
+
+    class Ceiling(event.Listener):
+        depth = 0
+
+        def on_start(self, ev: event.Event) -> None:
+            over = ceiling is not None and counts[0] > 0 and _anonymous_bytes() > ceiling
+            if self.depth == 0 and over:
+                print(f"compiled {counts[0]} {time.perf_counter() - started:.1f}", flush=True)
+                os._exit(PARTIAL)
+            self.depth += 1
+
+        def on_end(self, ev: event.Event) -> None:
+            self.depth -= 1
+            if self.depth == 0:
+                counts[0] += 1
+
+    event.register("numba:compile", Ceiling())
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="compile a model's kernels into Numba's cache")
     ap.add_argument("path")
     ap.add_argument("--kv-type", default="f16")
+    ap.add_argument(
+        "--stop-above",
+        type=int,
+        default=None,
+        help="anonymous bytes past which the child stops before its next compile "
+        f"(exit status {PARTIAL}: run it again to go on)",
+    )
     a = ap.parse_args(argv)
+    import time
+
+    started = time.perf_counter()
+    counts = [0]
+    _watch_compiles(a.stop_above, started, counts)
     import edgerun
 
     m = edgerun.load(a.path, n_ctx=16, threads=1, kv_type=a.kv_type)
-    w = m.warm_up()
-    print(f"{w.compiled} functions compiled in {w.seconds:.1f} s")
+    m.warm_up()
+    print(f"compiled {counts[0]} {time.perf_counter() - started:.1f}")
     return 0
 
 
