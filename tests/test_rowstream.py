@@ -61,9 +61,40 @@ def test_an_out_of_order_take_restarts_the_read_ahead(data_file):
             with pytest.raises(InvalidArgumentError, match="release"):
                 stream.take(k)
             stream.release()
-        thread = stream._thread
+        threads = stream._threads
+        assert len(threads) == 2  # slots - 1
         stream.close()
-        assert thread is not None and not thread.is_alive()
+        assert not any(t.is_alive() for t in threads)
+
+
+@pytest.mark.parametrize("readers", [1, 2, 3])
+def test_several_readers_hand_over_every_piece_in_order(data_file, readers):
+    """Reads finish out of order with several readers; takes still get each piece's own
+    bytes, a cycle shorter than the read-ahead never reads a piece twice at once, and
+    out-of-order takes restart cleanly."""
+    path, data = data_file
+    ranges = [(i * 37_001 + 3, 20_000 + 1_000 * i) for i in range(40)]
+    with DirectReader(path, threads=2) as reader:
+        stream = RowStream(reader, slots=4, readers=readers)
+        for off, n in ranges:
+            stream.add(off, n)
+        order = list(range(40)) * 3 + [5, 6, 39, 0, 1, 17, 18]
+        for k in order:
+            off, n = ranges[k]
+            assert np.array_equal(stream.take(k), data[off : off + n])
+            stream.release()
+        assert len(stream._threads) == readers
+        stream.close()
+        assert not stream._inflight and not stream._ready
+        short = RowStream(reader, slots=4, readers=readers)  # one piece, three readers
+        short.add(*ranges[3])
+        for _ in range(20):
+            assert np.array_equal(short.take(0), data[ranges[3][0] : sum(ranges[3])])
+            assert len(short._ready) + len(short._inflight) <= 1
+            short.release()
+        short.close()
+    with pytest.raises(InvalidArgumentError, match="readers"):
+        RowStream(reader, slots=2, readers=2)
 
 
 def test_close_stops_the_reader_and_a_later_take_restarts_it(data_file):
@@ -79,14 +110,14 @@ def test_close_stops_the_reader_and_a_later_take_restarts_it(data_file):
         with pytest.raises(InvalidArgumentError, match="release"):
             stream.close()  # a piece still in use keeps its buffer
         stream.release()
-        first = stream._thread
+        (first,) = stream._threads
         stream.close()
-        assert not first.is_alive() and stream._thread is None and not stream._bufs
+        assert not first.is_alive() and not stream._threads and not stream._bufs
         for k in (1, 0, 1):
             off, n = ranges[k]
             assert np.array_equal(stream.take(k), data[off : off + n])
             stream.release()
-        second = stream._thread
+        (second,) = stream._threads
         assert second.is_alive() and second is not first
         stream.close()
         assert not second.is_alive() and second not in threading.enumerate()

@@ -7,8 +7,8 @@ of gate, up or down is computed on its own with the resident kernels. Dense stre
 in pieces of about PIECE_BYTES. The results are bit-identical to the resident model.
 
 The pieces a token needs are the same every token and come in the same order (layer
-by layer: gate, up, down), so one reader thread reads them in that cycle, as far
-ahead as its ring of buffers allows, across layer and token boundaries: the storage is
+by layer: gate, up, down), so reader threads read them in that cycle, as far ahead
+as its ring of buffers allows, across layer and token boundaries: the storage is
 never idle while attention, the held rows or the sampler compute. Measured against
 the bundled stream (one chunk ahead, down columns requantized to Q8_0) on
 Qwen2.5-Coder-1.5B: benchmarks/results/offload_rowstream.txt.
@@ -31,6 +31,7 @@ from edgerun.quant.formats import QuantTensor
 
 __all__ = [
     "PIECE_BYTES",
+    "READERS",
     "RING_SLOTS",
     "RowStream",
     "SplitMatrix",
@@ -42,6 +43,7 @@ __all__ = [
 
 PIECE_BYTES = 2 << 20  # one read: large enough for the storage's full rate
 RING_SLOTS = 4  # pieces read ahead (one of them is being computed)
+READERS = 2  # pieces read at once (RowStream)
 ROW_MULTIPLE = 64  # piece boundaries on multiples of the kernels' row tiles
 
 
@@ -55,37 +57,56 @@ class StreamStats:
 
 
 class RowStream:
-    """A reader thread over a fixed cycle of file ranges, into a ring of buffers.
+    """Reader threads over a fixed cycle of file ranges, into a ring of buffers.
 
-    `take(k)` returns piece k's bytes (valid until `release()`); the reader is by then
+    `take(k)` returns piece k's bytes (valid until `release()`); the readers are by then
     reading the pieces after it. A consumer that asks out of order (an exception in the
     middle of a forward, a layer moved elsewhere) makes the ring drop what it read ahead
     and restart at the piece asked for: slower, never wrong.
+
+    Several readers (READERS) each read a piece at a time, so one read's set-up overlaps
+    another's transfer. Why: a piece costs a fixed ~0.3-0.4 ms beyond its bytes here, so
+    one reader's rate fell with the piece size, and the KV loan (offload/kv_loan.py), which
+    shortens every matrix's streamed rows, shrank the reads without making them faster.
+    Measured on Qwen2.5-0.5B's stream at 400 MiB (72 pieces of ~1.2 MiB, 90 MB), no
+    compute beside it: one reader 47 ms a cycle (1.9 GB/s), two 37-40 (2.2-2.4), three
+    35-37; with 2 MiB pieces (135 MB) 74 -> 70 ms.
     """
 
-    def __init__(self, reader: DirectReader, slots: int = RING_SLOTS) -> None:
+    def __init__(
+        self, reader: DirectReader, slots: int = RING_SLOTS, readers: int | None = None
+    ) -> None:
+        """readers: pieces read at once (default READERS, at most slots - 1: one buffer
+        is the consumer's)."""
         if slots < 2:
             raise InvalidArgumentError(f"a row stream needs >= 2 buffers, got {slots}")
+        if readers is None:
+            readers = min(READERS, slots - 1)
+        if not 1 <= readers < slots:
+            raise InvalidArgumentError(
+                f"a row stream needs 1 to {slots - 1} readers for {slots} buffers, got {readers}"
+            )
         self.reader = reader
         self.slots = slots
+        self.readers = readers
         self.ranges: list[tuple[int, int]] = []
         self._spans: list[tuple[int, int]] = []
         self.slot_bytes = 0
         self._bufs: list[np.ndarray] = []
         self._free: deque[int] = deque()
-        self._ready: deque[tuple[int, int]] = deque()  # (piece, slot)
-        self._inflight: int | None = None
+        self._ready: dict[int, int] = {}  # piece -> slot, read in this generation
+        self._inflight: set[tuple[int, int]] = set()  # (piece, generation) being read
         self._next = 0
         self._gen = 0
         self._held: int | None = None
         self._closed = False
         self._error: BaseException | None = None
         self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def add(self, offset: int, nbytes: int) -> int:
         """Append a file range to the cycle (before the first take); its piece index."""
-        if self._thread is not None:
+        if self._threads:
             raise InvalidArgumentError("row stream: ranges are fixed once reading started")
         a0 = offset - offset % ALIGN  # read as its aligned superset, straight in (O_DIRECT)
         a1 = min(-(-(offset + nbytes) // ALIGN) * ALIGN, self.reader.size)
@@ -100,21 +121,30 @@ class RowStream:
         if len(self._bufs) != self.slots or any(b.size < self.slot_bytes for b in self._bufs):
             self._bufs = [aligned_empty(self.slot_bytes) for _ in range(self.slots)]
         self._free.extend(range(self.slots))
-        self._thread = threading.Thread(target=self._run, name="edgerun-rowstream", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"edgerun-rowstream-{i}", daemon=True)
+            for i in range(self.readers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _pending(self, k: int) -> bool:
+        """Whether piece k of this generation is read or being read (not yet taken)."""
+        return k in self._ready or (k, self._gen) in self._inflight
 
     def _run(self) -> None:
         cv = self._cv
         while True:
             with cv:
-                while not self._closed and not self._free:
+                # never a piece twice at once: a cycle shorter than the read-ahead waits
+                while not self._closed and (not self._free or self._pending(self._next)):
                     cv.wait()
                 if self._closed:
                     return
                 slot = self._free.popleft()
                 k, gen = self._next, self._gen
                 self._next = (k + 1) % len(self.ranges)
-                self._inflight = k
+                self._inflight.add((k, gen))
             try:
                 a0, a1 = self._spans[k]
                 self.reader.read_into([(a0, a1 - a0)], self._bufs[slot])
@@ -122,13 +152,13 @@ class RowStream:
                 with cv:
                     self._error = e
                     self._free.append(slot)
-                    self._inflight = None
+                    self._inflight.discard((k, gen))
                     cv.notify_all()
                 return
             with cv:
-                self._inflight = None
+                self._inflight.discard((k, gen))
                 if gen == self._gen:
-                    self._ready.append((k, slot))
+                    self._ready[k] = slot
                 else:
                     self._free.append(slot)
                 cv.notify_all()
@@ -137,17 +167,17 @@ class RowStream:
         """Piece k's bytes (uint8, exactly the range asked for)."""
         cv = self._cv
         with cv:
-            if self._thread is None:
+            if not self._threads:
                 self._start()
             if self._held is not None:
                 raise InvalidArgumentError("row stream: release() the last piece first")
             while True:
                 if self._error is not None:
                     raise self._error
-                if self._ready and self._ready[0][0] == k:
-                    _, slot = self._ready.popleft()
+                if k in self._ready:
+                    slot = self._ready.pop(k)
                     break
-                if self._ready or (self._inflight != k and self._next != k):
+                if (k, self._gen) not in self._inflight and self._next != k:
                     self._restart(k)  # out of order: drop the read-ahead
                 cv.wait()
         self._held = slot
@@ -161,14 +191,14 @@ class RowStream:
         """Forget the cycle's ranges, to add a new cycle (before the first take, or
         after close())."""
         with self._cv:
-            if self._thread is not None:
+            if self._threads:
                 raise InvalidArgumentError("row stream: close() it before changing its ranges")
             self.ranges.clear()
             self._spans.clear()
             self.slot_bytes = 0
 
     def _restart(self, k: int) -> None:
-        self._free.extend(s for _, s in self._ready)
+        self._free.extend(self._ready.values())
         self._ready.clear()
         self._gen += 1
         self._next = k
@@ -196,17 +226,16 @@ class RowStream:
                 raise InvalidArgumentError("row stream: release() the last piece first")
             self._closed = True
             self._cv.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join()
+            threads, self._threads = self._threads, []
+        for t in threads:
+            t.join()
         with self._cv:
-            self._thread = None
             self._closed = False
             if free_ring:
                 self._bufs = []
             self._free.clear()
             self._ready.clear()
-            self._inflight = None
+            self._inflight.clear()
             self._next = 0
             self._gen += 1
 

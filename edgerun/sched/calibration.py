@@ -66,8 +66,9 @@ def measure_flash(directory: Path, threads: int = 4, nbytes: int = FLASH_FILE_BY
 
 
 def measure_stream(directory: Path, nbytes: int = FLASH_FILE_BYTES, cycles: int = 3) -> float:
-    """Bytes/s of dense streaming's own reads: one RowStream thread over PIECE_BYTES
-    pieces, taken in order as the decode takes them (the median of `cycles` passes).
+    """Bytes/s of dense streaming's own reads: a RowStream (its READERS threads) over
+    PIECE_BYTES pieces, taken in order as the decode takes them (the median of `cycles`
+    passes).
 
     The planner once predicted dense decode from the 4-thread 1 MiB rate (1.43 GB/s
     here), but the row stream reads one piece at a time: Qwen2.5-1.5B ran at 0.62-0.67
@@ -183,9 +184,10 @@ def _key(threads: int, directory: Path, gpu_device: str | None) -> str:
     from edgerun._numba_env import sources_stamp
     from edgerun.probe import cpu_features
 
-    # the kernels' sources too: an upgrade that changes their speed measures them again
+    # the kernels' and the readers' sources too: an upgrade that changes their speed
+    # measures them again
     text = f"{cpu_features()['model']}|{os.cpu_count()}|{threads}|{dev}|{gpu_device or ''}"
-    text += sources_stamp("ops")
+    text += sources_stamp("ops") + sources_stamp("offload")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
