@@ -540,7 +540,7 @@ class Model:
     def reader_cores(self) -> int:
         """Cores a decode step leaves to the weight readers (sched/cpu_share.ThreadGovernor):
         one where offloading reads FFN weights from flash every token (dense streaming's
-        reader thread, sparse mode's I/O threads) and there is a core to spare. Sparse
+        reader threads, sparse mode's I/O threads) and there is a core to spare. Sparse
         mode, Qwen2.5-Coder-1.5B at 800 MiB on 2 vCPUs: 1 compute thread 0.59 / 0.62
         tok/s (I/O wait 1.24-1.28 s a token), 2 threads 0.50 / 0.47 (1.69-1.84 s)."""
         p = self.plan
@@ -751,7 +751,7 @@ class Model:
 
     def close(self) -> None:
         """Stop the scheduler thread (cancels what is running) and the weight store's
-        reader thread, if it streams. Both start again when the model is used."""
+        reader threads, if it streams. Both start again when the model is used."""
         if self._scheduler is not None:
             self._scheduler.close()
             self._scheduler = None

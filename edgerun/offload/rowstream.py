@@ -212,7 +212,7 @@ class RowStream:
                 self._cv.notify_all()
 
     def close(self, free_ring: bool = True) -> None:
-        """Stop the reader thread and free the ring. A later take() starts both again,
+        """Stop the reader threads and free the ring. A later take() starts both again,
         so closing an idle model's stream loses nothing.
 
         free_ring=False keeps the ring's buffers for the restart (a rebuilt cycle,

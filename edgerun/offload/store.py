@@ -546,7 +546,7 @@ class DenseStreamStore(ResidentStore):
         return rows if neurons >= d_ff else neurons * rows // d_ff
 
     def close(self) -> None:
-        """Stop the row stream's reader thread and free its ring (it restarts on use)."""
+        """Stop the row stream's reader threads and free its ring (it restarts on use)."""
         self.row_stream.close()
 
     def matrix(self, name: str):
@@ -630,7 +630,7 @@ class DenseStreamStore(ResidentStore):
         r = self.direct
         return {
             "bytes_read": int(r.bytes_read),
-            "read_s": r.read_seconds,  # the reader inside its reads: its rate and duty
+            "read_s": r.read_seconds,  # the readers inside their reads, summed: rate and duty
             "io_s": self.stats.io_s,
             "mm_s": 0.0,
             "compute_s": self.stats.compute_s,

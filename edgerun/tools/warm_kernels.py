@@ -28,6 +28,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from edgerun._numba_env import sources_stamp
@@ -106,8 +107,6 @@ def _watch_compiles(ceiling: int | None, started: float, counts: list[int]) -> N
     after the first, exit with PARTIAL once anonymous memory passed it (what was compiled
     is cached by then: Numba saves a function as its compile ends, before the next
     starts)."""
-    import time
-
     from numba.core import event
 
     class Ceiling(event.Listener):
@@ -140,8 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         f"(exit status {PARTIAL}: run it again to go on)",
     )
     a = ap.parse_args(argv)
-    import time
-
     started = time.perf_counter()
     counts = [0]
     _watch_compiles(a.stop_above, started, counts)
