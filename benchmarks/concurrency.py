@@ -103,60 +103,85 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--history", type=int, default=0, help="tokens of a different document before each prompt"
     )
+    ap.add_argument(
+        "--interleave",
+        choices=("default", "on", "off", "both"),
+        default="default",
+        help="the interleaved decode copies (load(interleave=...)); both: one model each, "
+        "alternating per repetition",
+    )
     args = ap.parse_args(argv)
     import edgerun
 
+    layouts = {"default": [None], "on": [True], "off": [False], "both": [False, True]}
     rows = []
     for name in args.model or ["smollm2-135m", "qwen2.5-coder-0.5b"]:
-        model = edgerun.load(name, threads=args.threads, n_ctx=args.ctx, ram_budget=args.ram_budget)
-        if model.plan is not None:
-            print(f"{name}: {model.plan.mode} plan under {args.ram_budget}", flush=True)
-        model.warm_up()
-        _run(model, 2, 4, True)  # scheduler thread up, kernels hot
+        models = {}
+        for il in layouts[args.interleave]:
+            kw = {} if il is None else {"interleave": il}
+            model = edgerun.load(
+                name, threads=args.threads, n_ctx=args.ctx, ram_budget=args.ram_budget, **kw
+            )
+            if model.plan is not None:
+                print(f"{name}: {model.plan.mode} plan under {args.ram_budget}", flush=True)
+            model.warm_up()
+            _run(model, 2, 4, True)  # scheduler thread up, kernels hot
+            label = name if il is None else f"{name}{' [interleaved]' if il else ' [rows]'}"
+            models[label] = model
         sizes = [int(x) for x in args.sessions.split(",")]
-        runs = {n: {"batched": [], "sequential": []} for n in sizes}
+        runs = {(label, n): {"batched": [], "sequential": []} for label in models for n in sizes}
         # Repetitions outermost, every N inside each: on a shared (noisy) machine a slow
         # spell then hits all N alike, and "x one" is the median of per-repetition ratios
         for _ in range(args.repetitions):
-            for n in sizes:
-                runs[n]["batched"].append(_run(model, n, args.n_gen, True, args.history))
-                runs[n]["sequential"].append(_run(model, n, args.n_gen, False, args.history))
-        one = runs.get(1, {}).get("batched")
-        for n in sizes:
-            med = {
-                mode: {k: statistics.median(x[k] for x in rs) for k in rs[0]}
-                for mode, rs in runs[n].items()
-            }
-            row = {"model": name, "sessions": n, **{m: v for m, v in med.items()}}
-            row["decode_vs_one"] = (
-                statistics.median(
-                    b["aggregate_decode_tps"] / a["aggregate_decode_tps"]
-                    for a, b in zip(one, runs[n]["batched"])
-                )
-                if one
-                else None
-            )
-            seq_tps = med["sequential"]["aggregate_tps"]
-            row["vs_sequential"] = med["batched"]["aggregate_tps"] / seq_tps
-            rows.append(row)
-            b, s = med["batched"], med["sequential"]
-            vs_one = f"{row['decode_vs_one']:.2f}x one" if one else "no N=1 run"
-            print(
-                f"{name:20s} N={n}  batched: agg {b['aggregate_tps']:6.1f} tok/s, decode "
-                f"{b['aggregate_decode_tps']:6.1f} ({vs_one}), per-session "
-                f"{b['per_session_tps']:5.1f}, TTFT mean {b['ttft_mean_s']:.2f} s p95 "
-                f"{b['ttft_p95_s']:.2f} s | sequential: agg {s['aggregate_tps']:6.1f}, TTFT mean "
-                f"{s['ttft_mean_s']:.2f} s p95 {s['ttft_p95_s']:.2f} s | batched/sequential "
-                f"{row['vs_sequential']:.2f}x",
-                flush=True,
-            )
-        model.close()
+            for label, model in models.items():
+                for n in sizes:
+                    r = runs[label, n]
+                    r["batched"].append(_run(model, n, args.n_gen, True, args.history))
+                    r["sequential"].append(_run(model, n, args.n_gen, False, args.history))
+        for label in models:
+            _report(label, sizes, runs, rows)
+        for model in models.values():
+            model.close()
     if args.json:
         with open(args.json, "w") as f:
             out = {"threads": args.threads, "n_gen": args.n_gen, "ctx": args.ctx, "rows": rows}
             out["history"] = args.history
             json.dump({**out, "ram_budget": args.ram_budget}, f, indent=1)
     return 0
+
+
+def _report(name: str, sizes: list[int], all_runs: dict, rows: list) -> None:
+    """Print (and append to rows) one model's medians per session count."""
+    runs = {n: all_runs[name, n] for n in sizes}
+    one = runs.get(1, {}).get("batched")
+    for n in sizes:
+        med = {
+            mode: {k: statistics.median(x[k] for x in rs) for k in rs[0]}
+            for mode, rs in runs[n].items()
+        }
+        row = {"model": name, "sessions": n, **{m: v for m, v in med.items()}}
+        row["decode_vs_one"] = (
+            statistics.median(
+                b["aggregate_decode_tps"] / a["aggregate_decode_tps"]
+                for a, b in zip(one, runs[n]["batched"])
+            )
+            if one
+            else None
+        )
+        seq_tps = med["sequential"]["aggregate_tps"]
+        row["vs_sequential"] = med["batched"]["aggregate_tps"] / seq_tps
+        rows.append(row)
+        b, s = med["batched"], med["sequential"]
+        vs_one = f"{row['decode_vs_one']:.2f}x one" if one else "no N=1 run"
+        print(
+            f"{name:20s} N={n}  batched: agg {b['aggregate_tps']:6.1f} tok/s, decode "
+            f"{b['aggregate_decode_tps']:6.1f} ({vs_one}), per-session "
+            f"{b['per_session_tps']:5.1f}, TTFT mean {b['ttft_mean_s']:.2f} s p95 "
+            f"{b['ttft_p95_s']:.2f} s | sequential: agg {s['aggregate_tps']:6.1f}, TTFT mean "
+            f"{s['ttft_mean_s']:.2f} s p95 {s['ttft_p95_s']:.2f} s | batched/sequential "
+            f"{row['vs_sequential']:.2f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -140,6 +140,7 @@ class Model:
         gpu_budget: int | str | None = None,
         gpu_device: str = "cuda",
         device_profile=None,
+        interleave: bool | None = None,
     ) -> None:
         t0 = time.perf_counter()
         self.device_profile = None
@@ -189,8 +190,18 @@ class Model:
         offloading = ram_budget is not None or offload is not None or gpu_budget is not None
         self.store = None  # built below: resident, or by _offload once the plan is known
         self.kv_loan = None  # offload/kv_loan.KVLoan: rows held on the unwritten KV reserve
+        if interleave and offloading:
+            raise InvalidArgumentError(
+                "interleave=True: the interleaved decode copies are for resident models, "
+                "not with ram_budget, offload or gpu_budget"
+            )
         if not offloading:
             self._build_resident()
+        # bytes of the interleaved decode copies (qmatvec_rows16; resident loads on the
+        # vnni path unless interleave=False), 0 without them
+        self.interleaved_bytes = 0
+        if not offloading and interleave is not False:
+            self.interleaved_bytes = self.transformer.interleave_weights()
         self.threads = threads or default_threads()
         self.auto_threads = threads is None  # the governor's to choose (cpu_share.py)
         if self.threads < 1:
@@ -946,6 +957,7 @@ def load(
     gpu_budget: int | str | None = None,
     gpu_device: str = "cuda",
     device_profile=None,
+    interleave: bool | None = None,
 ) -> Model:
     """Load a model by registry name (default: the registry's default), alias or path.
 
@@ -967,6 +979,13 @@ def load(
     gpu_budget ("2G", bytes) moves the layers a plan chooses (FFNs first, then attention
     projections) onto torch device `gpu_device` ("cuda", "cuda:1", or "cpu" to run the
     same path on the CPU); needs the extra edgerun[gpu].
+
+    interleave (None: on for a resident load) gives the Q4_0, Q4_1, Q5_0 and Q8_0
+    matrices a 16-row interleaved copy that decode and prompts then read instead of the
+    mapped rows (ops/qmatvec_rows16.py; the vnni kernel path only): faster one-session
+    and much faster concurrent decode, the same memory (the mapped rows' pages are let
+    go). False keeps the row kernels, whose results a budgeted (offloaded) run of the
+    same model equals bit for bit; the copies round differently (argmax agreement ~99%).
     """
     if kv_type is not None:
         check_kv_type(kv_type)
@@ -982,6 +1001,7 @@ def load(
         gpu_budget=gpu_budget,
         gpu_device=gpu_device,
         device_profile=device_profile,
+        interleave=interleave,
     )
 
 
@@ -993,4 +1013,5 @@ def minimum_ram_budget(
 ) -> int:
     """The smallest ram_budget `load` accepts for this model and offload mode (with the
     f16 KV cache a budgeted load takes unless told otherwise)."""
-    return Model(resolve_model(model), n_ctx=n_ctx, kv_type=kv_type).minimum_ram_budget(mode)
+    m = Model(resolve_model(model), n_ctx=n_ctx, kv_type=kv_type, interleave=False)
+    return m.minimum_ram_budget(mode)

@@ -111,7 +111,7 @@ def run_cell(cell: Cell) -> dict:
         from edgerun.api import runtime_floor_bytes
         from edgerun.kvcache import KVCache
 
-        probe_model = Model(Path(src), n_ctx=ctx)
+        probe_model = Model(Path(src), n_ctx=ctx, interleave=False)
         # Above the runtime's floor the model needs its file and KV cache resident; the
         # budget gives it a share of that, never less than the offloading minimum. The
         # floor is the one the real load below will measure (this process, now).

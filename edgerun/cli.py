@@ -70,6 +70,12 @@ def _add_offload_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="share of FFN neurons skipped per token in sparse offloading (default: measured)",
     )
+    p.add_argument(
+        "--no-interleave",
+        action="store_true",
+        help="decode a resident model from the file's rows, not the 16-row interleaved copies "
+        "(results then equal a --ram-budget run's bit for bit; slower)",
+    )
     _add_gpu_args(p)
 
 
@@ -90,15 +96,17 @@ def _add_gpu_args(p: argparse.ArgumentParser) -> None:
 
 def _offload_kwargs(args: argparse.Namespace) -> dict:
     """load() keyword arguments for the offload flags (none when they are not given)."""
-    gpu = {}
+    kw: dict = {}
     if args.gpu_budget is not None:
-        gpu = dict(gpu_budget=args.gpu_budget, gpu_device=args.gpu_device)
+        kw.update(gpu_budget=args.gpu_budget, gpu_device=args.gpu_device)
+    if getattr(args, "no_interleave", False):
+        kw["interleave"] = False
     if args.ram_budget is None and args.offload is None:
         if args.sparsity is not None:
             raise EdgerunError("--sparsity applies to offloading: add --ram-budget or --offload")
-        return gpu
+        return kw
     opts = {} if args.sparsity is None else {"sparsity": args.sparsity}
-    return dict(ram_budget=args.ram_budget, offload=args.offload, offload_options=opts, **gpu)
+    return dict(ram_budget=args.ram_budget, offload=args.offload, offload_options=opts, **kw)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -376,7 +384,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     import edgerun
 
-    model = edgerun.load(args.model, n_ctx=256, threads=1)
+    model = edgerun.load(args.model, n_ctx=256, threads=1, interleave=False)
     s = model.spec
     kind = "edgerun pack" if model.path.is_dir() else "GGUF"
     print(
@@ -401,7 +409,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         "activation",
     ):
         print(f"{field + ':':<15}{getattr(s, field)}")
-    tied = model.transformer.output is model.transformer.token_embd
+    tied = model.transformer.output.name == model.transformer.token_embd.name
     print(f"{'tied output:':<15}{tied}")
     print(f"{'chat template:':<15}{'yes' if model.chat_template else 'no'}")
     rows = model.tensor_summary()
@@ -573,7 +581,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.ram_budget is None and args.gpu_budget is None and args.offload is None:
         raise EdgerunError("plan: give --ram-budget and/or --gpu-budget (or --offload)")
     kv = kv_type_for(args.kv_type, args.ram_budget)
-    model = Model(resolve_model(args.model), n_ctx=args.ctx, kv_type=kv)
+    model = Model(resolve_model(args.model), n_ctx=args.ctx, kv_type=kv, interleave=False)
     opts = {} if args.sparsity is None else {"sparsity": args.sparsity}
     gpu_device = args.gpu_device if args.gpu_budget is not None else None
     if gpu_device is not None:
@@ -625,7 +633,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         from edgerun import registry
         from edgerun.offload.store import prepare
 
-        model = edgerun.load(args.src, threads=args.threads)
+        model = edgerun.load(args.src, threads=args.threads, interleave=False)
         m = registry.find_by_file(model.path)
         bundle, _ = prepare(model, sha256=m.sha256 if m else None)
         print(f"wrote {bundle} ({bundle.stat().st_size / 1e6:.1f} MB) and its calibration")

@@ -14,7 +14,7 @@ from edgerun.arch.spec import ModelSpec
 from edgerun.compute_thread import compute_thread
 from edgerun.decode_step import DecodeStep
 from edgerun.errors import ModelFormatError
-from edgerun.ffn import FFNExecutor, decode_rows
+from edgerun.ffn import DenseFFN, FFNExecutor, decode_rows
 from edgerun.kvcache import KVCache
 from edgerun.ops import qmatvec
 from edgerun.ops.attention import BatchAttention, attention
@@ -105,6 +105,41 @@ class Transformer:
         # executors and kernel entry points it was decided for (_executors)
         self._decode_step: DecodeStep | bool | None = None
         self._decode_key: tuple | None = None
+
+    def interleave_weights(self) -> int:
+        """Give the resident block-format matrices (attention, dense FFNs, an in-memory
+        head) interleaved copies for the decode kernels (qmatvec.interleave): one and
+        several sequences' decode, and prompts, then read those. Each matrix's mapped
+        pages leave this process as soon as its copy exists, so memory peaks at about one
+        matrix above the file (a tied head's copy serves the embedding lookup too; an
+        untied token_embd keeps its mapped rows). Returns the bytes the copies take."""
+        added = 0
+        release = getattr(self.store, "release_pages", None)
+        tied = self.output.name == self.token_embd.name
+
+        def copy(t: QuantTensor) -> QuantTensor:
+            nonlocal added
+            u = qmatvec.interleave(t)
+            if u is not t:
+                added += u.interleaved.nbytes
+                if release is not None and (tied or t.name != self.token_embd.name):
+                    release(t.name)
+            return u
+
+        for layer in self.layers:
+            if type(layer.attn_proj) is ResidentProjections:
+                qkvo = (layer.q, layer.k, layer.v, layer.o)
+                layer.q, layer.k, layer.v, layer.o = (copy(t) for t in qkvo)
+                layer.attn_proj = ResidentProjections(layer.q, layer.k, layer.v, layer.o)
+            if type(layer.ffn) is DenseFFN:
+                f = layer.ffn
+                f.gate, f.up, f.down = copy(f.gate), copy(f.up), copy(f.down)
+        if self.head is None:
+            self.output = copy(self.output)
+            if tied:  # the lookup reads the copy too (qmatvec.embedding_rows)
+                self.token_embd = self.output
+        self._decode_step = None  # rebound to the copies
+        return added
 
     def _check_shapes(self, layer: _Layer, i: int, source: str) -> None:
         s = self.spec

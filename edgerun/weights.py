@@ -91,6 +91,12 @@ class ResidentStore:
     def has(self, name: str) -> bool:
         return name in self._names
 
+    def release_pages(self, name: str) -> int:
+        """Let go of the mapped pages of a matrix the model now reads from a copy, where
+        the reader maps its file (GGUFFile.release_pages); returns the bytes."""
+        release = getattr(self._reader, "release_pages", None)
+        return release(name) if release is not None else 0
+
     def matrix(self, name: str) -> QuantTensor:
         t = self._matrices.get(name)
         if t is None:

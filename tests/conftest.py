@@ -19,11 +19,11 @@ def smollm2(smollm2_path):
 
 @pytest.fixture(scope="module")
 def resident(smollm2_path):
-    """SmolLM2 resident with a 256-token context: the reference offloaded and placed
-    models are compared with."""
+    """SmolLM2 resident with a 256-token context, on the row kernels (no interleaved
+    copies): the reference offloaded and placed models are compared with, bit for bit."""
     import edgerun
 
-    return edgerun.load(smollm2_path, n_ctx=256, threads=2)
+    return edgerun.load(smollm2_path, n_ctx=256, threads=2, interleave=False)
 
 
 @pytest.fixture(scope="module")

@@ -140,6 +140,23 @@ class GGUFFile:
     file_size: int
     _buf: Any = field(repr=False, default=None)
 
+    def release_pages(self, name: str) -> int:
+        """Unmap the whole pages inside tensor `name` from this process (MADV_DONTNEED on
+        the read-only file mapping: the page cache keeps them and a later read maps them
+        again), for a tensor the runtime has copied (qmatvec.interleave). Returns the
+        bytes released."""
+        info = self.infos.get(name)
+        if info is None or not hasattr(self._buf, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return 0
+        t = self.tensor(name)
+        page = mmap.PAGESIZE
+        lo = -(-info.offset // page) * page
+        hi = (info.offset + t.nbytes) // page * page
+        if hi <= lo:
+            return 0
+        self._buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        return hi - lo
+
     def tensor(self, name: str) -> QuantTensor:
         """A zero-copy view of one tensor's raw blocks."""
         info = self.infos.get(name)

@@ -36,6 +36,7 @@ from edgerun import _numba_env
 
 _numba_env.configure()
 
+import dataclasses  # noqa: E402
 from collections.abc import Callable, Iterable, Sequence  # noqa: E402
 
 import numba  # noqa: E402
@@ -53,6 +54,7 @@ __all__ = [
     "activation_levels",
     "available_paths",
     "embedding_rows",
+    "interleave",
     "kernel_path",
     "matmul",
     "matmul_reference",
@@ -120,6 +122,9 @@ _MV3_INT8: dict = {}
 _MM_INT8: dict = {}
 _MVB_INT8: dict = {}
 _MM_SUPERBLOCK: dict = {}
+# the vnni path's decode kernels on interleaved copies (QuantTensor.interleaved)
+_MV16: dict = {}
+_MVB16: dict = {}
 PATHS: tuple[str, ...] = ("portable",)
 INT8_PATHS = ("avx2", "vnni", "int8")
 if int8_dot() is not None:
@@ -158,6 +163,9 @@ if int8_dot() is not None:
     _MM_SUPERBLOCK = {QuantType.Q4_K: _sb.KIND_Q4_K, QuantType.Q6_K: _sb.KIND_Q6_K}
     if _v.DOT == "vnni":  # AMX CPUs all have AVX-512 VNNI
         from edgerun.ops import qmatmul_amx as _amx
+        from edgerun.ops import qmatvec_rows16 as _r16
+
+        _MV16, _MVB16 = _r16.MV16, _r16.MVB16
 
 # kernels of formats defined outside this module (see register_kernels)
 _MM_EXTRA: dict = {}
@@ -165,6 +173,7 @@ _EMB_EXTRA: dict = {}
 
 _path = PATHS[-1]
 _mv3: dict = _MV3_INT8  # the int8 3-slot kernels of the current path (empty: portable)
+_rows16 = _path == "vnni"  # whether decode reads interleaved copies where a tensor has one
 _use_amx = False  # the vnni path's prefill GEMMs on AMX tiles (qmatmul_amx)
 # Prompts of at most MVB_PREFILL_MAX[route][format] tokens take the batched decode kernels
 # (mvb_<fmt>: blocks read in place, no row unpack, a cost per token) instead of a GEMM (a
@@ -244,7 +253,7 @@ def kernel_path() -> str:
 def set_kernel_path(path: str = "auto") -> str:
     """Select "portable", "vnni", "avx2" or "auto" (the fastest this CPU supports); returns
     the choice."""
-    global _path, _mv3, _use_amx
+    global _path, _mv3, _use_amx, _rows16
     if path == "auto":
         path = PATHS[-1]
     if path not in PATHS:
@@ -254,6 +263,7 @@ def set_kernel_path(path: str = "auto") -> str:
     _path = path
     _mv3 = _MV3_INT8 if path in INT8_PATHS else {}
     _use_amx = path == "vnni" and _amx.available()
+    _rows16 = path == "vnni"
     return _path
 
 
@@ -326,6 +336,13 @@ def mvb_prefill_max(qtype: QuantType) -> int:
 def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
     """Whether a prompt of `ntokens` rows meets `qtype` in the batched decode kernels."""
     return _path in INT8_PATHS and qtype in _MVB_INT8 and 1 < ntokens <= mvb_prefill_max(qtype)
+
+
+def _batched_prefill(w: QuantTensor, ntokens: int) -> bool:
+    """Whether a prompt of `ntokens` rows meets w in the batched decode kernels: always
+    for an interleaved copy (qmatvec_rows16, about as fast as the AMX GEMMs from 32 to 256
+    tokens of Qwen2.5-0.5B, and the mapped rows then stay unread), else _mvb_prefill."""
+    return (ntokens > 1 and _interleaved(w)) or _mvb_prefill(w.qtype, ntokens)
 
 
 def _x1_span(qtype: QuantType) -> int:
@@ -465,7 +482,9 @@ def matvec(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
     x = _vec(x, cols, w.name)
     out = _out(out, (rows,), w.name)
     k = _mv3.get(w.qtype)
-    if k is not None:
+    if _interleaved(w):
+        _MV16[w.qtype](w.interleaved, _NO_ROWS, _NO_ROWS, x, out, _NO_OUT, _NO_OUT)
+    elif k is not None:
         k(_data(w), _NO_ROWS, _NO_ROWS, x, out, _NO_OUT, _NO_OUT)
     else:
         _MV_PORTABLE[w.qtype](_data(w), x, out)
@@ -497,7 +516,7 @@ def matvec_many(
                 f"matvec_many: {w.name} has {w.shape[1]} columns, {w0.name} has {cols}"
             )
         res.append(_out(None if outs is None else outs[i], (w.shape[0],), w.name))
-    for i, count, k in _format_runs(ws, _mv3):
+    for i, count, k in _format_runs(ws, _mv3, _MV16):
         if k is None:
             _MV_PORTABLE[ws[i].qtype](_data(ws[i]), x, res[i])
         else:
@@ -525,7 +544,7 @@ def bound_matvecs(
             )
         _out(o, (w.shape[0],), w.name)
     calls: list[tuple[Callable, tuple]] = []
-    for i, count, k in _format_runs(ws, _mv3):
+    for i, count, k in _format_runs(ws, _mv3, _MV16):
         if k is None:
             calls.append((_MV_PORTABLE[ws[i].qtype], (_data(ws[i]), x, outs[i])))
         else:
@@ -547,7 +566,7 @@ def bound_matvecs_batch(
         _out(o, (n, w.shape[0]), w.name)
     calls: list[tuple[Callable, tuple]] = []
     if _path in INT8_PATHS:
-        for i, count, k in _format_runs(ws, _MVB_INT8):
+        for i, count, k in _format_runs(ws, _MVB_INT8, _MVB16):
             if k is None:
                 calls += _bound_one_batch(ws[i], x, outs[i])
             else:
@@ -565,24 +584,52 @@ def _bound_one_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray) -> list:
     return [c for i in range(x.shape[0]) for c in bound_matvecs((w,), x[i], (out[i],))]
 
 
-def _format_runs(ws: Sequence[QuantTensor], kernels: dict):
+def _format_runs(ws: Sequence[QuantTensor], kernels: dict, kernels16: dict):
     """(first, count, kernel) over ws: runs of up to three consecutive matrices of one
-    format that `kernels` has a three-matrix kernel for; any other matrix alone, None."""
+    format, all interleaved (a kernel of kernels16) or none (of kernels), that have a
+    three-matrix kernel; any other matrix alone, None."""
     i = 0
     while i < len(ws):
-        q = ws[i].qtype
-        k = kernels.get(q)
+        q, il = ws[i].qtype, _interleaved(ws[i])
+        k = (kernels16 if il else kernels).get(q)
         count = 1
-        while k is not None and count < 3 and i + count < len(ws) and ws[i + count].qtype == q:
+        while (
+            k is not None
+            and count < 3
+            and i + count < len(ws)
+            and ws[i + count].qtype == q
+            and _interleaved(ws[i + count]) == il
+        ):
             count += 1
         yield i, count, k
         i += count
 
 
+def _interleaved(w: QuantTensor) -> bool:
+    """Whether decode reads w's interleaved copy (qmatvec_rows16): on the vnni path."""
+    return _rows16 and w.interleaved is not None
+
+
+def _mvb_kernel(w: QuantTensor) -> Callable:
+    """The batched three-slot kernel of an int8-path format, for w's layout."""
+    return _MVB16[w.qtype] if _interleaved(w) else _MVB_INT8[w.qtype]
+
+
+def interleave(w: QuantTensor) -> QuantTensor:
+    """w with a row-interleaved copy for the decode kernels (qmatvec_rows16) where this
+    process runs them (the vnni path) and they cover its format; else w itself. The copy
+    takes as many bytes as w.data; prefill GEMMs and embeddings still read w.data."""
+    if _path != "vnni" or w.qtype not in _MV16 or w.interleaved is not None:
+        return w
+    il = _r16.interleave(w.qtype, _data(w), w.shape[0], w.shape[1])
+    return dataclasses.replace(w, interleaved=il)
+
+
 def _args3(ws, x, outs, no_out) -> tuple:
-    """A three-matrix kernel's arguments for 1-3 matrices; unused slots get 0-row arrays."""
+    """A three-matrix kernel's arguments for 1-3 matrices (their interleaved copies where
+    decode reads those); unused slots get 0-row arrays."""
     pad = 3 - len(ws)
-    d = [_data(w) for w in ws] + [_NO_ROWS] * pad
+    d = [w.interleaved if _interleaved(w) else _data(w) for w in ws] + [_NO_ROWS] * pad
     o = list(outs) + [no_out] * pad
     return (d[0], d[1], d[2], x, o[0], o[1], o[2])
 
@@ -605,8 +652,8 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
     if n == 1:
         matvec(w, x[0], out[0])
         return out
-    if _mvb_prefill(w.qtype, n):
-        _call3(_MVB_INT8[w.qtype], [w], x, [out], _NO_OUT2)
+    if _batched_prefill(w, n):
+        _call3(_mvb_kernel(w), [w], x, [out], _NO_OUT2)
         return out
     if _use_amx and n >= _amx.MIN_TOKENS and w.qtype in _MM_SUPERBLOCK:
         parts = 4 * numba.get_num_threads()
@@ -638,7 +685,7 @@ def matvec_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -
     n = x.shape[0]
     out = _out(out, (n, rows), w.name)
     if n > 1 and _path in INT8_PATHS and w.qtype in _MVB_INT8:
-        _call3(_MVB_INT8[w.qtype], [w], x, [out], _NO_OUT2)
+        _call3(_mvb_kernel(w), [w], x, [out], _NO_OUT2)
     elif n > 1 and _path == "portable" and w.qtype in _MVB:
         _MVB[w.qtype](_data(w), x, out)
     else:
@@ -667,7 +714,7 @@ def matvec_batch_many(ws: Sequence[QuantTensor], x: np.ndarray) -> list[np.ndarr
     if _path not in INT8_PATHS:
         return [matvec_batch(w, x) for w in ws]
     res = [_out(None, (n, w.shape[0]), w.name) for w in ws]
-    for i, count, k in _format_runs(ws, _MVB_INT8):
+    for i, count, k in _format_runs(ws, _MVB_INT8, _MVB16):
         if k is None:
             matvec_batch(ws[i], x, res[i])
         else:
@@ -689,7 +736,7 @@ def project_many(ws: Sequence[QuantTensor], x: np.ndarray) -> list[np.ndarray]:
     """Several projections of the same x [n, cols]; in decode x is quantized once."""
     if x.shape[0] == 1:
         return [y.reshape(1, -1) for y in matvec_many(ws, x[0])]
-    if all(_mvb_prefill(w.qtype, x.shape[0]) for w in ws):  # x quantized once
+    if all(_batched_prefill(w, x.shape[0]) for w in ws):  # x quantized once
         return matvec_batch_many(ws, x)
     return [matmul(w, x) for w in ws]
 
@@ -705,7 +752,9 @@ def embedding_rows(w: QuantTensor, ids: np.ndarray) -> np.ndarray:
         )
     out = np.empty((ids.shape[0], cols), np.float32)
     if ids.size:
-        if w.qtype in _EMB_EXTRA:
+        if _interleaved(w):  # a tied head's copy, the only one kept (model.interleave_weights)
+            _r16.embedding_rows16(_r16.KIND_OF[w.qtype], w.interleaved, ids, out)
+        elif w.qtype in _EMB_EXTRA:
             _EMB_EXTRA[w.qtype](_data(w), ids, out)
         else:
             _p.embedding_rows_kernel(_p.KIND_OF[w.qtype], _data(w), ids, out)

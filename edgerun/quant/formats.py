@@ -6,7 +6,7 @@ uint8 view of the raw blocks (usually over an mmap), one row per output row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
@@ -61,13 +61,15 @@ class QuantTensor:
 
     shape is (rows, cols) in math order: y = W @ x has len(y) == rows and
     len(x) == cols. data is uint8 [rows, row_bytes(qtype, cols)]. 1-D tensors
-    have rows == 1.
+    have rows == 1. interleaved: the same blocks 16 rows at a time in the decode kernels'
+    layout (ops/qmatvec_rows16.interleave), or None: decode then reads data.
     """
 
     name: str
     qtype: QuantType
     shape: tuple[int, int]
     data: np.ndarray
+    interleaved: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Weights are never written through a tensor, and one read-only array type keeps

@@ -1,0 +1,525 @@
+"""Decode kernels on a row-interleaved copy of a block-format matrix (AVX-512 VNNI).
+
+The GGUF layout keeps each row's blocks together, so a row's dot with x ends in 16
+lanes of partial sums: per 64 weights and per vector the kernels there take a
+`vpdpbusd`, a conversion, a scale product and an FMA, and a horizontal sum per row. For
+several vectors (concurrent sessions' decode) that per-vector work is what a step pays
+for: 4 vectors cost ~1.8-2x one on Qwen2.5-0.5B.
+
+Here 16 rows are interleaved per block of 32 columns, in the lane order `vpdpbusd`
+wants with the rows across the lanes: register k (k = 0..7) of a block holds, for each
+of the 16 rows, its weights 4k..4k+3, so `vpdpbusd(acc, W_k, broadcast(x[4k:4k+4]))`
+adds four products to each row's own lane, and a block's 16 row dots end in one
+register. Per block and vector: 8 `vpdpbusd` (a broadcast x operand each, two levels
+16), one conversion, one scale product and one FMA for 16 rows, where the row layout
+took 4 of each; no horizontal sums. The unpack (shared by the vectors) is the same.
+
+Measured at introduction (2-vCPU Xeon, AVX-512 VNNI, 2 threads; 48 Q5_0 matrices
+4864x896, out of cache, `benchmarks/rows16.py`): 1 vector 5.6 ms against 7.0 for the row
+kernels, 4 vectors 6.3-6.6 against 12.0-12.3 (the step is no longer compute-bound).
+
+Layout (`interleave`), per group of 16 rows (the last one padded with zero rows) and
+block of 32 columns, `GROUP_BYTES[qtype]` bytes:
+- nibble formats (Q4_0, Q4_1, Q5_0): 256 bytes, register j and j + 4 as the low and
+  high nibbles of 64 bytes j (j = 0..3);
+- Q5_0: then 8 x 64-bit masks, bit 4r + i of mask k = bit 4 of row r's weight 4k + i;
+- Q8_0: 8 x 64 bytes, the weights + 128 (unsigned for vpdpbusd);
+- then d of the 16 rows (16 x f16) and, for Q4_1, m (16 x f16).
+
+Activations: per block of 32 one scale dx = max|x| / 127, q1 = rint(x / dx), and for the
+two-level formats (all but Q5_0, as in the row kernels) the residual
+q2 = rint((x - q1 dx) 128 / dx); a block's value is d dx (dot(w, q1) + dot(w, q2) / 128).
+The formats' offsets (-8, -16, -128 per weight) are folded into the integer sums.
+
+A vector's operations do not depend on how many vectors share the call, so batched rows
+equal single-vector rows bit for bit. Only call these kernels where `has_vnni()`.
+"""
+
+from __future__ import annotations
+
+from edgerun import _numba_env
+
+_numba_env.configure()
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from llvmlite.binding import llvm_version_info  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
+from numba.core import cgutils  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+from edgerun.ops._simd import h2f  # noqa: E402
+from edgerun.ops.qmatvec_portable import _q4k_sm  # noqa: E402
+from edgerun.ops.qmatvec_vnni import amax32, q8_16, qhalf  # noqa: E402
+from edgerun.quant.formats import QuantType  # noqa: E402
+
+ROWS = 16  # rows a group interleaves (16 int32 lanes of a zmm)
+PASS = 4  # vectors a pass over a group (their accumulators stay in registers)
+PREFETCH_BYTES = 16384  # as the row kernels (qmatvec_vnni.PREFETCH_BYTES)
+F0 = np.float32(0.0)
+
+KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q8_0, KIND_Q4_K = 0, 1, 2, 3, 4
+KIND_OF = {
+    QuantType.Q4_0: KIND_Q4_0,
+    QuantType.Q4_1: KIND_Q4_1,
+    QuantType.Q5_0: KIND_Q5_0,
+    QuantType.Q8_0: KIND_Q8_0,
+    QuantType.Q4_K: KIND_Q4_K,
+}
+# bytes per group of 16 rows and block of 32 columns (Q4_K: a super-block of 256 is 8
+# records of 288 bytes, then d and dmin of the 16 rows, 2368 bytes)
+GROUP_BYTES = {KIND_Q4_0: 288, KIND_Q4_1: 320, KIND_Q5_0: 352, KIND_Q8_0: 544, KIND_Q4_K: 296}
+Q4K_SUPER = 2368
+_D_AT = {KIND_Q4_0: 256, KIND_Q4_1: 256, KIND_Q5_0: 320, KIND_Q8_0: 512, KIND_Q4_K: 0}
+_LEVELS = {KIND_Q4_0: 2, KIND_Q4_1: 2, KIND_Q5_0: 1, KIND_Q8_0: 2, KIND_Q4_K: 2}
+_BIAS = {KIND_Q4_0: -8, KIND_Q4_1: 0, KIND_Q5_0: -16, KIND_Q8_0: -128, KIND_Q4_K: 0}
+
+I1, I8, I32, I64 = (ir.IntType(n) for n in (1, 8, 32, 64))
+F32, HALF = ir.FloatType(), ir.HalfType()
+V16I32, V16F, V64I8 = ir.VectorType(I32, 16), ir.VectorType(F32, 16), ir.VectorType(I8, 64)
+_PREFETCH = "llvm.prefetch.p0" if llvm_version_info >= (17,) else "llvm.prefetch.p0i8"
+
+
+# ------------------------------------------------------------------------ the layout
+@njit(cache=True, nogil=True)
+def _interleave(kind, raw, rows, nb, out):
+    """raw: GGUF rows [rows, nb * block bytes] -> out [groups, nb * GROUP_BYTES] (zeroed).
+    A nibble block's 16 bytes land as they are: byte j holds weights j (low nibble) and
+    j + 16 (high), which are registers j // 4 and j // 4 + 4 at the same byte."""
+    gb = out.shape[1] // max(nb, 1)
+    for row in range(rows):
+        g, r = row // ROWS, row % ROWS
+        if kind == KIND_Q4_K:
+            _interleave_q4_k(raw, row, g, r, nb // 8, out)
+            continue
+        for b in range(nb):
+            o = b * gb
+            if kind == KIND_Q8_0:
+                s = b * 34
+                out[g, o + 512 + 2 * r] = raw[row, s]
+                out[g, o + 513 + 2 * r] = raw[row, s + 1]
+                for j in range(32):
+                    out[g, o + 64 * (j >> 2) + 4 * r + (j & 3)] = raw[row, s + 2 + j] ^ 0x80
+                continue
+            if kind == KIND_Q5_0:
+                s, qs, d_at = b * 22, b * 22 + 6, 320
+            elif kind == KIND_Q4_1:
+                s, qs, d_at = b * 20, b * 20 + 4, 256
+                out[g, o + 288 + 2 * r] = raw[row, s + 2]
+                out[g, o + 289 + 2 * r] = raw[row, s + 3]
+            else:
+                s, qs, d_at = b * 18, b * 18 + 2, 256
+            out[g, o + d_at + 2 * r] = raw[row, s]
+            out[g, o + d_at + 1 + 2 * r] = raw[row, s + 1]
+            for j in range(16):
+                out[g, o + 64 * (j >> 2) + 4 * r + (j & 3)] = raw[row, qs + j]
+            if kind == KIND_Q5_0:
+                # mask k's bits 4r .. 4r + 3: row r's high bits of weights 4k .. 4k + 3
+                for t in range(4):
+                    h = raw[row, s + 2 + t]  # high bits of weights 8t .. 8t + 7
+                    for half in range(2):
+                        k = 2 * t + half
+                        nib = (h >> (4 * half)) & 15
+                        out[g, o + 256 + 8 * k + r // 2] |= nib << (4 * (r & 1))
+
+
+@njit(inline="always")
+def _interleave_q4_k(raw, row, g, r, nsb, out):
+    """Row `row` (row r of group g) of a Q4_K matrix: per super-block s, sub-block j's
+    record at s * Q4K_SUPER + 288 j holds its 32 weights as the nibble formats do (byte
+    64 kk + 4 r + i: weight 4 kk + i low, 16 + 4 kk + i high), then the row's 6-bit scale
+    at 256 + r and min at 272 + r; d and dmin at 2304 + 2 r and 2336 + 2 r."""
+    for sb in range(nsb):
+        s, o = sb * 144, sb * Q4K_SUPER
+        for t in range(2):
+            out[g, o + 2304 + 2 * r + t] = raw[row, s + t]
+            out[g, o + 2336 + 2 * r + t] = raw[row, s + 2 + t]
+        for j in range(8):
+            sc, m = _q4k_sm(raw[row, s + 4 : s + 16], j)
+            oj = o + 288 * j
+            out[g, oj + 256 + r] = sc
+            out[g, oj + 272 + r] = m
+            q0 = s + 16 + 32 * (j // 2)  # the 32 bytes holding sub-blocks 2c and 2c + 1
+            sh = 4 * (j % 2)
+            for kk in range(4):
+                for i in range(4):
+                    lo = (raw[row, q0 + 4 * kk + i] >> sh) & 15
+                    hi = (raw[row, q0 + 16 + 4 * kk + i] >> sh) & 15
+                    out[g, oj + 64 * kk + 4 * r + i] = lo | (hi << 4)
+
+
+def interleave(qtype: QuantType, raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """GGUF rows uint8 [rows, row bytes] of a format in KIND_OF -> the interleaved copy,
+    uint8 [ceil(rows / 16), cols / 32 * GROUP_BYTES] (read-only)."""
+    kind = KIND_OF[qtype]
+    nb = cols // 32
+    out = np.zeros(((rows + ROWS - 1) // ROWS, nb * GROUP_BYTES[kind]), np.uint8)
+    _interleave(kind, raw, rows, nb, out)
+    out.flags.writeable = False
+    return out
+
+
+@njit(cache=True, nogil=True)
+def embedding_rows16(kind, il, ids, out):
+    """Rows `ids` of an interleaved matrix dequantized into out float32 [len(ids), cols],
+    with the reference's float operations (quant/reference.py), so bit for bit: the
+    embedding lookup of a tied head whose copy is the only one kept."""
+    cols = out.shape[1]
+    nb = cols // 32
+    gb = il.shape[1] // max(nb, 1)
+    for t in range(ids.shape[0]):
+        g, r = ids[t] // ROWS, ids[t] % ROWS
+        for bi in range(nb):
+            if kind == KIND_Q4_K:
+                sup = (bi >> 3) * Q4K_SUPER
+                o = sup + (bi & 7) * 288
+                d = _f16_at(il, g, sup + 2304 + 2 * r) * np.float32(il[g, o + 256 + r])
+                m = _f16_at(il, g, sup + 2336 + 2 * r) * np.float32(il[g, o + 272 + r])
+            else:
+                o = bi * gb
+                d_at = 512 if kind == KIND_Q8_0 else (320 if kind == KIND_Q5_0 else 256)
+                d = _f16_at(il, g, o + d_at + 2 * r)
+                m = _f16_at(il, g, o + 288 + 2 * r) if kind == KIND_Q4_1 else np.float32(0.0)
+            for j in range(32):
+                if kind == KIND_Q8_0:
+                    q = np.int32(il[g, o + 64 * (j >> 2) + 4 * r + (j & 3)]) - 128
+                    out[t, 32 * bi + j] = np.float32(q) * d
+                    continue
+                k = j >> 2
+                byte = il[g, o + 64 * (k & 3) + 4 * r + (j & 3)]
+                q = np.int32((byte >> (4 * (k >> 2))) & 15)
+                if kind == KIND_Q5_0:
+                    mask = il[g, o + 256 + 8 * k + r // 2]
+                    q += 16 * np.int32((mask >> (4 * (r & 1) + (j & 3))) & 1) - 16
+                elif kind == KIND_Q4_0:
+                    q -= 8
+                if kind == KIND_Q4_1:
+                    out[t, 32 * bi + j] = d * np.float32(q) + m
+                elif kind == KIND_Q4_K:
+                    out[t, 32 * bi + j] = d * np.float32(q) - m
+                else:
+                    out[t, 32 * bi + j] = d * np.float32(q)
+
+
+@njit(inline="always")
+def _f16_at(il, g, o):
+    return h2f(np.uint16(il[g, o]) | (np.uint16(il[g, o + 1]) << np.uint16(8)))
+
+
+# ------------------------------------------------------------------------ activations
+@njit(cache=True, nogil=True)
+def quantize_x16(X, levels, xq, xd, xs, xf):
+    """X float32 [nv, cols] -> per vector and block of 32, as the row kernels quantize
+    (qmatvec_vnni.quantize_x, quantize_x1): xq int8 [nv, levels, cols] (q1, and q2 for
+    two levels), xd float32 [nv, nb] the scale of the integer sums (dx, or dx / 128 for
+    two levels), xs int32 [nv, nb] the sum of the integer activations (sum(q1), or
+    sum(128 q1 + q2)), xf = xd * xs (Q4_1's m term)."""
+    nv, cols = X.shape
+    nb = cols // 32
+    x = X.reshape(-1)
+    q = xq.reshape(-1)
+    for v in range(nv):
+        for b in range(nb):
+            xo = v * cols + 32 * b
+            q1o = v * levels * cols + 32 * b
+            d = amax32(x, xo) / np.float32(127.0)
+            inv = np.float32(1.0) / d if d != F0 else F0
+            if levels == 2:
+                q2o = q1o + cols
+                inv2 = inv * np.float32(128.0)
+                t = qhalf(x, xo, q, q1o, q2o, d, inv, inv2)
+                t += qhalf(x, xo + 16, q, q1o + 16, q2o + 16, d, inv, inv2)
+                d = d / np.float32(128.0)
+            else:
+                t = q8_16(x, xo, q, q1o, inv) + q8_16(x, xo + 16, q, q1o + 16, inv)
+            xd[v, b] = d
+            xs[v, b] = np.int32(t)
+            xf[v, b] = d * np.float32(t)
+
+
+# ------------------------------------------------------------------------ the block intrinsic
+def _block_codegen(kind: int, nv: int):
+    levels, bias, d_at = _LEVELS[kind], _BIAS[kind], _D_AT[kind]
+    nbytes = GROUP_BYTES[kind]
+
+    def codegen(context, builder, sig, args):
+        b = builder
+        accp, _, off, aux, _, xo, vstride, _, _, _, bi, nb, v0 = args
+
+        def ptr(i, o, ty):
+            a = context.make_array(sig.args[i])(context, b, args[i])
+            return b.bitcast(b.gep(a.data, [o]), ty.as_pointer())
+
+        def fn(name, ret, argtys):
+            f = b.module.globals.get(name)
+            return f if f is not None else ir.Function(b.module, ir.FunctionType(ret, argtys), name)
+
+        def c64(v):
+            return ir.Constant(I64, v)
+
+        def at(o, extra):
+            return b.add(o, c64(extra)) if extra else o
+
+        def splat(v, vt):
+            u = b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
+            return b.shuffle_vector(u, u, ir.Constant(V16I32, [0] * 16))
+
+        dpb = fn("llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3)
+        fma = fn("llvm.fma.v16f32", V16F, [V16F] * 3)
+        pf = fn(_PREFETCH, ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+        for k in range(0, nbytes, 64):
+            p = ptr(1, at(off, PREFETCH_BYTES + k), I8)
+            b.call(pf, [p, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        # the block's 8 weight registers, 16 rows x 4 unsigned bytes each
+        if kind == KIND_Q8_0:
+            ws = [b.load(ptr(1, at(off, 64 * k), V64I8), align=1) for k in range(8)]
+        else:
+            packed = [b.load(ptr(1, at(off, 64 * j), V64I8), align=1) for j in range(4)]
+            lo = [b.and_(p, ir.Constant(V64I8, [15] * 64)) for p in packed]
+            hi = [b.lshr(p, ir.Constant(V64I8, [4] * 64)) for p in packed]
+            ws = lo + hi
+            if kind == KIND_Q5_0:
+                for k in range(8):
+                    m = b.load(ptr(1, at(off, 256 + 8 * k), I64), align=1)
+                    h = b.select(
+                        b.bitcast(m, ir.VectorType(I1, 64)),
+                        ir.Constant(V64I8, [16] * 64),
+                        ir.Constant(V64I8, [0] * 64),
+                    )
+                    ws[k] = b.or_(ws[k], h)
+        ws = [b.bitcast(w, V16I32) for w in ws]
+
+        def f16x16(o):
+            return b.fpext(b.load(ptr(1, o, ir.VectorType(HALF, 16)), align=1), V16F)
+
+        def u8x16(o):  # 16 unsigned bytes as floats
+            return b.uitofp(b.load(ptr(1, o, ir.VectorType(I8, 16)), align=1), V16F)
+
+        m = None
+        if kind == KIND_Q4_K:  # d sc and -dmin m of the sub-block, exact in float32
+            d = b.fmul(f16x16(aux), u8x16(at(off, 256)))
+            m = b.fneg(b.fmul(f16x16(at(aux, 32)), u8x16(at(off, 272))))
+        else:
+            d = f16x16(at(off, d_at))
+        if kind == KIND_Q4_1:
+            m = f16x16(at(off, 288))
+        acc = b.bitcast(accp, V16F.as_pointer())
+        for v in range(nv):
+            vv = b.add(v0, c64(v))  # the vector
+            vb = b.add(b.mul(vv, nb), bi)  # [v, b] of the per-block arrays
+            dots = []
+            for lv in range(levels):
+                xl = b.add(xo, b.mul(vstride, c64(levels * v + lv)))
+                a = ir.Constant(V16I32, [0] * 16)
+                if bias and lv == levels - 1:  # the offset's share: bias * xs, added once
+                    s = b.load(ptr(8, vb, I32))
+                    a = splat(b.mul(s, ir.Constant(I32, bias)), V16I32)
+                for k in range(8):
+                    xw = b.load(ptr(4, at(xl, 4 * k), I32), align=1)
+                    a = b.call(dpb, [a, ws[k], splat(xw, V16I32)])
+                dots.append(a)
+            dot = dots[0]
+            if levels == 2:
+                dot = b.add(b.shl(dot, ir.Constant(V16I32, [7] * 16)), dots[1])
+            dx = b.load(ptr(7, vb, F32))
+            p = b.gep(acc, [ir.Constant(I32, v)])
+            y = b.call(fma, [b.sitofp(dot, V16F), b.fmul(d, splat(dx, V16F)), b.load(p, align=4)])
+            if m is not None:
+                y = b.call(fma, [m, splat(b.load(ptr(9, vb, F32)), V16F), y])
+            b.store(y, p, align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _block_intrinsic(kind: int, nv: int):
+    def blk(typingctx, acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0):
+        sig = types.void(acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+        return sig, _block_codegen(kind, nv)
+
+    blk.__name__ = f"rows16_block_{kind}_{nv}"
+    return intrinsic(blk)
+
+
+_BLK = {(k, n): _block_intrinsic(k, n) for k in GROUP_BYTES for n in range(1, PASS + 1)}
+
+
+def _pass_block(kind: int):
+    """The block of `kind` for a pass of n (1..PASS) vectors: a literal dispatch."""
+    b1, b2, b3, b4 = (_BLK[kind, n] for n in range(1, PASS + 1))
+
+    @njit(inline="always")
+    def block(n, acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0):
+        if n == 4:
+            b4(acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+        elif n == 3:
+            b3(acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+        elif n == 2:
+            b2(acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+        else:
+            b1(acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+
+    return block
+
+
+_Q4_0, _Q4_1, _Q5_0, _Q8_0, _Q4_K = (_pass_block(k) for k in range(5))
+
+
+@intrinsic
+def _stack_acc(typingctx):
+    """Pointer to PASS x 16 float32 on the stack (a pass's accumulators)."""
+
+    def codegen(context, builder, sig, args):
+        return cgutils.alloca_once(builder, F32, size=ir.Constant(I64, 16 * PASS))
+
+    return types.CPointer(types.float32)(), codegen
+
+
+@njit(inline="always")
+def _block(kind, n, acc, flat, base, bi, xq, xo, vstride, xd, xs, xf, nb, v0):
+    """Block bi (32 columns) of the group at byte base, for a pass of n vectors."""
+    if kind == KIND_Q4_K:  # sub-block bi % 8 of super-block bi // 8
+        sup = base + (bi >> 3) * Q4K_SUPER
+        off, aux = sup + (bi & 7) * 288, sup + 2304
+        _Q4_K(n, acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+        return
+    off = base + bi * _group_bytes(kind)
+    if kind == KIND_Q5_0:
+        _Q5_0(n, acc, flat, off, off, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+    elif kind == KIND_Q8_0:
+        _Q8_0(n, acc, flat, off, off, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+    elif kind == KIND_Q4_1:
+        _Q4_1(n, acc, flat, off, off, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+    else:
+        _Q4_0(n, acc, flat, off, off, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+
+
+@njit(inline="always")
+def _levels(kind):
+    return 1 if kind == KIND_Q5_0 else 2
+
+
+@njit(inline="always")
+def _group_bytes(kind):
+    """GROUP_BYTES[kind]."""
+    if kind == KIND_Q4_K:
+        return 296
+    if kind == KIND_Q5_0:
+        return 352
+    if kind == KIND_Q8_0:
+        return 544
+    return 320 if kind == KIND_Q4_1 else 288
+
+
+@njit(inline="always")
+def _mv16(kind, d0, d1, d2, X, o0, o1, o2):
+    """o_k[v, :] = W_k @ X[v] for up to three interleaved matrices of one format sharing
+    X [nv, cols] (unused slots: 0-row arrays); o_k [nv, rows_k] (rows_k <= 16 groups)."""
+    nv, cols = X.shape
+    nb = cols // 32
+    lv = _levels(kind)
+    gb = _group_bytes(kind)
+    xq = np.empty((nv, lv, cols), np.int8)
+    xd = np.empty((nv, nb), np.float32)
+    xs = np.empty((nv, nb), np.int32)
+    xf = np.empty((nv, nb), np.float32)
+    quantize_x16(X, lv, xq, xd, xs, xf)
+    xqf, xdf, xsf, xff = xq.reshape(-1), xd.reshape(-1), xs.reshape(-1), xf.reshape(-1)
+    f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
+    g0, g01 = d0.shape[0], d0.shape[0] + d1.shape[0]
+    for i in prange(g01 + d2.shape[0]):
+        if i < g0:
+            flat, g, out = f0, np.int64(i), o0
+        elif i < g01:
+            flat, g, out = f1, np.int64(i - g0), o1
+        else:
+            flat, g, out = f2, np.int64(i - g01), o2
+        base = g * nb * gb
+        nrow = min(ROWS, out.shape[1] - g * ROWS)
+        accp = _stack_acc()
+        acc = numba.carray(accp, 16 * PASS)
+        for v0 in range(0, nv, PASS):
+            n = min(PASS, nv - v0)
+            for j in range(16 * PASS):
+                acc[j] = np.float32(0.0)
+            xo0 = v0 * lv * cols
+            for bi in range(nb):
+                _block(kind, n, accp, flat, base, bi, xqf, xo0 + bi * 32, cols, xdf, xsf, xff,
+                       nb, np.int64(v0))  # fmt: skip
+            for v in range(n):
+                for r in range(nrow):
+                    out[v0 + v, g * ROWS + r] = acc[16 * v + r]
+
+
+# One vector (x [cols], o [rows]) and several (X [nv, cols], o [nv, rows]), as the row
+# kernels' mv_* / mvb_* entry points (three slots).
+@njit(parallel=True, cache=True, nogil=True)
+def mv16_q4_0(d0, d1, d2, x, o0, o1, o2):
+    _mv16(KIND_Q4_0, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
+          o2.reshape(1, -1))  # fmt: skip
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv16_q4_1(d0, d1, d2, x, o0, o1, o2):
+    _mv16(KIND_Q4_1, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
+          o2.reshape(1, -1))  # fmt: skip
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv16_q5_0(d0, d1, d2, x, o0, o1, o2):
+    _mv16(KIND_Q5_0, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
+          o2.reshape(1, -1))  # fmt: skip
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv16_q8_0(d0, d1, d2, x, o0, o1, o2):
+    _mv16(KIND_Q8_0, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
+          o2.reshape(1, -1))  # fmt: skip
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv16_q4_k(d0, d1, d2, x, o0, o1, o2):
+    _mv16(KIND_Q4_K, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
+          o2.reshape(1, -1))  # fmt: skip
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_q4_k(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_Q4_K, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_q4_0(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_Q4_0, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_q4_1(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_Q4_1, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_q5_0(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_Q5_0, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_q8_0(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_Q8_0, d0, d1, d2, X, o0, o1, o2)
+
+
+MV16 = {
+    QuantType.Q4_0: mv16_q4_0,
+    QuantType.Q4_1: mv16_q4_1,
+    QuantType.Q5_0: mv16_q5_0,
+    QuantType.Q8_0: mv16_q8_0,
+    QuantType.Q4_K: mv16_q4_k,
+}
+MVB16 = {
+    QuantType.Q4_0: mvb16_q4_0,
+    QuantType.Q4_1: mvb16_q4_1,
+    QuantType.Q5_0: mvb16_q5_0,
+    QuantType.Q8_0: mvb16_q8_0,
+    QuantType.Q4_K: mvb16_q4_k,
+}
