@@ -44,6 +44,14 @@ class _Layer:
     )
 
 
+def layer_matrices(layer: _Layer) -> list[QuantTensor]:
+    """A layer's attention matrices and, for a dense FFN, its three."""
+    ts = [layer.q, layer.k, layer.v, layer.o]
+    if type(layer.ffn) is DenseFFN:
+        ts += [layer.ffn.gate, layer.ffn.up, layer.ffn.down]
+    return ts
+
+
 class Transformer:
     """A decoder-only transformer bound to its weights."""
 
@@ -105,6 +113,10 @@ class Transformer:
         # executors and kernel entry points it was decided for (_executors)
         self._decode_step: DecodeStep | bool | None = None
         self._decode_key: tuple | None = None
+        # the matrices with interleaved copies whose mapped pages were let go, and how
+        # (interleave_weights; empty without copies)
+        self._copied: list[list[QuantTensor]] = []
+        self._release: Callable[[str], int] | None = None
 
     def interleave_weights(self) -> int:
         """Give the resident block-format matrices (attention, dense FFNs, an in-memory
@@ -138,8 +150,27 @@ class Transformer:
             self.output = copy(self.output)
             if tied:  # the lookup reads the copy too (qmatvec.embedding_rows)
                 self.token_embd = self.output
+        # per layer, then the head: the copied matrices whose mapped pages a long prompt's
+        # GEMM may read again (an untied token_embd keeps its own mapped rows)
+        self._release = release
+        self._copied = [self._with_copies(layer_matrices(layer)) for layer in self.layers]
+        self._copied.append(self._with_copies([self.output]))
         self._decode_step = None  # rebound to the copies
         return added
+
+    def _with_copies(self, ts: list[QuantTensor]) -> list[QuantTensor]:
+        keep = self.token_embd.name if self.token_embd is not self.output else None
+        return [t for t in ts if t.interleaved is not None and t.name != keep]
+
+    def _release_rows_read(self, ts: list[QuantTensor], ntokens: int) -> None:
+        """A prompt of ntokens past a copied matrix's batched limit took the GEMM on its
+        mapped rows (qmatvec.reads_rows: the AMX GEMMs beat the copies' kernels on long
+        prompts); let those pages go again as soon as the layer is done, so memory stays
+        at the copies plus one layer's rows."""
+        if self._release is not None:
+            for t in ts:
+                if qmatvec.reads_rows(t, ntokens):
+                    self._release(t.name)
 
     def _check_shapes(self, layer: _Layer, i: int, source: str) -> None:
         s = self.spec
@@ -229,6 +260,8 @@ class Transformer:
             if layer.post_ffn_norm is not None:
                 f = rmsnorm(f, layer.post_ffn_norm, eps)
             h += f
+            if self._copied and n > 1:
+                self._release_rows_read(self._copied[li], n)
         return h
 
     def final_hidden(self, tokens: list[int], cache: KVCache) -> np.ndarray:
@@ -277,6 +310,8 @@ class Transformer:
             logits = qmatvec.project(self.output, rmsnorm(h, self.output_norm, eps))
         else:
             logits = qmatvec.matvec(self.output, rmsnorm(h[-1:], self.output_norm, eps)[0])
+        if self._copied and len(tokens) > 1:
+            self._release_rows_read(self._copied[-1], len(tokens))  # the head's
         if s.final_logit_softcap > 0:
             cap = np.float32(s.final_logit_softcap)
             logits = np.tanh(logits / cap) * cap

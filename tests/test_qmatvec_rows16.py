@@ -12,7 +12,15 @@ from edgerun.ops import qmatvec as qm
 from edgerun.quant.formats import QuantTensor, QuantType
 from edgerun.quant.reference import dequantize, random_blocks
 
-FORMATS = [QuantType.Q4_0, QuantType.Q4_1, QuantType.Q5_0, QuantType.Q8_0, QuantType.Q4_K]
+FORMATS = [
+    QuantType.Q4_0,
+    QuantType.Q4_1,
+    QuantType.Q5_0,
+    QuantType.Q8_0,
+    QuantType.Q4_K,
+    QuantType.Q6_K,
+]
+KQUANTS = (QuantType.Q4_K, QuantType.Q6_K)
 
 pytestmark = pytest.mark.skipif(
     "vnni" not in qm.available_paths(), reason="the interleaved kernels need AVX-512 VNNI"
@@ -52,6 +60,19 @@ def _deinterleave(q: QuantType, il: np.ndarray, rows: int, cols: int) -> np.ndar
         scale = (d[:, :, None, :] * sc).reshape(-1, nb, 16).transpose(0, 2, 1)[..., None]
         low = (dmin[:, :, None, :] * mn).reshape(-1, nb, 16).transpose(0, 2, 1)[..., None]
         return (w * scale - low).reshape(-1, cols)[:rows]
+    if q == QuantType.Q6_K:  # super-blocks: 8 records of 416 bytes, then d
+        sup = il.reshape(il.shape[0], nb // 8, r16.Q6K_SUPER)
+        rec = sup[:, :, :3328].reshape(-1, nb, 416)
+        packed = rec[..., :256].reshape(-1, nb, 4, 64)
+        lo = np.concatenate([packed & 15, packed >> 4], axis=2)  # [g, nb, 8, 64]
+        planes = rec[..., 256:384].reshape(-1, nb, 2, 64)
+        hi = np.stack([(planes[:, :, k // 4] >> (2 * (k % 4))) & 3 for k in range(8)], axis=2)
+        w = (lo | (hi << 4)).astype(np.float32) - 32
+        w = w.reshape(-1, nb, 8, 16, 4).transpose(0, 3, 1, 2, 4).reshape(-1, 16, nb, 32)
+        d = sup[:, :, 3328:3360].copy().view(np.float16).astype(np.float32)  # [g, nsb, 16]
+        sc = rec[..., 384:416].view(np.int8).astype(np.float32).reshape(-1, nb // 8, 8, 2, 16)
+        ds = (d[:, :, None, None, :] * sc).reshape(-1, nb, 2, 16).transpose(0, 3, 1, 2)
+        return (np.repeat(ds, 16, axis=-1) * w).reshape(-1, cols)[:rows]
     blk = il.reshape(il.shape[0], nb, gb)
     if q == QuantType.Q8_0:
         w = blk[:, :, :512].reshape(-1, nb, 8, 16, 4).astype(np.int16) - 128
@@ -81,7 +102,7 @@ def _deinterleave(q: QuantType, il: np.ndarray, rows: int, cols: int) -> np.ndar
 @pytest.mark.parametrize("q", FORMATS, ids=lambda q: q.name)
 @pytest.mark.parametrize("rows", [16, 37, 96])
 def test_layout_holds_the_files_blocks(q, rows):
-    cols = 512 if q == QuantType.Q4_K else 96
+    cols = 512 if q in KQUANTS else 96
     w = _tensor(q, rows, cols, seed=rows)
     il = qm.interleave(w)
     assert il.interleaved is not None and not il.interleaved.flags.writeable
@@ -96,7 +117,7 @@ def test_layout_holds_the_files_blocks(q, rows):
 @pytest.mark.parametrize("q", FORMATS, ids=lambda q: q.name)
 @pytest.mark.parametrize("n", [1, 2, 4, 5, 9])
 def test_kernels_match_the_reference_and_batched_rows_equal_single(q, n):
-    cols = 512 if q == QuantType.Q4_K else 128
+    cols = 512 if q in KQUANTS else 128
     w = _tensor(q, 53, cols, seed=7 * n)
     il = qm.interleave(w)
     x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
@@ -114,7 +135,7 @@ def test_kernels_match_the_reference_and_batched_rows_equal_single(q, n):
 
 @pytest.mark.parametrize("q", FORMATS, ids=lambda q: q.name)
 def test_three_matrices_in_one_call_equal_one_at_a_time(q):
-    cols = 256 if q == QuantType.Q4_K else 64
+    cols = 256 if q in KQUANTS else 64
     ws = [qm.interleave(_tensor(q, r, cols, seed=r)) for r in (16, 40, 8)]
     x = np.random.default_rng(3).standard_normal(cols).astype(np.float32)
     X = np.random.default_rng(4).standard_normal((3, cols)).astype(np.float32)
@@ -129,7 +150,7 @@ def test_three_matrices_in_one_call_equal_one_at_a_time(q):
 def test_mixed_layouts_and_formats_keep_apart():
     a = qm.interleave(_tensor(QuantType.Q8_0, 32, 64, seed=1))
     b = _tensor(QuantType.Q8_0, 32, 64, seed=2)  # no copy: the row kernel
-    c = _tensor(QuantType.Q6_K, 32, 256, seed=3)
+    c = _tensor(QuantType.Q3_G64, 32, 256, seed=3)
     assert qm.interleave(c) is c  # a format without interleaved kernels
     x = np.random.default_rng(5).standard_normal(64).astype(np.float32)
     ya, yb = qm.matvec_many([a, b], x)

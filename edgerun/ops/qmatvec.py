@@ -56,6 +56,7 @@ __all__ = [
     "embedding_rows",
     "interleave",
     "kernel_path",
+    "reads_rows",
     "matmul",
     "matmul_reference",
     "matvec",
@@ -338,11 +339,30 @@ def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
     return _path in INT8_PATHS and qtype in _MVB_INT8 and 1 < ntokens <= mvb_prefill_max(qtype)
 
 
+# Prompts of at most this many tokens take an interleaved copy's batched kernels
+# (qmatvec_rows16) for the formats outside _MM_SUPERBLOCK; longer ones, and K-quant prompts
+# past mvb_prefill_max, the GEMMs on the mapped rows. Qwen2.5-0.5B (mostly Q5_0), whole
+# prompts, 2-vCPU Xeon with AMX, the copies against the rows' routes: 32 tokens 161 / 108
+# tok/s, 64: 169 / 149, 128: 258 / 299, 256: 188 / 209. Qwen2.5-1.5B with every Q4_K copy
+# batched: 16 tokens 69 / 59, 64: 90 / 137, 256: 91 / 143 (the K-quant AMX GEMMs win).
+ROWS16_PREFILL_MAX = 64
+
+
 def _batched_prefill(w: QuantTensor, ntokens: int) -> bool:
-    """Whether a prompt of `ntokens` rows meets w in the batched decode kernels: always
-    for an interleaved copy (qmatvec_rows16, about as fast as the AMX GEMMs from 32 to 256
-    tokens of Qwen2.5-0.5B, and the mapped rows then stay unread), else _mvb_prefill."""
-    return (ntokens > 1 and _interleaved(w)) or _mvb_prefill(w.qtype, ntokens)
+    """Whether a prompt of `ntokens` rows meets w in the batched decode kernels (an
+    interleaved copy's, up to its limit, else _mvb_prefill's)."""
+    if ntokens > 1 and _interleaved(w):
+        limit = mvb_prefill_max(w.qtype)
+        if w.qtype not in _MM_SUPERBLOCK:
+            limit = max(limit, ROWS16_PREFILL_MAX)
+        return ntokens <= limit
+    return _mvb_prefill(w.qtype, ntokens)
+
+
+def reads_rows(w: QuantTensor, ntokens: int) -> bool:
+    """Whether `matmul(w, X)` of ntokens rows reads w.data (the mapped rows) although w
+    has an interleaved copy that decode reads (a long prompt's GEMM)."""
+    return _interleaved(w) and ntokens > 1 and not _batched_prefill(w, ntokens)
 
 
 def _x1_span(qtype: QuantType) -> int:

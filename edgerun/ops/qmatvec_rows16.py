@@ -59,21 +59,29 @@ PASS = 4  # vectors a pass over a group (their accumulators stay in registers)
 PREFETCH_BYTES = 16384  # as the row kernels (qmatvec_vnni.PREFETCH_BYTES)
 F0 = np.float32(0.0)
 
-KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q8_0, KIND_Q4_K = 0, 1, 2, 3, 4
+KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q8_0, KIND_Q4_K, KIND_Q6_K = 0, 1, 2, 3, 4, 5
 KIND_OF = {
     QuantType.Q4_0: KIND_Q4_0,
     QuantType.Q4_1: KIND_Q4_1,
     QuantType.Q5_0: KIND_Q5_0,
     QuantType.Q8_0: KIND_Q8_0,
     QuantType.Q4_K: KIND_Q4_K,
+    QuantType.Q6_K: KIND_Q6_K,
 }
-# bytes per group of 16 rows and block of 32 columns (Q4_K: a super-block of 256 is 8
-# records of 288 bytes, then d and dmin of the 16 rows, 2368 bytes)
-GROUP_BYTES = {KIND_Q4_0: 288, KIND_Q4_1: 320, KIND_Q5_0: 352, KIND_Q8_0: 544, KIND_Q4_K: 296}
-Q4K_SUPER = 2368
-_D_AT = {KIND_Q4_0: 256, KIND_Q4_1: 256, KIND_Q5_0: 320, KIND_Q8_0: 512, KIND_Q4_K: 0}
-_LEVELS = {KIND_Q4_0: 2, KIND_Q4_1: 2, KIND_Q5_0: 1, KIND_Q8_0: 2, KIND_Q4_K: 2}
-_BIAS = {KIND_Q4_0: -8, KIND_Q4_1: 0, KIND_Q5_0: -16, KIND_Q8_0: -128, KIND_Q4_K: 0}
+# bytes per group of 16 rows and block of 32 columns (the K-quants: a super-block of 256
+# is 8 records of 288 / 416 bytes, then d and dmin / d of the 16 rows, 2368 / 3360 bytes)
+GROUP_BYTES = {
+    KIND_Q4_0: 288,
+    KIND_Q4_1: 320,
+    KIND_Q5_0: 352,
+    KIND_Q8_0: 544,
+    KIND_Q4_K: 296,
+    KIND_Q6_K: 420,
+}
+Q4K_SUPER, Q6K_SUPER = 2368, 3360
+_D_AT = {KIND_Q4_0: 256, KIND_Q4_1: 256, KIND_Q5_0: 320, KIND_Q8_0: 512}
+_LEVELS = {KIND_Q5_0: 1}  # the others: 2
+_BIAS = {KIND_Q4_0: -8, KIND_Q5_0: -16, KIND_Q8_0: -128, KIND_Q6_K: -32}  # the others: 0
 
 I1, I8, I32, I64 = (ir.IntType(n) for n in (1, 8, 32, 64))
 F32, HALF = ir.FloatType(), ir.HalfType()
@@ -92,6 +100,9 @@ def _interleave(kind, raw, rows, nb, out):
         g, r = row // ROWS, row % ROWS
         if kind == KIND_Q4_K:
             _interleave_q4_k(raw, row, g, r, nb // 8, out)
+            continue
+        if kind == KIND_Q6_K:
+            _interleave_q6_k(raw, row, g, r, nb // 8, out)
             continue
         for b in range(nb):
             o = b * gb
@@ -149,6 +160,39 @@ def _interleave_q4_k(raw, row, g, r, nsb, out):
                     out[g, oj + 64 * kk + 4 * r + i] = lo | (hi << 4)
 
 
+@njit(inline="always")
+def _interleave_q6_k(raw, row, g, r, nsb, out):
+    """Row `row` (row r of group g) of a Q6_K matrix: per super-block s, sub-block j's
+    record at s * Q6K_SUPER + 416 j holds its weights' low 4 bits as the nibble formats
+    do, then their high 2 bits as two 64-byte planes (byte 4 r + i of plane h, bits 2 m:
+    weight 4 (4 h + m) + i), then the row's two 16-weight scales at 384 + r and 400 + r;
+    d at 3328 + 2 r."""
+    for sb in range(nsb):
+        s, o = sb * 210, sb * Q6K_SUPER
+        out[g, o + 3328 + 2 * r] = raw[row, s + 208]
+        out[g, o + 3329 + 2 * r] = raw[row, s + 209]
+        for j in range(8):
+            oj = o + 416 * j
+            out[g, oj + 384 + r] = raw[row, s + 192 + 2 * j]
+            out[g, oj + 400 + r] = raw[row, s + 193 + 2 * j]
+            # weight w of sub-block j: low 4 bits in ql byte lo0 + w (shifted by lsh), high
+            # 2 in qh byte hi0 + w (shifted by hsh)
+            lo0, lsh = s + 64 * (j // 4) + 32 * (j % 2), 4 * ((j // 2) % 2)
+            hi0, hsh = s + 128 + 32 * (j // 4), 2 * (j % 4)
+            for kk in range(4):
+                for i in range(4):
+                    w = 4 * kk + i
+                    a = (raw[row, lo0 + w] >> lsh) & 15
+                    c = (raw[row, lo0 + w + 16] >> lsh) & 15
+                    out[g, oj + 64 * kk + 4 * r + i] = a | (c << 4)
+            for h in range(2):
+                for i in range(4):
+                    v = 0
+                    for m in range(4):
+                        v |= ((raw[row, hi0 + 16 * h + 4 * m + i] >> hsh) & 3) << (2 * m)
+                    out[g, oj + 256 + 64 * h + 4 * r + i] = v
+
+
 def interleave(qtype: QuantType, raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """GGUF rows uint8 [rows, row bytes] of a format in KIND_OF -> the interleaved copy,
     uint8 [ceil(rows / 16), cols / 32 * GROUP_BYTES] (read-only)."""
@@ -171,6 +215,19 @@ def embedding_rows16(kind, il, ids, out):
     for t in range(ids.shape[0]):
         g, r = ids[t] // ROWS, ids[t] % ROWS
         for bi in range(nb):
+            if kind == KIND_Q6_K:
+                sup = (bi >> 3) * Q6K_SUPER
+                o = sup + (bi & 7) * 416
+                dq = _f16_at(il, g, sup + 3328 + 2 * r)
+                for j in range(32):
+                    k = j >> 2
+                    byte = il[g, o + 64 * (k & 3) + 4 * r + (j & 3)]
+                    lo = np.int32((byte >> (4 * (k >> 2))) & 15)
+                    hb = il[g, o + 256 + 64 * (k >> 2) + 4 * r + (j & 3)]
+                    q = lo | (np.int32((hb >> (2 * (k & 3))) & 3) << 4)
+                    sc = np.int8(il[g, o + 384 + 16 * (j >> 4) + r])
+                    out[t, 32 * bi + j] = (dq * np.float32(sc)) * np.float32(q - 32)
+                continue
             if kind == KIND_Q4_K:
                 sup = (bi >> 3) * Q4K_SUPER
                 o = sup + (bi & 7) * 288
@@ -209,12 +266,13 @@ def _f16_at(il, g, o):
 
 # ------------------------------------------------------------------------ activations
 @njit(cache=True, nogil=True)
-def quantize_x16(X, levels, xq, xd, xs, xf):
+def quantize_x16(X, levels, xq, xd, xs, xf, xh):
     """X float32 [nv, cols] -> per vector and block of 32, as the row kernels quantize
     (qmatvec_vnni.quantize_x, quantize_x1): xq int8 [nv, levels, cols] (q1, and q2 for
     two levels), xd float32 [nv, nb] the scale of the integer sums (dx, or dx / 128 for
     two levels), xs int32 [nv, nb] the sum of the integer activations (sum(q1), or
-    sum(128 q1 + q2)), xf = xd * xs (Q4_1's m term)."""
+    sum(128 q1 + q2)), xf = xd * xs (Q4_1's m term), xh int32 [nv, 2 nb] those sums per
+    16 elements (Q6_K's scales are per 16)."""
     nv, cols = X.shape
     nb = cols // 32
     x = X.reshape(-1)
@@ -228,11 +286,14 @@ def quantize_x16(X, levels, xq, xd, xs, xf):
             if levels == 2:
                 q2o = q1o + cols
                 inv2 = inv * np.float32(128.0)
-                t = qhalf(x, xo, q, q1o, q2o, d, inv, inv2)
-                t += qhalf(x, xo + 16, q, q1o + 16, q2o + 16, d, inv, inv2)
+                t0 = qhalf(x, xo, q, q1o, q2o, d, inv, inv2)
+                t1 = qhalf(x, xo + 16, q, q1o + 16, q2o + 16, d, inv, inv2)
                 d = d / np.float32(128.0)
             else:
-                t = q8_16(x, xo, q, q1o, inv) + q8_16(x, xo + 16, q, q1o + 16, inv)
+                t0, t1 = q8_16(x, xo, q, q1o, inv), q8_16(x, xo + 16, q, q1o + 16, inv)
+            t = t0 + t1
+            xh[v, 2 * b] = np.int32(t0)
+            xh[v, 2 * b + 1] = np.int32(t1)
             xd[v, b] = d
             xs[v, b] = np.int32(t)
             xf[v, b] = d * np.float32(t)
@@ -240,7 +301,7 @@ def quantize_x16(X, levels, xq, xd, xs, xf):
 
 # ------------------------------------------------------------------------ the block intrinsic
 def _block_codegen(kind: int, nv: int):
-    levels, bias, d_at = _LEVELS[kind], _BIAS[kind], _D_AT[kind]
+    levels, bias, d_at = _LEVELS.get(kind, 2), _BIAS.get(kind, 0), _D_AT.get(kind, 0)
     nbytes = GROUP_BYTES[kind]
 
     def codegen(context, builder, sig, args):
@@ -274,6 +335,15 @@ def _block_codegen(kind: int, nv: int):
         # the block's 8 weight registers, 16 rows x 4 unsigned bytes each
         if kind == KIND_Q8_0:
             ws = [b.load(ptr(1, at(off, 64 * k), V64I8), align=1) for k in range(8)]
+        elif kind == KIND_Q6_K:
+            packed = [b.load(ptr(1, at(off, 64 * j), V64I8), align=1) for j in range(4)]
+            ws = [b.and_(p, ir.Constant(V64I8, [15] * 64)) for p in packed]
+            ws += [b.lshr(p, ir.Constant(V64I8, [4] * 64)) for p in packed]
+            planes = [b.load(ptr(1, at(off, 256 + 64 * h), V64I8), align=1) for h in range(2)]
+            for k in range(8):
+                h2 = b.lshr(planes[k // 4], ir.Constant(V64I8, [2 * (k % 4)] * 64))
+                h2 = b.shl(b.and_(h2, ir.Constant(V64I8, [3] * 64)), ir.Constant(V64I8, [4] * 64))
+                ws[k] = b.or_(ws[k], h2)
         else:
             packed = [b.load(ptr(1, at(off, 64 * j), V64I8), align=1) for j in range(4)]
             lo = [b.and_(p, ir.Constant(V64I8, [15] * 64)) for p in packed]
@@ -296,35 +366,46 @@ def _block_codegen(kind: int, nv: int):
         def u8x16(o):  # 16 unsigned bytes as floats
             return b.uitofp(b.load(ptr(1, o, ir.VectorType(I8, 16)), align=1), V16F)
 
+        def i8x16(o):  # 16 signed bytes as floats
+            return b.sitofp(b.load(ptr(1, o, ir.VectorType(I8, 16)), align=1), V16F)
+
         m = None
-        if kind == KIND_Q4_K:  # d sc and -dmin m of the sub-block, exact in float32
-            d = b.fmul(f16x16(aux), u8x16(at(off, 256)))
+        # (registers, row scales, the xs index's half) of each part of a block's dot
+        if kind == KIND_Q6_K:  # two 16-weight halves with their own scales d sc
+            dq = f16x16(aux)
+            parts = [(range(4), b.fmul(dq, i8x16(at(off, 384))), 0)]
+            parts.append((range(4, 8), b.fmul(dq, i8x16(at(off, 400))), 1))
+        elif kind == KIND_Q4_K:  # d sc and -dmin m of the sub-block, exact in float32
+            parts = [(range(8), b.fmul(f16x16(aux), u8x16(at(off, 256))), None)]
             m = b.fneg(b.fmul(f16x16(at(aux, 32)), u8x16(at(off, 272))))
         else:
-            d = f16x16(at(off, d_at))
+            parts = [(range(8), f16x16(at(off, d_at)), None)]
         if kind == KIND_Q4_1:
             m = f16x16(at(off, 288))
         acc = b.bitcast(accp, V16F.as_pointer())
         for v in range(nv):
             vv = b.add(v0, c64(v))  # the vector
             vb = b.add(b.mul(vv, nb), bi)  # [v, b] of the per-block arrays
-            dots = []
-            for lv in range(levels):
-                xl = b.add(xo, b.mul(vstride, c64(levels * v + lv)))
-                a = ir.Constant(V16I32, [0] * 16)
-                if bias and lv == levels - 1:  # the offset's share: bias * xs, added once
-                    s = b.load(ptr(8, vb, I32))
-                    a = splat(b.mul(s, ir.Constant(I32, bias)), V16I32)
-                for k in range(8):
-                    xw = b.load(ptr(4, at(xl, 4 * k), I32), align=1)
-                    a = b.call(dpb, [a, ws[k], splat(xw, V16I32)])
-                dots.append(a)
-            dot = dots[0]
-            if levels == 2:
-                dot = b.add(b.shl(dot, ir.Constant(V16I32, [7] * 16)), dots[1])
-            dx = b.load(ptr(7, vb, F32))
+            dx = splat(b.load(ptr(7, vb, F32)), V16F)
             p = b.gep(acc, [ir.Constant(I32, v)])
-            y = b.call(fma, [b.sitofp(dot, V16F), b.fmul(d, splat(dx, V16F)), b.load(p, align=4)])
+            y = b.load(p, align=4)
+            for ks, scale, half in parts:
+                dots = []
+                for lv in range(levels):
+                    xl = b.add(xo, b.mul(vstride, c64(levels * v + lv)))
+                    a = ir.Constant(V16I32, [0] * 16)
+                    if bias and lv == levels - 1:  # the offset's share: bias * xs, once
+                        si = vb if half is None else b.add(b.add(vb, vb), c64(half))
+                        s = b.load(ptr(8, si, I32))
+                        a = splat(b.mul(s, ir.Constant(I32, bias)), V16I32)
+                    for k in ks:
+                        xw = b.load(ptr(4, at(xl, 4 * k), I32), align=1)
+                        a = b.call(dpb, [a, ws[k], splat(xw, V16I32)])
+                    dots.append(a)
+                dot = dots[0]
+                if levels == 2:
+                    dot = b.add(b.shl(dot, ir.Constant(V16I32, [7] * 16)), dots[1])
+                y = b.call(fma, [b.sitofp(dot, V16F), b.fmul(scale, dx), y])
             if m is not None:
                 y = b.call(fma, [m, splat(b.load(ptr(9, vb, F32)), V16F), y])
             b.store(y, p, align=4)
@@ -363,7 +444,7 @@ def _pass_block(kind: int):
     return block
 
 
-_Q4_0, _Q4_1, _Q5_0, _Q8_0, _Q4_K = (_pass_block(k) for k in range(5))
+_Q4_0, _Q4_1, _Q5_0, _Q8_0, _Q4_K, _Q6_K = (_pass_block(k) for k in range(6))
 
 
 @intrinsic
@@ -383,6 +464,11 @@ def _block(kind, n, acc, flat, base, bi, xq, xo, vstride, xd, xs, xf, nb, v0):
         sup = base + (bi >> 3) * Q4K_SUPER
         off, aux = sup + (bi & 7) * 288, sup + 2304
         _Q4_K(n, acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+        return
+    if kind == KIND_Q6_K:  # xs: the sums per 16 (quantize_x16's xh)
+        sup = base + (bi >> 3) * Q6K_SUPER
+        off, aux = sup + (bi & 7) * 416, sup + 3328
+        _Q6_K(n, acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
         return
     off = base + bi * _group_bytes(kind)
     if kind == KIND_Q5_0:
@@ -405,6 +491,8 @@ def _group_bytes(kind):
     """GROUP_BYTES[kind]."""
     if kind == KIND_Q4_K:
         return 296
+    if kind == KIND_Q6_K:
+        return 420
     if kind == KIND_Q5_0:
         return 352
     if kind == KIND_Q8_0:
@@ -424,8 +512,11 @@ def _mv16(kind, d0, d1, d2, X, o0, o1, o2):
     xd = np.empty((nv, nb), np.float32)
     xs = np.empty((nv, nb), np.int32)
     xf = np.empty((nv, nb), np.float32)
-    quantize_x16(X, lv, xq, xd, xs, xf)
+    xh = np.empty((nv, 2 * nb), np.int32)
+    quantize_x16(X, lv, xq, xd, xs, xf, xh)
     xqf, xdf, xsf, xff = xq.reshape(-1), xd.reshape(-1), xs.reshape(-1), xf.reshape(-1)
+    if kind == KIND_Q6_K:
+        xsf = xh.reshape(-1)
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     g0, g01 = d0.shape[0], d0.shape[0] + d1.shape[0]
     for i in prange(g01 + d2.shape[0]):
@@ -490,6 +581,17 @@ def mvb16_q4_k(d0, d1, d2, X, o0, o1, o2):
 
 
 @njit(parallel=True, cache=True, nogil=True)
+def mv16_q6_k(d0, d1, d2, x, o0, o1, o2):
+    _mv16(KIND_Q6_K, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
+          o2.reshape(1, -1))  # fmt: skip
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_q6_k(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def mvb16_q4_0(d0, d1, d2, X, o0, o1, o2):
     _mv16(KIND_Q4_0, d0, d1, d2, X, o0, o1, o2)
 
@@ -515,6 +617,7 @@ MV16 = {
     QuantType.Q5_0: mv16_q5_0,
     QuantType.Q8_0: mv16_q8_0,
     QuantType.Q4_K: mv16_q4_k,
+    QuantType.Q6_K: mv16_q6_k,
 }
 MVB16 = {
     QuantType.Q4_0: mvb16_q4_0,
@@ -522,4 +625,5 @@ MVB16 = {
     QuantType.Q5_0: mvb16_q5_0,
     QuantType.Q8_0: mvb16_q8_0,
     QuantType.Q4_K: mvb16_q4_k,
+    QuantType.Q6_K: mvb16_q6_k,
 }
