@@ -198,9 +198,11 @@ class Model:
         if not offloading:
             self._build_resident()
         # bytes of the interleaved decode copies (qmatvec_rows16; resident loads on the
-        # vnni path unless interleave=False), 0 without them
+        # vnni path unless interleave=False), 0 without them. By default only where the
+        # mapped rows' pages can be let go (a GGUF), so the copies cost no memory.
         self.interleaved_bytes = 0
-        if not offloading and interleave is not False:
+        can_release = hasattr(self.file, "release_pages")
+        if not offloading and (interleave or (interleave is None and can_release)):
             self.interleaved_bytes = self.transformer.interleave_weights()
         self.threads = threads or default_threads()
         self.auto_threads = threads is None  # the governor's to choose (cpu_share.py)
@@ -980,12 +982,13 @@ def load(
     projections) onto torch device `gpu_device` ("cuda", "cuda:1", or "cpu" to run the
     same path on the CPU); needs the extra edgerun[gpu].
 
-    interleave (None: on for a resident load) gives the Q4_0, Q4_1, Q5_0 and Q8_0
-    matrices a 16-row interleaved copy that decode and prompts then read instead of the
-    mapped rows (ops/qmatvec_rows16.py; the vnni kernel path only): faster one-session
-    and much faster concurrent decode, the same memory (the mapped rows' pages are let
-    go). False keeps the row kernels, whose results a budgeted (offloaded) run of the
-    same model equals bit for bit; the copies round differently (argmax agreement ~99%).
+    interleave (None: on for a resident GGUF load) gives the Q4_0, Q4_1, Q5_0, Q8_0, Q4_K
+    and Q6_K matrices a 16-row interleaved copy that decode and short prompts then read
+    instead of the mapped rows (ops/qmatvec_rows16.py; the vnni kernel path only):
+    faster one-session and much faster concurrent decode, about the same memory (the
+    mapped rows' pages are let go). False keeps the row kernels, whose results a
+    budgeted (offloaded) run of the same model equals bit for bit; the copies round
+    differently (README: "Interleaved decode copies").
     """
     if kv_type is not None:
         check_kv_type(kv_type)

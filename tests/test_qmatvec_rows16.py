@@ -198,3 +198,29 @@ def test_a_resident_model_decodes_from_the_copies(smollm2_path):
         assert np.array_equal(step[i], tr.forward([7 + i], s))
     with pytest.raises(InvalidArgumentError, match="interleave"):
         edgerun.load(smollm2_path, ram_budget="2G", interleave=True)
+
+
+def test_long_prompts_read_the_mapped_rows_and_let_them_go(smollm2_path):
+    """Past the batched limit a prompt takes the GEMM on the mapped rows (qmatvec.reads_rows);
+    the model then lets each layer's pages go again, and its logits stay those of the
+    rows (the GEMMs are the row layout's)."""
+    import edgerun
+
+    k = qm.interleave(_tensor(QuantType.Q4_K, 16, 256, seed=1))
+    q5 = qm.interleave(_tensor(QuantType.Q5_0, 16, 64, seed=2))
+    limit = qm.mvb_prefill_max(QuantType.Q4_K)
+    assert not qm.reads_rows(k, limit) and qm.reads_rows(k, limit + 1)
+    assert not qm.reads_rows(q5, qm.ROWS16_PREFILL_MAX) and qm.reads_rows(q5, 200)
+    assert not qm.reads_rows(_tensor(QuantType.Q5_0, 16, 64, seed=2), 200)  # no copy
+
+    model = edgerun.load(smollm2_path, n_ctx=256, threads=2)
+    tr = model.transformer
+    released: list[str] = []
+    release = tr._release
+    tr._release = lambda name: released.append(name) or release(name)
+    ids = list(range(300, 300 + qm.ROWS16_PREFILL_MAX + 16))
+    model.logits(ids[:8])
+    assert released == []  # a short prompt reads the copies only
+    model.logits(ids)
+    copied = {t.name for ts in tr._copied for t in ts}
+    assert set(released) == copied and len(copied) == 30 * 7 + 1

@@ -24,6 +24,10 @@ two-level kernel, for logits ~1e-4 KL from float activations (qmatvec_vnni.q4_k_
 "int8" is the avx2 path's kernels spelled in LLVM's generic vector operations, for any
 CPU (`EDGERUN_KERNELS=int8`, opt-in: x86 compiles it to the same instructions; it has
 not run on ARM hardware yet).
+On the vnni path a tensor with an interleaved copy (QuantTensor.interleaved, made by
+`interleave`: 16 rows per block of 32 in the lanes of one register, qmatvec_rows16)
+decodes, and prompts of up to ROWS16_PREFILL_MAX tokens run, from the copy; its rows
+equal in every route that reads it, and batched rows equal single ones bit for bit.
 On a 2-vCPU AVX2 EPYC the avx2 path runs Q4_K 5-7x and Q6_K 8-11x the portable one
 (1 thread, Qwen2.5-1.5B shapes). The fastest available path is the default;
 `EDGERUN_KERNELS=portable` in the environment or `set_kernel_path("portable")` forces

@@ -543,52 +543,43 @@ def _mv16(kind, d0, d1, d2, X, o0, o1, o2):
                     out[v0 + v, g * ROWS + r] = acc[16 * v + r]
 
 
+@njit(inline="always")
+def _mv16_one(kind, d0, d1, d2, x, o0, o1, o2):
+    """_mv16 for one vector x [cols] into o_k [rows_k]."""
+    o0, o1, o2 = o0.reshape(1, -1), o1.reshape(1, -1), o2.reshape(1, -1)
+    _mv16(kind, d0, d1, d2, x.reshape(1, -1), o0, o1, o2)
+
+
 # One vector (x [cols], o [rows]) and several (X [nv, cols], o [nv, rows]), as the row
-# kernels' mv_* / mvb_* entry points (three slots).
+# kernels' mv_* / mvb_* entry points (three slots); one compiled kernel per format.
 @njit(parallel=True, cache=True, nogil=True)
 def mv16_q4_0(d0, d1, d2, x, o0, o1, o2):
-    _mv16(KIND_Q4_0, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
-          o2.reshape(1, -1))  # fmt: skip
+    _mv16_one(KIND_Q4_0, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv16_q4_1(d0, d1, d2, x, o0, o1, o2):
-    _mv16(KIND_Q4_1, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
-          o2.reshape(1, -1))  # fmt: skip
+    _mv16_one(KIND_Q4_1, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv16_q5_0(d0, d1, d2, x, o0, o1, o2):
-    _mv16(KIND_Q5_0, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
-          o2.reshape(1, -1))  # fmt: skip
+    _mv16_one(KIND_Q5_0, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv16_q8_0(d0, d1, d2, x, o0, o1, o2):
-    _mv16(KIND_Q8_0, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
-          o2.reshape(1, -1))  # fmt: skip
+    _mv16_one(KIND_Q8_0, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv16_q4_k(d0, d1, d2, x, o0, o1, o2):
-    _mv16(KIND_Q4_K, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
-          o2.reshape(1, -1))  # fmt: skip
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def mvb16_q4_k(d0, d1, d2, X, o0, o1, o2):
-    _mv16(KIND_Q4_K, d0, d1, d2, X, o0, o1, o2)
+    _mv16_one(KIND_Q4_K, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv16_q6_k(d0, d1, d2, x, o0, o1, o2):
-    _mv16(KIND_Q6_K, d0, d1, d2, x.reshape(1, -1), o0.reshape(1, -1), o1.reshape(1, -1),
-          o2.reshape(1, -1))  # fmt: skip
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def mvb16_q6_k(d0, d1, d2, X, o0, o1, o2):
-    _mv16(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
+    _mv16_one(KIND_Q6_K, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -609,6 +600,16 @@ def mvb16_q5_0(d0, d1, d2, X, o0, o1, o2):
 @njit(parallel=True, cache=True, nogil=True)
 def mvb16_q8_0(d0, d1, d2, X, o0, o1, o2):
     _mv16(KIND_Q8_0, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_q4_k(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_Q4_K, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_q6_k(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
 
 
 MV16 = {
