@@ -77,9 +77,10 @@ def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
         raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
 
 
-def _weight_formats(model) -> set:
+def _weight_formats(model, rows_only: bool = False) -> set:
     """The formats of a Transformer's weight matrices, resident or streamed (a streamed
-    matrix's rows keep its file's format)."""
+    matrix's rows keep its file's format); rows_only: of those whose decode reads their
+    rows (no interleaved copy, qmatvec.interleave)."""
     parts: list = [getattr(model, "output", None), getattr(model, "head", None)]
     for layer in model.layers:
         parts += [getattr(layer, s, None) for s in type(layer).__slots__]
@@ -91,7 +92,8 @@ def _weight_formats(model) -> set:
         p = getattr(p, "matrix", p)  # a streamed head
         p = getattr(p, "template", p)  # a split matrix
         if isinstance(p, QuantTensor) and p.rows > 1:
-            formats.add(p.qtype)
+            if not (rows_only and p.interleaved is not None):
+                formats.add(p.qtype)
     return formats
 
 
@@ -255,9 +257,10 @@ class Generator:
         every weight format in the model: the warm-up's 2-token prompt takes the batched
         decode kernels, and parts held or moved after the warm-up (offloading) would
         otherwise load theirs on the first token or prompt."""
-        formats = _weight_formats(self.model)
-        qmatvec.warm_prefill(formats)
-        qmatvec.warm_decode(formats)
+        qmatvec.warm_prefill(_weight_formats(self.model))  # long prompts take the rows
+        # the row kernels' decode, for the matrices without copies (the copies' kernels
+        # ran in the warm-up's forward passes): Numba keeps what each compile allocated
+        qmatvec.warm_decode(_weight_formats(self.model, rows_only=True))
         lowrank.warm()  # an offloaded head's sketch scores (offload/head.py)
 
     def _warm_parallel_kernels(self) -> None:
