@@ -53,7 +53,10 @@ def test_debug_shows_the_traceback(capsys):
 
 def test_ctrl_c_stops_generate_with_stats_and_130():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # seed 1 samples 400+ tokens before an end of text (others stopped at 51 tokens, within
+    # 0.2 s at this machine's decode rate, before the interrupt arrived)
     cmd = [sys.executable, "-m", "edgerun", "generate", "--raw", "-n", "2000", "--temp", "0.7"]
+    cmd += ["--seed", "1"]
     # A shell that starts a job in the background without job control ignores SIGINT in
     # it, and Python then installs no KeyboardInterrupt handler: give the child the
     # default disposition a terminal's process has.
@@ -68,7 +71,7 @@ def test_ctrl_c_stops_generate_with_stats_and_130():
     # wait for the first generated text, then interrupt
     first = p.stdout.read(1)
     assert first
-    time.sleep(0.5)
+    time.sleep(0.2)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     err = err.decode()
