@@ -19,15 +19,24 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process (since reset_peak_rss, where it ran)."""
+def proc_status_bytes(field: str) -> int | None:
+    """A kB figure of this process's /proc/self/status ("VmHWM", "RssAnon"), in bytes;
+    None where Linux's /proc does not give it."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (since reset_peak_rss, where it ran)."""
+    hwm = proc_status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm
     try:
         import resource
 

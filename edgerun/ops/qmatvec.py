@@ -26,8 +26,8 @@ CPU (`EDGERUN_KERNELS=int8`, opt-in: x86 compiles it to the same instructions; i
 not run on ARM hardware yet).
 On the vnni path a tensor with an interleaved copy (QuantTensor.interleaved, made by
 `interleave`: 16 rows per block of 32 in the lanes of one register, qmatvec_rows16)
-decodes, and prompts of up to ROWS16_PREFILL_MAX tokens run, from the copy; its rows
-equal in every route that reads it, and batched rows equal single ones bit for bit.
+decodes, and short prompts run (_batched_prefill), from the copy; batched rows equal
+single ones bit for bit. Longer prompts take the GEMMs on the mapped rows (reads_rows).
 On a 2-vCPU AVX2 EPYC the avx2 path runs Q4_K 5-7x and Q6_K 8-11x the portable one
 (1 thread, Qwen2.5-1.5B shapes). The fastest available path is the default;
 `EDGERUN_KERNELS=portable` in the environment or `set_kernel_path("portable")` forces
@@ -60,7 +60,6 @@ __all__ = [
     "embedding_rows",
     "interleave",
     "kernel_path",
-    "reads_rows",
     "matmul",
     "matmul_reference",
     "matvec",
@@ -69,6 +68,7 @@ __all__ = [
     "matvec_reference",
     "quantize_x_reference",
     "quantizes_activations",
+    "reads_rows",
     "register_kernels",
     "set_kernel_path",
     "uses_amx",
@@ -642,7 +642,7 @@ def _mvb_kernel(w: QuantTensor) -> Callable:
 def interleave(w: QuantTensor) -> QuantTensor:
     """w with a row-interleaved copy for the decode kernels (qmatvec_rows16) where this
     process runs them (the vnni path) and they cover its format; else w itself. The copy
-    takes as many bytes as w.data; prefill GEMMs and embeddings still read w.data."""
+    takes about as many bytes as w.data; long prompts' GEMMs still read w.data."""
     if _path != "vnni" or w.qtype not in _MV16 or w.interleaved is not None:
         return w
     il = _r16.interleave(w.qtype, _data(w), w.shape[0], w.shape[1])

@@ -19,17 +19,22 @@ Measured at introduction (2-vCPU Xeon, AVX-512 VNNI, 2 threads; 48 Q5_0 matrices
 kernels, 4 vectors 6.3-6.6 against 12.0-12.3 (the step is no longer compute-bound).
 
 Layout (`interleave`), per group of 16 rows (the last one padded with zero rows) and
-block of 32 columns, `GROUP_BYTES[qtype]` bytes:
+block of 32 columns, `GROUP_BYTES[kind]` bytes on average:
 - nibble formats (Q4_0, Q4_1, Q5_0): 256 bytes, register j and j + 4 as the low and
   high nibbles of 64 bytes j (j = 0..3);
 - Q5_0: then 8 x 64-bit masks, bit 4r + i of mask k = bit 4 of row r's weight 4k + i;
 - Q8_0: 8 x 64 bytes, the weights + 128 (unsigned for vpdpbusd);
-- then d of the 16 rows (16 x f16) and, for Q4_1, m (16 x f16).
+- then d of the 16 rows (16 x f16) and, for Q4_1, m (16 x f16);
+- Q4_K / Q6_K: per super-block of 256 columns 8 records of 32 columns (the nibbles as
+  above, then the rows' 6-bit scales and mins / Q6_K's high 2 bits as two 64-byte planes
+  and its two 16-weight scales), then d and dmin / d of the 16 rows
+  (_interleave_q4_k, _interleave_q6_k).
 
 Activations: per block of 32 one scale dx = max|x| / 127, q1 = rint(x / dx), and for the
 two-level formats (all but Q5_0, as in the row kernels) the residual
 q2 = rint((x - q1 dx) 128 / dx); a block's value is d dx (dot(w, q1) + dot(w, q2) / 128).
-The formats' offsets (-8, -16, -128 per weight) are folded into the integer sums.
+The formats' offsets (-8, -16, -128, -32 per weight) are folded into the integer sums;
+Q4_1's m and Q4_K's dmin terms take one FMA with the block's activation sum.
 
 A vector's operations do not depend on how many vectors share the call, so batched rows
 equal single-vector rows bit for bit. Only call these kernels where `has_vnni()`.

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from edgerun._numba_env import sources_stamp
 from edgerun.offload.io import drop_page_cache
+from edgerun.sysinfo import proc_status_bytes
 
 __all__ = ["ensure_kernels_compiled", "warm_marker"]
 
@@ -92,14 +93,7 @@ def ensure_kernels_compiled(
 
 def _anonymous_bytes() -> int:
     """This process's resident anonymous memory (Linux; 0 where /proc does not say)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return proc_status_bytes("RssAnon") or 0
 
 
 def _watch_compiles(ceiling: int | None, started: float, counts: list[int]) -> None:
