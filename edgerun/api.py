@@ -33,7 +33,12 @@ from edgerun.model import Transformer
 from edgerun.sched.batching import BatchScheduler, PrefixCache
 from edgerun.sched.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
 from edgerun.settings import ModelSettings
-from edgerun.sysinfo import current_rss_bytes, default_threads, return_free_heap_to_os
+from edgerun.sysinfo import (
+    current_rss_bytes,
+    default_threads,
+    memory_headroom_bytes,
+    return_free_heap_to_os,
+)
 from edgerun.tokenizer import Tokenizer, tokenizer_from_gguf_metadata
 from edgerun.weights import ResidentStore
 
@@ -199,10 +204,13 @@ class Model:
             self._build_resident()
         # bytes of the interleaved decode copies (qmatvec_rows16; resident loads on the
         # vnni path unless interleave=False), 0 without them. By default only where the
-        # mapped rows' pages can be let go (a GGUF), so the copies cost no memory.
+        # mapped rows' pages can be let go (a GGUF), so the copies cost no memory, and
+        # where they fit in the memory left (copies_fit).
         self.interleaved_bytes = 0
-        can_release = hasattr(self.file, "release_pages")
-        if not offloading and (interleave or (interleave is None and can_release)):
+        self.interleave_note = ""
+        if not offloading and interleave is None and hasattr(self.file, "release_pages"):
+            interleave, self.interleave_note = copies_fit(self.transformer.interleave_bytes())
+        if not offloading and interleave:
             self.interleaved_bytes = self.transformer.interleave_weights()
         self.threads = threads or default_threads()
         self.auto_threads = threads is None  # the governor's to choose (cpu_share.py)
@@ -946,6 +954,27 @@ def kv_type_for(kv_type: str | None, ram_budget) -> str:
     return check_kv_type(kv_type or ("f32" if ram_budget is None else "f16"))
 
 
+def copies_fit(need: int, headroom: int | None = None) -> tuple[bool, str]:
+    """Whether interleaved copies of `need` bytes fit the memory this process has left
+    (sysinfo.memory_headroom_bytes: the machine's, or its memory cgroup's), with an
+    eighth more for what decode allocates after the load; and why not, when they do
+    not. A copy is anonymous memory, which nothing pages out, where the mapped rows it
+    replaces are page cache that a tight limit reclaims and reads again: a model larger
+    than what is left decodes (slowly) from its mapping instead of being OOM-killed
+    (Qwen2.5-1.5B in an 839 MiB cgroup)."""
+    if need <= 0:
+        return False, ""
+    if headroom is None:
+        headroom = memory_headroom_bytes()
+    want = need + need // 8 + (64 << 20)
+    if want <= headroom:
+        return True, ""
+    return False, (
+        f"interleaved decode copies off: they need ~{want >> 20} MiB and "
+        f"{headroom >> 20} MiB is left (the row kernels read the mapped file)"
+    )
+
+
 def load(
     model: str | os.PathLike | None = None,
     n_ctx: int | None = None,
@@ -982,11 +1011,12 @@ def load(
     projections) onto torch device `gpu_device` ("cuda", "cuda:1", or "cpu" to run the
     same path on the CPU); needs the extra edgerun[gpu].
 
-    interleave (None: on for a resident GGUF load) gives the Q4_0, Q4_1, Q5_0, Q8_0, Q4_K
-    and Q6_K matrices a 16-row interleaved copy that decode and short prompts then read
-    instead of the mapped rows (ops/qmatvec_rows16.py; the vnni kernel path only):
-    faster one-session and much faster concurrent decode, about the same memory (the
-    mapped rows' pages are let go). False keeps the row kernels, whose results a
+    interleave (None: on for a resident GGUF load where the copies fit the memory left,
+    `copies_fit`; Model.interleave_note says when they did not) gives the Q4_0, Q4_1,
+    Q5_0, Q8_0, Q4_K and Q6_K matrices a 16-row interleaved copy that decode and short
+    prompts then read instead of the mapped rows (ops/qmatvec_rows16.py; the vnni
+    kernel path only): faster one-session and much faster concurrent decode, about the
+    same memory (the mapped rows' pages are let go). False keeps the row kernels, whose results a
     budgeted (offloaded) run of the same model equals bit for bit; the copies round
     differently (README: "Interleaved decode copies").
     """

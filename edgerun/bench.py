@@ -225,6 +225,8 @@ def run(
         "quant": "/".join(f for f, _ in formats.most_common()),
         "kernel_path": kernel_path(),
         "amx_prefill": uses_amx(),
+        "interleaved_bytes": model.interleaved_bytes,
+        "interleave_note": model.interleave_note,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default",
         "load_seconds": model.load_seconds,
         "peak_rss_bytes": peak_rss,
@@ -280,6 +282,12 @@ def format_table(rep: dict) -> str:
         f"{' (prefill on AMX tiles)' if rep.get('amx_prefill') else ''}, OpenMP wait "
         f"{rep['omp_wait_policy']}"
     )
+    if rep.get("interleaved_bytes"):
+        lines.append(
+            f"decode reads interleaved copies ({rep['interleaved_bytes'] / 2**20:.0f} MiB)"
+        )
+    elif rep.get("interleave_note"):
+        lines.append(rep["interleave_note"])
     lines.append(_memory_line(rep))
     wb = rep["weight_bytes_per_token"]
     for r in rep["rows"]:

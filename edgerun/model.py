@@ -118,6 +118,24 @@ class Transformer:
         self._copied: list[list[QuantTensor]] = []
         self._release: Callable[[str], int] | None = None
 
+    def _interleave_candidates(self) -> list[QuantTensor]:
+        """The matrices interleave_weights copies: resident attention and dense FFNs, and
+        an in-memory head."""
+        ts = []
+        for layer in self.layers:
+            if type(layer.attn_proj) is ResidentProjections:
+                ts += [layer.q, layer.k, layer.v, layer.o]
+            if type(layer.ffn) is DenseFFN:
+                ts += [layer.ffn.gate, layer.ffn.up, layer.ffn.down]
+        if self.head is None:
+            ts.append(self.output)
+        return ts
+
+    def interleave_bytes(self) -> int:
+        """About the bytes interleave_weights would add: each copied matrix's file bytes
+        (a copy takes as many, plus Q4_1's / K-quants' few unpacked scales)."""
+        return sum(qmatvec.copy_bytes(t) for t in self._interleave_candidates())
+
     def interleave_weights(self) -> int:
         """Give the resident block-format matrices (attention, dense FFNs, an in-memory
         head) interleaved copies for the decode kernels (qmatvec.interleave): one and

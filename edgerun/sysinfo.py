@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 
 def reset_peak_rss() -> bool:
@@ -54,6 +55,60 @@ def current_rss_bytes() -> int:
     import psutil
 
     return int(psutil.Process().memory_info().rss)
+
+
+def _cgroup_memory(root: Path, proc_cgroup: Path) -> tuple[int, int] | None:
+    """(limit, unreclaimable usage) in bytes of the memory cgroup this process is in,
+    where it has a limit: cgroup v2 (memory.max, memory.current less the memory.stat
+    "file" pages) or v1 (memory.limit_in_bytes, memory.usage_in_bytes less
+    "total_cache"). Page cache is left out of the usage because a limit reclaims it."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        rel = path.lstrip("/")
+        if controllers == "":  # v2: "0::/path"
+            d, names = root / rel, ("memory.max", "memory.current", "file")
+        elif "memory" in controllers.split(","):  # v1: "N:memory:/path"
+            d = root / "memory" / rel
+            names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_cache")
+        else:
+            continue
+        try:
+            limit_text = (d / names[0]).read_text().strip()
+            usage = int((d / names[1]).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 1 << 60:
+            continue  # no limit here
+        cache = 0
+        try:
+            for stat in (d / "memory.stat").read_text().splitlines():
+                key, _, value = stat.partition(" ")
+                if key == names[2]:
+                    cache = int(value)
+        except (OSError, ValueError):
+            pass
+        return int(limit_text), max(0, usage - cache)
+    return None
+
+
+def memory_headroom_bytes(
+    root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> int:
+    """Bytes this process can still make resident without pushing the machine or its
+    memory cgroup (a container's limit, `systemd-run -p MemoryMax=`) into reclaim of
+    memory that cannot be paged out: the machine's available memory, capped by the
+    cgroup's limit less what its processes hold outside the page cache."""
+    import psutil
+
+    free = int(psutil.virtual_memory().available)
+    cg = _cgroup_memory(root, proc_cgroup)
+    if cg is not None:
+        free = min(free, cg[0] - cg[1])
+    return max(0, free)
 
 
 def return_free_heap_to_os() -> bool:

@@ -224,3 +224,25 @@ def test_long_prompts_read_the_mapped_rows_and_let_them_go(smollm2_path):
     model.logits(ids)
     copied = {t.name for ts in tr._copied for t in ts}
     assert set(released) == copied and len(copied) == 30 * 7 + 1
+
+
+def test_copies_only_where_they_fit_the_memory_left(smollm2_path, monkeypatch):
+    """A copy is anonymous memory, which nothing pages out: by default a load makes the
+    copies only where they fit what the machine (or its memory cgroup) has left, and says
+    so when they do not; interleave=True makes them regardless."""
+    import edgerun
+    from edgerun import api
+
+    need = 100 << 20
+    assert api.copies_fit(need, headroom=need * 2) == (True, "")
+    fits, why = api.copies_fit(need, headroom=need)
+    assert not fits and "176 MiB" in why and "100 MiB is left" in why
+    assert api.copies_fit(0, headroom=1 << 40) == (False, "")
+    monkeypatch.setattr(api, "memory_headroom_bytes", lambda: 50 << 20)
+    m = edgerun.load(smollm2_path, n_ctx=64, threads=2)
+    assert m.interleaved_bytes == 0 and "50 MiB is left" in m.interleave_note
+    assert m.transformer.output.interleaved is None
+    est = m.transformer.interleave_bytes()
+    forced = edgerun.load(smollm2_path, n_ctx=64, threads=2, interleave=True)
+    assert forced.interleaved_bytes == est > 0.8 * forced.file.file_size
+    assert forced.interleave_note == ""

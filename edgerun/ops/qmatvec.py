@@ -639,6 +639,16 @@ def _mvb_kernel(w: QuantTensor) -> Callable:
     return _MVB16[w.qtype] if _interleaved(w) else _MVB_INT8[w.qtype]
 
 
+def copy_bytes(w: QuantTensor) -> int:
+    """Bytes `interleave(w)` would add: 0 where w gets no copy here."""
+    if _path != "vnni" or w.qtype not in _MV16 or w.interleaved is not None:
+        return 0
+    rows, cols = w.shape
+    return (
+        (rows + _r16.ROWS - 1) // _r16.ROWS * (cols // 32) * _r16.GROUP_BYTES[_r16.KIND_OF[w.qtype]]
+    )
+
+
 def interleave(w: QuantTensor) -> QuantTensor:
     """w with a row-interleaved copy for the decode kernels (qmatvec_rows16) where this
     process runs them (the vnni path) and they cover its format; else w itself. The copy
