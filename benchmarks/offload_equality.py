@@ -19,7 +19,8 @@ import sys
 CHILD = r"""
 import json, sys, edgerun
 model, budget, prompt, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-kw = {} if budget == "none" else {"ram_budget": budget, "offload": "dense"}
+# resident: the row kernels, which offloaded layers compute with (not the copies)
+kw = {"interleave": False} if budget == "none" else {"ram_budget": budget, "offload": "dense"}
 m = edgerun.load(model, threads=2, **kw)
 out = "".join(m.generate(prompt, max_tokens=n, temperature=0))
 st = m.offload_stats()

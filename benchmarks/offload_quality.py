@@ -54,7 +54,8 @@ def main() -> None:
     )
     print("|---|---|---|---|---|")
     for name in a.models.split(","):
-        res = edgerun.load(name, n_ctx=a.n + a.greedy + 8, threads=a.threads)
+        # the row kernels, as offloaded layers compute (not the interleaved copies)
+        res = edgerun.load(name, n_ctx=a.n + a.greedy + 8, threads=a.threads, interleave=False)
         ids = res.tokenize(evaluation_text())[: a.n + 1]
         inp, tgt = ids[:-1], np.asarray(ids[1:])
         ref = res.logits(inp)
