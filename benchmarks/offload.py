@@ -8,7 +8,10 @@ hit rate, the I/O / cache-management / compute ms per token (LLM in a flash's
 breakdown), the group's memory.max_usage_in_bytes and whether it was OOM-killed.
 
 Configurations (all in the same code and I/O path):
-  mmap        today's resident load; the kernel pages the GGUF in and out
+  mmap        a load given no budget: resident where the model fits the memory left,
+              else planned for what is left (api.Model._auto_budget, dense offloading)
+  mapped      the row kernels on the mapped GGUF, no budget (interleave=False): the kernel
+              pages the file in and out (what `mmap` was before session 37)
   dense       --offload dense: what the budget does not hold is streamed every token
   sparse      gate-resident thresholding (or the predictor), no neuron cache
   window      sparse + windowed neuron cache
@@ -41,8 +44,10 @@ from llamacpp_ref import llama_cpp_unusable  # noqa: E402
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 PROMPT = "Write a Python function that checks whether a number is prime."
+MAPPED = {"mapped": True}
 CONFIGS = {
     "mmap": None,
+    "mapped": MAPPED,
     "dense": {"offload": "dense"},
     # dense, streaming every head row it does not hold (no sketch: the resident logits)
     "dense-exact": {"offload": "dense", "head_candidates": 0},
@@ -79,7 +84,9 @@ def _child_edgerun(args: dict) -> dict:
 
     t0 = time.perf_counter()
     kw = dict(n_ctx=args["ctx"], threads=args["threads"])
-    if args["options"] is not None:
+    if args["options"] == MAPPED:
+        kw["interleave"] = False  # the row kernels on the mapping, and no automatic budget
+    elif args["options"] is not None:
         opts = dict(args["options"])
         kw["ram_budget"] = args["budget"]
         kw["offload"] = opts.pop("offload")

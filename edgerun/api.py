@@ -192,6 +192,17 @@ class Model:
             check_template(self.tokenizer.chat_template)
         self.plan = None
         self.floor_bytes = runtime_floor_bytes()
+        # A default load of a GGUF that does not fit the memory left plans for what is left,
+        # as --ram-budget would (_auto_budget); auto_budget_note says so
+        self.auto_budget_note = ""
+        if (
+            ram_budget is None
+            and offload is None
+            and gpu_budget is None
+            and interleave is None
+            and hasattr(self.file, "release_pages")
+        ):
+            ram_budget, self.auto_budget_note = self._auto_budget(kv_type)
         offloading = ram_budget is not None or offload is not None or gpu_budget is not None
         self.store = None  # built below: resident, or by _offload once the plan is known
         self.kv_loan = None  # offload/kv_loan.KVLoan: rows held on the unwritten KV reserve
@@ -272,6 +283,37 @@ class Model:
         if self.path.is_dir():
             return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
         return self.path.stat().st_size
+
+    def _auto_budget(self, kv_type: str | None) -> tuple[int | None, str]:
+        """A RAM budget for a load given none, where the model does not fit the memory
+        left (sysinfo.memory_headroom_bytes: the machine's, or its memory cgroup's): its
+        mapped weights would be paged in and out at every token (Qwen2.5-1.5B in an 839
+        MiB cgroup: 1.37 tok/s), where dense offloading plans for the limit (8.3 tok/s).
+        Returns (None, "") where it fits; (None, why) where what is left is below the
+        model's minimum budget (the mapping it is, then); else (budget, what it did).
+        Sets self.kv_type as that budget has it (f16 unless asked otherwise)."""
+        kv = KVCache.bytes_for(self.spec, self.n_ctx, self.kv_type)
+        need = self.file.file_size + kv + (64 << 20)
+        headroom = memory_headroom_bytes()
+        if need <= headroom:
+            return None, ""
+        # what the process holds now (the floor less its allowance for kernels not yet
+        # loaded) plus most of what is left (the rest: page cache and glibc's slack, which
+        # a cgroup counts and the plan does not)
+        budget = self.floor_bytes - KERNEL_FLOOR_BYTES + int(0.9 * headroom)
+        self.kv_type = kv_type_for(kv_type, budget)
+        minimum = self.minimum_ram_budget()
+        short = f"the model needs ~{need >> 20} MiB and {headroom >> 20} MiB is left"
+        if budget < minimum:
+            self.kv_type = kv_type_for(kv_type, None)
+            return None, (
+                f"{short}, less than its minimum RAM budget ({minimum >> 20} MiB): "
+                "decoding from the mapped file (slow)"
+            )
+        return budget, (
+            f"{short}: planned for a RAM budget of {budget >> 20} MiB ({DEFAULT_OFFLOAD} "
+            "offloading; --ram-budget / ram_budget= sets another)"
+        )
 
     def plan_for(
         self,

@@ -308,6 +308,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         context_policy=args.context_policy,
         **_offload_kwargs(args),
     )
+    if model.auto_budget_note:
+        print(f"edgerun: {model.auto_budget_note}", file=sys.stderr, flush=True)
     if _numba_env.kernel_cache_is_cold():
         print(
             "edgerun: first run: compiling kernels (a minute or so; cached afterwards)",

@@ -226,11 +226,10 @@ def test_long_prompts_read_the_mapped_rows_and_let_them_go(smollm2_path):
     assert set(released) == copied and len(copied) == 30 * 7 + 1
 
 
-def test_copies_only_where_they_fit_the_memory_left(smollm2_path, monkeypatch):
+def test_copies_only_where_they_fit_the_memory_left():
     """A copy is anonymous memory, which nothing pages out: by default a load makes the
     copies only where they fit what the machine (or its memory cgroup) has left, and says
-    so when they do not; interleave=True makes them regardless."""
-    import edgerun
+    why not."""
     from edgerun import api
 
     need = 100 << 20
@@ -238,11 +237,39 @@ def test_copies_only_where_they_fit_the_memory_left(smollm2_path, monkeypatch):
     fits, why = api.copies_fit(need, headroom=need)
     assert not fits and "176 MiB" in why and "100 MiB is left" in why
     assert api.copies_fit(0, headroom=1 << 40) == (False, "")
-    monkeypatch.setattr(api, "memory_headroom_bytes", lambda: 50 << 20)
+
+
+def test_a_load_plans_for_the_memory_left(smollm2_path, monkeypatch):
+    """A default load of a model that does not fit what is left plans a RAM budget for it
+    (dense offloading, the row kernels' output); below the model's minimum it reads the
+    mapping without copies; where it fits, it is resident with copies."""
+    import edgerun
+    from edgerun import api
+    from edgerun.kvcache import KVCache
+
+    prompt = "The capital of France is"
+    n_ctx = 2048  # a KV cache that makes the window below wide enough
+    ref = edgerun.load(smollm2_path, n_ctx=n_ctx, threads=2, interleave=False)
+    want = "".join(ref.generate(prompt, max_tokens=8, temperature=0))
+    # what is left: below what the resident model needs, above what its minimum budget
+    # needs beside the runtime (the load plans floor - kernels + 0.9 x what is left)
+    need = ref.file.file_size + KVCache.bytes_for(ref.spec, n_ctx, "f32") + (64 << 20)
+    ref.kv_type = "f16"
+    least = (ref.minimum_ram_budget() - ref.floor_bytes + api.KERNEL_FLOOR_BYTES) / 0.9
+    assert least < need
+    left = int(least + need) // 2
+    monkeypatch.setattr(api, "memory_headroom_bytes", lambda: left)
+    m = edgerun.load(smollm2_path, n_ctx=n_ctx, threads=2)
+    assert m.plan is not None and m.plan.mode == "dense" and m.interleaved_bytes == 0
+    assert f"{left >> 20} MiB is left: planned for a RAM budget" in m.auto_budget_note
+    assert m.kv_type == "f16"
+    assert "".join(m.generate(prompt, max_tokens=8, temperature=0)) == want
+    monkeypatch.setattr(api, "memory_headroom_bytes", lambda: 1 << 20)
     m = edgerun.load(smollm2_path, n_ctx=64, threads=2)
-    assert m.interleaved_bytes == 0 and "50 MiB is left" in m.interleave_note
-    assert m.transformer.output.interleaved is None
-    est = m.transformer.interleave_bytes()
-    forced = edgerun.load(smollm2_path, n_ctx=64, threads=2, interleave=True)
-    assert forced.interleaved_bytes == est > 0.8 * forced.file.file_size
-    assert forced.interleave_note == ""
+    assert m.plan is None and "less than its minimum RAM budget" in m.auto_budget_note
+    assert m.interleaved_bytes == 0 and "1 MiB is left" in m.interleave_note
+    assert m.kv_type == "f32"
+    monkeypatch.setattr(api, "memory_headroom_bytes", lambda: 1 << 40)
+    m = edgerun.load(smollm2_path, n_ctx=64, threads=2)
+    assert m.plan is None and m.auto_budget_note == "" and m.interleave_note == ""
+    assert m.interleaved_bytes == ref.transformer.interleave_bytes() > 0.8 * m.file.file_size
