@@ -1043,7 +1043,9 @@ def load(
     within that much memory: the FFNs are computed from a bundled flash layout
     (offload "dense", the default: what the budget holds stays in RAM and the rest is
     streamed; or "sparse": only the neurons a token needs, with a windowed cache),
-    sized by a placement plan.
+    sized by a placement plan. None: resident where the model fits the memory left
+    (the machine's, or its memory cgroup's), else a budget planned for what is left
+    (Model.auto_budget_note says so; interleave=False turns that off).
 
     context_policy "error" (default): a prompt longer than the context is an error and a
     generation that fills it ends ("length"); "slide": attention sinks + a sliding window
