@@ -34,6 +34,7 @@ from edgerun.sched.batching import BatchScheduler, PrefixCache
 from edgerun.sched.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
 from edgerun.settings import ModelSettings
 from edgerun.sysinfo import (
+    anonymous_rss_bytes,
     current_rss_bytes,
     default_threads,
     memory_headroom_bytes,
@@ -297,10 +298,11 @@ class Model:
         headroom = memory_headroom_bytes()
         if need <= headroom:
             return None, ""
-        # what the process holds now (the floor less its allowance for kernels not yet
-        # loaded) plus most of what is left (the rest: page cache and glibc's slack, which
-        # a cgroup counts and the plan does not)
-        budget = self.floor_bytes - KERNEL_FLOOR_BYTES + int(0.9 * headroom)
+        # what the process holds that nothing reclaims, plus what is left (which counts
+        # mapped files, the libraries' code included, as reclaimable: RSS would count them
+        # twice), less the 5% a cgroup's page cache and glibc's slack take beyond a budget:
+        # in a memory cgroup, limit / 1.05 (the benchmarks' cgroups are budget + 5%)
+        budget = int((anonymous_rss_bytes() + headroom) / 1.05)
         self.kv_type = kv_type_for(kv_type, budget)
         minimum = self.minimum_ram_budget()
         short = f"the model needs ~{need >> 20} MiB and {headroom >> 20} MiB is left"

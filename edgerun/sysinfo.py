@@ -111,6 +111,14 @@ def memory_headroom_bytes(
     return max(0, free)
 
 
+def anonymous_rss_bytes() -> int:
+    """This process's resident anonymous memory (RssAnon: heap, stacks, copies; not its
+    mapped files, which the kernel can drop and read again), or its RSS where /proc does
+    not say."""
+    anon = proc_status_bytes("RssAnon")
+    return anon if anon is not None else current_rss_bytes()
+
+
 def return_free_heap_to_os() -> bool:
     """Give the C heap's free pages back to the OS (glibc malloc_trim); whether it ran.
 
