@@ -288,8 +288,8 @@ class Model:
     def _auto_budget(self, kv_type: str | None) -> tuple[int | None, str]:
         """A RAM budget for a load given none, where the model does not fit the memory
         left (sysinfo.memory_headroom_bytes: the machine's, or its memory cgroup's): its
-        mapped weights would be paged in and out at every token (Qwen2.5-1.5B in an 839
-        MiB cgroup: 1.37 tok/s), where dense offloading plans for the limit (8.3 tok/s).
+        mapped weights would be paged in and out at every token (Qwen2.5-1.5B in an 881
+        MB cgroup: 1.10-1.37 tok/s), where dense offloading plans for the limit (9.1).
         Returns (None, "") where it fits; (None, why) where what is left is below the
         model's minimum budget (the mapping it is, then); else (budget, what it did).
         Sets self.kv_type as that budget has it (f16 unless asked otherwise)."""
@@ -1003,9 +1003,9 @@ def copies_fit(need: int, headroom: int | None = None) -> tuple[bool, str]:
     (sysinfo.memory_headroom_bytes: the machine's, or its memory cgroup's), with an
     eighth more for what decode allocates after the load; and why not, when they do
     not. A copy is anonymous memory, which nothing pages out, where the mapped rows it
-    replaces are page cache that a tight limit reclaims and reads again: a model larger
-    than what is left decodes (slowly) from its mapping instead of being OOM-killed
-    (Qwen2.5-1.5B in an 839 MiB cgroup)."""
+    replaces are page cache that a tight limit reclaims and reads again (with copies,
+    Qwen2.5-1.5B was OOM-killed in an 881 MB cgroup; a model that does not fit at all
+    now gets a planned budget first, Model._auto_budget)."""
     if need <= 0:
         return False, ""
     if headroom is None:
@@ -1062,9 +1062,9 @@ def load(
     Q5_0, Q8_0, Q4_K and Q6_K matrices a 16-row interleaved copy that decode and short
     prompts then read instead of the mapped rows (ops/qmatvec_rows16.py; the vnni
     kernel path only): faster one-session and much faster concurrent decode, about the
-    same memory (the mapped rows' pages are let go). False keeps the row kernels, whose results a
-    budgeted (offloaded) run of the same model equals bit for bit; the copies round
-    differently (README: "Interleaved decode copies").
+    same memory (the mapped rows' pages are let go). False keeps the row kernels, whose
+    results a budgeted (offloaded) run of the same model equals bit for bit; the copies
+    round differently (README: "Interleaved decode copies").
     """
     if kv_type is not None:
         check_kv_type(kv_type)
