@@ -57,42 +57,52 @@ def current_rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def _group_limit(d: Path, names: tuple[str, str, str]) -> tuple[int, int] | None:
+    """(limit, usage less page cache) of one cgroup directory, where it sets a limit."""
+    try:
+        limit_text = (d / names[0]).read_text().strip()
+        usage = int((d / names[1]).read_text())
+    except (OSError, ValueError):
+        return None
+    if not limit_text.isdigit() or int(limit_text) >= 1 << 60:
+        return None  # "max", or v1's "unlimited"
+    cache = 0
+    try:
+        for stat in (d / "memory.stat").read_text().splitlines():
+            key, _, value = stat.partition(" ")
+            if key == names[2]:
+                cache = int(value)
+    except (OSError, ValueError):
+        pass
+    return int(limit_text), max(0, usage - cache)
+
+
 def _cgroup_memory(root: Path, proc_cgroup: Path) -> tuple[int, int] | None:
-    """(limit, unreclaimable usage) in bytes of the memory cgroup this process is in,
-    where it has a limit: cgroup v2 (memory.max, memory.current less the memory.stat
-    "file" pages) or v1 (memory.limit_in_bytes, memory.usage_in_bytes less
-    "total_cache"). Page cache is left out of the usage because a limit reclaims it."""
+    """(limit, unreclaimable usage) in bytes of the tightest memory cgroup limit over
+    this process: its own group's or an ancestor's (a container inside a limited slice),
+    cgroup v2 (memory.max, memory.current less the memory.stat "file" pages) or v1
+    (memory.limit_in_bytes, memory.usage_in_bytes less "total_cache"). Page cache is
+    left out of the usage because a limit reclaims it. None where nothing limits it."""
     try:
         lines = proc_cgroup.read_text().splitlines()
     except OSError:
         return None
+    best = None
     for line in lines:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        rel = path.lstrip("/")
         if controllers == "":  # v2: "0::/path"
-            d, names = root / rel, ("memory.max", "memory.current", "file")
+            base, names = root, ("memory.max", "memory.current", "file")
         elif "memory" in controllers.split(","):  # v1: "N:memory:/path"
-            d = root / "memory" / rel
+            base = root / "memory"
             names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_cache")
         else:
             continue
-        try:
-            limit_text = (d / names[0]).read_text().strip()
-            usage = int((d / names[1]).read_text())
-        except (OSError, ValueError):
-            continue
-        if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 1 << 60:
-            continue  # no limit here
-        cache = 0
-        try:
-            for stat in (d / "memory.stat").read_text().splitlines():
-                key, _, value = stat.partition(" ")
-                if key == names[2]:
-                    cache = int(value)
-        except (OSError, ValueError):
-            pass
-        return int(limit_text), max(0, usage - cache)
-    return None
+        parts = [p for p in path.split("/") if p]
+        for k in range(len(parts), -1, -1):  # the group, then each ancestor
+            got = _group_limit(base.joinpath(*parts[:k]), names)
+            if got is not None and (best is None or got[0] - got[1] < best[0] - best[1]):
+                best = got
+    return best
 
 
 def memory_headroom_bytes(

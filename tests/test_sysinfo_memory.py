@@ -54,3 +54,27 @@ def test_no_limit_is_the_machines_available_memory(tmp_path):
         assert abs(sysinfo.memory_headroom_bytes(root, pc) - avail) < 256 << 20
     missing = tmp_path / "nowhere"
     assert sysinfo._cgroup_memory(missing, missing) is None
+
+
+def test_an_ancestors_tighter_limit_counts(tmp_path):
+    """A container's group without a limit of its own, inside a slice that has one (v2),
+    and a v1 group whose parent is tighter than itself."""
+    root = tmp_path / "cg"
+    parent, child = root / "user.slice", root / "user.slice" / "app"
+    child.mkdir(parents=True)
+    (parent / "memory.max").write_text(f"{1 << 30}\n")
+    (parent / "memory.current").write_text(f"{900 << 20}\n")
+    (parent / "memory.stat").write_text("file 100\n")
+    (child / "memory.max").write_text("max\n")
+    (child / "memory.current").write_text(f"{10 << 20}\n")
+    pc = tmp_path / "cgroup"
+    pc.write_text("0::/user.slice/app\n")
+    assert sysinfo._cgroup_memory(root, pc) == (1 << 30, (900 << 20) - 100)
+    v1 = tmp_path / "v1"
+    for rel, limit, usage in (("a", 500 << 20, 400 << 20), ("a/b", 800 << 20, 100 << 20)):
+        d = v1 / "memory" / rel
+        d.mkdir(parents=True)
+        (d / "memory.limit_in_bytes").write_text(f"{limit}\n")
+        (d / "memory.usage_in_bytes").write_text(f"{usage}\n")
+    pc.write_text("4:memory:/a/b\n")
+    assert sysinfo._cgroup_memory(v1, pc) == (500 << 20, 400 << 20)  # 100 MiB left, not 700
