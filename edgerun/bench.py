@@ -227,6 +227,7 @@ def run(
         "amx_prefill": uses_amx(),
         "interleaved_bytes": model.interleaved_bytes,
         "interleave_note": model.interleave_note,
+        "auto_budget_note": model.auto_budget_note,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default",
         "load_seconds": model.load_seconds,
         "peak_rss_bytes": peak_rss,
@@ -288,6 +289,8 @@ def format_table(rep: dict) -> str:
         )
     elif rep.get("interleave_note"):
         lines.append(rep["interleave_note"])
+    if rep.get("auto_budget_note"):
+        lines.append(rep["auto_budget_note"])
     lines.append(_memory_line(rep))
     wb = rep["weight_bytes_per_token"]
     for r in rep["rows"]:

@@ -718,6 +718,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         **_offload_kwargs(args),
     )
     model.set_max_batch(args.max_batch)
+    if model.auto_budget_note:
+        print(f"edgerun: {model.auto_budget_note}", file=sys.stderr, flush=True)
     warm = model.warm_up()
     print(
         f"edgerun: {model.name} ready ({warm}); http://{args.host}:{args.port}/v1", file=sys.stderr

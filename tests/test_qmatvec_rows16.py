@@ -264,6 +264,10 @@ def test_a_load_plans_for_the_memory_left(smollm2_path, monkeypatch):
     )
     assert m.kv_type == "f16"
     assert "".join(m.generate(prompt, max_tokens=8, temperature=0)) == want
+    from edgerun import bench  # and edgerun bench says what the load did
+
+    rep = bench.run(m, 8, 4, repeats=1, bandwidth=False, progress=False, predict=False)
+    assert m.auto_budget_note in bench.format_table(rep).splitlines()
     monkeypatch.setattr(api, "memory_headroom_bytes", lambda: 1 << 20)
     monkeypatch.setattr(api, "anonymous_rss_bytes", lambda: 1 << 20)
     m = edgerun.load(smollm2_path, n_ctx=64, threads=2)
