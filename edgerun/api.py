@@ -193,18 +193,17 @@ class Model:
             check_template(self.tokenizer.chat_template)
         self.plan = None
         self.floor_bytes = runtime_floor_bytes()
-        # A default load of a GGUF that does not fit the memory left plans for what is left,
-        # as --ram-budget would (_auto_budget); auto_budget_note says so
-        self.auto_budget_note = ""
-        if (
-            ram_budget is None
-            and offload is None
-            and gpu_budget is None
-            and interleave is None
-            and hasattr(self.file, "release_pages")
-        ):
-            ram_budget, self.auto_budget_note = self._auto_budget(kv_type)
-        offloading = ram_budget is not None or offload is not None or gpu_budget is not None
+        # A default load of a GGUF sizes itself to the memory left (measured once): where
+        # the model does not fit, it plans for what is left as --ram-budget would
+        # (_auto_budget); where it does, it makes the interleaved copies that fit
+        # (copies_fit). The notes say what it did.
+        self.auto_budget_note = self.interleave_note = ""
+        headroom = None
+        placed = ram_budget is not None or offload is not None or gpu_budget is not None
+        if not placed and interleave is None and hasattr(self.file, "release_pages"):
+            headroom = memory_headroom_bytes()
+            ram_budget, self.auto_budget_note = self._auto_budget(kv_type, headroom)
+        offloading = placed or ram_budget is not None  # given, or planned just now
         self.store = None  # built below: resident, or by _offload once the plan is known
         self.kv_loan = None  # offload/kv_loan.KVLoan: rows held on the unwritten KV reserve
         if interleave and offloading:
@@ -219,9 +218,9 @@ class Model:
         # mapped rows' pages can be let go (a GGUF), so the copies cost no memory, and
         # where they fit in the memory left (copies_fit).
         self.interleaved_bytes = 0
-        self.interleave_note = ""
-        if not offloading and interleave is None and hasattr(self.file, "release_pages"):
-            interleave, self.interleave_note = copies_fit(self.transformer.interleave_bytes())
+        if not offloading and headroom is not None:
+            need = self.transformer.interleave_bytes()
+            interleave, self.interleave_note = copies_fit(need, headroom)
         if not offloading and interleave:
             self.interleaved_bytes = self.transformer.interleave_weights()
         self.threads = threads or default_threads()
@@ -285,9 +284,9 @@ class Model:
             return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
         return self.path.stat().st_size
 
-    def _auto_budget(self, kv_type: str | None) -> tuple[int | None, str]:
+    def _auto_budget(self, kv_type: str | None, headroom: int) -> tuple[int | None, str]:
         """A RAM budget for a load given none, where the model does not fit the memory
-        left (sysinfo.memory_headroom_bytes: the machine's, or its memory cgroup's): its
+        left, `headroom` (sysinfo.memory_headroom_bytes: the machine's, or its cgroup's): its
         mapped weights would be paged in and out at every token (Qwen2.5-1.5B in an 881
         MB cgroup: 1.10-1.37 tok/s), where dense offloading plans for the limit (9.1).
         Returns (None, "") where it fits; (None, why) where what is left is below the
@@ -295,7 +294,6 @@ class Model:
         Sets self.kv_type as that budget has it (f16 unless asked otherwise)."""
         kv = KVCache.bytes_for(self.spec, self.n_ctx, self.kv_type)
         need = self.file.file_size + kv + (64 << 20)
-        headroom = memory_headroom_bytes()
         if need <= headroom:
             return None, ""
         # what the process holds that nothing reclaims, plus what is left (which counts

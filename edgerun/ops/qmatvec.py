@@ -639,21 +639,25 @@ def _mvb_kernel(w: QuantTensor) -> Callable:
     return _MVB16[w.qtype] if _interleaved(w) else _MVB_INT8[w.qtype]
 
 
+def _gets_copy(w: QuantTensor) -> bool:
+    """Whether interleave(w) makes a copy: the vnni path, a format the copies' kernels
+    cover, and none made yet."""
+    return _path == "vnni" and w.qtype in _MV16 and w.interleaved is None
+
+
 def copy_bytes(w: QuantTensor) -> int:
     """Bytes `interleave(w)` would add: 0 where w gets no copy here."""
-    if _path != "vnni" or w.qtype not in _MV16 or w.interleaved is not None:
+    if not _gets_copy(w):
         return 0
-    rows, cols = w.shape
-    return (
-        (rows + _r16.ROWS - 1) // _r16.ROWS * (cols // 32) * _r16.GROUP_BYTES[_r16.KIND_OF[w.qtype]]
-    )
+    groups, row_bytes = _r16.copy_shape(w.qtype, w.shape[0], w.shape[1])
+    return groups * row_bytes
 
 
 def interleave(w: QuantTensor) -> QuantTensor:
     """w with a row-interleaved copy for the decode kernels (qmatvec_rows16) where this
     process runs them (the vnni path) and they cover its format; else w itself. The copy
     takes about as many bytes as w.data; long prompts' GEMMs still read w.data."""
-    if _path != "vnni" or w.qtype not in _MV16 or w.interleaved is not None:
+    if not _gets_copy(w):
         return w
     il = _r16.interleave(w.qtype, _data(w), w.shape[0], w.shape[1])
     return dataclasses.replace(w, interleaved=il)

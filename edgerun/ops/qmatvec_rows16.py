@@ -198,13 +198,17 @@ def _interleave_q6_k(raw, row, g, r, nsb, out):
                     out[g, oj + 256 + 64 * h + 4 * r + i] = v
 
 
+def copy_shape(qtype: QuantType, rows: int, cols: int) -> tuple[int, int]:
+    """The interleaved copy's shape (uint8) for a rows x cols matrix of qtype (KIND_OF):
+    [ceil(rows / 16), cols / 32 * GROUP_BYTES]."""
+    return (rows + ROWS - 1) // ROWS, cols // 32 * GROUP_BYTES[KIND_OF[qtype]]
+
+
 def interleave(qtype: QuantType, raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """GGUF rows uint8 [rows, row bytes] of a format in KIND_OF -> the interleaved copy,
-    uint8 [ceil(rows / 16), cols / 32 * GROUP_BYTES] (read-only)."""
-    kind = KIND_OF[qtype]
-    nb = cols // 32
-    out = np.zeros(((rows + ROWS - 1) // ROWS, nb * GROUP_BYTES[kind]), np.uint8)
-    _interleave(kind, raw, rows, nb, out)
+    uint8 copy_shape(qtype, rows, cols) (read-only)."""
+    out = np.zeros(copy_shape(qtype, rows, cols), np.uint8)
+    _interleave(KIND_OF[qtype], raw, rows, cols // 32, out)
     out.flags.writeable = False
     return out
 
