@@ -52,8 +52,12 @@ def configure() -> None:
     if "NUMBA_CACHE_DIR" not in os.environ:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         # the generic "int8" kernels differ from the CPU-specific ones only inside their
-        # intrinsics, which Numba's cache key does not see: they get a directory of their own
-        name = "numba-int8" if requested_kernels() == "int8" else "numba"
+        # intrinsics, which Numba's cache key does not see: on x86, where they are asked
+        # for, they get a directory of their own (on ARM they are the only int8 kernels)
+        import platform
+
+        x86 = platform.machine().lower() in ("x86_64", "amd64")
+        name = "numba-int8" if requested_kernels() == "int8" and x86 else "numba"
         os.environ["NUMBA_CACHE_DIR"] = kernel_cache_dir(os.path.join(base, "edgerun", name))
 
 

@@ -160,12 +160,17 @@ class Model:
             self.device_profile = prof
             threads = min(threads or default_threads(), prof.threads)
             if prof.kernels is not None:
-                # the device's CPU takes this kernel path (a Pi: the portable kernels);
-                # the path is the process's, so an emulated load sets it for all
+                # the device's CPU takes this kernel path (a Pi: the generic int8 kernels,
+                # which an x86 host emulates with its own int8 path, the same block kernels
+                # on other instructions); the path is the process's, so an emulated load
+                # sets it for all
                 from edgerun.ops import qmatvec
 
-                if prof.kernels in qmatvec.available_paths():
+                paths = qmatvec.available_paths()
+                if prof.kernels in paths:
                     qmatvec.set_kernel_path(prof.kernels)
+                elif prof.kernels == "int8" and paths[-1] in qmatvec.INT8_PATHS:
+                    qmatvec.set_kernel_path(paths[-1])
             cap = prof.ram_budget_bytes
             ram_budget = cap if ram_budget is None else min(parse_budget(ram_budget), cap)
         self.kv_type = kv_type_for(kv_type, ram_budget)

@@ -22,7 +22,7 @@ from edgerun.errors import EdgerunError, ModelFormatError
 
 __all__ = ["DeviceProfile", "device_profiles", "load_device_profile"]
 
-KERNEL_PATHS = ("portable", "avx2", "vnni")
+KERNEL_PATHS = ("portable", "avx2", "vnni", "int8")
 
 
 def _dir() -> Path:

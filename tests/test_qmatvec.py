@@ -22,7 +22,7 @@ from edgerun.quant.reference import dequantize, random_blocks
 ALL = list(QuantType)
 # relative (2-norm) error allowed vs the exact float64 reference, per kernel path; the
 # vnni path quantizes x to two-level int8 blocks of 32 (~15 bits, within max|x|/32512)
-TOL = {"portable": 2e-5, "vnni": 2e-4, "avx2": 2e-4}
+TOL = {"portable": 2e-5, "vnni": 2e-4, "avx2": 2e-4, "int8": 2e-4}
 # ... and vs the reference applied to the int8-quantized x the vnni path really uses
 TOL_QX = 2e-5
 # single-level int8 activations (Q4_K decode off the vnni path, activation_levels): the
@@ -578,3 +578,23 @@ def test_register_kernels_plumbing():
         qm._EMB_EXTRA.update(saved[2])
         qm.set_kernel_path(saved[3])
     assert dequantize(q, w.data).any()
+
+
+@pytest.mark.parametrize(
+    "machine, asked, expect",
+    [
+        ("aarch64", "auto", "int8"),  # 64-bit ARM (Linux) takes the generic int8 kernels
+        ("arm64", "auto", "int8"),  # (macOS spells it arm64)
+        ("aarch64", "portable", "int8"),  # built; set_kernel_path picks the float ones
+        ("armv7l", "auto", None),  # 32-bit ARM: the portable float kernels only
+        ("riscv64", "int8", "int8"),  # asked for: any target LLVM has
+    ],
+)
+def test_int8_dot_by_machine(monkeypatch, machine, asked, expect):
+    import platform
+
+    from edgerun.ops import _simd
+
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setenv("EDGERUN_KERNELS", asked)
+    assert _simd.int8_dot() == expect

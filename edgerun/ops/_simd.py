@@ -403,14 +403,19 @@ def has_vnni() -> bool:
 
 def int8_dot() -> str | None:
     """The int8 dot the int8 kernels are built on in this process: "vnni" (AVX-512 VNNI),
-    "avx2" (AVX2 + FMA + F16C), or "int8" (LLVM's generic vector operations, any target)
-    when `EDGERUN_KERNELS=int8` asks for it; None where no int8 path runs (the portable
-    float kernels only). "int8" is opt-in: on x86 it compiles to the avx2 path's
-    instructions, elsewhere (ARM) it has not been measured on hardware yet."""
+    "avx2" (AVX2 + FMA + F16C), or "int8" (LLVM's generic vector operations, any target):
+    on 64-bit ARM, or anywhere `EDGERUN_KERNELS=int8` asks for it; None where no int8 path
+    runs (the portable float kernels only: 32-bit ARM and other CPUs). On x86 "int8"
+    compiles to the avx2 path's instructions; on AArch64 to NEON widening multiply-adds
+    (checked there under qemu-user: the kernel tests and SmolLM2's greedy text)."""
+    import platform
+
     if _numba_env.requested_kernels() == "int8":
         return "int8"
     if has_vnni():
         return "vnni"
     if has_avx2():
         return "avx2"
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return "int8"
     return None

@@ -21,9 +21,10 @@ on the two levels as one int16 word; F32/F16/BF16 weights stay on the float kern
 Q4_K decode on the avx2 / int8 paths takes single-level int8 activations instead (one scale
 per 256 elements, refined per 32 by powers of two; activation_levels): 1.4-1.6x the
 two-level kernel, for logits ~1e-4 KL from float activations (qmatvec_vnni.q4_k_block8).
-"int8" is the avx2 path's kernels spelled in LLVM's generic vector operations, for any
-CPU (`EDGERUN_KERNELS=int8`, opt-in: x86 compiles it to the same instructions; it has
-not run on ARM hardware yet).
+"int8" is the avx2 path's kernels spelled in LLVM's generic vector operations: the default
+on 64-bit ARM (NEON widening multiply-adds; run under qemu-user here, not yet on ARM
+hardware), anywhere with `EDGERUN_KERNELS=int8` (x86 compiles it to the avx2 path's
+instructions).
 On the vnni path a tensor with an interleaved copy (QuantTensor.interleaved, made by
 `interleave`: 16 rows per block of 32 in the lanes of one register, qmatvec_rows16)
 decodes, and short prompts run (_batched_prefill), from the copy; batched rows equal
@@ -245,8 +246,8 @@ def register_kernels(qtype, matvec, matmul, embedding_rows) -> None:
 
 # ----------------------------------------------------------------- kernel path selection
 def available_paths() -> tuple[str, ...]:
-    """Kernel paths this CPU can run: always "portable", plus "vnni" on AVX-512 VNNI or
-    "avx2" on AVX2 (the int8 kernels)."""
+    """Kernel paths this CPU can run: always "portable", plus the int8 kernels: "vnni" on
+    AVX-512 VNNI, "avx2" on AVX2, "int8" on 64-bit ARM or where EDGERUN_KERNELS=int8."""
     return PATHS
 
 
