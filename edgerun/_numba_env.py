@@ -51,14 +51,21 @@ def configure() -> None:
             os.environ["OMP_WAIT_POLICY"] = policy
     if "NUMBA_CACHE_DIR" not in os.environ:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        # the generic "int8" kernels differ from the CPU-specific ones only inside their
-        # intrinsics, which Numba's cache key does not see: on x86, where they are asked
-        # for, they get a directory of their own (on ARM they are the only int8 kernels)
-        import platform
-
-        x86 = platform.machine().lower() in ("x86_64", "amd64")
-        name = "numba-int8" if requested_kernels() == "int8" and x86 else "numba"
+        name = cache_dir_name()
         os.environ["NUMBA_CACHE_DIR"] = kernel_cache_dir(os.path.join(base, "edgerun", name))
+
+
+def cache_dir_name() -> str:
+    """The kernel cache directory's name under ~/.cache/edgerun for this process.
+
+    The generic "int8" kernels differ from the CPU-specific ones only inside their
+    intrinsics, which Numba's cache key does not see: on x86, where they are asked for,
+    they get a directory of their own. On ARM they are the only int8 kernels, so a child
+    asked for them (warm_kernels) compiles into the directory its parent reads."""
+    import platform
+
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    return "numba-int8" if requested_kernels() == "int8" and x86 else "numba"
 
 
 def kernel_cache_dir(root: str) -> str:

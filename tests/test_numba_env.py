@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from edgerun import _numba_env
 
 
@@ -26,3 +28,20 @@ def test_kernel_cache_dir_is_named_by_the_ops_sources_and_prunes_stale_ones(tmp_
         assert _numba_env.kernel_cache_dir(str(tmp_path)) != path
     finally:
         os.utime(ops, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize(
+    "machine, asked, name",
+    [
+        ("x86_64", "int8", "numba-int8"),  # generic kernels beside the x86 ones: apart
+        ("x86_64", "auto", "numba"),
+        ("aarch64", "int8", "numba"),  # ARM's only int8 kernels: the parent's directory
+        ("aarch64", "auto", "numba"),
+    ],
+)
+def test_cache_dir_name_keeps_generic_int8_apart_only_on_x86(monkeypatch, machine, asked, name):
+    import platform
+
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setenv("EDGERUN_KERNELS", asked)
+    assert _numba_env.cache_dir_name() == name
