@@ -22,8 +22,9 @@ y = sum_b d_b dx'_b dot_b + bias_b sx_b.
 The vector code lives in `@intrinsic`s that emit LLVM IR; the row and block loops are
 ordinary Numba code. Accumulators are stack vectors (`acc16`, `acc4`) that LLVM
 promotes to registers. Only call these kernels on a CPU with AVX-512 BW/VL + VNNI
-(`has_vnni()`) or AVX2 + FMA + F16C (`has_avx2()`): defining them is harmless anywhere,
-running them elsewhere would crash.
+(`has_vnni()`) or AVX2 + FMA + F16C (`has_avx2()`), or built as "int8" (generic IR, any
+CPU: `int8_dot()`): defining them is harmless anywhere, running the x86 forms elsewhere
+would crash.
 
 On AVX2 the two levels are one int16 word per element, 128 q1 + q2 (|v| <= 16320), and
 `_IR._dot32_words` multiplies the weight bytes, split into even and odd bytes, with
@@ -71,7 +72,8 @@ F0 = np.float32(0.0)
 # The int8 dot these kernels are built on: AVX-512 VNNI's vpdpbusd where the CPU has it,
 # else AVX2's vpmaddwd on int16 activations (same lanes, same int32 results), or "int8":
 # the same int16 multiply-adds in LLVM's generic vector operations, for any LLVM target
-# (x86 lowers them to vpmaddwd; opt-in with EDGERUN_KERNELS=int8, see _simd.int8_dot).
+# (x86 lowers them to vpmaddwd, AArch64 to NEON widening multiply-adds): the default on
+# 64-bit ARM, elsewhere with EDGERUN_KERNELS=int8 (see _simd.int8_dot).
 DOT = int8_dot() or "avx2"
 
 # Q4_K decode (mv_q4_k, mvb_q4_k, sparse_ffn's rows) off the vnni path takes single-level
