@@ -62,10 +62,14 @@ def cache_dir_name() -> str:
     intrinsics, which Numba's cache key does not see: on x86, where they are asked for,
     they get a directory of their own. On ARM they are the only int8 kernels, so a child
     asked for them (warm_kernels) compiles into the directory its parent reads."""
+    return "numba-int8" if requested_kernels() == "int8" and x86_host() else "numba"
+
+
+def x86_host() -> bool:
+    """Whether this process runs on a 64-bit x86 CPU (the x86 kernel paths' precondition)."""
     import platform
 
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    return "numba-int8" if requested_kernels() == "int8" and x86 else "numba"
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def kernel_cache_dir(root: str) -> str:

@@ -370,9 +370,7 @@ def u2f(typingctx, v):
 def _x86_has(llvm_names: tuple[str, ...], cpuinfo_names: tuple[str, ...]) -> bool:
     """True on an x86 host whose CPU has every feature (llvmlite's names; /proc/cpuinfo's
     where llvmlite cannot say)."""
-    import platform
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if not _numba_env.x86_host():
         return False
     try:
         import llvmlite.binding as llvm

@@ -80,7 +80,7 @@ def available() -> bool:
     amx-tile and amx-int8, the kernel's permission granted, and EDGERUN_AMX not "0"."""
     if os.environ.get("EDGERUN_AMX", "1").strip() == "0":
         return False
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+    if platform.system() != "Linux" or not _numba_env.x86_host():
         return False
     import llvmlite.binding as llvm
 
