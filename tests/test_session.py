@@ -158,6 +158,54 @@ def test_concurrent_sessions_match_sequential_and_batch(model):
     assert max(sizes) > 1  # they really were decoded together
 
 
+def test_requests_arriving_together_start_and_decode_together(model):
+    """Short prompts that arrive in one step are all prefilled in that step (one
+    budget for all), so every decode step runs them all; a long prompt is still cut
+    into prefill_chunk pieces while others generate."""
+    from edgerun.sampling import SamplingParams
+
+    sched = model.scheduler
+    greedy = SamplingParams(**GREEDY)
+    prompts = [model.tokenize(p) for p in ("One two", "Red green blue", "Hello", "A B C D")]
+    with model.compute_lock:  # the scheduler waits for it before its first step
+        first = sched.submit([5], greedy, 1, eos_ids=[])
+        while sched.active == 0:  # admitted alone: blocked on the lock now
+            threading.Event().wait(0.001)
+        reqs = [sched.submit(ids, greedy, 6, eos_ids=[]) for ids in prompts]
+    first.wait()
+    for r in reqs:
+        r.wait()
+        assert r.stats.batch_sizes == [4] * 6, r.stats.batch_sizes
+
+    # while three generate, a long prompt advances prefill_chunk tokens a step
+    long_ids = model.tokenize("word " * 3 * sched.prefill_chunk)
+    t = model.transformer
+    calls: list[int] = []
+    forward = t.forward
+
+    def recording(ids, cache, *a, **k):
+        calls.append(len(ids))
+        return forward(ids, cache, *a, **k)
+
+    with model.compute_lock:
+        first = sched.submit([5], greedy, 1, eos_ids=[])
+        while sched.active == 0:
+            threading.Event().wait(0.001)
+        busy = [sched.submit(ids, greedy, 30, eos_ids=[]) for ids in prompts[:3]]
+    while not all(r.decoding for r in busy):
+        threading.Event().wait(0.001)
+    t.forward = recording
+    try:
+        late = sched.submit(long_ids, greedy, 2, eos_ids=[])
+        late.wait()
+    finally:
+        del t.forward
+    for r in busy:
+        r.wait()
+    assert sum(calls) == len(long_ids) - 1
+    assert max(calls) == sched.prefill_chunk < len(long_ids) - 1
+
+
 def test_cancel_from_another_thread_leaves_others_intact(model):
     solo = model.session().send("Count from one to twenty.", max_tokens=30, **GREEDY)
     victim = model.session()

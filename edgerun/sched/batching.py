@@ -2,9 +2,13 @@
 
 One scheduler thread owns the model's compute. Each step it
 - admits new requests (they join at step boundaries);
-- runs one prefill chunk of the oldest request still reading its prompt (chunks of
-  `prefill_chunk` tokens, so a long prompt delays the others' next token by one chunk,
-  not by the whole prompt);
+- spends a prefill budget on the requests still reading their prompts, oldest first:
+  `prefill_chunk` tokens while others are generating (so a long prompt delays their
+  next token by one chunk, not by the whole prompt), a full PREFILL_CHUNK when none is.
+  Several short prompts fit one step's budget, so requests that arrive together start
+  generating in the same step and run every step together (one at a time, the fourth
+  of four joined three steps late and the first finished three steps early:
+  SmolLM2-135M, 4 sessions, 32 tokens each: 3.84 sequences a step on average);
 - runs one decode step for every request that is generating, all through
   `Transformer.forward_batch`: each weight is read once per step for all of them, and
   each sequence attends over its own KV cache.
@@ -364,7 +368,12 @@ class BatchScheduler:
         prefilling = [r for r in self._active if not r.decoding]
         if prefilling:
             set_threads(governor.step_threads(decode=False))
-            self._prefill_chunk(prefilling[0])
+            others = any(r.decoding for r in self._active)
+            budget = self.prefill_chunk if others else PREFILL_CHUNK
+            for r in prefilling:
+                budget -= self._prefill_chunk(r, budget)
+                if budget <= 0:
+                    break
         decoding = [r for r in self._active if r.decoding]
         if not decoding:
             return
@@ -405,9 +414,10 @@ class BatchScheduler:
         r.decoder = StreamDecoder(m.tokenizer)
         r.matcher = StopMatcher(r.stop)
 
-    def _prefill_chunk(self, r: Request) -> None:
-        """Run up to prefill_chunk prompt tokens of r (all but the last prompt token, which
-        takes the decode path so its logits do not depend on the chunking)."""
+    def _prefill_chunk(self, r: Request, budget: int) -> int:
+        """Run up to `budget` prompt tokens of r (all but the last prompt token, which
+        takes the decode path so its logits do not depend on the chunking); returns how
+        many it ran."""
         m = self.model
         if r.sampler is None:
             self._start(r)
@@ -417,17 +427,15 @@ class BatchScheduler:
         end = len(ids) - 1
         if 0 < r.prefix_len < end and done < r.prefix_len:
             end = r.prefix_len  # stop at the shared prefix's edge to snapshot it
-        # short chunks only while others are generating (they wait for each chunk); alone,
-        # the engine's full chunk, which the prefill GEMM runs faster
-        others = any(x.decoding for x in self._active)
         most = self.model.prefill_chunk  # what the model's RAM budget allows a call
-        end = min(end, done + min(most, self.prefill_chunk if others else PREFILL_CHUNK))
+        end = min(end, done + min(most, budget))
         if end > done:
             m.transformer.forward(ids[done:end], r.cache)
             m.after_prompt_chunk()
             self.counters.prefill_tokens += end - done
         if r.prefix_len and r.cache.length == r.prefix_len:
             m.prefix_cache.store(r.cache, r.prefix_len, room=self._kv_room(r.cache))
+        ran = max(0, end - done)
         dt = time.perf_counter() - t0
         r.stats.prompt_seconds += dt
         self.counters.prefill_seconds += dt
@@ -437,6 +445,7 @@ class BatchScheduler:
             if r.max_tokens == 0:
                 self._active.remove(r)
                 r._finish("length")
+        return ran
 
     def _after_logits(self, r: Request, logits: np.ndarray) -> None:
         st = r.stats
