@@ -169,7 +169,7 @@ def test_requests_arriving_together_start_and_decode_together(model):
     prompts = [model.tokenize(p) for p in ("One two", "Red green blue", "Hello", "A B C D")]
     with model.compute_lock:  # the scheduler waits for it before its first step
         first = sched.submit([5], greedy, 1, eos_ids=[])
-        while sched.active == 0:  # admitted alone: blocked on the lock now
+        while sched.active == 0 or not sched._inbox.empty():  # admitted: blocked on the lock
             threading.Event().wait(0.001)
         reqs = [sched.submit(ids, greedy, 6, eos_ids=[]) for ids in prompts]
     first.wait()
@@ -189,7 +189,7 @@ def test_requests_arriving_together_start_and_decode_together(model):
 
     with model.compute_lock:
         first = sched.submit([5], greedy, 1, eos_ids=[])
-        while sched.active == 0:
+        while sched.active == 0 or not sched._inbox.empty():
             threading.Event().wait(0.001)
         busy = [sched.submit(ids, greedy, 30, eos_ids=[]) for ids in prompts[:3]]
     while not all(r.decoding for r in busy):
