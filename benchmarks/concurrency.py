@@ -16,7 +16,7 @@ With --history T each request starts with T tokens of its own stretch of a docum
 long chat's context): every decode step then attends over T+ positions per session.
 
 Usage: python benchmarks/concurrency.py [-m MODEL ...] [-s 1,2,4,8] [-n 64] [-r 3] [-t 2]
-                                        [--ram-budget 800M] [-c 512] [--history T]
+                                        [--ram-budget 800M] [-c 512] [--history T] [--kv-type f16]
                                         [--json out.json]
 """
 
@@ -99,6 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--ram-budget", default=None, help="load under this budget (e.g. 800M)")
     ap.add_argument("-c", "--ctx", type=int, default=512)
+    ap.add_argument("--kv-type", default=None, help="f32 or f16 (default: the model's)")
     ap.add_argument("--json", default=None)
     ap.add_argument(
         "--history", type=int, default=0, help="tokens of a different document before each prompt"
@@ -120,7 +121,12 @@ def main(argv=None) -> int:
         for il in layouts[args.interleave]:
             kw = {} if il is None else {"interleave": il}
             model = edgerun.load(
-                name, threads=args.threads, n_ctx=args.ctx, ram_budget=args.ram_budget, **kw
+                name,
+                threads=args.threads,
+                n_ctx=args.ctx,
+                ram_budget=args.ram_budget,
+                kv_type=args.kv_type,
+                **kw,
             )
             if model.plan is not None:
                 print(f"{name}: {model.plan.mode} plan under {args.ram_budget}", flush=True)
