@@ -84,9 +84,10 @@ def test_teacher_forced_agreement_and_greedy(pair):
         assert our_logits.shape == ref_logits.shape
         lo = len(ids) - 1
         want = ref_logits[lo : lo + FORCED]
-        agree += int((our_logits[lo : lo + FORCED].argmax(-1) == want.argmax(-1)).sum())
+        best = want.argmax(-1)
+        agree += int((our_logits[lo : lo + FORCED].argmax(-1) == best).sum())
         decoded = _decode_logits(ours, ids, seq, FORCED)
-        dec_agree += int((decoded.argmax(-1) == want.argmax(-1)).sum())
+        dec_agree += int((decoded.argmax(-1) == best).sum())
         total += FORCED
         max_diff = max(max_diff, float(np.abs(our_logits - ref_logits).max()))
         err = float(np.abs(decoded - want).max())
@@ -95,9 +96,8 @@ def test_teacher_forced_agreement_and_greedy(pair):
         ours.generator.cache.clear()
         greedy = SamplingParams(temperature=0.0)
         text = "".join(ours.generator.stream(ids, greedy, max_tokens=GREEDY + 1, stop_ids=()))
-        mine = ours.generator.cache.tokens[
-            len(ids) : len(ids) + GREEDY
-        ]  # fed back: all but the last
+        # the cache holds the tokens fed back: all generated but the last (GREEDY + 1 asked)
+        mine = ours.generator.cache.tokens[len(ids) : len(ids) + GREEDY]
         theirs = seq[len(ids) : len(ids) + GREEDY]
         assert len(mine) == GREEDY, text
         if mine == theirs:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -158,6 +159,16 @@ def test_concurrent_sessions_match_sequential_and_batch(model):
     assert max(sizes) > 1  # they really were decoded together
 
 
+def _first_step_alone(sched, params):
+    """Submit a one-token request and wait until the scheduler admitted it alone (the
+    caller holds model.compute_lock, so its step waits): what is submitted next joins
+    the step after."""
+    first = sched.submit([5], params, 1, eos_ids=[])
+    while sched.active == 0 or not sched._inbox.empty():
+        time.sleep(0.001)
+    return first
+
+
 def test_requests_arriving_together_start_and_decode_together(model):
     """Short prompts that arrive in one step are all prefilled in that step (one
     budget for all), so every decode step runs them all; a long prompt is still cut
@@ -167,10 +178,8 @@ def test_requests_arriving_together_start_and_decode_together(model):
     sched = model.scheduler
     greedy = SamplingParams(**GREEDY)
     prompts = [model.tokenize(p) for p in ("One two", "Red green blue", "Hello", "A B C D")]
-    with model.compute_lock:  # the scheduler waits for it before its first step
-        first = sched.submit([5], greedy, 1, eos_ids=[])
-        while sched.active == 0 or not sched._inbox.empty():  # admitted: blocked on the lock
-            threading.Event().wait(0.001)
+    with model.compute_lock:
+        first = _first_step_alone(sched, greedy)
         reqs = [sched.submit(ids, greedy, 6, eos_ids=[]) for ids in prompts]
     first.wait()
     for r in reqs:
@@ -188,12 +197,10 @@ def test_requests_arriving_together_start_and_decode_together(model):
         return forward(ids, cache, *a, **k)
 
     with model.compute_lock:
-        first = sched.submit([5], greedy, 1, eos_ids=[])
-        while sched.active == 0 or not sched._inbox.empty():
-            threading.Event().wait(0.001)
+        _first_step_alone(sched, greedy)
         busy = [sched.submit(ids, greedy, 30, eos_ids=[]) for ids in prompts[:3]]
     while not all(r.decoding for r in busy):
-        threading.Event().wait(0.001)
+        time.sleep(0.001)
     t.forward = recording
     try:
         late = sched.submit(long_ids, greedy, 2, eos_ids=[])

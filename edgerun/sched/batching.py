@@ -428,14 +428,13 @@ class BatchScheduler:
         if 0 < r.prefix_len < end and done < r.prefix_len:
             end = r.prefix_len  # stop at the shared prefix's edge to snapshot it
         most = self.model.prefill_chunk  # what the model's RAM budget allows a call
-        end = min(end, done + min(most, budget))
-        if end > done:
-            m.transformer.forward(ids[done:end], r.cache)
+        ran = max(0, min(end, done + min(most, budget)) - done)
+        if ran:
+            m.transformer.forward(ids[done : done + ran], r.cache)
             m.after_prompt_chunk()
-            self.counters.prefill_tokens += end - done
+            self.counters.prefill_tokens += ran
         if r.prefix_len and r.cache.length == r.prefix_len:
             m.prefix_cache.store(r.cache, r.prefix_len, room=self._kv_room(r.cache))
-        ran = max(0, end - done)
         dt = time.perf_counter() - t0
         r.stats.prompt_seconds += dt
         self.counters.prefill_seconds += dt
