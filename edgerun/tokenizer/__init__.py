@@ -24,9 +24,9 @@ incrementally with the same result.
 Layout: :mod:`.base` (the :class:`Tokenizer` interface and shared pieces), :mod:`.bpe`
 (byte-level BPE), :mod:`.sentencepiece` (SentencePiece) with :mod:`.sp_model_proto` (its
 ModelProto reader/writer and :class:`SentencePieceSpec`), :mod:`.from_gguf` (picking one from
-GGUF metadata) and :mod:`.stream` (:class:`StreamDecoder`). Dependencies point one way:
-``base`` <- ``bpe`` / ``sp_model_proto`` <- ``sentencepiece`` <- ``from_gguf``; ``stream``
-uses ``base`` only. Everything public is re-exported here.
+GGUF metadata); :class:`StreamDecoder` lives in :mod:`.base` beside the interface it uses.
+Dependencies point one way: ``base`` <- ``bpe`` / ``sp_model_proto`` <- ``sentencepiece`` <-
+``from_gguf``. Everything public is re-exported here.
 """
 
 from edgerun.tokenizer.base import (
@@ -36,6 +36,7 @@ from edgerun.tokenizer.base import (
     TOKEN_TYPE_UNKNOWN,
     TOKEN_TYPE_UNUSED,
     TOKEN_TYPE_USER_DEFINED,
+    StreamDecoder,
     Tokenizer,
 )
 from edgerun.tokenizer.bpe import GPT2_SPLIT as GPT2_SPLIT
@@ -48,7 +49,6 @@ from edgerun.tokenizer.sentencepiece import (
     sentencepiece_spec_to_metadata,
 )
 from edgerun.tokenizer.sp_model_proto import SentencePieceSpec
-from edgerun.tokenizer.stream import StreamDecoder
 
 __all__ = [
     "TOKEN_TYPE_NORMAL",

@@ -6,24 +6,23 @@
 one ``bytes`` blob plus offsets, so nothing the size of the vocabulary is kept as Python objects
 per token). Also here: llama.cpp's token-type numbers, the end-of-turn token texts, and the small
 GGUF-metadata helpers (:func:`_str_seq`, :func:`_int_array`, :func:`_check_len`, :func:`_as_int`)
-that both :mod:`.bpe` and :mod:`.sentencepiece` use. This module imports nothing else from the
-package (``stream_decoder`` imports :mod:`.stream` when called).
+that both :mod:`.bpe` and :mod:`.sentencepiece` use; and :class:`StreamDecoder`, which turns
+token ids into text as soon as each character is complete, through the :class:`Tokenizer`
+interface only. This module imports nothing else from the package.
 """
 
 from __future__ import annotations
 
+import codecs
 import operator
 import re
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from edgerun.errors import InvalidArgumentError, ModelFormatError
-
-if TYPE_CHECKING:
-    from edgerun.tokenizer.stream import StreamDecoder
 
 # llama.cpp's token types (``tokenizer.ggml.token_type``).
 TOKEN_TYPE_NORMAL = 1
@@ -372,8 +371,6 @@ class Tokenizer:
     def stream_decoder(
         self, skip_special: bool = False, strip_leading_space: bool = False
     ) -> StreamDecoder:
-        from edgerun.tokenizer.stream import StreamDecoder
-
         return StreamDecoder(
             self, skip_special=skip_special, strip_leading_space=strip_leading_space
         )
@@ -387,3 +384,53 @@ class Tokenizer:
             f"{type(self).__name__}(vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
             f"eos_ids={sorted(self.eos_ids)}, add_bos={self.add_bos})"
         )
+
+
+# Streaming detokenization. Generation produces one token at a time, and a token's bytes may
+# end mid-character (byte-level BPE, SentencePiece byte fallback): StreamDecoder holds such a
+# tail back, using only the Tokenizer interface (token_bytes, special_ids, the leading-space
+# rule), so it works with every tokenizer kind and gives the same text as Tokenizer.decode.
+class StreamDecoder:
+    """Turns token ids, fed one at a time, into text without ever splitting a character.
+
+    ``push(id)`` returns the text that became complete with this token (often "", when a
+    multi-byte character is still incomplete); ``flush()`` returns what is left at the end (an
+    incomplete tail becomes U+FFFD there, as :meth:`Tokenizer.decode` would do). The concatenation
+    of everything returned equals ``tokenizer.decode(ids, skip_special)``, except that a
+    SentencePiece model with a dummy prefix keeps the first piece's leading space unless
+    ``strip_leading_space`` is true (a generated continuation's first space is real text).
+    """
+
+    def __init__(
+        self, tokenizer: Tokenizer, skip_special: bool = False, strip_leading_space: bool = False
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special = skip_special
+        self.strip_leading_space = strip_leading_space
+        self._first = True
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, id: int) -> str:
+        id = int(id)
+        if self.skip_special and id in self.tokenizer.special_ids:
+            return ""
+        data = self.tokenizer.token_bytes(id)
+        if self._first:
+            self._first = False
+            if self.strip_leading_space and self.tokenizer._strips_leading_space(id):
+                data = data[1:]
+        return self._dec.decode(data, final=False)
+
+    def push_many(self, ids: Iterable[int]) -> str:
+        return "".join(self.push(i) for i in ids)
+
+    def flush(self) -> str:
+        out = self._dec.decode(b"", final=True)
+        self._dec.reset()
+        self._first = True
+        return out
+
+    @property
+    def pending(self) -> bool:
+        """True while bytes of an incomplete character are held back."""
+        return bool(self._dec.getstate()[0])
