@@ -375,7 +375,7 @@ def _check_runtime_args(args: argparse.Namespace) -> None:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from tui.app import run
+    from edgerun.tui.app import run
 
     args.offload_kwargs = _offload_kwargs(args)
     return run(args)

@@ -12,11 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _source_modules() -> set[str]:
     mods = set()
-    for top in ("edgerun", "tui"):
-        for p in (ROOT / top).rglob("*.py"):
-            rel = p.relative_to(ROOT).with_suffix("")
-            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-            mods.add(".".join(parts))
+    for p in (ROOT / "edgerun").rglob("*.py"):
+        rel = p.relative_to(ROOT).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        mods.add(".".join(parts))
     return mods
 
 
@@ -53,6 +52,9 @@ def test_wheel_holds_every_module_and_the_manifests(wheel):
     assert not missing, f"modules left out of the wheel: {sorted(missing)}"
     manifests = {p.name for p in (ROOT / "edgerun" / "models").glob("*.toml")}
     assert manifests and all(f"edgerun/models/{m}" in names for m in manifests)
+    # the chat app lives inside the package, its styles beside it; no top-level `tui`
+    assert "edgerun/tui/app.tcss" in names
+    assert not any(n.startswith("tui/") for n in names)
 
 
 def test_every_module_imports_from_the_unpacked_wheel(wheel, tmp_path):
@@ -69,6 +71,8 @@ def test_every_module_imports_from_the_unpacked_wheel(wheel, tmp_path):
         f"    if not mod.__file__.startswith({str(site)!r}): bad.append((m, mod.__file__))\n"
         "from edgerun import registry\n"
         "assert registry.manifests(), 'no manifests'\n"
+        "from edgerun.tui.app import CSS_PATH, ChatApp\n"
+        "assert ChatApp.CSS_PATH == CSS_PATH and CSS_PATH.is_file(), CSS_PATH\n"
         "print(bad)\n"
         "assert not bad, bad\n"
     )

@@ -1,4 +1,5 @@
-"""The terminal chat app (tui/), driven headless with Textual's pilot on the real default model.
+"""The terminal chat app (edgerun/tui/), driven headless with Textual's pilot on the real default
+model, and its controller (edgerun/tui/chat.py) driven directly.
 
 Async pilot code runs under asyncio.run() so no pytest plugin is needed.
 """
@@ -14,11 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tui.app import ChatApp
-from tui.backend import _threads, fit_by_dropping, prompt_ids, transcript
-from tui.screens import ContextFullScreen, HelpScreen, SettingsResult, SettingsScreen
-from tui.store import ChatSettings, Conversation, ConversationStore
-from tui.widgets import ChatInput, MessageView
+from edgerun.tui.app import ChatApp
+from edgerun.tui.chat import _threads, fit_by_dropping, prompt_ids, transcript
+from edgerun.tui.screens import ContextFullScreen, HelpScreen, SettingsResult, SettingsScreen
+from edgerun.tui.store import ChatSettings, Conversation, ConversationStore
+from edgerun.tui.widgets import ChatInput, MessageView
 
 edgerun = pytest.importorskip("edgerun")
 
@@ -114,7 +115,7 @@ def test_transcript_for_models_without_template():
 
 
 def test_user_line_breaks_survive_markdown():
-    from tui.widgets import hard_breaks
+    from edgerun.tui.widgets import hard_breaks
 
     assert hard_breaks("a\nb\n```\nx\n```") == "a  \nb  \n```\nx\n```"
 
@@ -476,3 +477,108 @@ def test_resume_reuses_the_saved_kv_cache(model, tmp_path):
             assert st.cached_tokens >= held - 2 and st.prompt_tokens > st.cached_tokens
 
     asyncio.run(go())
+
+
+# -- the controller on its own (no Textual) ----------------------------------------------------
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports, at module level or inside functions."""
+    import ast
+
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+    return out
+
+
+def test_controller_and_store_import_no_textual():
+    import subprocess
+    import sys
+
+    import edgerun.tui.chat as chat_module
+
+    here = Path(chat_module.__file__).parent
+    for name in ("chat.py", "store.py"):
+        mods = _imported_modules(here / name)
+        assert not [m for m in mods if m.split(".")[0] in ("textual", "rich")], name
+    code = (
+        "import sys, edgerun.tui.chat\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'textual']\n"
+        "assert not bad, bad\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_only_the_cli_imports_the_chat_app():
+    root = Path(edgerun.__file__).parent
+    users = sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if "tui" not in p.relative_to(root).parts[:1]
+        and any(m == "edgerun.tui" or m.startswith("edgerun.tui.") for m in _imported_modules(p))
+    )
+    assert users == ["cli.py"]
+
+
+def test_controller_drives_a_turn_without_textual(model, tmp_path):
+    from edgerun.tui import chat
+    from edgerun.tui.chat import ChatController
+
+    c = ChatController(model=model, conversations_dir=tmp_path, settings=ChatSettings(max_tokens=8))
+    assert c.model is None and c.send_refusal() == "No model is loaded (F2)."
+    assert c.model_ready(c.take_preloaded()) is False  # nothing was waiting
+    assert c.model is model and c.model_label == "smollm2-135m" and c.send_refusal() is None
+
+    # one turn: the job runs here (the view runs it in a worker thread), events come back
+    c.add_user("Say hello")
+    job = c.start(check=True)
+    assert isinstance(job, chat.Generation) and c.generating
+    assert c.send_refusal().startswith("Still answering")
+    events: list = []
+    job(events.append)
+    *tokens, end = events
+    assert tokens and all(isinstance(e, chat.Token) and not c.stale(e) for e in tokens)
+    for e in tokens:
+        c.on_token(e)
+    assert isinstance(end, chat.Finished) and end.error is None
+    assert "".join(e.piece for e in tokens) == end.text
+    entry = c.finish(end)
+    assert not c.generating and c.conv.messages[-1] is entry
+    assert entry["content"] == end.text and entry["model"] == "smollm2-135m"
+    assert entry["stats"]["finish_reason"] in ("stop", "length")
+    assert 0 < entry["stats"]["generated_tokens"] <= 8
+    assert c.last_sampling["max_tokens"] == 8
+    assert c.save().exists() and c.store.kv_path(c.conv).exists()
+    assert c.cache_length() > 0
+
+    # abandoned mid-answer: the text delivered so far is kept, the job's late events are stale
+    c.add_user("Again")
+    job = c.start(check=True)
+    c.on_token(chat.Token("partial", job.gen))
+    c.cancel.set()
+    c.abandon()
+    assert not c.generating and c.conv.messages[-1]["content"] == "partial"
+    events.clear()
+    job(events.append)
+    assert events == [chat.Finished("", None, None, job.gen)] and c.stale(events[0])
+
+    # a message that cannot fit even alone: ContextFull, then Drop finds no cut (-1)
+    c.new_conversation()
+    c.add_user("word " * 1100)
+    job = c.start(check=True)
+    events.clear()
+    job(events.append)
+    (full,) = events
+    assert isinstance(full, chat.ContextFull) and not full.fits and full.prompt_tokens > 1024
+    c.context_full()
+    assert not c.generating
+    events.clear()
+    c.drop_job()(events.append)
+    assert events == [chat.Dropped(-1, c.gen)]
+    assert c.pop_last_user().startswith("word") and c.conv.messages == []
+    assert c.save() is None  # an empty conversation is not kept

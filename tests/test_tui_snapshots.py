@@ -7,15 +7,15 @@ Update after an intended change: pytest tests/test_tui_snapshots.py --snapshot-u
 
 from textual.app import App
 
-from tui.app import CSS
-from tui.screens import ContextFullScreen, HelpScreen, SettingsScreen
-from tui.store import ChatSettings
+from edgerun.tui.app import CSS_PATH
+from edgerun.tui.screens import ContextFullScreen, HelpScreen, SettingsScreen
+from edgerun.tui.store import ChatSettings
 
 SIZE = (80, 24)
 
 
 class _Host(App):
-    CSS = CSS
+    CSS_PATH = CSS_PATH
 
     def __init__(self, screen_factory) -> None:
         super().__init__()

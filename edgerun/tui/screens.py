@@ -14,7 +14,7 @@ from textual.widgets import Button, Input, Label, OptionList, Select, Static, Te
 from textual.widgets.option_list import Option
 
 from edgerun.settings import SAMPLING_FIELDS, ModelSettings
-from tui.store import ChatSettings, Conversation
+from edgerun.tui.store import ChatSettings, Conversation
 
 KEYS = [
     ("Enter", "send the message"),

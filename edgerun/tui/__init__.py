@@ -7,7 +7,7 @@ __all__ = ["ChatApp", "run"]
 
 def __getattr__(name: str):
     if name in __all__:
-        from tui import app
+        from edgerun.tui import app
 
         return getattr(app, name)
     raise AttributeError(name)

@@ -1,5 +1,0 @@
-"""`python -m tui`: the same as `edgerun chat`."""
-
-from tui.app import main
-
-main()
