@@ -538,46 +538,23 @@ def test_avx2_kernel_emits_vpmaddwd(q):
         assert "vpmaddubsw" not in asm
 
 
-def test_register_kernels_plumbing():
-    # a format registered from outside gets its own kernels (checked here by temporarily
-    # routing Q4_0's portable kernels through recording stand-ins)
-    from edgerun.quant import reference
+def test_every_format_has_its_portable_kernels():
+    # each format's kernels are rows of the kernel tables (no plug-ins): the portable
+    # matvec, GEMM and embedding rows of every format, and its reference dequantizer
+    from edgerun.quant.formats import FORMATS
 
-    q = QuantType.Q4_0
-    saved = (qm._MV_PORTABLE[q], dict(qm._MM_EXTRA), dict(qm._EMB_EXTRA), qm.kernel_path())
-    calls = []
-
-    def mv(d, x, o):
-        calls.append("mv")
-        o[:] = 1.0
-
-    def mm(d, X, o):
-        calls.append("mm")
-        o[:] = 2.0
-
-    def emb(d, ids, o):
-        calls.append("emb")
-        o[:] = 3.0
-
-    w = _tensor(q, 3, 64, seed=0)
-    try:
-        qm.set_kernel_path("portable")
-        qm.register_kernels(q, mv, mm, emb)
-        assert (qm.matvec(w, np.ones(64, np.float32)) == 1.0).all()
-        assert (qm.matmul(w, np.ones((2, 64), np.float32)) == 2.0).all()
-        assert (qm.embedding_rows(w, np.array([1])) == 3.0).all()
-        assert calls == ["mv", "mm", "emb"]
-        reference.register_dequantizer(q, lambda b: np.zeros((b.shape[0], 32), np.float32))
-        assert not dequantize(q, w.data).any()
-    finally:
-        reference._EXTRA.pop(q, None)
-        qm._MV_PORTABLE[q] = saved[0]
-        qm._MM_EXTRA.clear()
-        qm._MM_EXTRA.update(saved[1])
-        qm._EMB_EXTRA.clear()
-        qm._EMB_EXTRA.update(saved[2])
-        qm.set_kernel_path(saved[3])
-    assert dequantize(q, w.data).any()
+    for q in FORMATS:
+        w = _tensor(q, 3, 256, seed=int(q))
+        x = np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)
+        ref = dequantize(q, w.data)
+        old = qm.kernel_path()
+        try:
+            qm.set_kernel_path("portable")
+            np.testing.assert_array_equal(qm.embedding_rows(w, np.array([2, 0])), ref[[2, 0]])
+            np.testing.assert_allclose(qm.matvec(w, x[0]), ref @ x[0], rtol=1e-3, atol=1e-3)
+            np.testing.assert_allclose(qm.matmul(w, x), x @ ref.T, rtol=1e-3, atol=1e-3)
+        finally:
+            qm.set_kernel_path(old)
 
 
 @pytest.mark.parametrize(

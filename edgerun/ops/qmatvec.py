@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 
 from edgerun.errors import InvalidArgumentError  # noqa: E402
 from edgerun.ops import qmatvec_batch as _b  # noqa: E402
+from edgerun.ops import qmatvec_lowbit as _lowbit  # noqa: E402
 from edgerun.ops import qmatvec_portable as _p  # noqa: E402
 from edgerun.ops._simd import int8_dot  # noqa: E402
 from edgerun.quant.formats import QuantTensor, QuantType, row_bytes  # noqa: E402
@@ -70,7 +71,6 @@ __all__ = [
     "quantize_x_reference",
     "quantizes_activations",
     "reads_rows",
-    "register_kernels",
     "set_kernel_path",
     "uses_amx",
     "warm_prefill",
@@ -119,6 +119,8 @@ _MV_PORTABLE = {
     QuantType.Q5_0: _q5_0,
     QuantType.Q4_K: _p.mv_q4_k,
     QuantType.Q6_K: _p.mv_q6_k,
+    QuantType.Q3_G64: _lowbit.mv_q3_g64,
+    QuantType.Q2_G64: _lowbit.mv_q2_g64,
 }
 
 # int8 paths: matvec kernels take three (data, out) slots: (d0, d1, d2, x, o0, o1, o2).
@@ -173,9 +175,15 @@ if int8_dot() is not None:
 
         _MV16, _MVB16 = _r16.MV16, _r16.MVB16
 
-# kernels of formats defined outside this module (see register_kernels)
-_MM_EXTRA: dict = {}
-_EMB_EXTRA: dict = {}
+# the portable GEMM and embedding rows of the formats outside qmatvec_portable's kinds
+_MM_EXTRA: dict = {
+    QuantType.Q3_G64: _lowbit.mm_q3_g64,
+    QuantType.Q2_G64: _lowbit.mm_q2_g64,
+}
+_EMB_EXTRA: dict = {
+    QuantType.Q3_G64: _lowbit.emb_q3_g64,
+    QuantType.Q2_G64: _lowbit.emb_q2_g64,
+}
 
 _path = PATHS[-1]
 _mv3: dict = _MV3_INT8  # the int8 3-slot kernels of the current path (empty: portable)
@@ -232,16 +240,6 @@ MVB_PREFILL_MAX: dict[str, dict] = {
     "avx2": _MVB_AVX2,
     "int8": _MVB_AVX2,
 }
-
-
-def register_kernels(qtype, matvec, matmul, embedding_rows) -> None:
-    """Plug in the kernels of a block format this module does not know (e.g. edgerun's
-    own low-bit formats). Each takes raw uint8 blocks [rows, row_bytes]:
-    matvec(data, x, out), matmul(data, X, out), embedding_rows(data, ids, out).
-    They run on every kernel path (they are the format's portable kernels)."""
-    _MV_PORTABLE[qtype] = matvec
-    _MM_EXTRA[qtype] = matmul
-    _EMB_EXTRA[qtype] = embedding_rows
 
 
 # ----------------------------------------------------------------- kernel path selection
@@ -848,9 +846,3 @@ def matmul_reference(w: QuantTensor, x: np.ndarray) -> np.ndarray:
     """numpy reference: dequantize the whole matrix, float64 product -> float32 [n, rows]."""
     wf = dequantize(w.qtype, _raw(w)).astype(np.float64)
     return (np.asarray(x, dtype=np.float64) @ wf.T).astype(np.float32)
-
-
-# edgerun's own low-bit formats (Q3_G64, Q2_G64) plug in through register_kernels
-from edgerun.ops import qmatvec_lowbit as _lowbit  # noqa: E402
-
-_lowbit.register(register_kernels)

@@ -148,32 +148,20 @@ def mm_lowbit(bits, data, X, out, rb):
                 out[t, r] = dot16(buf[r - r0], xt)
 
 
-_BITS = {"Q3_G64": (3, mv_q3_g64), "Q2_G64": (2, mv_q2_g64)}
 _MM_ROW_BLOCK = 16
 
 
-def _mm(bits):
-    def mm(data, X, out):
-        mm_lowbit(bits, data, X, out, _MM_ROW_BLOCK)
-
-    return mm
+def mm_q3_g64(data, X, out):
+    mm_lowbit(3, data, X, out, _MM_ROW_BLOCK)
 
 
-def _emb(bits):
-    def emb(data, ids, out):
-        embedding_rows_lowbit(bits, data, ids, out)
-
-    return emb
+def mm_q2_g64(data, X, out):
+    mm_lowbit(2, data, X, out, _MM_ROW_BLOCK)
 
 
-def register(register_kernels=None) -> None:
-    """Plug the low-bit kernels into edgerun.ops.qmatvec (idempotent; a no-op for formats
-    the QuantType enum does not define)."""
-    from edgerun.quant.formats import QuantType
+def emb_q3_g64(data, ids, out):
+    embedding_rows_lowbit(3, data, ids, out)
 
-    if register_kernels is None:
-        from edgerun.ops.qmatvec import register_kernels
-    for name, (bits, mv) in _BITS.items():
-        q = getattr(QuantType, name, None)
-        if q is not None:
-            register_kernels(q, mv, _mm(bits), _emb(bits))
+
+def emb_q2_g64(data, ids, out):
+    embedding_rows_lowbit(2, data, ids, out)

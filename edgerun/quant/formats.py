@@ -1,4 +1,9 @@
-"""GGML block formats and the QuantTensor view that every kernel consumes.
+"""The block formats' table and the QuantTensor view that every kernel consumes.
+
+FORMATS maps each QuantType to its class (layout, quantize_blocks, dequantize_blocks) in
+one module per family: floats (F32, F16, BF16), legacy (GGML's 32-element blocks), kquants
+(GGML's 256-element super-blocks), lowbit (edgerun's own G64 formats). A new format is an
+enum member and a row here plus its class; its kernels are one row of ops/traits.py.
 
 A QuantTensor never owns a float copy of a quantized matrix: `data` is a
 uint8 view of the raw blocks (usually over an mmap), one row per output row.
@@ -10,6 +15,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
+
+from edgerun.quant import floats, kquants, legacy, lowbit
+from edgerun.quant.block import BlockFormat
 
 
 class QuantType(IntEnum):
@@ -29,19 +37,24 @@ class QuantType(IntEnum):
     Q2_G64 = 201
 
 
+# the one table of formats: QuantType -> its class
+FORMATS: dict[QuantType, type[BlockFormat]] = {
+    QuantType.F32: floats.F32,
+    QuantType.F16: floats.F16,
+    QuantType.BF16: floats.BF16,
+    QuantType.Q8_0: legacy.Q8_0,
+    QuantType.Q4_0: legacy.Q4_0,
+    QuantType.Q4_1: legacy.Q4_1,
+    QuantType.Q5_0: legacy.Q5_0,
+    QuantType.Q4_K: kquants.Q4_K,
+    QuantType.Q6_K: kquants.Q6_K,
+    QuantType.Q3_G64: lowbit.Q3_G64,
+    QuantType.Q2_G64: lowbit.Q2_G64,
+}
+
 # elements per block, bytes per block
 BLOCK_LAYOUT: dict[QuantType, tuple[int, int]] = {
-    QuantType.F32: (1, 4),
-    QuantType.F16: (1, 2),
-    QuantType.BF16: (1, 2),
-    QuantType.Q8_0: (32, 34),
-    QuantType.Q4_0: (32, 18),
-    QuantType.Q4_1: (32, 20),
-    QuantType.Q5_0: (32, 22),
-    QuantType.Q4_K: (256, 144),
-    QuantType.Q6_K: (256, 210),
-    QuantType.Q3_G64: (64, 28),
-    QuantType.Q2_G64: (64, 20),
+    q: (f.block_size, f.type_size) for q, f in FORMATS.items()
 }
 
 
@@ -62,7 +75,7 @@ class QuantTensor:
     shape is (rows, cols) in math order: y = W @ x has len(y) == rows and
     len(x) == cols. data is uint8 [rows, row_bytes(qtype, cols)]. 1-D tensors
     have rows == 1. interleaved: the same blocks 16 rows at a time in the decode kernels'
-    layout (ops/qmatvec_rows16.interleave), or None: decode then reads data.
+    layout (ops/int8/rows16.interleave), or None: decode then reads data.
     """
 
     name: str

@@ -21,23 +21,18 @@ minimizes the (importance-)weighted squared error over 21 candidate scales with 
 closed-form least-squares (d, m) for each (ggml's make_qkx2_quants without the m <= 0
 constraint), then rounds d, m to fp16 and re-rounds the values with them.
 
-This module is the format only (layout, quantize, numpy dequantize). The numpy
-dequantizers plug into edgerun.quant.reference when that is imported; the Numba kernels
-live in edgerun.ops.qmatvec_lowbit and edgerun.ops.qmatvec registers them when it is
-imported (ops knows quant, never the reverse).
+This module is the format only (layout, quantize, numpy dequantize); formats.py's table
+names its classes, and ops/traits.py's table their kernels.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = [
-    "BLOCK",
-    "BYTES",
-    "quantize_blocks",
-    "dequantize_blocks",
-    "register_dequantizers",
-]
+from edgerun.quant.block import BlockFormat
+from edgerun.quant.scale_search import make_qkx2_quants
+
+__all__ = ["BLOCK", "BYTES", "Q2_G64", "Q3_G64", "dequantize_blocks", "quantize_blocks"]
 
 BLOCK = 64
 BYTES = {3: 28, 2: 20}
@@ -53,8 +48,6 @@ def quantize_blocks(
     blocks: np.ndarray, bits: int, w: np.ndarray | None = None, method: str = "search"
 ) -> np.ndarray:
     """float32 [n, 64] -> uint8 [n, BYTES[bits]]. w: optional importance weights [n, 64]."""
-    from edgerun.quant.quantize import make_qkx2_quants
-
     x = np.asarray(blocks, dtype=np.float32)
     n = x.shape[0]
     nmax = (1 << bits) - 1
@@ -108,14 +101,24 @@ def dequantize_blocks(raw: np.ndarray, bits: int) -> np.ndarray:
     return d * q.reshape(n, 64).astype(np.float32) + m
 
 
-def register_dequantizers(register_dequantizer=None) -> None:
-    """Plug these formats into edgerun.quant.reference's dequantize (idempotent; a no-op
-    while QuantType does not define them)."""
-    from edgerun.quant.formats import QuantType
+class _G64(BlockFormat):
+    bits: int
+    block_size = BLOCK
+    uses_imatrix = True
+    f16_offsets = (0, 2)
 
-    if register_dequantizer is None:
-        from edgerun.quant.reference import register_dequantizer
-    for name, bits in (("Q3_G64", 3), ("Q2_G64", 2)):
-        q = getattr(QuantType, name, None)
-        if q is not None:
-            register_dequantizer(q, lambda b, bits=bits: dequantize_blocks(b, bits))
+    @classmethod
+    def quantize_blocks(cls, blocks, w=None, method="search"):
+        return quantize_blocks(blocks, cls.bits, w, method)
+
+    @classmethod
+    def dequantize_blocks(cls, blocks):
+        return dequantize_blocks(blocks, cls.bits)
+
+
+class Q3_G64(_G64):
+    bits, type_size = 3, BYTES[3]
+
+
+class Q2_G64(_G64):
+    bits, type_size = 2, BYTES[2]
