@@ -14,13 +14,11 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-import numba
 import numpy as np
-from numba import njit, prange
 
 from edgerun.api import Model
+from edgerun.bandwidth import measure_bandwidth
 from edgerun.kvcache import KVCache
-from edgerun.ops._simd import stack16
 from edgerun.ops.qmatvec import kernel_path, uses_amx
 from edgerun.progress import progress_bar
 from edgerun.sched.cpu_share import set_threads
@@ -41,50 +39,6 @@ class BenchRow:
     @property
     def spread(self) -> float:
         return (max(self.samples) - min(self.samples)) / 2
-
-
-@njit(cache=True, parallel=True, fastmath=True)
-def _stream_sum(a):
-    """Sum of a float32 [chunks, n] array, chunks in parallel. 16 explicit lanes per
-    chunk: with Numba's loop vectorizer off (our setting) a plain `s += row[i]` runs
-    one scalar add at a time and measures the adder, not memory (~5 GB/s)."""
-    chunks, n = a.shape
-    n16 = n // 16
-    sums = np.zeros(chunks, dtype=np.float32)
-    for c in prange(chunks):
-        row = a[c]
-        lanes = numba.carray(stack16(), 16)  # registers once unrolled
-        for l in range(16):
-            lanes[l] = np.float32(0.0)
-        for b in range(n16):
-            blk = row[b * 16 : b * 16 + 16]
-            for l in range(16):
-                lanes[l] += blk[l]
-        s = np.float32(0.0)
-        for l in range(16):
-            s += lanes[l]
-        for i in range(n16 * 16, n):
-            s += row[i]
-        sums[c] = s
-    return sums.sum()
-
-
-def measure_bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> float:
-    """Streaming-read bandwidth in bytes/s with `threads` threads: the best of repeats.
-
-    The best run is the machine's capability; on shared (virtualized) hosts the
-    others are lowered by neighbours. The figure itself can move with where the
-    host places the vCPUs (2 threads here: ~35 or 55-60 GB/s).
-    """
-    set_threads(threads)
-    a = np.ones((64, mbytes * 2**20 // 256), dtype=np.float32)
-    _stream_sum(a)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        _stream_sum(a)
-        times.append(time.perf_counter() - t0)
-    return a.nbytes / min(times)
 
 
 def _io_seconds(model: Model) -> float:

@@ -139,7 +139,7 @@ def probe(refresh: bool = False, storage_dir: Path | None = None) -> dict:
                     return cached
         except (OSError, ValueError):
             pass
-    from edgerun.bench import measure_bandwidth
+    from edgerun.bandwidth import measure_bandwidth
 
     n = facts["cpu"]["usable_cores"]
     bw = {str(t): measure_bandwidth(t, mbytes=256, repeats=3) for t in range(1, n + 1)}

@@ -92,7 +92,7 @@ def test_memory_benchmark_measures_edgerun_in_a_fresh_process(smollm2_path):
 def test_stream_sum_is_the_array_sum():
     import numpy as np
 
-    from edgerun.bench import _stream_sum
+    from edgerun.bandwidth import _stream_sum
 
     a = np.random.default_rng(0).random((8, 1000 * 16 + 7), dtype=np.float32)
     assert _stream_sum(a) == pytest.approx(float(a.sum(dtype=np.float64)), rel=1e-5)
