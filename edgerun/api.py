@@ -3,7 +3,6 @@ score, generate and chat."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import sys
@@ -20,18 +19,20 @@ from edgerun.arch import spec_from_gguf
 from edgerun.chat import render_chat
 from edgerun.engine import (
     PREFILL_CHUNK,
-    GenerationStats,
+    Engine,
+    EngineHooks,
     Generator,
-    WarmUp,
     check_token_ids,
     prefill_chunk_within,
 )
-from edgerun.errors import EdgerunError, InvalidArgumentError, ModelNotFoundError
+from edgerun.errors import InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import read_gguf
 from edgerun.kvcache import KVCache, check_kv_type
 from edgerun.model import Transformer
-from edgerun.sched.batching import BatchScheduler, PrefixCache
+from edgerun.prefix_cache import PrefixCache
+from edgerun.sched.batching import BatchScheduler, Serving
 from edgerun.sched.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
+from edgerun.sequence import GenerationStats, WarmUp
 from edgerun.settings import ModelSettings
 from edgerun.sysinfo import (
     anonymous_rss_bytes,
@@ -259,27 +260,27 @@ class Model:
             self._offload(ram_budget, offload, offload_options, gpu_budget, gpu_device)
             if self.auto_threads:
                 self.governor.decode_reserve = self.reader_cores()
-        # Under a RAM budget the plan reserves one n_ctx window of KV cache; concurrent
-        # requests share it (sched/batching.BatchScheduler admits by it).
-        self.kv_budget_tokens = self.n_ctx if ram_budget is not None else None
-        # One forward at a time: the scheduler thread and direct generate() calls share
-        # the weights and the kernels' thread pool.
-        self.compute_lock = threading.RLock()
-        self.generator = Generator(
+        # What every driver (generate, sessions, the server) shares. Under a RAM budget the
+        # plan reserves one n_ctx window of KV cache; concurrent requests share it
+        # (sched/batching.BatchScheduler admits by it).
+        self.engine = Engine(
             self.transformer,
             self.tokenizer,
             self.n_ctx,
-            self.governor,
             self.kv_type,
-            lock=self.compute_lock,
-            context_policy=context_policy,
-            after_warm_up=self._after_warm_up if offloading else None,
+            self.governor,
+            lock=threading.RLock(),
             prefill_chunk=self.prefill_chunk,
-            after_prompt_chunk=self.after_prompt_chunk,
+            kv_budget_tokens=self.n_ctx if ram_budget is not None else None,
+            hooks=EngineHooks(
+                after_warm_up=self._after_warm_up if offloading else None,
+                after_prompt_chunk=self.after_prompt_chunk,
+            ),
+            settings=self.settings,
+            path=self.path,
         )
-        self.prefix_cache = PrefixCache()
-        self._scheduler: BatchScheduler | None = None
-        self._identity: str | None = None
+        self.generator = Generator(self.engine, context_policy=context_policy)
+        self.serving = Serving(self.engine)
         self.load_seconds = time.perf_counter() - t0
 
     @property
@@ -775,14 +776,29 @@ class Model:
             prefetch=OffloadOptions().prefetch,
         )
 
+    # what the engine holds, by the names the façade's users read
+    @property
+    def compute_lock(self) -> threading.RLock:
+        """One forward at a time: the scheduler thread and direct generate() calls share
+        the weights and the kernels' thread pool."""
+        return self.engine.lock
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        return self.engine.prefix_cache
+
+    @property
+    def kv_budget_tokens(self) -> int | None:
+        """The KV positions a RAM budget reserved (one n_ctx window), None without one."""
+        return self.engine.kv_budget_tokens
+
+    @kv_budget_tokens.setter
+    def kv_budget_tokens(self, n: int | None) -> None:
+        self.engine.kv_budget_tokens = n
+
     def before_kv_write(self, cache: KVCache, end: int) -> None:
-        """Call before writing a cache's positions up to `end` other than by a forward pass
-        (a shared prefix's rows, a saved session's): under a budget, rows lent on the KV
-        reserve are given back first (offload/kv_loan.py)."""
-        grow = self.transformer.kv_growth
-        if grow is not None:
-            with self.compute_lock:
-                grow([cache], [end], 0)
+        """Engine.before_kv_write: rows lent on the KV reserve go back first."""
+        self.engine.before_kv_write(cache, end)
 
     def offload_stats(self) -> dict | None:
         """Flash reads and the I/O / cache / compute split since the last reset (None when
@@ -799,68 +815,45 @@ class Model:
     def scheduler(self) -> BatchScheduler:
         """The batching scheduler all sessions (and the server) submit to; started on
         first use."""
-        if self._scheduler is None:
-            with self.compute_lock:
-                if self._scheduler is None:
-                    self._scheduler = BatchScheduler(self)
-        return self._scheduler
+        return self.serving.scheduler
 
     def set_max_batch(self, n: int) -> None:
         """How many sequences the scheduler decodes together (default 8)."""
-        if self._scheduler is not None:
-            self._scheduler.close()
-        self._scheduler = BatchScheduler(self, max_batch=n)
+        self.serving.set_max_batch(n)
 
     def session(self, system: str | None = None, n_ctx: int | None = None) -> Session:
         """A new conversation with its own KV cache (weights are shared)."""
         from edgerun.session import Session
 
-        return Session(self, system=system, n_ctx=n_ctx)
+        return Session(self.serving, system=system, n_ctx=n_ctx)
+
+    def load_session(self, path: str | os.PathLike) -> Session:
+        """Resume a conversation saved with Session.save (from this model file)."""
+        from edgerun.session import Session
+
+        return Session.load(self.serving, path)
 
     def close(self) -> None:
         """Stop the scheduler thread (cancels what is running) and the weight store's
         reader threads, if it streams. Both start again when the model is used."""
-        if self._scheduler is not None:
-            self._scheduler.close()
-            self._scheduler = None
+        self.serving.close()
         close_store = getattr(self.store, "close", None)
         if close_store is not None:
             close_store()
 
     @property
     def identity(self) -> str:
-        """What a saved session is checked against: the model file's size and the SHA-256
-        of its first MiB (the header: metadata, tensor table), plus the KV layout."""
-        if self._identity is None:
-            h = hashlib.sha256()
-            files = sorted(self.path.iterdir()) if self.path.is_dir() else [self.path]
-            for f in files:
-                if f.is_file():
-                    h.update(f"{f.name}:{f.stat().st_size}\n".encode())
-                    with open(f, "rb") as fh:
-                        h.update(fh.read(1 << 20))
-            s = self.spec
-            h.update(f"{s.n_layers}/{s.n_kv_heads}/{s.head_dim}/{s.vocab_size}".encode())
-            self._identity = h.hexdigest()[:32]
-        return self._identity
+        """What a saved session is checked against (Engine.identity)."""
+        return self.engine.identity
 
     def encode_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> list[int]:
         """Token ids of a conversation rendered with the chat template."""
-        from edgerun.chat import encode_chat
-
-        self._need_template()
-        return encode_chat(
-            self.tokenizer, messages, self.tokenizer.chat_template, add_generation_prompt
-        )
+        return self.engine.encode_chat(messages, add_generation_prompt)
 
     def _need_template(self) -> None:
-        if not self.tokenizer.chat_template:
-            raise EdgerunError(
-                f"{self.path.name} has no chat template (a base model); use plain completion "
-                "(`generate`, or --raw on the command line)"
-            )
+        self.engine.need_template()
 
     # -- introspection --------------------------------------------------------
     @property
@@ -878,7 +871,7 @@ class Model:
     def warm_up(self) -> WarmUp:
         """Compile or load the kernels now (once), so no prompt's timing includes it."""
         set_threads(self.governor.threads)
-        return self.generator.warm_up()
+        return self.engine.warm_up()
 
     def tensor_summary(self) -> list[tuple[str, str, tuple[int, int], int]]:
         out = []

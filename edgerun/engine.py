@@ -1,16 +1,21 @@
-"""Generator: prefill, decode loop, streaming text, stop rules and timing stats."""
+"""Engine (one model's compute, shared by every driver) and the single-stream Generator:
+prefill, the decode loop over one Sequence (sequence.py), the context window's policy."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from edgerun.compute_thread import compute_thread
-from edgerun.errors import ContextOverflowError, InvalidArgumentError
+from edgerun.errors import ContextOverflowError, EdgerunError, InvalidArgumentError
 from edgerun.kvcache import KVCache
 from edgerun.model import Transformer
 from edgerun.ops import lowrank, qmatvec
@@ -18,10 +23,30 @@ from edgerun.ops.activations import PARALLEL_MIN as _GLU_PARALLEL_MIN
 from edgerun.ops.activations import glu
 from edgerun.ops.norm import PARALLEL_MIN as _NORM_PARALLEL_MIN
 from edgerun.ops.norm import rmsnorm
+from edgerun.prefix_cache import PrefixCache
 from edgerun.quant.formats import QuantTensor
-from edgerun.sampling import Sampler, SamplingParams
+from edgerun.sampling import SamplingParams
 from edgerun.sched.cpu_share import ThreadGovernor, set_threads
-from edgerun.tokenizer import StreamDecoder, Tokenizer
+from edgerun.sequence import GenerationStats, ResponseStats, Sequence, StopMatcher, WarmUp
+from edgerun.settings import ModelSettings
+from edgerun.tokenizer import Tokenizer
+
+# GenerationStats, ResponseStats, StopMatcher and WarmUp live in sequence.py; kept here
+# for the code that imported them from the engine.
+__all__ = [
+    "CONTEXT_POLICIES",
+    "Engine",
+    "EngineHooks",
+    "GenerationStats",
+    "Generator",
+    "PREFILL_CHUNK",
+    "ResponseStats",
+    "StopMatcher",
+    "WarmUp",
+    "check_prompt",
+    "check_token_ids",
+    "prefill_chunk_within",
+]
 
 PREFILL_CHUNK = 256  # tokens per forward call: bounds the attention score buffer
 # The fewest prompt tokens per forward call a RAM budget may choose.
@@ -57,7 +82,7 @@ CONTEXT_POLICIES = ("error", "slide")
 SINK_TOKENS = 4
 
 
-def check_prompt(ids: Sequence[int], n_ctx: int, vocab_size: int | None = None) -> None:
+def check_prompt(ids: Seq[int], n_ctx: int, vocab_size: int | None = None) -> None:
     """A prompt the model can take: not empty, within the context window, and (given a
     vocabulary size) made of ids inside it. Each failure names the numbers."""
     if not ids:
@@ -71,7 +96,7 @@ def check_prompt(ids: Sequence[int], n_ctx: int, vocab_size: int | None = None) 
         check_token_ids(ids, vocab_size)
 
 
-def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
+def check_token_ids(ids: Seq[int], vocab_size: int) -> None:
     bad = [i for i in ids if not 0 <= int(i) < vocab_size]
     if bad:
         raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
@@ -97,119 +122,223 @@ def _weight_formats(model, rows_only: bool = False) -> set:
     return formats
 
 
-@dataclass(frozen=True)
-class WarmUp:
-    """The first run's kernel compile (or load from Numba's disk cache), timed on its own.
-
-    Counted as prefill it made a 37-token prompt read as 1.8 tok/s.
-    """
-
-    seconds: float
-    compiled: int  # Numba compilations it triggered; 0 = every kernel came from the cache
-
-    def __str__(self) -> str:
-        if self.compiled:
-            return f"warm-up: kernels compiled {self.seconds:.1f} s ({self.compiled} functions)"
-        return f"warm-up: kernels loaded from cache {self.seconds:.1f} s"
-
-
 @dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens reused from the KV cache
-    prompt_seconds: float = 0.0
-    generated_tokens: int = 0
-    generate_seconds: float = 0.0
-    finish_reason: str = ""  # "stop" (EOS or stop string), "length", "cancelled"
-    threads: int = 0  # threads the last tokens ran on (see cpu_share.ThreadGovernor)
-    warmup: WarmUp | None = None  # set on the generation that paid for the warm-up
-    slides: int = 0  # times a full window slid (context_policy "slide")
+class EngineHooks:
+    """What the layer that built the engine does at the engine's moments (a RAM budget's
+    bookkeeping: offload/, api.Model); the engine knows nothing else about it."""
 
-    @property
-    def prompt_tps(self) -> float:
-        computed = self.prompt_tokens - self.cached_tokens
-        return computed / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
-
-    @property
-    def generate_tps(self) -> float:
-        return self.generated_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
+    after_warm_up: Callable[[], object] | None = None  # once the kernels are loaded
+    after_prompt_chunk: Callable[[], object] | None = None  # after each prompt forward call
 
 
-@dataclass
-class StopMatcher:
-    """Holds text back while it could still turn into a stop string."""
-
-    stops: Sequence[str]
-    pending: str = ""
-    hit: bool = field(default=False)
-
-    def feed(self, text: str) -> str:
-        """Add text; return what is safe to emit now."""
-        self.pending += text
-        if not self.stops:
-            out, self.pending = self.pending, ""
-            return out
-        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.hit = True
-            out, self.pending = self.pending[:cut], ""
-            return out
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(self.pending)), hold, -1):
-                if self.pending.endswith(s[:k]):
-                    hold = k
-                    break
-        if hold:
-            out, self.pending = self.pending[:-hold], self.pending[-hold:]
-        else:
-            out, self.pending = self.pending, ""
-        return out
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
-
-
-class Generator:
-    """Runs a Transformer over one KV cache, reusing the cached prefix of each prompt."""
+class Engine:
+    """One loaded model's compute, shared by every driver (the single-stream Generator,
+    the batching scheduler, sessions): the Transformer and its tokenizer, the lock that
+    keeps one forward pass at a time, the thread governor, the kernels' warm-up, the
+    prompt chunk a RAM budget allows, the KV positions it reserves, the shared-prefix
+    cache and the budget's hooks."""
 
     def __init__(
         self,
-        model: Transformer,
+        transformer: Transformer,
         tokenizer: Tokenizer,
         n_ctx: int,
-        governor: ThreadGovernor | None = None,
         kv_type: str = "f32",
+        governor: ThreadGovernor | None = None,
         lock: threading.RLock | None = None,
-        context_policy: str = "error",
-        after_warm_up: Callable[[], object] | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
-        after_prompt_chunk: Callable[[], object] | None = None,
+        kv_budget_tokens: int | None = None,
+        hooks: EngineHooks | None = None,
+        settings: ModelSettings | None = None,
+        path: Path | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
-        """after_warm_up: called once the kernels are loaded (a budgeted model drops the
-        page cache their loading left). prefill_chunk: prompt tokens per forward call;
-        after_prompt_chunk: called after each (a budgeted model trims its heap)."""
+        """kv_budget_tokens: the KV positions a RAM budget reserved (one context window;
+        concurrent requests share it), None without a budget. path: the model file (or
+        pack directory), for the identity a saved session is checked against."""
+        if not 1 <= prefill_chunk <= PREFILL_CHUNK:
+            raise InvalidArgumentError(
+                f"prefill_chunk must be in [1, {PREFILL_CHUNK}], got {prefill_chunk}"
+            )
+        self.transformer = transformer
+        self.spec = transformer.spec
+        self.tokenizer = tokenizer
+        self.n_ctx = n_ctx
+        self.kv_type = kv_type
+        self.governor = governor
+        # One forward at a time: the scheduler thread and direct generate() calls share
+        # the weights and the kernels' thread pool.
+        self.lock = lock if lock is not None else threading.RLock()
+        self.prefill_chunk = prefill_chunk
+        self.kv_budget_tokens = kv_budget_tokens
+        self.hooks = hooks if hooks is not None else EngineHooks()
+        self.settings = settings if settings is not None else ModelSettings()
+        self.path = Path(path) if path is not None else None
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
+        self.warmed: WarmUp | None = None
+        self._identity: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def new_cache(self, n_ctx: int | None = None) -> KVCache:
+        """An empty KV cache of this model (n_ctx None: the engine's context window)."""
+        return KVCache(self.spec, self.n_ctx if n_ctx is None else n_ctx, self.kv_type)
+
+    # -- the hooks --------------------------------------------------------------------
+    def after_prompt_chunk(self) -> None:
+        if self.hooks.after_prompt_chunk is not None:
+            self.hooks.after_prompt_chunk()
+
+    def before_kv_write(self, cache: KVCache, end: int) -> None:
+        """Call before writing a cache's positions up to `end` other than by a forward pass
+        (a shared prefix's rows, a saved session's): under a budget, rows lent on the KV
+        reserve are given back first (offload/kv_loan.py)."""
+        grow = self.transformer.kv_growth
+        if grow is not None:
+            with self.lock:
+                grow([cache], [end], 0)
+
+    # -- warm-up ----------------------------------------------------------------------
+    def warm_up(self) -> WarmUp:
+        """Run every kernel a prompt and a decode step use once, on a scratch cache.
+
+        Numba compiles (or loads from its cache) each kernel on first call; doing that
+        here keeps it out of the prompt's and the decode's timings. A 2-token prompt
+        takes the prefill kernels; the parallel norm and GLU kernels, which start at a
+        size, run on scratch rows (a prompt that long costs a second on a 1.5B model).
+        Runs once per Engine; later calls return the first result.
+        """
+        if self.warmed is not None:
+            return self.warmed
+        from numba.core import event
+
+        model, spec = self.transformer, self.spec
+        ids = [1 % spec.vocab_size, 2 % spec.vocab_size]
+        scratch = KVCache(spec, 3, self.kv_type)
+        t0 = time.perf_counter()
+        with self.lock, event.install_recorder("numba:compile") as rec:
+            model.forward(ids, scratch)
+            model.forward(ids[-1:], scratch)
+            pair = [KVCache(spec, 1, scratch.kv_type) for _ in range(2)]
+            model.forward_batch(ids, pair)  # batched decode (sched/batching.py)
+            compute_thread().call(self._warm_parallel_kernels)
+            compute_thread().call(self._warm_every_format)
+            self.tokenizer.warm()  # byte-level BPE's merge kernel (tokenizer/bpe_merges.py)
+        compiled = sum(1 for e in rec.buffer if e[1].is_start)
+        self.warmed = WarmUp(time.perf_counter() - t0, compiled)
+        if self.hooks.after_warm_up is not None:
+            self.hooks.after_warm_up()
+        return self.warmed
+
+    def _warm_every_format(self) -> None:
+        """The prefill GEMMs (AMX tiles where the CPU has them) and the decode kernels of
+        every weight format in the model: the warm-up's 2-token prompt takes the batched
+        decode kernels, and parts held or moved after the warm-up (offloading) would
+        otherwise load theirs on the first token or prompt."""
+        qmatvec.warm_prefill(_weight_formats(self.transformer))  # long prompts take the rows
+        # the row kernels' decode, for the matrices without copies (the copies' kernels
+        # ran in the warm-up's forward passes): Numba keeps what each compile allocated
+        qmatvec.warm_decode(_weight_formats(self.transformer, rows_only=True))
+        lowrank.warm()  # an offloaded head's sketch scores (offload/head.py)
+
+    def _warm_parallel_kernels(self) -> None:
+        """Run the parallel RMSNorm and GLU kernels once on zero rows of the model's width."""
+        spec = self.spec
+        layer = self.transformer.layers[0]
+        rows = -(-max(_NORM_PARALLEL_MIN, _GLU_PARALLEL_MIN) // spec.d_model)
+        x = np.zeros((rows, spec.d_model), np.float32)
+        rmsnorm(x, layer.attn_norm, spec.norm_eps)
+        activation = getattr(layer.ffn, "activation", None)
+        if activation is not None:
+            glu(x, x, activation)
+
+    # -- chat and identity ------------------------------------------------------------
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of a conversation rendered with the chat template."""
+        from edgerun.chat import encode_chat
+
+        self.need_template()
+        return encode_chat(
+            self.tokenizer, messages, self.tokenizer.chat_template, add_generation_prompt
+        )
+
+    def need_template(self) -> None:
+        if not self.tokenizer.chat_template:
+            what = self.path.name if self.path is not None else self.name
+            raise EdgerunError(
+                f"{what} has no chat template (a base model); use plain completion "
+                "(`generate`, or --raw on the command line)"
+            )
+
+    @property
+    def identity(self) -> str:
+        """What a saved session is checked against: the model file's size and the SHA-256
+        of its first MiB (the header: metadata, tensor table), plus the KV layout."""
+        if self._identity is None:
+            h = hashlib.sha256()
+            path = self.path
+            files = [] if path is None else sorted(path.iterdir()) if path.is_dir() else [path]
+            for f in files:
+                if f.is_file():
+                    h.update(f"{f.name}:{f.stat().st_size}\n".encode())
+                    with open(f, "rb") as fh:
+                        h.update(fh.read(1 << 20))
+            s = self.spec
+            h.update(f"{s.n_layers}/{s.n_kv_heads}/{s.head_dim}/{s.vocab_size}".encode())
+            self._identity = h.hexdigest()[:32]
+        return self._identity
+
+
+class Generator:
+    """The single-stream driver: runs an Engine over one KV cache, reusing the cached
+    prefix of each prompt."""
+
+    def __init__(self, engine: Engine, context_policy: str = "error") -> None:
         if context_policy not in CONTEXT_POLICIES:
             raise InvalidArgumentError(
                 f"context_policy must be one of {', '.join(CONTEXT_POLICIES)}, "
                 f"got {context_policy!r}"
             )
+        self.engine = engine
         self.context_policy = context_policy
-        self.model = model
-        self.lock = lock if lock is not None else threading.RLock()
-        self.tokenizer = tokenizer
-        self.cache = KVCache(model.spec, n_ctx, kv_type)
+        self.cache = engine.new_cache()
         self.stats = GenerationStats()
-        self.governor = governor
-        self.warmed: WarmUp | None = None
-        self.after_warm_up = after_warm_up
-        if not 1 <= prefill_chunk <= PREFILL_CHUNK:
-            raise InvalidArgumentError(
-                f"prefill_chunk must be in [1, {PREFILL_CHUNK}], got {prefill_chunk}"
-            )
-        self.prefill_chunk = prefill_chunk
-        self.after_prompt_chunk = after_prompt_chunk
+
+    # what the engine holds, by the names the generator's users read
+    @property
+    def model(self) -> Transformer:
+        return self.engine.transformer
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self.engine.lock
+
+    @property
+    def governor(self) -> ThreadGovernor | None:
+        return self.engine.governor
+
+    @governor.setter
+    def governor(self, g: ThreadGovernor | None) -> None:
+        self.engine.governor = g
+
+    @property
+    def prefill_chunk(self) -> int:
+        return self.engine.prefill_chunk
+
+    @property
+    def warmed(self) -> WarmUp | None:
+        return self.engine.warmed
+
+    def warm_up(self) -> WarmUp:
+        return self.engine.warm_up()
 
     def _pace(self, decode: bool) -> None:
         """Follow the governor's thread count for the next pass (it changes when other
@@ -221,60 +350,7 @@ class Generator:
             set_threads(n)  # a few microseconds; other callers may have set another count
             self.stats.threads = n
 
-    def warm_up(self) -> WarmUp:
-        """Run every kernel a prompt and a decode step use once, on a scratch cache.
-
-        Numba compiles (or loads from its cache) each kernel on first call; doing that
-        here keeps it out of the prompt's and the decode's timings. A 2-token prompt
-        takes the prefill kernels; the parallel norm and GLU kernels, which start at a
-        size, run on scratch rows (a prompt that long costs a second on a 1.5B model).
-        Runs once per Generator; later calls return the first result.
-        """
-        if self.warmed is not None:
-            return self.warmed
-        from numba.core import event
-
-        spec = self.model.spec
-        ids = [1 % spec.vocab_size, 2 % spec.vocab_size]
-        scratch = KVCache(spec, 3, self.cache.kv_type)
-        t0 = time.perf_counter()
-        with self.lock, event.install_recorder("numba:compile") as rec:
-            self.model.forward(ids, scratch)
-            self.model.forward(ids[-1:], scratch)
-            pair = [KVCache(spec, 1, scratch.kv_type) for _ in range(2)]
-            self.model.forward_batch(ids, pair)  # batched decode (sched/batching.py)
-            compute_thread().call(self._warm_parallel_kernels)
-            compute_thread().call(self._warm_every_format)
-            self.tokenizer.warm()  # byte-level BPE's merge kernel (tokenizer/bpe_merges.py)
-        compiled = sum(1 for e in rec.buffer if e[1].is_start)
-        self.warmed = WarmUp(time.perf_counter() - t0, compiled)
-        if self.after_warm_up is not None:
-            self.after_warm_up()
-        return self.warmed
-
-    def _warm_every_format(self) -> None:
-        """The prefill GEMMs (AMX tiles where the CPU has them) and the decode kernels of
-        every weight format in the model: the warm-up's 2-token prompt takes the batched
-        decode kernels, and parts held or moved after the warm-up (offloading) would
-        otherwise load theirs on the first token or prompt."""
-        qmatvec.warm_prefill(_weight_formats(self.model))  # long prompts take the rows
-        # the row kernels' decode, for the matrices without copies (the copies' kernels
-        # ran in the warm-up's forward passes): Numba keeps what each compile allocated
-        qmatvec.warm_decode(_weight_formats(self.model, rows_only=True))
-        lowrank.warm()  # an offloaded head's sketch scores (offload/head.py)
-
-    def _warm_parallel_kernels(self) -> None:
-        """Run the parallel RMSNorm and GLU kernels once on zero rows of the model's width."""
-        spec = self.model.spec
-        layer = self.model.layers[0]
-        rows = -(-max(_NORM_PARALLEL_MIN, _GLU_PARALLEL_MIN) // spec.d_model)
-        x = np.zeros((rows, spec.d_model), np.float32)
-        rmsnorm(x, layer.attn_norm, spec.norm_eps)
-        activation = getattr(layer.ffn, "activation", None)
-        if activation is not None:
-            glu(x, x, activation)
-
-    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+    def prefill(self, ids: Seq[int]) -> np.ndarray:
         """Make the cache hold exactly `ids`; return the last position's logits."""
         ids = list(ids)
         if len(ids) > self.cache.n_ctx and self.context_policy == "slide":
@@ -297,8 +373,7 @@ class Generator:
             self._pace(decode=False)
             with self.lock:
                 self.model.forward(ids[i : i + step], self.cache)
-                if self.after_prompt_chunk is not None:
-                    self.after_prompt_chunk()
+                self.engine.after_prompt_chunk()
 
     @staticmethod
     def _slid(ids: list[int], keep: int) -> list[int]:
@@ -315,15 +390,16 @@ class Generator:
 
     def stream(
         self,
-        prompt_ids: Sequence[int],
+        prompt_ids: Seq[int],
         params: SamplingParams,
         max_tokens: int = 256,
-        stop: Sequence[str] = (),
-        stop_ids: Sequence[int] | None = None,
+        stop: Seq[str] = (),
+        stop_ids: Seq[int] | None = None,
     ) -> Iterator[str]:
         """Yield text pieces as they are decoded. Stats land in self.stats."""
         if max_tokens < 0:
             raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+        t_start = time.perf_counter()
         fresh = self.warmed is None
         warmup = self.warm_up()
         stats = self.stats = GenerationStats(
@@ -335,41 +411,32 @@ class Generator:
         t0 = time.perf_counter()
         logits = self.prefill(prompt_ids)
         stats.prompt_seconds = time.perf_counter() - t0
-        eos = set(self.tokenizer.eos_ids if stop_ids is None else stop_ids)
-        sampler = Sampler(params)
-        decoder = StreamDecoder(self.tokenizer)
-        matcher = StopMatcher(list(stop))
-        history = list(prompt_ids)
+        eos = self.tokenizer.eos_ids if stop_ids is None else stop_ids
+        seq = Sequence(
+            self.tokenizer, params, prompt_ids, max_tokens, stop, eos, stats, started=t_start
+        )
         t1 = time.perf_counter()
         stats.finish_reason = "length"
         try:
-            for _ in range(max_tokens):
-                tok = sampler(logits, history)
-                if tok in eos:
-                    stats.finish_reason = "stop"
-                    break
-                stats.generated_tokens += 1
-                history.append(tok)
-                text = matcher.feed(decoder.push(tok))
+            while max_tokens and not seq.done:
+                text = seq.step(logits)
                 if text:
                     yield text
-                if matcher.hit:
-                    stats.finish_reason = "stop"
-                    break
-                if stats.generated_tokens == max_tokens:
+                if seq.done:
                     break
                 if self.cache.room() == 0:
                     if self.context_policy != "slide":
-                        break  # context full: finish_reason stays "length"
+                        seq.end("length")  # context full
+                        break
                     self._slide()
                 self._pace(decode=True)
                 with self.lock:
-                    logits = self.model.forward([tok], self.cache)
+                    logits = self.model.forward([seq.token], self.cache)
                 stats.generate_seconds = time.perf_counter() - t1
-            if not matcher.hit:
-                tail = matcher.feed(decoder.flush()) + matcher.flush()
-                if tail:
-                    yield tail
+            seq.end("length")
+            tail = seq.tail()
+            if tail:
+                yield tail
         except (GeneratorExit, KeyboardInterrupt):
             stats.finish_reason = "cancelled"
             raise

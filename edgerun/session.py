@@ -1,9 +1,10 @@
-"""Session: one conversation on a shared Model, with its own KV cache and history.
+"""Session: one conversation on a shared engine, with its own KV cache and history.
 
-Many sessions share one loaded model (weights, kernels, the scheduler that batches their
-decode steps). A session keeps its KV cache between turns, so a new message computes only
-its own tokens; `save` writes history and cache to one safetensors file (atomically), and
-`Session.load` resumes it without recomputing the conversation.
+Many sessions share one loaded model (its Engine: weights, kernels; and the scheduler
+that batches their decode steps, sched/batching.Serving). A session keeps its KV cache
+between turns, so a new message computes only its own tokens; `save` writes history and
+cache to one safetensors file (atomically), and `Session.load` resumes it without
+recomputing the conversation.
 """
 
 from __future__ import annotations
@@ -12,31 +13,31 @@ import json
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from edgerun.atomic import write_atomic
+from edgerun.engine import Engine
 from edgerun.errors import EdgerunError, InvalidArgumentError
 from edgerun.kvcache import KV_TYPES, KVCache
 from edgerun.offload.io import drop_page_cache
 from edgerun.sched import kv_spill
-from edgerun.sched.batching import Request, ResponseStats
-
-if TYPE_CHECKING:
-    from edgerun.api import Model
+from edgerun.sched.batching import Request, ResponseStats, Serving
 
 SESSION_FORMAT = "edgerun-session/1"
 _MAX_META = 64 << 20  # a session's JSON metadata (history, tokens) is at most this long
 
 
-def system_prefix_len(model: Model, conversation: list[dict[str, str]], ids: Sequence[int]) -> int:
+def system_prefix_len(
+    engine: Engine, conversation: list[dict[str, str]], ids: Sequence[int]
+) -> int:
     """How many leading tokens of `ids` (the rendered `conversation`) are its system turn
-    alone: the part sessions with the same system prompt share (model.prefix_cache).
+    alone: the part sessions with the same system prompt share (engine.prefix_cache).
     0 when the conversation has no system turn or the template renders it differently."""
     if not conversation or conversation[0]["role"] != "system":
         return 0
-    head = model.encode_chat(conversation[:1], add_generation_prompt=False)
+    head = engine.encode_chat(conversation[:1], add_generation_prompt=False)
     n = len(head)
     return n if 0 < n < len(ids) and list(ids[:n]) == head else 0
 
@@ -45,16 +46,33 @@ class SessionFileError(EdgerunError):
     """A saved session that is unreadable, corrupt, or from another model."""
 
 
+def _serving(source: Any) -> Serving:
+    """The Serving a session runs on: `source` itself, or what a loaded model holds as
+    `.serving` (Session.load(model, path) with an edgerun.Model)."""
+    if isinstance(source, Serving):
+        return source
+    serving = getattr(source, "serving", None)
+    if not isinstance(serving, Serving):
+        raise InvalidArgumentError(
+            f"a session runs on a loaded model (edgerun.load), got {type(source).__name__}"
+        )
+    return serving
+
+
 class Session:
     """A conversation: `send` a user message, get the assistant's answer.
 
-    system None takes the model's recommended system prompt (if any)."""
+    Made by Model.session(); runs on `serving`'s engine and scheduler. system None takes
+    the model's recommended system prompt (if any)."""
 
-    def __init__(self, model: Model, system: str | None = None, n_ctx: int | None = None) -> None:
-        self.model = model
-        self.system = system if system is not None else model.settings.system
-        n = model.n_ctx if n_ctx is None else min(int(n_ctx), model.spec.context_length)
-        self.cache = KVCache(model.spec, n, model.kv_type)
+    def __init__(
+        self, serving: Serving, system: str | None = None, n_ctx: int | None = None
+    ) -> None:
+        self.serving = serving = _serving(serving)
+        self.engine = e = serving.engine
+        self.system = system if system is not None else e.settings.system
+        n = e.n_ctx if n_ctx is None else min(int(n_ctx), e.spec.context_length)
+        self.cache = e.new_cache(n)
         self.messages: list[dict[str, str]] = []
         self.last: Request | None = None
 
@@ -66,10 +84,10 @@ class Session:
 
     def prompt_ids(self) -> list[int]:
         """The token ids of the conversation so far, ready for the assistant's turn."""
-        return self.model.encode_chat(self._conversation())
+        return self.engine.encode_chat(self._conversation())
 
     def _prefix_len(self, ids: Sequence[int]) -> int:
-        return system_prefix_len(self.model, self._conversation(), ids)
+        return system_prefix_len(self.engine, self._conversation(), ids)
 
     @property
     def stats(self) -> ResponseStats | None:
@@ -90,7 +108,7 @@ class Session:
             raise InvalidArgumentError(f"a message must be a string, got {type(text).__name__}")
         self._check_idle()
         _check_max_tokens(max_tokens)
-        self.model.settings.sampling(seed, **sampling)  # bad values fail before the history
+        self.engine.settings.sampling(seed, **sampling)  # bad values fail before the history
         self.messages.append({"role": "user", "content": text})
         try:
             return self._complete(
@@ -123,9 +141,8 @@ class Session:
 
     def _complete(self, ids, max_tokens, stop, seed, on_token, on_finish, sampling) -> Request:
         _check_max_tokens(max_tokens)
-        m = self.model
-        params = m.settings.sampling(seed, **sampling)
-        self.last = m.scheduler.submit(
+        params = self.engine.settings.sampling(seed, **sampling)
+        self.last = self.serving.scheduler.submit(
             ids,
             params,
             max_tokens,
@@ -211,8 +228,8 @@ class Session:
             tokens = list(c.tokens)
             meta = {
                 "format": SESSION_FORMAT,
-                "model": self.model.identity,
-                "model_name": self.model.name,
+                "model": self.engine.identity,
+                "model_name": self.engine.name,
                 "kv_type": c.kv_type,
                 "n_ctx": str(c.n_ctx),
                 "tokens": json.dumps(tokens),
@@ -243,8 +260,11 @@ class Session:
         return out
 
     @classmethod
-    def load(cls, model: Model, path: str | os.PathLike) -> Session:
-        """Resume a saved session on `model` (the same model file it was saved from)."""
+    def load(cls, model: Serving | Any, path: str | os.PathLike) -> Session:
+        """Resume a saved session on `model` (a loaded edgerun.Model, or its Serving: the
+        same model file it was saved from)."""
+        serving = _serving(model)
+        engine = serving.engine
         path = Path(path)
         meta, tensors = _read_session_header(path)
         where = f"session file {path}"
@@ -252,11 +272,11 @@ class Session:
             raise SessionFileError(
                 f"{where}: field 'format' is {meta.get('format')!r}, expected {SESSION_FORMAT!r}"
             )
-        if meta.get("model") != model.identity:
+        if meta.get("model") != engine.identity:
             raise SessionFileError(
                 f"{where} was saved from model {meta.get('model_name')!r} "
-                f"(identity {meta.get('model')}), but the loaded model is {model.name!r} "
-                f"(identity {model.identity}); load it with the model it was saved from"
+                f"(identity {meta.get('model')}), but the loaded model is {engine.name!r} "
+                f"(identity {engine.identity}); load it with the model it was saved from"
             )
         tokens = _json_field(meta, "tokens", list, where)
         messages = _json_field(meta, "messages", list, where)
@@ -268,7 +288,7 @@ class Session:
         kv_type = meta.get("kv_type")
         if kv_type not in KV_TYPES:
             raise SessionFileError(f"{where}: field 'kv_type' is {kv_type!r}")
-        s = model.spec
+        s = engine.spec
         n = len(tokens)
         want = (s.n_layers, s.n_kv_heads, n, s.head_dim)
         for name, (_, shape, _) in tensors.items():
@@ -287,10 +307,10 @@ class Session:
                 raise SessionFileError(f"{where}: messages[{i}] is not a role/content message")
         if n > min(n_ctx, s.context_length) or n_ctx < 1:
             raise SessionFileError(f"{where}: {n} cached tokens do not fit n_ctx {n_ctx}")
-        sess = cls(model, system=system if system is not None else "", n_ctx=n_ctx)
+        sess = cls(serving, system=system if system is not None else "", n_ctx=n_ctx)
         sess.system = system
         c = sess.cache
-        model.before_kv_write(c, n)
+        engine.before_kv_write(c, n)
         _read_rows_into(path, tensors, c, n)
         c.mark_written(n)
         c.tokens[:] = tokens

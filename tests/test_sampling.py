@@ -78,3 +78,66 @@ def test_stop_matcher_holds_back_partial_matches():
 def test_stop_matcher_without_stops_passes_through():
     m = StopMatcher([])
     assert m.feed("abc") == "abc" and m.flush() == ""
+
+
+class _Bytes:
+    """A tokenizer stand-in: token i is the i-th entry of `pieces`."""
+
+    special_ids: frozenset = frozenset()
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def token_bytes(self, i):
+        return self.pieces[i]
+
+
+def _one_hot(i, vocab=8):
+    lg = np.full(vocab, -10.0, np.float32)
+    lg[i] = 10.0
+    return lg
+
+
+def _run(seq, tokens):
+    """Feed greedy logits for `tokens` until the sequence ends; the text it showed."""
+    out = []
+    for t in tokens:
+        out.append(seq.step(_one_hot(t)))
+        if seq.done:
+            break
+    seq.end("length")
+    return "".join(out) + seq.tail()
+
+
+def test_sequence_ends_on_eos_stop_string_and_length():
+    from edgerun.sequence import Sequence
+
+    tok = _Bytes([b"a", b"b", b"</", b"s>", b"\xc3", b"\xa9", b"", b"!"])
+    greedy = SamplingParams(temperature=0.0)
+    eos = Sequence(tok, greedy, [0], max_tokens=10, eos_ids=[6])
+    assert _run(eos, [0, 1, 6, 0]) == "ab" and eos.finish_reason == "stop"
+    assert eos.stats.generated_tokens == 2 and eos.history == [0, 0, 1]
+    stop = Sequence(tok, greedy, [0], max_tokens=10, stop=["</s>"])
+    # "</" is held back until it could no longer start the stop string
+    assert stop.step(_one_hot(0)) == "a" and stop.step(_one_hot(2)) == ""
+    assert _run(stop, [3, 0]) == "" and stop.finish_reason == "stop"
+    assert "".join(stop.matcher.stops) == "</s>" and stop.stats.generated_tokens == 3
+    length = Sequence(tok, greedy, [], max_tokens=3)
+    # a character split over two tokens comes out whole; the held "</" at the end
+    assert _run(length, [4, 5, 2, 7]) == "é</" and length.finish_reason == "length"
+    assert length.stats.finish_reason == "length" and length.stats.ttft_seconds > 0
+    cut = Sequence(tok, greedy, [], max_tokens=9)
+    cut.step(_one_hot(0))
+    cut.end("cancelled")
+    cut.end("length")  # the first reason stays
+    assert cut.finish_reason == cut.stats.finish_reason == "cancelled"
+
+
+def test_one_stats_class_for_every_driver():
+    import edgerun
+    from edgerun.sched.batching import ResponseStats
+    from edgerun.sequence import GenerationStats
+
+    assert ResponseStats is GenerationStats is edgerun.GenerationStats
+    st = GenerationStats(prompt_tokens=5, generated_tokens=3)
+    assert st.total_tokens == 8 and st.ttft_seconds == 0.0 and st.batch_sizes == []

@@ -26,39 +26,35 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edgerun.engine import PREFILL_CHUNK, GenerationStats, StopMatcher, check_prompt
-from edgerun.errors import ContextOverflowError, EdgerunError, InvalidArgumentError
+from edgerun.engine import PREFILL_CHUNK, Engine, check_prompt
+from edgerun.errors import EdgerunError, InvalidArgumentError
 from edgerun.kvcache import KVCache
-from edgerun.sampling import Sampler, SamplingParams
+from edgerun.prefix_cache import PrefixCache, SharedPrefix
+from edgerun.sampling import SamplingParams
 from edgerun.sched import kv_spill
 from edgerun.sched.cpu_share import set_threads
+from edgerun.sequence import GenerationStats, ResponseStats
+from edgerun.sequence import Sequence as GenSequence
 from edgerun.sysinfo import peak_rss_bytes
-from edgerun.tokenizer import StreamDecoder
 
-if TYPE_CHECKING:
-    from edgerun.api import Model
+# ResponseStats (= GenerationStats), PrefixCache and SharedPrefix: public names kept here
+__all__ = [
+    "BatchScheduler",
+    "GenerationStats",
+    "PrefixCache",
+    "Request",
+    "ResponseStats",
+    "SchedulerCounters",
+    "Serving",
+    "SharedPrefix",
+]
 
 _DONE = object()
-
-
-@dataclass
-class ResponseStats(GenerationStats):
-    """GenerationStats plus what an app shows per response (as mlx-lm's stream_generate)."""
-
-    ttft_seconds: float = 0.0  # submit -> first token sampled (queueing + prefill)
-    queued_seconds: float = 0.0  # submit -> first compute for this request
-    peak_rss_bytes: int = 0
-    batch_sizes: list[int] = field(default_factory=list)  # sequences per decode step
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.generated_tokens
 
 
 class Request:
@@ -85,7 +81,7 @@ class Request:
         self.prefix_len = prefix_len
         self.on_token = on_token
         self.on_finish: Callable[[Request], None] | None = None  # called on the scheduler thread
-        self.stats = ResponseStats(prompt_tokens=len(self.prompt_ids))
+        self.stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         self.pieces: list[str] = []
         self.error: BaseException | None = None
         self.finished = threading.Event()
@@ -95,12 +91,9 @@ class Request:
         self._lock = threading.Lock()
         self.submitted = time.perf_counter()
         # scheduler-side state
-        self.history = list(self.prompt_ids)
+        self.seq: GenSequence | None = None  # made at its first compute (_start)
         self.next_input = -1
         self.decoding = False
-        self.sampler: Sampler | None = None
-        self.decoder: StreamDecoder | None = None
-        self.matcher: StopMatcher | None = None
         self.t_decode = 0.0  # perf_counter when its first decode step began
         self.t_finished = 0.0
 
@@ -116,6 +109,11 @@ class Request:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+    @property
+    def history(self) -> list[int]:
+        """The prompt's token ids and those generated so far."""
+        return self.seq.history if self.seq is not None else list(self.prompt_ids)
 
     def __iter__(self) -> Iterator[str]:
         try:
@@ -206,16 +204,16 @@ def _kv_positions(r: Request) -> int:
 
 
 class BatchScheduler:
-    """Schedules the requests of one Model: continuous batching with chunked prefill."""
+    """Schedules the requests of one Engine: continuous batching with chunked prefill."""
 
-    def __init__(self, model: Model, max_batch: int = 8, prefill_chunk: int = 64) -> None:
+    def __init__(self, engine: Engine, max_batch: int = 8, prefill_chunk: int = 64) -> None:
         if max_batch < 1:
             raise InvalidArgumentError(f"max_batch must be >= 1, got {max_batch}")
         if not 1 <= prefill_chunk <= PREFILL_CHUNK:
             raise InvalidArgumentError(
                 f"prefill_chunk must be in [1, {PREFILL_CHUNK}], got {prefill_chunk}"
             )
-        self.model = model
+        self.engine = engine
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         # Under a RAM budget, idle caches count in the KV window too, and the least
@@ -254,13 +252,13 @@ class BatchScheduler:
         that start with it."""
         if self._closed:
             raise EdgerunError("the scheduler is closed")
-        m = self.model
+        e = self.engine
         if max_tokens < 0:
             raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
-        check_prompt(prompt_ids, m.n_ctx if cache is None else cache.n_ctx, m.spec.vocab_size)
+        check_prompt(prompt_ids, e.n_ctx if cache is None else cache.n_ctx, e.spec.vocab_size)
         if cache is None:
-            cache = KVCache(m.spec, m.n_ctx, m.kv_type)
-        eos = m.tokenizer.eos_ids if eos_ids is None else eos_ids
+            cache = e.new_cache()
+        eos = e.tokenizer.eos_ids if eos_ids is None else eos_ids
         r = Request(prompt_ids, params, max_tokens, stop, eos, cache, prefix_len, on_token)
         r.on_finish = on_finish
         self._inbox.put(r)
@@ -316,7 +314,7 @@ class BatchScheduler:
 
     def _kv_fits(self, r: Request) -> bool:
         """Whether r's KV cache fits beside the active requests' in what the RAM budget
-        reserved (model.kv_budget_tokens: one context window; None = no budget).
+        reserved (engine.kv_budget_tokens: one context window; None = no budget).
 
         Why: a cache's pages become resident as its positions are written, and the plan
         counted one window. Eight concurrent requests of a 2048-token window on the 1.5B
@@ -330,16 +328,16 @@ class BatchScheduler:
         """Bytes of the budget's KV window that neither the active requests' caches can
         come to hold, nor idle caches hold in memory (other than `like`), nor the shared
         prefixes hold; None without a RAM budget."""
-        capacity = getattr(self.model, "kv_budget_tokens", None)
+        capacity = self.engine.kv_budget_tokens
         if capacity is None:
             return None
         window = like.pages_for(capacity) * like.position_bytes
         used = sum(_kv_positions(a) * a.cache.position_bytes for a in self._active)
         used += sum(c.resident_bytes for c in self._idle_caches(but=like))
-        return window - used - self.model.prefix_cache.nbytes
+        return window - used - self.engine.prefix_cache.nbytes
 
     def _run(self) -> None:
-        m = self.model
+        e = self.engine
         while True:
             self._admit()
             if self._closed:
@@ -354,17 +352,17 @@ class BatchScheduler:
                 self._wake.clear()
                 continue
             try:
-                with m.compute_lock:
-                    set_threads(m.governor.threads)
-                    m.warm_up()
+                with e.lock:
+                    set_threads(e.governor.threads)
+                    e.warm_up()
                     self._step()
-            except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the thread
+            except Exception as x:  # noqa: BLE001 - a failed step fails its requests, not the thread
                 for r in self._active:
-                    r._finish("error", e if isinstance(e, EdgerunError) else EdgerunError(str(e)))
+                    r._finish("error", x if isinstance(x, EdgerunError) else EdgerunError(str(x)))
                 self._active.clear()
 
     def _step(self) -> None:
-        governor = self.model.governor
+        governor = self.engine.governor
         prefilling = [r for r in self._active if not r.decoding]
         if prefilling:
             set_threads(governor.step_threads(decode=False))
@@ -382,7 +380,7 @@ class BatchScheduler:
         for r in decoding:
             if not r.t_decode:
                 r.t_decode = now
-        logits = self.model.transformer.forward_batch(
+        logits = self.engine.transformer.forward_batch(
             [r.next_input for r in decoding], [r.cache for r in decoding]
         )
         for r, row in zip(decoding, logits):
@@ -395,31 +393,31 @@ class BatchScheduler:
 
     def _start(self, r: Request) -> None:
         """First compute for r: reuse its cache's prefix, or a shared prefix's rows."""
-        m = self.model
+        e = self.engine
         r.stats.queued_seconds = time.perf_counter() - r.submitted
         ids = r.prompt_ids
         own = min(r.cache.common_prefix(ids), len(ids) - 1)
         if r.cache.spilled is not None:  # an idle session's rows, moved to disk
-            m.before_kv_write(r.cache, own)
+            e.before_kv_write(r.cache, own)
             own = kv_spill.restore(r.cache, own)
             self.counters.kv_restores += 1
-        shared = m.prefix_cache.lookup(ids, limit=len(ids) - 1)
+        shared = e.prefix_cache.lookup(ids, limit=len(ids) - 1)
         if shared is not None and len(shared.tokens) > own:
-            m.before_kv_write(r.cache, len(shared.tokens))
+            e.before_kv_write(r.cache, len(shared.tokens))
             shared.copy_into(r.cache)
             own = len(shared.tokens)
         r.cache.truncate(own)
         r.stats.cached_tokens = own
-        r.sampler = Sampler(r.params)
-        r.decoder = StreamDecoder(m.tokenizer)
-        r.matcher = StopMatcher(r.stop)
+        r.seq = GenSequence(
+            e.tokenizer, r.params, ids, r.max_tokens, r.stop, r.eos, r.stats, r.submitted
+        )
 
     def _prefill_chunk(self, r: Request, budget: int) -> int:
         """Run up to `budget` prompt tokens of r (all but the last prompt token, which
         takes the decode path so its logits do not depend on the chunking); returns how
         many it ran."""
-        m = self.model
-        if r.sampler is None:
+        e = self.engine
+        if r.seq is None:
             self._start(r)
         t0 = time.perf_counter()
         ids = r.prompt_ids
@@ -427,14 +425,14 @@ class BatchScheduler:
         end = len(ids) - 1
         if 0 < r.prefix_len < end and done < r.prefix_len:
             end = r.prefix_len  # stop at the shared prefix's edge to snapshot it
-        most = self.model.prefill_chunk  # what the model's RAM budget allows a call
+        most = e.prefill_chunk  # what the model's RAM budget allows a call
         ran = max(0, min(end, done + min(most, budget)) - done)
         if ran:
-            m.transformer.forward(ids[done : done + ran], r.cache)
-            m.after_prompt_chunk()
+            e.transformer.forward(ids[done : done + ran], r.cache)
+            e.after_prompt_chunk()
             self.counters.prefill_tokens += ran
         if r.prefix_len and r.cache.length == r.prefix_len:
-            m.prefix_cache.store(r.cache, r.prefix_len, room=self._kv_room(r.cache))
+            e.prefix_cache.store(r.cache, r.prefix_len, room=self._kv_room(r.cache))
         dt = time.perf_counter() - t0
         r.stats.prompt_seconds += dt
         self.counters.prefill_seconds += dt
@@ -447,26 +445,16 @@ class BatchScheduler:
         return ran
 
     def _after_logits(self, r: Request, logits: np.ndarray) -> None:
-        st = r.stats
-        tok = r.sampler(logits, r.history)
-        if not st.generated_tokens and not st.ttft_seconds:
-            st.ttft_seconds = time.perf_counter() - r.submitted
-        if tok in r.eos:
-            return self._done(r, "stop")
-        st.generated_tokens += 1
-        r.history.append(tok)
-        r._emit(r.matcher.feed(r.decoder.push(tok)))
-        if r.matcher.hit:
-            return self._done(r, "stop")
-        if st.generated_tokens >= r.max_tokens or r.cache.room() == 0:
-            return self._done(r, "length")
-        r.next_input = tok
-
-    def _done(self, r: Request, reason: str) -> None:
-        if not r.matcher.hit:
-            r._emit(r.matcher.feed(r.decoder.flush()) + r.matcher.flush())
-        self._active.remove(r)
-        r._finish(reason)
+        seq = r.seq
+        r._emit(seq.step(logits))
+        if not seq.done and r.cache.room() == 0:
+            seq.end("length")  # context full
+        if seq.done:
+            r._emit(seq.tail())
+            self._active.remove(r)
+            r._finish(seq.finish_reason)
+            return
+        r.next_input = seq.token
 
 
 @dataclass
@@ -487,82 +475,36 @@ class SchedulerCounters:
         return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
 
-@dataclass
-class SharedPrefix:
-    """KV rows of a token prefix, computed once and copied into new caches."""
+class Serving:
+    """An engine and the batching scheduler its sessions (and a server) share: started on
+    first use, replaced when the batch size changes, stopped by close()."""
 
-    tokens: tuple[int, ...]
-    k: np.ndarray
-    v: np.ndarray
-    last_used: float = 0.0
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    def copy_into(self, cache: KVCache) -> None:
-        n = len(self.tokens)
-        cache.check_fits(0)
-        if n > cache.n_ctx:
-            raise ContextOverflowError(f"a shared prefix of {n} tokens exceeds the context")
-        cache.k[:, :, :n] = self.k
-        cache.v[:, :, :n] = self.v
-        cache.mark_written(n)
-        cache.tokens[:] = list(self.tokens)
-        self.last_used = time.monotonic()
-
-
-class PrefixCache:
-    """Shared prompt prefixes (system prompts, documents) by token sequence, LRU-bounded
-    by bytes. Thread-safe: sessions look up, the scheduler stores."""
-
-    def __init__(self, max_bytes: int = 256 << 20) -> None:
-        self.max_bytes = max_bytes
-        self._entries: dict[tuple[int, ...], SharedPrefix] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def lookup(self, ids: Sequence[int], limit: int | None = None) -> SharedPrefix | None:
-        """The longest stored prefix of `ids` no longer than `limit` tokens."""
-        limit = len(ids) if limit is None else limit
-        best = None
-        with self._lock:
-            for key, e in self._entries.items():
-                n = len(key)
-                if n <= limit and (best is None or n > len(best.tokens)):
-                    if tuple(ids[:n]) == key:
-                        best = e
-        return best
-
-    def contains(self, ids: Sequence[int]) -> bool:
-        with self._lock:
-            return tuple(ids) in self._entries
+    def __init__(self, engine: Engine, max_batch: int = 8) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self._scheduler: BatchScheduler | None = None
 
     @property
-    def nbytes(self) -> int:
-        with self._lock:
-            return sum(x.nbytes for x in self._entries.values())
+    def scheduler(self) -> BatchScheduler:
+        if self._scheduler is None:
+            with self.engine.lock:
+                if self._scheduler is None:
+                    self._scheduler = BatchScheduler(self.engine, self.max_batch)
+        return self._scheduler
 
-    def store(self, cache: KVCache, n: int, room: int | None = None) -> None:
-        """Keep cache's first n positions (if not already kept and they fit the bound and
-        `room`, the bytes a RAM budget has left for them; None: no budget)."""
-        key = tuple(cache.tokens[:n])
-        with self._lock:
-            if key in self._entries or n == 0:
-                return
-            if room is not None and n * cache.position_bytes > room:
-                return
-            e = SharedPrefix(key, cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy())
-            if e.nbytes > self.max_bytes:
-                return
-            e.last_used = time.monotonic()
-            self._entries[key] = e
-            while sum(x.nbytes for x in self._entries.values()) > self.max_bytes:
-                old = min(self._entries.values(), key=lambda x: x.last_used)
-                del self._entries[old.tokens]
+    @property
+    def running(self) -> bool:
+        return self._scheduler is not None
 
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
+    def set_max_batch(self, n: int) -> None:
+        """How many sequences the scheduler decodes together (default 8)."""
+        if self._scheduler is not None:
+            self._scheduler.close()
+        self._scheduler = BatchScheduler(self.engine, max_batch=n)
+        self.max_batch = n
+
+    def close(self) -> None:
+        """Stop the scheduler thread (cancels what is running); it starts again on use."""
+        if self._scheduler is not None:
+            self._scheduler.close()
+            self._scheduler = None

@@ -285,7 +285,7 @@ def create_app(
             msgs = _messages(body)
             convo = model.with_system(msgs)
             ids = model.encode_chat(convo)
-            r = _submit(ids, body, system_prefix_len(model, convo, ids))
+            r = _submit(ids, body, system_prefix_len(model.engine, convo, ids))
         except Exception as e:  # noqa: BLE001 - every failure becomes error JSON
             return _error(e)
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"

@@ -1,0 +1,178 @@
+"""One generated sequence: sampler -> stream detokenizer -> stop matcher -> stats.
+
+Every driver (the single-stream generator in engine.py, the batching scheduler in
+sched/batching.py) feeds a Sequence the logits of its next position and shows the text
+it returns; the Sequence decides the token, the text that is safe to show and whether
+the sequence ended ("stop": an end-of-sequence id or a stop string; "length":
+max_tokens). What only a driver knows (a full context window, a cancel) it tells the
+Sequence through `end`.
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgerun.sampling import Sampler, SamplingParams
+from edgerun.tokenizer import StreamDecoder, Tokenizer
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """The first run's kernel compile (or load from Numba's disk cache), timed on its own.
+
+    Counted as prefill it made a 37-token prompt read as 1.8 tok/s.
+    """
+
+    seconds: float
+    compiled: int  # Numba compilations it triggered; 0 = every kernel came from the cache
+
+    def __str__(self) -> str:
+        if self.compiled:
+            return f"warm-up: kernels compiled {self.seconds:.1f} s ({self.compiled} functions)"
+        return f"warm-up: kernels loaded from cache {self.seconds:.1f} s"
+
+
+@dataclass
+class GenerationStats:
+    """What one generation cost and how it ended (Model.stats, Request.stats, the
+    server's usage; mlx-lm's stream_generate reports the same per response)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens reused from the KV cache
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generate_seconds: float = 0.0
+    finish_reason: str = ""  # "stop" (EOS or stop string), "length", "cancelled", "error"
+    threads: int = 0  # threads the last tokens ran on (see cpu_share.ThreadGovernor)
+    warmup: WarmUp | None = None  # set on the generation that paid for the warm-up
+    slides: int = 0  # times a full window slid (context_policy "slide")
+    ttft_seconds: float = 0.0  # start (a request: submit) -> first token sampled
+    queued_seconds: float = 0.0  # submit -> first compute for this request (scheduler)
+    peak_rss_bytes: int = 0
+    batch_sizes: list[int] = field(default_factory=list)  # sequences per decode step
+
+    @property
+    def prompt_tps(self) -> float:
+        computed = self.prompt_tokens - self.cached_tokens
+        return computed / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def generate_tps(self) -> float:
+        return self.generated_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.generated_tokens
+
+
+# The scheduler's name for the same record (public: edgerun.ResponseStats).
+ResponseStats = GenerationStats
+
+
+@dataclass
+class StopMatcher:
+    """Holds text back while it could still turn into a stop string."""
+
+    stops: cabc.Sequence[str]
+    pending: str = ""
+    hit: bool = field(default=False)
+
+    def feed(self, text: str) -> str:
+        """Add text; return what is safe to emit now."""
+        self.pending += text
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out
+        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.hit = True
+            out, self.pending = self.pending[:cut], ""
+            return out
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.pending)), hold, -1):
+                if self.pending.endswith(s[:k]):
+                    hold = k
+                    break
+        if hold:
+            out, self.pending = self.pending[:-hold], self.pending[-hold:]
+        else:
+            out, self.pending = self.pending, ""
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class Sequence:
+    """The per-sequence state of a generation: its sampler (and the token history it
+    penalises repeats from), stream detokenizer, stop matcher, stats and finish reason.
+
+    A driver calls `step(logits)` for each position's logits and shows what it returns;
+    after a step `finish_reason` is set when the sequence ended. The driver ends it
+    itself for what only it knows (`end("length")` at a full context window,
+    `end("cancelled")`); `tail()` is the text held back until the end."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        params: SamplingParams,
+        prompt_ids: cabc.Sequence[int],
+        max_tokens: int,
+        stop: cabc.Sequence[str] = (),
+        eos_ids: cabc.Iterable[int] = (),
+        stats: GenerationStats | None = None,
+        started: float | None = None,
+    ) -> None:
+        """started: perf_counter time TTFT counts from (a request's submit), None: now."""
+        self.history = [int(i) for i in prompt_ids]
+        self.max_tokens = max_tokens
+        self.eos = set(eos_ids)
+        self.sampler = Sampler(params)
+        self.decoder = StreamDecoder(tokenizer)
+        self.matcher = StopMatcher(list(stop))
+        self.stats = stats if stats is not None else GenerationStats(len(self.history))
+        self.started = time.perf_counter() if started is None else started
+        self.finish_reason: str | None = None
+        self.token = -1  # the last token sampled (the next input while the sequence runs)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def step(self, logits: np.ndarray) -> str:
+        """Sample the next token from `logits`; the text it makes safe to show."""
+        st = self.stats
+        tok = self.sampler(logits, self.history)
+        self.token = tok
+        if not st.generated_tokens and not st.ttft_seconds:
+            st.ttft_seconds = time.perf_counter() - self.started
+        if tok in self.eos:
+            self.end("stop")
+            return ""
+        st.generated_tokens += 1
+        self.history.append(tok)
+        text = self.matcher.feed(self.decoder.push(tok))
+        if self.matcher.hit:
+            self.end("stop")
+        elif st.generated_tokens >= self.max_tokens:
+            self.end("length")
+        return text
+
+    def end(self, reason: str) -> None:
+        """End the sequence (the first reason given stays)."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+        self.stats.finish_reason = self.finish_reason
+
+    def tail(self) -> str:
+        """The text held back (a partial character, a possible stop string's start),
+        once the sequence ended other than by a stop string."""
+        if self.matcher.hit:
+            return ""
+        return self.matcher.feed(self.decoder.flush()) + self.matcher.flush()
