@@ -14,42 +14,16 @@ from edgerun.arch.spec import ModelSpec
 from edgerun.compute_thread import compute_thread
 from edgerun.decode_step import DecodeStep
 from edgerun.errors import ModelFormatError
-from edgerun.ffn import DenseFFN, FFNExecutor, decode_rows
+from edgerun.ffn import DenseFFN, FFNExecutor
 from edgerun.kvcache import KVCache
+from edgerun.layer import InputNorm, Layer, Rows, Step, layer_matrices, layer_steps
 from edgerun.ops import qmatvec
 from edgerun.ops.attention import BatchAttention, attention
-from edgerun.ops.norm import rmsnorm
-from edgerun.ops.rope import rope_inplace, rope_tables
+from edgerun.ops.rope import rope_tables
 from edgerun.quant.formats import QuantTensor
-from edgerun.weights import AttentionProjections, ResidentProjections, WeightStore
+from edgerun.weights import ResidentProjections, WeightStore
 
-
-class _Layer:
-    __slots__ = (
-        "attn_norm",
-        "q",
-        "k",
-        "v",
-        "o",
-        "attn_proj",
-        "ffn_norm",
-        "ffn",
-        "q_bias",
-        "k_bias",
-        "v_bias",
-        "q_norm",
-        "k_norm",
-        "post_attn_norm",
-        "post_ffn_norm",
-    )
-
-
-def layer_matrices(layer: _Layer) -> list[QuantTensor]:
-    """A layer's attention matrices and, for a dense FFN, its three."""
-    ts = [layer.q, layer.k, layer.v, layer.o]
-    if type(layer.ffn) is DenseFFN:
-        ts += [layer.ffn.gate, layer.ffn.up, layer.ffn.down]
-    return ts
+__all__ = ["Transformer", "layer_matrices"]
 
 
 class Transformer:
@@ -62,9 +36,9 @@ class Transformer:
         self.token_embd = store.matrix(g["token_embd"])
         self.output_norm = store.vector(g["output_norm"])
         self.output = store.matrix(g["output"]) if store.has(g["output"]) else self.token_embd
-        self.layers: list[_Layer] = []
+        self.layers: list[Layer] = []
         for i in range(spec.n_layers):
-            layer = _Layer()
+            layer = Layer()
             layer.attn_norm = store.vector(spec.layer_tensor("attn_norm", i))
             layer.ffn_norm = store.vector(spec.layer_tensor("ffn_norm", i))
             for slot, role in (
@@ -89,10 +63,14 @@ class Transformer:
             self._check_shapes(layer, i, source)
             # q, k, v, o stay for shape checks and footprints; the projections go through
             # attn_proj, which gpu/place.move_layers may replace (model.py never changes)
-            layer.attn_proj: AttentionProjections = ResidentProjections(
-                layer.q, layer.k, layer.v, layer.o
-            )
+            layer.attn_proj = ResidentProjections(layer.q, layer.k, layer.v, layer.o)
             self.layers.append(layer)
+        # The layers as one program of steps (layer.py): the general path runs it, the
+        # bound decode step (decode_step.py) binds it
+        self.input_norm = InputNorm(self.layers[0].attn_norm, spec.norm_eps)
+        self.program: list[list[Step]] = [
+            layer_steps(spec, layer, i, self._norm_after(i)) for i, layer in enumerate(self.layers)
+        ]
         # A store may stream the head's rows under a budget (offload/store.py): logits
         # then come from its executor, asked for after the layers (the stream's order)
         head_of = getattr(store, "head_executor", None)
@@ -190,7 +168,11 @@ class Transformer:
                 if qmatvec.reads_rows(t, ntokens):
                     self._release(t.name)
 
-    def _check_shapes(self, layer: _Layer, i: int, source: str) -> None:
+    def _norm_after(self, i: int) -> np.ndarray:
+        """The norm of the residual stream after layer i: the next layer's, or the output's."""
+        return self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.output_norm
+
+    def _check_shapes(self, layer: Layer, i: int, source: str) -> None:
         s = self.spec
         want = {
             "q": (s.q_dim, s.d_model),
@@ -218,26 +200,6 @@ class Transformer:
             cached = self._rope_cache[base] = (n_ctx, cos, sin)
         return cached[1], cached[2]
 
-    def _qkv(self, layer: _Layer, qkv, positions, cos, sin):
-        """Projected q, k, v [n, dim] -> per-head, biased, q/k-normed and rotated."""
-        s = self.spec
-        q, k, v = qkv
-        n = q.shape[0]
-        if layer.q_bias is not None:
-            q += layer.q_bias
-            k += layer.k_bias
-            v += layer.v_bias
-        q = q.reshape(n, s.n_heads, s.head_dim)
-        k = k.reshape(n, s.n_kv_heads, s.head_dim)
-        v = v.reshape(n, s.n_kv_heads, s.head_dim)
-        if layer.q_norm is not None:
-            q = rmsnorm(q, layer.q_norm, s.norm_eps)
-            k = rmsnorm(k, layer.k_norm, s.norm_eps)
-        neox = s.rope_style == "neox"
-        rope_inplace(q, positions, cos, sin, neox)
-        rope_inplace(k, positions, cos, sin, neox)
-        return q, k, v
-
     def forward(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Run `tokens` after what `cache` holds; append them to the cache.
 
@@ -247,40 +209,50 @@ class Transformer:
         """
         return compute_thread().call(self._forward, tokens, cache, all_logits)
 
-    def _layers_forward(self, tokens: list[int], cache: KVCache) -> np.ndarray:
-        s = self.spec
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        """The residual stream's first rows: token embeddings [n, d_model], scaled."""
+        h = qmatvec.embedding_rows(self.token_embd, ids)
+        if self.spec.embed_scale != 1.0:
+            h *= np.float32(self.spec.embed_scale)
+        return h
+
+    def check_ids(self, tokens: list[int]) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.spec.vocab_size):
+            raise ValueError(f"token id out of range [0, {self.spec.vocab_size})")
+        return ids
+
+    def _run_layers(self, rows: Rows, release: bool = False) -> np.ndarray:
+        """The general path: every step of the program on these rows. Returns the final
+        hidden states, normed as the head takes them. release: let each copied matrix's
+        mapped rows go after its layer (a prompt past the copies' batched limit)."""
+        self.input_norm.run(rows)
+        n = rows.h.shape[0]
+        for li, steps in enumerate(self.program):
+            for step in steps:
+                step.run(rows)
+            if release:
+                self._release_rows_read(self._copied[li], n)
+        return rows.x
+
+    def _prompt_forward(self, tokens: list[int], cache: KVCache) -> np.ndarray:
+        """Run `tokens` after what `cache` holds through the layers; their final hidden
+        states [n, d_model], normed. The cache holds their KV rows, not yet their ids."""
         n = len(tokens)
         cache.check_fits(n)
         start = cache.length
-        ids = np.asarray(tokens, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= s.vocab_size):
-            raise ValueError(f"token id out of range [0, {s.vocab_size})")
+        ids = self.check_ids(tokens)
         positions = np.arange(start, start + n, dtype=np.int64)
         if self.kv_growth is not None:
             self.kv_growth([cache], [start + n], n)
-        eps = s.norm_eps
-        h = qmatvec.embedding_rows(self.token_embd, ids)
-        if s.embed_scale != 1.0:
-            h *= np.float32(s.embed_scale)
-        for li, layer in enumerate(self.layers):
-            cos, sin = self._rope(cache.n_ctx, s.rope_base_of(li))
-            x = rmsnorm(h, layer.attn_norm, eps)
-            qkv = layer.attn_proj.qkv(x)
-            q, k, v = self._qkv(layer, qkv, positions, cos, sin)
+
+        def attend(li: int, q, k, v, window: int) -> np.ndarray:
             cache.store(li, start, k, v)
-            ctx = attention(q, cache.k[li], cache.v[li], start, s.window(li))
-            att = layer.attn_proj.out(ctx)
-            if layer.post_attn_norm is not None:
-                att = rmsnorm(att, layer.post_attn_norm, eps)
-            h += att
-            x = rmsnorm(h, layer.ffn_norm, eps)
-            f = layer.ffn(x)
-            if layer.post_ffn_norm is not None:
-                f = rmsnorm(f, layer.post_ffn_norm, eps)
-            h += f
-            if self._copied and n > 1:
-                self._release_rows_read(self._copied[li], n)
-        return h
+            return attention(q, cache.k[li], cache.v[li], start, window)
+
+        rope = lambda base: self._rope(cache.n_ctx, base)  # noqa: E731
+        rows = Rows(self.embed(ids), positions, False, attend, rope)
+        return self._run_layers(rows, release=bool(self._copied) and n > 1)
 
     def final_hidden(self, tokens: list[int], cache: KVCache) -> np.ndarray:
         """Run `tokens` after what `cache` holds and return their final hidden states
@@ -288,11 +260,19 @@ class Transformer:
         head's sketch is fitted on these, offload/head.py)."""
 
         def run() -> np.ndarray:
-            h = self._layers_forward(tokens, cache)
+            x = self._prompt_forward(tokens, cache)
             cache.tokens.extend(int(t) for t in tokens)
-            return rmsnorm(h, self.output_norm, self.spec.norm_eps)
+            return x
 
         return compute_thread().call(run)
+
+    def softcap(self, logits: np.ndarray) -> np.ndarray:
+        """Final logit softcapping where the spec has it (Gemma 2/3)."""
+        cap = self.spec.final_logit_softcap
+        if cap > 0:
+            c = np.float32(cap)
+            logits = np.tanh(logits / c) * c
+        return logits
 
     def _step(self) -> DecodeStep | None:
         """The bound decode step while it covers this model: rebuilt when what it bound
@@ -311,29 +291,21 @@ class Transformer:
         )
 
     def _forward(self, tokens: list[int], cache: KVCache, all_logits: bool) -> np.ndarray:
-        s = self.spec
         if len(tokens) == 1 and not all_logits:
             step = self._step()
             if step is not None and step.takes([cache]):
                 return step(int(tokens[0]), cache)
-        eps = s.norm_eps
-        h = self._layers_forward(tokens, cache)
+        x = self._prompt_forward(tokens, cache)
         cache.tokens.extend(int(t) for t in tokens)
         if self.head is not None:  # streamed under a budget
-            if all_logits:
-                logits = self.head(rmsnorm(h, self.output_norm, eps))
-            else:
-                logits = self.head.next_logits(rmsnorm(h[-1:], self.output_norm, eps))[0]
+            logits = self.head(x) if all_logits else self.head.next_logits(x[-1:])[0]
         elif all_logits:
-            logits = qmatvec.project(self.output, rmsnorm(h, self.output_norm, eps))
+            logits = qmatvec.project(self.output, x)
         else:
-            logits = qmatvec.matvec(self.output, rmsnorm(h[-1:], self.output_norm, eps)[0])
+            logits = qmatvec.matvec(self.output, x[-1])
         if self._copied and len(tokens) > 1:
             self._release_rows_read(self._copied[-1], len(tokens))  # the head's
-        if s.final_logit_softcap > 0:
-            cap = np.float32(s.final_logit_softcap)
-            logits = np.tanh(logits / cap) * cap
-        return logits
+        return self.softcap(logits)
 
     def forward_batch(self, tokens: list[int], caches: list[KVCache]) -> np.ndarray:
         """One decode step of several sequences: token b after what caches[b] holds.
@@ -352,9 +324,7 @@ class Transformer:
         a budget make room for the new KV rows; returns the ids and each cache's position."""
         for c in caches:
             c.check_fits(1)
-        ids = np.asarray(tokens, dtype=np.int64)
-        if ids.min() < 0 or ids.max() >= self.spec.vocab_size:
-            raise ValueError(f"token id out of range [0, {self.spec.vocab_size})")
+        ids = self.check_ids(tokens)
         starts = [c.length for c in caches]
         if self.kv_growth is not None:
             self.kv_growth(caches, [p + 1 for p in starts], len(caches))
@@ -371,36 +341,21 @@ class Transformer:
         if step is not None and step.takes(caches):
             return step.rows(tokens, caches)
         ids, starts = self.begin_decode_step(tokens, caches)
-        positions = np.asarray(starts, dtype=np.int64)
         n_ctx = max(c.n_ctx for c in caches)
-        eps = s.norm_eps
-        mvb = qmatvec.matvec_batch
-        h = qmatvec.embedding_rows(self.token_embd, ids)
-        if s.embed_scale != 1.0:
-            h *= np.float32(s.embed_scale)
         ctx = np.empty((n, s.q_dim), np.float32)
-        attend = BatchAttention([c.k for c in caches], [c.v for c in caches], starts)
-        for li, layer in enumerate(self.layers):
-            cos, sin = self._rope(n_ctx, s.rope_base_of(li))
-            x = rmsnorm(h, layer.attn_norm, eps)
-            qkv = layer.attn_proj.qkv_batch(x)
-            q, k, v = self._qkv(layer, qkv, positions, cos, sin)
-            attend(li, q, k, v, s.window(li), ctx)
-            att = layer.attn_proj.out_batch(ctx)
-            if layer.post_attn_norm is not None:
-                att = rmsnorm(att, layer.post_attn_norm, eps)
-            h += att
-            x = rmsnorm(h, layer.ffn_norm, eps)
-            f = decode_rows(layer.ffn, x)
-            if layer.post_ffn_norm is not None:
-                f = rmsnorm(f, layer.post_ffn_norm, eps)
-            h += f
+        batch = BatchAttention([c.k for c in caches], [c.v for c in caches], starts)
+
+        def attend(li: int, q, k, v, window: int) -> np.ndarray:
+            batch(li, q, k, v, window, ctx)
+            return ctx
+
+        rope = lambda base: self._rope(n_ctx, base)  # noqa: E731
+        rows = Rows(self.embed(ids), np.asarray(starts, dtype=np.int64), True, attend, rope)
+        x = self._run_layers(rows)
         for c, t, p in zip(caches, tokens, starts):
             c.tokens.append(int(t))
             c.mark_written(p + 1)  # BatchAttention wrote row p (clear() gives pages back)
-        x = rmsnorm(h, self.output_norm, eps)
-        logits = mvb(self.output, x) if self.head is None else self.head.decode_batch(x)
-        if s.final_logit_softcap > 0:
-            cap = np.float32(s.final_logit_softcap)
-            logits = np.tanh(logits / cap) * cap
-        return logits
+        logits = (
+            qmatvec.matvec_batch(self.output, x) if self.head is None else self.head.decode_batch(x)
+        )
+        return self.softcap(logits)

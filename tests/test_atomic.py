@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from edgerun.atomic import write_atomic, write_bytes_atomic
-from tui.store import Conversation, ConversationStore
+from edgerun.tui.store import Conversation, ConversationStore
 
 
 def test_write_atomic_replaces_and_cleans_up(tmp_path):

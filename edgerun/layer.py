@@ -1,0 +1,301 @@
+"""One transformer layer, defined once.
+
+A model's layers are a program: a list of steps per layer, built from the ModelSpec's
+switches in one place (`layer_steps`). Each step holds both of its forms side by side:
+
+- `run(rows)` computes it with the general kernels for a pass of rows: a prompt of n
+  tokens of one sequence, or one decode token each of n sequences (their rows then take
+  the batched decode kernels, each row equal to a one-token step bit for bit);
+- `bind(rows)` lays it out as kernel calls on fixed buffers for the bound decode step
+  (decode_step.py), which replays them for every token with no Python glue between.
+
+Both forms call the same compiled kernels in the same order, so the bound step equals
+the general path bit for bit. A switch (q/k norm, post norms, biases, a window, ...)
+is honoured by the step that owns it, in both forms, in this module.
+
+Steps hand values on through the rows' buffers: `h` the residual stream, `x` the normed
+input of the next block, `a` the output of the last block before its residual add. Each
+layer ends by norming `h` for whatever comes next (the next layer's attention, or the
+head), so a layer boundary costs one fused kernel in the bound step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from edgerun.arch.spec import ModelSpec
+from edgerun.ffn import DenseFFN, FFNExecutor, decode_rows
+from edgerun.ops import activations, qmatvec
+from edgerun.ops.norm import _rmsnorm_serial, rmsnorm
+from edgerun.ops.rope import rope_inplace
+from edgerun.ops.token_step import add_normed, attend_rows, attend_token
+from edgerun.quant.formats import QuantTensor
+from edgerun.weights import AttentionProjections, ResidentProjections
+
+__all__ = [
+    "Layer",
+    "Step",
+    "Rows",
+    "BoundRows",
+    "ATTEND",
+    "InputNorm",
+    "Attention",
+    "Residual",
+    "FeedForward",
+    "layer_steps",
+    "layer_matrices",
+]
+
+NONE = np.empty(0, np.float32)  # an absent bias or norm, as the fused kernels take it
+ATTEND = object()  # in a bound layout: the attention kernel, bound later to the caches
+
+
+class Layer:
+    """A layer's weights: norms, projections, optional biases and norms, the FFN."""
+
+    __slots__ = (
+        "attn_norm",
+        "q",
+        "k",
+        "v",
+        "o",
+        "attn_proj",
+        "ffn_norm",
+        "ffn",
+        "q_bias",
+        "k_bias",
+        "v_bias",
+        "q_norm",
+        "k_norm",
+        "post_attn_norm",
+        "post_ffn_norm",
+    )
+
+    attn_proj: AttentionProjections
+    ffn: FFNExecutor
+
+
+def layer_matrices(layer: Layer) -> list[QuantTensor]:
+    """A layer's attention matrices and, for a dense FFN, its three."""
+    ts = [layer.q, layer.k, layer.v, layer.o]
+    if type(layer.ffn) is DenseFFN:
+        ts += [layer.ffn.gate, layer.ffn.up, layer.ffn.down]
+    return ts
+
+
+class Rows:
+    """The general path's state while one pass runs through the layers.
+
+    decode: the rows are one decode token each of different sequences (batched decode
+    kernels, each row as a one-token step computes it); else one sequence's prompt.
+    attend(layer, q, k, v, window) stores k, v into the caches and returns the attention
+    context [n, q_dim]; rope(base) gives the (cos, sin) tables for the pass."""
+
+    __slots__ = ("h", "x", "a", "positions", "decode", "attend", "rope")
+
+    def __init__(
+        self,
+        h: np.ndarray,
+        positions: np.ndarray,
+        decode: bool,
+        attend: Callable[..., np.ndarray],
+        rope: Callable[[float], tuple[np.ndarray, np.ndarray]],
+    ) -> None:
+        self.h = h
+        self.x: np.ndarray | None = None
+        self.a: np.ndarray | None = None
+        self.positions = positions
+        self.decode = decode
+        self.attend = attend
+        self.rope = rope
+
+
+class BoundRows:
+    """Buffers of the bound decode step for n sequences (n = 1: one token), and the
+    kernel binders that match them."""
+
+    def __init__(self, spec: ModelSpec, n: int) -> None:
+        f32 = np.float32
+        self.n = n
+        self.h, self.x, self.a = (np.zeros((n, spec.d_model), f32) for _ in range(3))
+        self.q, self.ctx = np.zeros((n, spec.q_dim), f32), np.zeros((n, spec.q_dim), f32)
+        self.k, self.v = np.zeros((n, spec.kv_dim), f32), np.zeros((n, spec.kv_dim), f32)
+        self.g, self.u, self.act = (np.zeros((n, spec.d_ff), f32) for _ in range(3))
+        self.positions = np.zeros(n, np.int64)
+        self.bind = qmatvec.bound_matvecs if n == 1 else qmatvec.bound_matvecs_batch
+
+    def row(self, name: str) -> np.ndarray:
+        """A buffer as the kernels take it: its one row for one sequence, else all rows."""
+        buf = getattr(self, name)
+        return buf[0] if self.n == 1 else buf
+
+
+Call = tuple[Callable, tuple]
+
+
+class Step(Protocol):
+    def run(self, rows: Rows) -> None: ...
+
+    def bindable(self) -> bool:
+        """Whether `bind` covers this step's executors (resident weights)."""
+        ...
+
+    def bind(self, rows: BoundRows) -> list[Call | object]: ...
+
+
+class InputNorm:
+    """x = RMSNorm(h): the norm before the first layer (each layer norms for the next)."""
+
+    def __init__(self, weight: np.ndarray, eps: float) -> None:
+        self.weight, self.eps = weight, np.float64(eps)
+
+    def run(self, rows: Rows) -> None:
+        rows.x = rmsnorm(rows.h, self.weight, self.eps)
+
+    def bindable(self) -> bool:
+        return True
+
+    def bind(self, rows: BoundRows) -> list[Call | object]:
+        return [(_rmsnorm_serial, (rows.h, self.weight, self.eps, rows.x))]
+
+
+class Attention:
+    """a = o(attention(rope(norm(q/k + bias)), cache)) of x, storing k and v in the cache.
+
+    Its switches: q/k/v biases, per-head q/k RMSNorm, the layer's window and RoPE base."""
+
+    def __init__(self, spec: ModelSpec, layer: Layer, index: int) -> None:
+        self.spec, self.layer, self.index = spec, layer, index
+        self.window = spec.window(index)
+        self.base = spec.rope_base_of(index)
+        self.eps = np.float64(spec.norm_eps)
+        self.neox = spec.rope_style == "neox"
+
+    def heads(
+        self, qkv: list[np.ndarray], positions: np.ndarray, cos: np.ndarray, sin: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Projected q, k, v [n, dim] -> per-head, biased, q/k-normed and rotated."""
+        s, layer = self.spec, self.layer
+        q, k, v = qkv
+        n = q.shape[0]
+        if layer.q_bias is not None:
+            q += layer.q_bias
+            k += layer.k_bias
+            v += layer.v_bias
+        q = q.reshape(n, s.n_heads, s.head_dim)
+        k = k.reshape(n, s.n_kv_heads, s.head_dim)
+        v = v.reshape(n, s.n_kv_heads, s.head_dim)
+        if layer.q_norm is not None:
+            q = rmsnorm(q, layer.q_norm, self.eps)
+            k = rmsnorm(k, layer.k_norm, self.eps)
+        rope_inplace(q, positions, cos, sin, self.neox)
+        rope_inplace(k, positions, cos, sin, self.neox)
+        return q, k, v
+
+    def run(self, rows: Rows) -> None:
+        proj = self.layer.attn_proj
+        qkv = proj.qkv_batch(rows.x) if rows.decode else proj.qkv(rows.x)
+        q, k, v = self.heads(qkv, rows.positions, *rows.rope(self.base))
+        ctx = rows.attend(self.index, q, k, v, self.window)
+        rows.a = proj.out_batch(ctx) if rows.decode else proj.out(ctx)
+
+    def bindable(self) -> bool:
+        return type(self.layer.attn_proj) is ResidentProjections
+
+    def bind(self, rows: BoundRows) -> list[Call | object]:
+        p = self.layer.attn_proj
+        qkv = rows.bind((p.q, p.k, p.v), rows.row("x"), (rows.row("q"), rows.row("k"),
+                                                         rows.row("v")))  # fmt: skip
+        out = rows.bind((p.o,), rows.row("ctx"), (rows.row("a"),))
+        return [*qkv, ATTEND, *out]
+
+    def bind_attention(
+        self, rows: BoundRows, caches: list, cos: np.ndarray, sin: np.ndarray,
+        scores: np.ndarray, batch,
+    ) -> Call:  # fmt: skip
+        """The fused attention kernel (ops/token_step) on these caches: biases, q/k norm,
+        RoPE, the KV store and attention in one call. batch: the caches'
+        ops/attention.BatchAttention for several sequences (None for one)."""
+        layer = self.layer
+        vectors = tuple(
+            NONE if t is None else t
+            for t in (layer.q_bias, layer.k_bias, layer.v_bias, layer.q_norm, layer.k_norm)
+        )
+        s, li = self.spec, self.index
+        scale = np.float32(1.0 / np.sqrt(s.head_dim))
+        q, k, v, ctx = rows.row("q"), rows.row("k"), rows.row("v"), rows.row("ctx")
+        head = (q, k, v, *vectors, self.eps, rows.positions, cos, sin, self.neox)
+        window = np.int64(self.window)
+        if batch is None:
+            c = caches[0]
+            return attend_token, (*head, c.k[li], c.v[li], window, scale, scores, ctx)
+        shape = (rows.n, s.n_kv_heads, s.head_dim)
+        dtype = caches[0].k.dtype
+        kv_new = (np.zeros(shape, dtype), np.zeros(shape, dtype))
+        tail = (*kv_new, batch._kaddr, batch._vaddr, batch._nctx, np.int64(li), window, scale,
+                scores, ctx)  # fmt: skip
+        return attend_rows, (*head, *tail)
+
+
+class Residual:
+    """h += post_norm(a) (no post norm: a itself), then x = RMSNorm(h) for what follows."""
+
+    def __init__(self, post_norm: np.ndarray | None, norm: np.ndarray, eps: float) -> None:
+        self.post_norm, self.norm, self.eps = post_norm, norm, np.float64(eps)
+
+    def run(self, rows: Rows) -> None:
+        a = rows.a
+        if self.post_norm is not None:
+            a = rmsnorm(a, self.post_norm, self.eps)
+        rows.h += a
+        rows.x = rmsnorm(rows.h, self.norm, self.eps)
+
+    def bindable(self) -> bool:
+        return True
+
+    def bind(self, rows: BoundRows) -> list[Call | object]:
+        post = NONE if self.post_norm is None else self.post_norm
+        return [(add_normed, (rows.h, rows.a, post, self.eps, self.norm, rows.x))]
+
+
+class FeedForward:
+    """a = FFN(x) through the layer's executor (resident, offloaded or on a GPU)."""
+
+    def __init__(self, spec: ModelSpec, layer: Layer) -> None:
+        self.spec, self.layer = spec, layer
+
+    def run(self, rows: Rows) -> None:
+        ffn = self.layer.ffn
+        rows.a = decode_rows(ffn, rows.x) if rows.decode else ffn(rows.x)
+
+    def bindable(self) -> bool:
+        return type(self.layer.ffn) is DenseFFN
+
+    def bind(self, rows: BoundRows) -> list[Call | object]:
+        ffn = self.layer.ffn
+        glu = activations._glu_rows_serial
+        if rows.n * self.spec.d_ff >= activations.PARALLEL_MIN:
+            glu = activations._glu_rows  # as activations.glu chooses
+        gelu = activations._GELU[ffn.activation]
+        x, g, u, act, a = (rows.row(b) for b in ("x", "g", "u", "act", "a"))
+        return [
+            *rows.bind((ffn.gate, ffn.up), x, (g, u)),
+            (glu, (gelu, rows.g, rows.u, rows.act)),
+            *rows.bind((ffn.down,), act, (a,)),
+        ]
+
+
+def layer_steps(spec: ModelSpec, layer: Layer, index: int, next_norm: np.ndarray) -> list[Step]:
+    """Layer `index` as steps: pre-norm attention and FFN blocks, each added to the
+    residual stream (through the post norm where the spec has one), the stream then normed
+    by `next_norm` (the next layer's attention norm, or the output norm after the last)."""
+    eps = spec.norm_eps
+    return [
+        Attention(spec, layer, index),
+        Residual(layer.post_attn_norm, layer.ffn_norm, eps),
+        FeedForward(spec, layer),
+        Residual(layer.post_ffn_norm, next_norm, eps),
+    ]

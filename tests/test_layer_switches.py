@@ -1,0 +1,165 @@
+"""Every ModelSpec switch, on a tiny random model: the one layer definition (layer.py)
+gives the same logits and KV rows through the general path (prompt and batched decode)
+and through the bound decode step, bit for bit, and the switch changes the output."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from edgerun.arch.spec import ModelSpec
+from edgerun.decode_step import DecodeStep
+from edgerun.kvcache import KVCache
+from edgerun.model import Transformer
+from edgerun.quant.quantize import quantize_tensor
+from edgerun.weights import ResidentStore
+
+D, HEADS, KV_HEADS, HD, FF, VOCAB, LAYERS = 64, 4, 2, 16, 128, 160, 3
+
+BASE = ModelSpec(
+    arch="llama",
+    name="tiny",
+    n_layers=LAYERS,
+    d_model=D,
+    d_ff=FF,
+    n_heads=HEADS,
+    n_kv_heads=KV_HEADS,
+    head_dim=HD,
+    vocab_size=VOCAB,
+    context_length=64,
+    norm_eps=1e-5,
+    rope_base=10000.0,
+    rope_dim=HD,
+)
+
+SWITCHES = {
+    "plain": {},
+    "attn_bias": {"attn_bias": True},
+    "qk_norm": {"qk_norm": True},
+    "post_norms": {"post_norms": True},
+    "windows": {"layer_windows": (4, 0, 4)},
+    "rope_bases": {"layer_rope_bases": (10000.0, 1e6, 10000.0)},
+    "neox": {"rope_style": "neox"},
+    "gelu": {"activation": "gelu_tanh"},
+    "embed_scale": {"embed_scale": 8.0},
+    "softcap": {"final_logit_softcap": 3.0},
+}
+
+
+class _Reader:
+    """Tensors of a random model in memory, as a file reader hands them out."""
+
+    def __init__(self, spec: ModelSpec, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        s = spec
+        mats = {"token_embd": (s.vocab_size, s.d_model), "output": (s.vocab_size, s.d_model)}
+        vecs = {"output_norm": s.d_model}
+        roles = {
+            "attn_q": (s.q_dim, s.d_model),
+            "attn_k": (s.kv_dim, s.d_model),
+            "attn_v": (s.kv_dim, s.d_model),
+            "attn_output": (s.d_model, s.q_dim),
+            "ffn_gate": (s.d_ff, s.d_model),
+            "ffn_up": (s.d_ff, s.d_model),
+            "ffn_down": (s.d_model, s.d_ff),
+        }
+        layer_vecs = {
+            "attn_norm": s.d_model,
+            "ffn_norm": s.d_model,
+            "attn_q_bias": s.q_dim,
+            "attn_k_bias": s.kv_dim,
+            "attn_v_bias": s.kv_dim,
+            "attn_q_norm": s.head_dim,
+            "attn_k_norm": s.head_dim,
+            "post_attention_norm": s.d_model,
+            "post_ffw_norm": s.d_model,
+        }
+        self._t = {}
+        for role, shape in mats.items():
+            name = s.global_tensors[role]
+            self._t[name] = quantize_tensor(name, rng.normal(0, 0.5, shape), "q8_0")
+        for role, n in vecs.items():
+            name = s.global_tensors[role]
+            self._t[name] = quantize_tensor(name, rng.uniform(0.5, 1.5, n), "f32")
+        for i in range(s.n_layers):
+            for role, shape in roles.items():
+                name = s.layer_tensor(role, i)
+                self._t[name] = quantize_tensor(name, rng.normal(0, 0.2, shape), "q8_0")
+            for role, n in layer_vecs.items():
+                name = s.layer_tensor(role, i)
+                self._t[name] = quantize_tensor(name, rng.uniform(0.5, 1.5, n), "f32")
+
+    def tensor(self, name: str):
+        return self._t[name]
+
+    def tensor_names(self) -> list[str]:
+        return list(self._t)
+
+
+def _model(switch: str) -> Transformer:
+    spec = dataclasses.replace(BASE, **SWITCHES[switch])
+    return Transformer(spec, ResidentStore(_Reader(spec), "tiny"), "tiny")
+
+
+PROMPTS = [[1, 5, 9, 13, 40, 77, 2, 3], [4, 8], [150, 1, 2, 3, 5]]
+STEPS = [[7, 11, 19], [23, 42, 159], [0, 3, 5], [99, 98, 97]]
+
+
+def _run(tr: Transformer, bound: bool, batched: bool, kv_type: str):
+    """Prompts, then decode STEPS (batched: all sequences in one step; else one at a time)
+    with the bound step on or off. Returns the logits of every step and the caches."""
+    caches = [KVCache(tr.spec, 32, kv_type) for _ in PROMPTS]
+    out = [tr.forward(p, c, all_logits=True) for p, c in zip(PROMPTS, caches)]
+    for tokens in STEPS:
+        if bound:
+            tr._decode_step = None
+        else:  # the general path
+            tr._decode_step, tr._decode_key = False, tr._executors()
+        if batched:
+            out.append(tr.forward_batch(tokens, caches))
+        else:
+            out.append(np.stack([tr.forward([t], c) for t, c in zip(tokens, caches)]))
+        assert isinstance(tr._decode_step, DecodeStep) is bound
+    tr._decode_step = None
+    return out, caches
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+@pytest.mark.parametrize("switch", sorted(SWITCHES))
+def test_every_path_of_the_layer_is_bit_identical(switch, kv_type):
+    tr = _model(switch)
+    assert DecodeStep.supports(tr)
+    ref_logits, ref_caches = _run(tr, bound=False, batched=False, kv_type=kv_type)
+    for bound, batched in ((True, False), (False, True), (True, True)):
+        logits, caches = _run(tr, bound, batched, kv_type)
+        for a, b in zip(ref_logits, logits):
+            assert np.array_equal(a, b), (switch, bound, batched)
+        for a, b in zip(ref_caches, caches):
+            assert a.tokens == b.tokens
+            assert np.array_equal(a.k, b.k) and np.array_equal(a.v, b.v)
+    assert all(np.isfinite(x).all() for x in ref_logits)
+
+
+@pytest.mark.parametrize("switch", sorted(set(SWITCHES) - {"plain"}))
+def test_each_switch_changes_the_output(switch):
+    """A switch the layer ignored would pass the equality test above; its logits must
+    differ from the plain model's on the same weights."""
+    plain, _ = _run(_model("plain"), bound=True, batched=True, kv_type="f32")
+    other, _ = _run(_model(switch), bound=True, batched=True, kv_type="f32")
+    if switch == "windows":  # a window only matters past its width: the 8-token prompt
+        assert not np.array_equal(plain[0][-1], other[0][-1])
+    else:
+        assert not np.array_equal(plain[-1], other[-1])
+
+
+def test_the_program_is_the_layers_definition():
+    """The general path and the bound step both come from Transformer.program."""
+    tr = _model("post_norms")
+    assert len(tr.program) == LAYERS
+    kinds = [type(s).__name__ for s in tr.program[0]]
+    assert kinds == ["Attention", "Residual", "FeedForward", "Residual"]
+    # the last layer norms for the head, the others for the next layer
+    assert tr.program[-1][-1].norm is tr.output_norm
+    assert tr.program[0][-1].norm is tr.layers[1].attn_norm
