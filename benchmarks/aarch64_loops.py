@@ -24,8 +24,8 @@ from collections import Counter
 
 import numpy as np
 
-from edgerun.ops import qmatvec_portable as portable  # first: sets Numba's flags
-from edgerun.ops import qmatvec_vnni as int8
+from edgerun.ops import int8
+from edgerun.ops.portable import kernels as portable  # first: sets Numba's flags
 from edgerun.quant.formats import QuantType
 from edgerun.quant.reference import random_blocks
 

@@ -51,9 +51,9 @@ def main() -> None:
     args = ap.parse_args()
     if "vnni" not in qm.available_paths():
         sys.exit("needs a CPU with AVX-512 VNNI and AMX")
-    from edgerun.ops import qmatmul_amx as amx
-    from edgerun.ops import qmatmul_superblock as sb
-    from edgerun.ops import qmatvec_vnni as v
+    from edgerun.ops import amx
+    from edgerun.ops import int8 as v
+    from edgerun.ops.int8 import superblock as sb
 
     if not amx.available():
         sys.exit("this CPU or kernel has no AMX int8 tiles (or EDGERUN_AMX=0)")

@@ -30,7 +30,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from edgerun import _numba_env  # noqa: E402,F401
-from edgerun.ops import qmatvec_vnni as new_kernels  # noqa: E402
+from edgerun.ops import int8 as new_kernels  # noqa: E402
 from edgerun.quant.formats import QuantType  # noqa: E402
 from edgerun.quant.reference import random_blocks  # noqa: E402
 

@@ -18,7 +18,8 @@ import time
 import numpy as np
 
 import edgerun  # noqa: F401  (configures Numba before it is imported)
-from edgerun.ops import qmatvec_rows16 as r16
+from edgerun.ops.int8 import rows16 as r16
+from edgerun.ops.traits import TRAITS
 from edgerun.quant.formats import QuantType
 from edgerun.quant.quantize import quantize
 
@@ -48,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
     import numba
 
-    from edgerun.ops import qmatvec_vnni as v
+    from edgerun.ops import int8 as v
 
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
@@ -73,11 +74,11 @@ def main() -> None:
             if nv == 1:
                 e1 = np.zeros(0, np.float32)
                 a_row = (e2, e2, x[0], out[0], e1, e1)
-                fam = {"rows": (row_mv, raws, a_row), "rows16": (r16.MV16[qt], ils, a_row)}
+                fam = {"rows": (row_mv, raws, a_row), "rows16": (TRAITS[qt].mv16, ils, a_row)}
             else:
                 e = np.zeros((0, 0), np.float32)
                 a = (e2, e2, x, out, e, e)
-                fam = {"rows": (row_mvb, raws, a), "rows16": (r16.MVB16[qt], ils, a)}
+                fam = {"rows": (row_mvb, raws, a), "rows16": (TRAITS[qt].mvb16, ils, a)}
             times: dict[str, list[float]] = {k: [] for k in fam}
             for fn, mats, a in fam.values():
                 _pass(fn, mats, a)  # compile, warm

@@ -60,8 +60,8 @@ def main() -> None:
     args = ap.parse_args()
     if qm.kernel_path() not in qm.INT8_PATHS:
         sys.exit(f"needs an int8 kernel path; this CPU runs {qm.kernel_path()!r}")
-    from edgerun.ops import qmatmul_superblock as sb
-    from edgerun.ops import qmatvec_vnni as v
+    from edgerun.ops import int8 as v
+    from edgerun.ops.int8 import superblock as sb
 
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)

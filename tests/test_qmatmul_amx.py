@@ -24,8 +24,8 @@ from edgerun.quant.reference import dequantize, random_blocks
 if "vnni" not in qm.available_paths():
     pytest.skip("CPU without AVX-512 VNNI, so without AMX", allow_module_level=True)
 
-from edgerun.ops import qmatmul_amx as amx  # noqa: E402
-from edgerun.ops import qmatmul_superblock as sb  # noqa: E402
+from edgerun.ops import amx as amx  # noqa: E402
+from edgerun.ops.int8 import superblock as sb  # noqa: E402
 
 needs_amx = pytest.mark.skipif(not amx.available(), reason="CPU or kernel without AMX int8")
 
@@ -192,7 +192,7 @@ def test_bf16_gemm_on_real_weights(model, name):
     ref = X.astype(np.float64) @ dequantize(q, raw).astype(np.float64).T
     y = qm.matmul(w, X)
     old = np.empty_like(y)
-    from edgerun.ops import qmatvec_vnni as v
+    from edgerun.ops import int8 as v
 
     v.mm_int8(qm._MM_INT8[q], raw, X, old)
     assert _relerr(y, ref) < 2e-5

@@ -362,7 +362,7 @@ def test_env_var_forces_portable():
 def test_vnni_superblock_gemm_emits_vpdpwssd():
     from numba import njit
 
-    from edgerun.ops import qmatmul_superblock as sb
+    from edgerun.ops.int8 import superblock as sb
 
     fresh = njit(sb.mm_superblock.py_func)  # uncached and serial: inspect_asm needs a compile
     data = random_blocks(QuantType.Q4_K, 4, 256, np.random.default_rng(0)).view(np.uint8)
@@ -376,7 +376,7 @@ def test_vnni_superblock_gemm_emits_vpdpwssd():
 def test_vnni_kernel_emits_vpdpbusd():
     from numba import njit
 
-    from edgerun.ops import qmatvec_vnni as v
+    from edgerun.ops import int8 as v
 
     fresh = njit(parallel=True)(v.mv_q4_1.py_func)  # uncached: inspect_asm needs a compile
     e, e0 = np.empty((0, 1), np.uint8), np.empty(0, np.float32)
@@ -396,7 +396,7 @@ def test_int8_kernels_prefetch_ahead_on_long_rows():
     so check the instruction is there and the long-row result is right."""
     from numba import njit
 
-    from edgerun.ops import qmatvec_vnni as v
+    from edgerun.ops import int8 as v
 
     fresh = njit(parallel=True)(v.mv_q4_k.py_func)
     e, e0 = np.empty((0, 1), np.uint8), np.empty(0, np.float32)
@@ -416,7 +416,8 @@ _GENERIC_INT8 = r"""
 import sys
 import numpy as np
 from numba import njit
-from edgerun.ops import qmatvec as qm, qmatvec_vnni as v
+from edgerun.ops import int8 as v
+from edgerun.ops import qmatvec as qm
 from edgerun.quant.formats import QuantTensor, QuantType
 from edgerun.quant.reference import random_blocks
 assert qm.available_paths()[-1] == qm.kernel_path() == v.DOT == "int8", qm.available_paths()
@@ -523,7 +524,7 @@ def test_generic_int8_path_matches_avx2(tmp_path, monkeypatch):
 def test_avx2_kernel_emits_vpmaddwd(q):
     from numba import njit
 
-    from edgerun.ops import qmatvec_vnni as v
+    from edgerun.ops import int8 as v
 
     kernel = {QuantType.Q4_K: v.mv_q4_k, QuantType.Q8_0: v.mv_q8_0, QuantType.Q5_0: v.mv_q5_0}[q]
     fresh = njit(parallel=True)(kernel.py_func)  # uncached: inspect_asm needs a compile
@@ -541,8 +542,10 @@ def test_avx2_kernel_emits_vpmaddwd(q):
 def test_every_format_has_its_portable_kernels():
     # each format's kernels are rows of the kernel tables (no plug-ins): the portable
     # matvec, GEMM and embedding rows of every format, and its reference dequantizer
+    from edgerun.ops.traits import TRAITS
     from edgerun.quant.formats import FORMATS
 
+    assert set(TRAITS) == set(FORMATS)
     for q in FORMATS:
         w = _tensor(q, 3, 256, seed=int(q))
         x = np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""The interleaved decode copies (ops/qmatvec_rows16.py): the layout holds the file's
+"""The interleaved decode copies (ops/int8/rows16.py): the layout holds the file's
 blocks, the kernels match the references as the row kernels do, batched rows equal the
 single vector's bit for bit, and a resident model reads the copies end to end."""
 
@@ -43,7 +43,7 @@ def _tensor(q: QuantType, rows: int, cols: int, seed: int) -> QuantTensor:
 def _deinterleave(q: QuantType, il: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """float32 [rows, cols] from the interleaved bytes, in numpy (the layout, spelled
     independently of the kernels)."""
-    from edgerun.ops import qmatvec_rows16 as r16
+    from edgerun.ops.int8 import rows16 as r16
 
     kind = r16.KIND_OF[q]
     gb, nb = r16.GROUP_BYTES[kind], cols // 32

@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as G
 
 from edgerun.errors import InvalidArgumentError
-from edgerun.ops import qmatvec_lowbit as K
+from edgerun.ops.portable import lowbit as K
 from edgerun.quant import lowbit
 from edgerun.quant.formats import QuantType, row_bytes
 from edgerun.quant.quantize import make_qkx2_quants, parse_qtype, quantize, quantize_tensor

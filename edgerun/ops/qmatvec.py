@@ -20,13 +20,13 @@ match float32 to ~1e-4 -- and integer dot products with vpdpbusd, or on AVX2 vpm
 on the two levels as one int16 word; F32/F16/BF16 weights stay on the float kernels).
 Q4_K decode on the avx2 / int8 paths takes single-level int8 activations instead (one scale
 per 256 elements, refined per 32 by powers of two; activation_levels): 1.4-1.6x the
-two-level kernel, for logits ~1e-4 KL from float activations (qmatvec_vnni.q4_k_block8).
+two-level kernel, for logits ~1e-4 KL from float activations (int8.q4_k_block8).
 "int8" is the avx2 path's kernels spelled in LLVM's generic vector operations: the default
 on 64-bit ARM (NEON widening multiply-adds; run under qemu-user here, not yet on ARM
 hardware), anywhere with `EDGERUN_KERNELS=int8` (x86 compiles it to the avx2 path's
 instructions).
 On the vnni path a tensor with an interleaved copy (QuantTensor.interleaved, made by
-`interleave`: 16 rows per block of 32 in the lanes of one register, qmatvec_rows16)
+`interleave`: 16 rows per block of 32 in the lanes of one register, int8.rows16)
 decodes, and short prompts run (_batched_prefill), from the copy; batched rows equal
 single ones bit for bit. Longer prompts take the GEMMs on the mapped rows (reads_rows).
 On a 2-vCPU AVX2 EPYC the avx2 path runs Q4_K 5-7x and Q6_K 8-11x the portable one
@@ -48,10 +48,9 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from edgerun.errors import InvalidArgumentError  # noqa: E402
-from edgerun.ops import qmatvec_batch as _b  # noqa: E402
-from edgerun.ops import qmatvec_lowbit as _lowbit  # noqa: E402
-from edgerun.ops import qmatvec_portable as _p  # noqa: E402
 from edgerun.ops._simd import int8_dot  # noqa: E402
+from edgerun.ops.traits import NO_GEMM, ROUTES, TRAITS  # noqa: E402
+from edgerun.ops.traits import prefill_max as _prefill_max  # noqa: E402
 from edgerun.quant.formats import QuantTensor, QuantType, row_bytes  # noqa: E402
 from edgerun.quant.reference import dequantize  # noqa: E402
 
@@ -76,11 +75,6 @@ __all__ = [
     "warm_prefill",
 ]
 
-_MM_ROW_BLOCK = 16
-_MVB = {
-    **_b.BATCH_KERNELS,
-    QuantType.Q5_0: lambda d, x, o: _b.mvb_q5_0(d, x, o, _p.Q5_HBITS),
-}
 _NO_ROWS = np.empty((0, 1), np.uint8)
 # read-only like the weights (mapped, or set so at load): a kernel called with fewer than
 # three matrices then has the same signature as with three, so one compiled kernel
@@ -93,39 +87,16 @@ _NO_OUT2 = np.empty((0, 0), np.float32)
 
 
 # ------------------------------------------------------------------ kernel tables
-def _f32(d, x, o):
-    _p.mv_f32(d.view(np.float32), x, o)
-
-
-def _f16(d, x, o):
-    _p.mv_f16(d.view(np.uint16), x, o, False)
-
-
-def _bf16(d, x, o):
-    _p.mv_f16(d.view(np.uint16), x, o, True)
-
-
-def _q5_0(d, x, o):
-    _p.mv_q5_0(d, x, o, _p.Q5_HBITS)
-
-
-_MV_PORTABLE = {
-    QuantType.F32: _f32,
-    QuantType.F16: _f16,
-    QuantType.BF16: _bf16,
-    QuantType.Q8_0: _p.mv_q8_0,
-    QuantType.Q4_0: _p.mv_q4_0,
-    QuantType.Q4_1: _p.mv_q4_1,
-    QuantType.Q5_0: _q5_0,
-    QuantType.Q4_K: _p.mv_q4_k,
-    QuantType.Q6_K: _p.mv_q6_k,
-    QuantType.Q3_G64: _lowbit.mv_q3_g64,
-    QuantType.Q2_G64: _lowbit.mv_q2_g64,
-}
+# Every format's kernels are its row of ops/traits.py; these are that table's columns,
+# looked up by format on each call.
+_MV_PORTABLE = {q: t.matvec for q, t in TRAITS.items()}
+_MVB = {q: t.matvec_batch for q, t in TRAITS.items() if t.matvec_batch is not None}
+_MM_PORTABLE = {q: t.gemm for q, t in TRAITS.items()}
+_EMB = {q: t.embedding_rows for q, t in TRAITS.items()}
 
 # int8 paths: matvec kernels take three (data, out) slots: (d0, d1, d2, x, o0, o1, o2).
 # "vnni" (AVX-512 VNNI) and "avx2" (the same kernels built on vpmaddwd with int16
-# activations, qmatvec_vnni.DOT) run every block format, matvec and prefill GEMM.
+# activations, int8.DOT) run every block format, matvec and prefill GEMM.
 _MV3_INT8: dict = {}
 _MM_INT8: dict = {}
 _MVB_INT8: dict = {}
@@ -136,109 +107,36 @@ _MVB16: dict = {}
 PATHS: tuple[str, ...] = ("portable",)
 INT8_PATHS = ("avx2", "vnni", "int8")
 if int8_dot() is not None:
-    from edgerun.ops import qmatvec_vnni as _v
+    from edgerun.ops import int8 as _v
 
     PATHS = ("portable", _v.DOT)
-    _MV3_INT8 = {
-        QuantType.Q4_0: _v.mv_q4_0,
-        QuantType.Q4_1: _v.mv_q4_1,
-        QuantType.Q5_0: _v.mv_q5_0,
-        QuantType.Q8_0: _v.mv_q8_0,
-        QuantType.Q4_K: _v.mv_q4_k,
-        QuantType.Q6_K: _v.mv_q6_k,
-        QuantType.Q3_G64: _v.mv_q3_g64,
-        QuantType.Q2_G64: _v.mv_q2_g64,
-    }
-    _MM_INT8 = {
-        **{q: _p.KIND_OF[q] for q in _MV3_INT8 if q in _p.KIND_OF},
-        QuantType.Q3_G64: _v.KIND_Q3_G64,
-        QuantType.Q2_G64: _v.KIND_Q2_G64,
-    }
-    _MVB_INT8 = {
-        QuantType.Q4_0: _v.mvb_q4_0,
-        QuantType.Q4_1: _v.mvb_q4_1,
-        QuantType.Q5_0: _v.mvb_q5_0,
-        QuantType.Q8_0: _v.mvb_q8_0,
-        QuantType.Q4_K: _v.mvb_q4_k,
-        QuantType.Q6_K: _v.mvb_q6_k,
-        QuantType.Q3_G64: _v.mvb_q3_g64,
-        QuantType.Q2_G64: _v.mvb_q2_g64,
-    }
+    _MV3_INT8 = {q: t.mv3 for q, t in TRAITS.items() if t.mv3 is not None}
+    _MM_INT8 = {q: t.gemm_kind for q, t in TRAITS.items() if t.gemm_kind is not None}
+    _MVB_INT8 = {q: t.mvb3 for q, t in TRAITS.items() if t.mvb3 is not None}
     # K-quant prefill on every int8 path: one activation scale per super-block
-    # (qmatmul_superblock; 1.3-2.4x the per-32 GEMM on Zen 3 and Zen 4)
-    from edgerun.ops import qmatmul_superblock as _sb
+    # (int8.superblock; 1.3-2.4x the per-32 GEMM on Zen 3 and Zen 4)
+    from edgerun.ops.int8 import superblock as _sb
 
-    _MM_SUPERBLOCK = {QuantType.Q4_K: _sb.KIND_Q4_K, QuantType.Q6_K: _sb.KIND_Q6_K}
+    _MM_SUPERBLOCK = {
+        q: t.superblock_kind for q, t in TRAITS.items() if t.superblock_kind is not None
+    }
     if _v.DOT == "vnni":  # AMX CPUs all have AVX-512 VNNI
-        from edgerun.ops import qmatmul_amx as _amx
-        from edgerun.ops import qmatvec_rows16 as _r16
+        from edgerun.ops import amx as _amx
+        from edgerun.ops.int8 import rows16 as _r16
 
-        _MV16, _MVB16 = _r16.MV16, _r16.MVB16
-
-# the portable GEMM and embedding rows of the formats outside qmatvec_portable's kinds
-_MM_EXTRA: dict = {
-    QuantType.Q3_G64: _lowbit.mm_q3_g64,
-    QuantType.Q2_G64: _lowbit.mm_q2_g64,
-}
-_EMB_EXTRA: dict = {
-    QuantType.Q3_G64: _lowbit.emb_q3_g64,
-    QuantType.Q2_G64: _lowbit.emb_q2_g64,
-}
+        _MV16 = {q: t.mv16 for q, t in TRAITS.items() if t.mv16 is not None}
+        _MVB16 = {q: t.mvb16 for q, t in TRAITS.items() if t.mvb16 is not None}
 
 _path = PATHS[-1]
 _mv3: dict = _MV3_INT8  # the int8 3-slot kernels of the current path (empty: portable)
 _rows16 = _path == "vnni"  # whether decode reads interleaved copies where a tensor has one
-_use_amx = False  # the vnni path's prefill GEMMs on AMX tiles (qmatmul_amx)
+_use_amx = False  # the vnni path's prefill GEMMs on AMX tiles (amx)
 # Prompts of at most MVB_PREFILL_MAX[route][format] tokens take the batched decode kernels
-# (mvb_<fmt>: blocks read in place, no row unpack, a cost per token) instead of a GEMM (a
-# fixed cost per call for unpacking every weight row, then little per token); None holds
-# the route's figure for the other formats. Where they cross depends on the format, the
-# instruction set and on whether the GEMM runs on AMX tiles.
-# - "amx", "vnni" (AVX-512 GEMMs): whole forward, 2 threads, a 2-vCPU Xeon with AMX (KVM),
-#   the routes alternating in one process, ms per forward as batched / AMX / AVX-512:
-#   Qwen2.5-1.5B (Q4_K, Q6_K) 8 tokens 172 / 210 / 206, 12: 251 / 218 / 285, 16: 313 /
-#   226 / 307; Qwen2.5-0.5B (mostly Q5_0) 16: 124 / 175 / 183, 24: 172 / 183 / 223 (another
-#   run 150 / 120 / 157), 32: 227 / 132 / 221; SmolLM2 (Q4_1) 24: 49 / 54 / 64, 32: 61 /
-#   47 / 73, 64: 123 / 68 / 134; Gemma 3 270M 20: 48 / 54 / 52, 24: 57 / 52 / 60.
-# - "avx2": each format's matrices of the four registry models, 2 threads, a 2-vCPU
-#   Zen 3 EPYC (KVM), GEMM time over batched time at 4 / 8 / 12 / 16 / 24 / 32 tokens:
-#   Q4_K 1.18 / 0.90 / 0.83 / 0.74 / 0.67 / 0.56, Q6_K 0.82 / 0.63 / 0.52 / 0.49, Q5_0
-#   1.34 / 1.04 / 0.94 / 0.86, Q4_1 1.34 / 1.38 / 1.20 / 1.12 / 1.03 / 0.99, Q8_0 1.73 /
-#   1.35 / 1.17 / 1.12 / 1.02 / 0.97.
-#   Session 28, with the batched kernels of Q5_0 and the G64 formats on single-level int8
-#   (qmatvec_vnni's X1 formats) and Q4_K's (SB8_DECODE): the same ratio on the 1.5B / 0.5B / SmolLM2
-#   shapes, 2 threads (1 thread within 0.1), at 4 / 8 / 12 / 16 / 24 / 32 / 64 / 128 / 512
-#   tokens: Q4_K 1.45 / 1.15 / 1.04 / 0.99 / 0.95 / 0.91, Q6_K 1.00 / 0.78 / 0.68 / 0.65,
-#   Q8_0 1.18 / 1.08 / 1.01 / 0.97 / 0.93, Q5_0 2.02 / 1.51 / 1.48 / 1.41 / 1.31 / 1.29 /
-#   1.17 / 1.14 / 1.13, Q2_G64 (8 / 24 / 64 / 128 / 512) 1.52 / 1.20 / 1.11 / 1.09 / 1.00,
-#   Q3_G64 1.26 / 1.04 / 0.97 / 0.95. So Q5_0 never takes its GEMM here (NO_GEMM): its
-#   batched kernels read each weight block once per 4 tokens from L1 and multiply
-#   single-level int8, the GEMM two-level int16 words. (Q4_1 and Q4_0 on single-level
-#   int8 measured the same, 1.3-2.1x at every length, but keep two levels: see X1.)
-#   Session 29, the G64 formats' batched kernels on one activation scale per 64 (their
-#   halves added in int16, quantize_x1's span): GEMM over batched on the 0.5B and SmolLM2
-#   shapes at 8 / 32 / 64 / 128 / 512 tokens, 2 threads: Q3_G64 1.62 / 1.33 / 1.30 / 1.29 /
-#   1.22, Q2_G64 1.78 / 1.55 / 1.46 / 1.48 / 1.45 (1 thread at 8 / 64 / 512: 1.56 / 1.32 /
-#   1.29 and 1.90 / 1.50 / 1.45), so neither takes its GEMM either.
-#   Session 30, Q6_K's batched kernels on single-level int8 (Q6K_SB8): GEMM over batched on
-#   the 1.5B's Q6_K shapes at 2 / 4 / 6 / 8 / 12 / 16 tokens, 2 threads: 1.86 / 1.13 / 0.99
-#   / 0.81 / 0.74 / 0.68; 1 thread: 1.84 / 1.27 / 1.29 / 0.86 / 0.70 / 0.67.
-# - "int8" (generic vectors, e.g. ARM) has not been measured; it takes avx2's figures.
-NO_GEMM = 1 << 30  # a prompt length no prompt reaches: the format always takes mvb_<fmt>
-_MVB_AVX2 = {
-    QuantType.Q4_K: 14,
-    QuantType.Q6_K: 6,
-    QuantType.Q8_0: 12,
-    QuantType.Q5_0: NO_GEMM,
-    QuantType.Q3_G64: NO_GEMM,
-    QuantType.Q2_G64: NO_GEMM,
-    None: 24,
-}
+# instead of a GEMM: each format's crossovers are in its traits row (Traits.prefill_max,
+# with the measurements); None holds the route's figure for the other formats.
 MVB_PREFILL_MAX: dict[str, dict] = {
-    "amx": {QuantType.Q4_K: 10, QuantType.Q6_K: 10, None: 23},
-    "vnni": {QuantType.Q4_K: 14, QuantType.Q6_K: 14, None: 28},
-    "avx2": _MVB_AVX2,
-    "int8": _MVB_AVX2,
+    r: {**{q: t.prefill_max[r] for q, t in TRAITS.items()}, None: _prefill_max(r, None)}
+    for r in ROUTES
 }
 
 
@@ -274,7 +172,7 @@ def set_kernel_path(path: str = "auto") -> str:
 def uses_amx() -> bool:
     """True when prefill GEMMs run on AMX tiles (Intel Xeon 4th gen and newer;
     EDGERUN_AMX=0 turns it off): Q4_K/Q6_K on int8 tiles (the AVX-512 GEMM's integers),
-    the block-32 formats on bf16 tiles (qmatmul_amx)."""
+    the block-32 formats on bf16 tiles (amx)."""
     return _use_amx
 
 
@@ -343,7 +241,7 @@ def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
 
 
 # Prompts of at most this many tokens take an interleaved copy's batched kernels
-# (qmatvec_rows16) for the formats outside _MM_SUPERBLOCK; longer ones, and K-quant prompts
+# (int8.rows16) for the formats outside _MM_SUPERBLOCK; longer ones, and K-quant prompts
 # past mvb_prefill_max, the GEMMs on the mapped rows. Qwen2.5-0.5B (mostly Q5_0), whole
 # prompts, 2-vCPU Xeon with AMX, the copies against the rows' routes: 32 tokens 161 / 108
 # tok/s, 64: 169 / 149, 128: 258 / 299, 256: 188 / 209. Qwen2.5-1.5B with every Q4_K copy
@@ -369,16 +267,16 @@ def reads_rows(w: QuantTensor, ntokens: int) -> bool:
 
 
 def _x1_span(qtype: QuantType) -> int:
-    """Elements per activation scale where `qtype` is one of qmatvec_vnni's X1 formats
-    (their decode takes quantize_x1's single level; qmatvec_vnni.x1_span), else 0."""
+    """Elements per activation scale where `qtype` is one of int8's X1 formats
+    (their decode takes quantize_x1's single level; int8.x1_span), else 0."""
     return _v.x1_span.py_func(_MM_INT8[qtype]) if _path in INT8_PATHS and qtype in _MM_INT8 else 0
 
 
 def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
     """Whether `ntokens` rows meet `qtype` in the single-level int8 decode kernels, one
-    vector or a batch: Q4_K off the vnni path (qmatvec_vnni.SB8_DECODE, one scale per
+    vector or a batch: Q4_K off the vnni path (int8.SB8_DECODE, one scale per
     256 refined per 32) and Q6_K likewise (Q6K_SB8); Q5_0 and the G64 formats on every
-    int8 path (qmatvec_vnni's X1 formats, one scale per 32 or 64)."""
+    int8 path (int8's X1 formats, one scale per 32 or 64)."""
     if _path not in INT8_PATHS or not (ntokens == 1 or _mvb_prefill(qtype, ntokens)):
         return False
     return (
@@ -391,7 +289,7 @@ def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
 def activation_block(qtype: QuantType, ntokens: int) -> int:
     """Elements per activation scale when `ntokens` rows of x meet a `qtype` matrix on
     the current path (see quantize_x_reference): 256 for the K-quant prefill GEMM of the
-    int8 paths (qmatmul_superblock, and its AMX tiles) and for the single-level Q4_K
+    int8 paths (int8.superblock, and its AMX tiles) and for the single-level Q4_K
     and Q6_K decode kernels (activation_levels), X1's span for its formats' single-level
     decode (64 for the G64 formats), else 32 (prompts of at most mvb_prefill_max tokens,
     on the batched decode kernels, included)."""
@@ -629,7 +527,7 @@ def _format_runs(ws: Sequence[QuantTensor], kernels: dict, kernels16: dict):
 
 
 def _interleaved(w: QuantTensor) -> bool:
-    """Whether decode reads w's interleaved copy (qmatvec_rows16): on the vnni path."""
+    """Whether decode reads w's interleaved copy (int8.rows16): on the vnni path."""
     return _rows16 and w.interleaved is not None
 
 
@@ -653,7 +551,7 @@ def copy_bytes(w: QuantTensor) -> int:
 
 
 def interleave(w: QuantTensor) -> QuantTensor:
-    """w with a row-interleaved copy for the decode kernels (qmatvec_rows16) where this
+    """w with a row-interleaved copy for the decode kernels (int8.rows16) where this
     process runs them (the vnni path) and they cover its format; else w itself. The copy
     takes about as many bytes as w.data; long prompts' GEMMs still read w.data."""
     if not _gets_copy(w):
@@ -701,10 +599,8 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
         _amx.mm_bf16_amx(_MM_INT8[w.qtype], _data(w), x, out, 4 * numba.get_num_threads())
     elif _path in INT8_PATHS and w.qtype in _MM_INT8:
         _v.mm_int8(_MM_INT8[w.qtype], _data(w), x, out)
-    elif w.qtype in _MM_EXTRA:
-        _MM_EXTRA[w.qtype](_data(w), x, out)
     else:
-        _p.mm_kernel(_p.KIND_OF[w.qtype], _data(w), x, out, _MM_ROW_BLOCK)
+        _MM_PORTABLE[w.qtype](_data(w), x, out)
     return out
 
 
@@ -713,8 +609,8 @@ def matvec_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -
 
     Each row equals `matvec(w, x[v])` bit for bit (batched decode must not change a
     session's tokens). The block formats read each weight row once for all vectors: on
-    the int8 paths through qmatvec_vnni.mvb_<fmt> (each block unpacked once for 4
-    vectors), on the portable path through qmatvec_batch (each block unpacked
+    the int8 paths through int8.mvb_<fmt> (each block unpacked once for 4
+    vectors), on the portable path through portable.batch (each block unpacked
     once); other formats take one matvec per vector.
     """
     rows = w.shape[0]
@@ -791,10 +687,8 @@ def embedding_rows(w: QuantTensor, ids: np.ndarray) -> np.ndarray:
     if ids.size:
         if _interleaved(w):  # a tied head's copy, the only one kept (model.interleave_weights)
             _r16.embedding_rows16(_r16.KIND_OF[w.qtype], w.interleaved, ids, out)
-        elif w.qtype in _EMB_EXTRA:
-            _EMB_EXTRA[w.qtype](_data(w), ids, out)
         else:
-            _p.embedding_rows_kernel(_p.KIND_OF[w.qtype], _data(w), ids, out)
+            _EMB[w.qtype](_data(w), ids, out)
     return out
 
 
@@ -805,7 +699,7 @@ def quantize_x_reference(x: np.ndarray, block: int = 32, levels: int = 2) -> np.
 
     levels=2, per block: dx = max|x| / 127, q1 = rint(x / dx), q2 = rint((x - q1 dx) *
     128 / dx); returns (128 q1 + q2) * dx / 128 (float32), within dx / 256 of x.
-    levels=1, per block dx = max|x| / 127: blocks of 256 (qmatvec_vnni.quantize_x_sb8)
+    levels=1, per block dx = max|x| / 127: blocks of 256 (int8.quantize_x_sb8)
     refine it per 32 elements by the largest e <= 6 with 2^e max|x_32| <= max|x|,
     q = rint(x 2^e / dx), returning q dx / 2^e, within dx / 2^(e+1) of x; blocks of 32
     or 64 (quantize_x1) keep e = 0.

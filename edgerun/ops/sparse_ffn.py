@@ -63,7 +63,7 @@ _VNNI_KIND = {
 _HAS_INT8 = any(p in qmatvec.INT8_PATHS for p in qmatvec.available_paths())
 
 if _HAS_INT8:
-    from edgerun.ops import qmatvec_vnni as _v
+    from edgerun.ops import int8 as _v
 
     @njit(cache=True, nogil=True, parallel=True)
     def _mv_rows_vnni(kind, nib2, nunit, flat, stride, offset, idx, x, out):

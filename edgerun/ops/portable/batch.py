@@ -25,8 +25,7 @@ from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from edgerun.ops.qmatvec_portable import _f16at, _q4k_sm, block_sums, q6_value  # noqa: E402
-from edgerun.quant.formats import QuantType  # noqa: E402
+from edgerun.ops.portable.kernels import _f16at, _q4k_sm, block_sums, q6_value  # noqa: E402
 
 GROUP = 4  # vectors per pass over a row: 4 x 16 lane accumulators stay in registers
 F0 = np.float32(0.0)
@@ -167,7 +166,7 @@ def mvb_q4_1(data, X, out):
 
 @njit(parallel=True, cache=True, nogil=True)
 def mvb_q5_0(data, X, out, hb):
-    """hb: qmatvec_portable.Q5_HBITS (mv_q5_0's high-bit table, so the sums match)."""
+    """hb: portable.kernels.Q5_HBITS (mv_q5_0's high-bit table, so the sums match)."""
     rows = data.shape[0]
     nv, cols = X.shape
     nb = cols // 32
@@ -326,12 +325,3 @@ def mvb_q6_k(data, X, out):
                             acc[o + l] += dj * (wq[wo + l] * xb[l])
             for v in range(g):
                 out[v0 + v, r] = _hsum_at(acc, v * 16)
-
-
-BATCH_KERNELS = {
-    QuantType.Q8_0: mvb_q8_0,
-    QuantType.Q4_0: mvb_q4_0,
-    QuantType.Q4_1: mvb_q4_1,
-    QuantType.Q4_K: mvb_q4_k,
-    QuantType.Q6_K: mvb_q6_k,
-}

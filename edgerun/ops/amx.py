@@ -1,10 +1,10 @@
 """Prefill GEMMs on Intel AMX tiles: Q4_K / Q6_K on int8 tiles, the block formats on
 bf16 tiles (`mm_bf16_amx`, further down).
 
-K-quants: the same integers as `qmatmul_superblock`, 16 weight rows x 16 tokens at a time.
+K-quants: the same integers as `int8.superblock`, 16 weight rows x 16 tokens at a time.
 - A weight row is unpacked once per matmul into int16 w = q * sc (Q4_K, 0..945) or
   (q - 32) * sc (Q6_K, |w| <= 4096): the sub-block scales are folded in
-  (`qmatmul_superblock.prep_row_sb`). w is split into its low byte (u8) and its high
+  (`int8.superblock.prep_row_sb`). w is split into its low byte (u8) and its high
   byte (s8): w = 256 hi + lo.
 - Each token's super-block is quantize_x's word 128 q1 + q2 (|v| <= 16320, one scale per
   256 elements, `quantize_tokens_sb`), split likewise into xl (u8) and xh (s8), laid out
@@ -39,22 +39,26 @@ from llvmlite import ir  # noqa: E402
 from numba import njit, prange, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from edgerun.ops.qmatmul_superblock import q4k_sb_words, q6k_half_words, quantize_tokens_sb  # noqa: E402
-from edgerun.ops.qmatvec_portable import _f16at  # noqa: E402
-from edgerun.ops.qmatvec_vnni import (  # noqa: E402
+from edgerun.ops.int8.blocks import (  # noqa: E402
+    KIND_Q4_K,
+)
+from edgerun.ops.int8.gemm import (  # noqa: E402
+    prep_row,
+)
+from edgerun.ops.int8.ir import (  # noqa: E402
     _IR,
     F0,
     I8,
     I16,
     I32,
     I64,
-    KIND_Q4_K,
     V16F,
     V16I32,
     _store,
     _v,
-    prep_row,
 )
+from edgerun.ops.int8.superblock import q4k_sb_words, q6k_half_words, quantize_tokens_sb  # noqa: E402
+from edgerun.ops.portable.kernels import _f16at  # noqa: E402
 
 TILE = 16  # weight rows (and tokens) per tile
 CHUNK = 64  # columns per tile dot product (64 bytes a tile row)
@@ -272,7 +276,7 @@ def _put_bytes(r, wl_i, wh_i, wo):
 
 @intrinsic
 def prep_q4k_sb_bytes(typingctx, WL, WH, wo, wd, so, b16, bo, flat, o):
-    """`qmatmul_superblock.prep_q4k_sb` with the words stored as low bytes WL[wo:] and
+    """`int8.superblock.prep_q4k_sb` with the words stored as low bytes WL[wo:] and
     high bytes WH[wo:] (no int16 row in between)."""
 
     def codegen(context, builder, sig, args):
@@ -285,7 +289,7 @@ def prep_q4k_sb_bytes(typingctx, WL, WH, wo, wd, so, b16, bo, flat, o):
 
 @intrinsic
 def prep_q6k_half_bytes(typingctx, WL, WH, wo, flat, o, h):
-    """`qmatmul_superblock.st_q6k128` into low bytes WL[wo:] and high bytes WH[wo:]."""
+    """`int8.superblock.st_q6k128` into low bytes WL[wo:] and high bytes WH[wo:]."""
     if not isinstance(h, types.IntegerLiteral):
         return None
     hv = h.literal_value
@@ -300,7 +304,7 @@ def prep_q6k_half_bytes(typingctx, WL, WH, wo, flat, o, h):
 
 @njit(cache=True, nogil=True)
 def prep_row_bytes(kind, flat, base, cols, WL, WH, wo, wd, b16):
-    """`qmatmul_superblock.prep_row_sb` with the folded weights split into bytes:
+    """`int8.superblock.prep_row_sb` with the folded weights split into bytes:
     WL/WH[wo:wo+cols], wd [cols // 256] the super-block scales d, b16 [cols // 16] the
     Q4_K mins -dmin * m of each 16 elements."""
     nsb = cols // SUPER
@@ -578,7 +582,7 @@ def activation_bf16_tiles(X, ng2, c64):
 
 @njit(parallel=True, cache=True, nogil=True)
 def mm_bf16_amx(kind, data, X, out, nparts):
-    """out [n, rows] = X [n, cols] @ W.T for any format `qmatvec_vnni.prep_row` unpacks
+    """out [n, rows] = X [n, cols] @ W.T for any format `int8.prep_row` unpacks
     (cols % 32 == 0), on AMX bf16 tiles; the row tiles in nparts contiguous parts."""
     n, cols = X.shape
     c64 = (cols + 63) // 64 * 64

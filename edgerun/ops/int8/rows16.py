@@ -55,13 +55,13 @@ from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 from edgerun.ops._simd import h2f  # noqa: E402
-from edgerun.ops.qmatvec_portable import _q4k_sm  # noqa: E402
-from edgerun.ops.qmatvec_vnni import amax32, q8_16, qhalf  # noqa: E402
+from edgerun.ops.int8.activations import amax32, q8_16, qhalf  # noqa: E402
+from edgerun.ops.portable.kernels import _q4k_sm  # noqa: E402
 from edgerun.quant.formats import QuantType  # noqa: E402
 
 ROWS = 16  # rows a group interleaves (16 int32 lanes of a zmm)
 PASS = 4  # vectors a pass over a group (their accumulators stay in registers)
-PREFETCH_BYTES = 16384  # as the row kernels (qmatvec_vnni.PREFETCH_BYTES)
+PREFETCH_BYTES = 16384  # as the row kernels (int8.PREFETCH_BYTES)
 F0 = np.float32(0.0)
 
 KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q8_0, KIND_Q4_K, KIND_Q6_K = 0, 1, 2, 3, 4, 5
@@ -277,7 +277,7 @@ def _f16_at(il, g, o):
 @njit(cache=True, nogil=True)
 def quantize_x16(X, levels, xq, xd, xs, xf, xh):
     """X float32 [nv, cols] -> per vector and block of 32, as the row kernels quantize
-    (qmatvec_vnni.quantize_x, quantize_x1): xq int8 [nv, levels, cols] (q1, and q2 for
+    (int8.quantize_x, quantize_x1): xq int8 [nv, levels, cols] (q1, and q2 for
     two levels), xd float32 [nv, nb] the scale of the integer sums (dx, or dx / 128 for
     two levels), xs int32 [nv, nb] the sum of the integer activations (sum(q1), or
     sum(128 q1 + q2)), xf = xd * xs (Q4_1's m term), xh int32 [nv, 2 nb] those sums per
@@ -619,21 +619,3 @@ def mvb16_q4_k(d0, d1, d2, X, o0, o1, o2):
 @njit(parallel=True, cache=True, nogil=True)
 def mvb16_q6_k(d0, d1, d2, X, o0, o1, o2):
     _mv16(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
-
-
-MV16 = {
-    QuantType.Q4_0: mv16_q4_0,
-    QuantType.Q4_1: mv16_q4_1,
-    QuantType.Q5_0: mv16_q5_0,
-    QuantType.Q8_0: mv16_q8_0,
-    QuantType.Q4_K: mv16_q4_k,
-    QuantType.Q6_K: mv16_q6_k,
-}
-MVB16 = {
-    QuantType.Q4_0: mvb16_q4_0,
-    QuantType.Q4_1: mvb16_q4_1,
-    QuantType.Q5_0: mvb16_q5_0,
-    QuantType.Q8_0: mvb16_q8_0,
-    QuantType.Q4_K: mvb16_q4_k,
-    QuantType.Q6_K: mvb16_q6_k,
-}

@@ -1,6 +1,6 @@
 """Prefill GEMM for Q4_K and Q6_K on int16 words: integer accumulation over super-blocks.
 
-`qmatvec_vnni.mm_int8` scales every int32 lane in float (a convert, a multiply of the
+`int8.mm_int8` scales every int32 lane in float (a convert, a multiply of the
 weight and activation scales, an fma per 8 lanes and token), because its activations
 have one scale per 32 elements. Here each token has one activation scale per 256-element
 super-block, and the K-quant sub-block scales are folded into the weights when a row is
@@ -15,7 +15,7 @@ int32: 32 products per lane of at most 4096 * 16320 (Q6_K) is < 2^31.
 
 Measured on the Zen 3 EPYC (128 tokens, Qwen2.5-1.5B's shapes): 1.4-2.4x the per-32 GEMM
 (`benchmarks/superblock_gemm.py`, `benchmarks/results/superblock_gemm.txt`).
-Its int16 dot is `vpdpwssd` zmm on the "vnni" path and qmatvec_vnni's `_IR.madd16`
+Its int16 dot is `vpdpwssd` zmm on the "vnni" path and int8's `_IR.madd16`
 elsewhere (vpmaddwd on "avx2", generic IR on "int8"); qmatvec routes every int8 path's
 K-quant prefill here. On Zen 4 (vnni path) it ran 1.3-2.1x the per-32 vpdpbusd GEMM.
 Measured and not kept (Zen 3, avx2, session 30): two weight rows per step, so that each
@@ -36,14 +36,25 @@ from llvmlite import ir  # noqa: E402
 from numba import njit, prange, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from edgerun.ops.qmatvec_portable import _f16at  # noqa: E402
-from edgerun.ops.qmatvec_vnni import (  # noqa: E402
+from edgerun.ops.int8.activations import (  # noqa: E402
+    amax32,
+)
+from edgerun.ops.int8.blocks import (  # noqa: E402
+    KIND_Q4_K,
+    KIND_Q6_K,
+    q4k_nibbles,
+    q4k_scale_bytes,
+)
+from edgerun.ops.int8.gemm import (  # noqa: E402
+    fma16,
+    hsum4x16,
+    q6_half_bytes,
+)
+from edgerun.ops.int8.ir import (  # noqa: E402
     _IR,
     F0,
     I16,
     I32,
-    KIND_Q4_K,
-    KIND_Q6_K,
     V8F,
     V8I32,
     V16F,
@@ -53,14 +64,9 @@ from edgerun.ops.qmatvec_vnni import (  # noqa: E402
     _v,
     acc4,
     acc16,
-    amax32,
-    fma16,
-    hsum4x16,
-    q4k_nibbles,
-    q4k_scale_bytes,
-    q6_half_bytes,
 )
-from edgerun.ops.qmatvec_vnni import DOT as _DOT  # noqa: E402
+from edgerun.ops.int8.ir import DOT as _DOT  # noqa: E402
+from edgerun.ops.portable.kernels import _f16at  # noqa: E402
 
 SUPER = 256  # elements per K-quant super-block (one activation scale each)
 _RB = 16  # weight rows unpacked per parallel task

@@ -24,7 +24,6 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from edgerun.ops._simd import bf2f, dot16, h2f, hsum16, stack16, u2f  # noqa: E402
-from edgerun.quant.formats import QuantType  # noqa: E402
 
 F0 = np.float32(0.0)
 
@@ -298,18 +297,6 @@ KIND_Q4_1 = 5
 KIND_Q5_0 = 6
 KIND_Q4_K = 7
 KIND_Q6_K = 8
-
-KIND_OF: dict[QuantType, int] = {
-    QuantType.F32: KIND_F32,
-    QuantType.F16: KIND_F16,
-    QuantType.BF16: KIND_BF16,
-    QuantType.Q8_0: KIND_Q8_0,
-    QuantType.Q4_0: KIND_Q4_0,
-    QuantType.Q4_1: KIND_Q4_1,
-    QuantType.Q5_0: KIND_Q5_0,
-    QuantType.Q4_K: KIND_Q4_K,
-    QuantType.Q6_K: KIND_Q6_K,
-}
 
 
 @njit(cache=True, nogil=True)

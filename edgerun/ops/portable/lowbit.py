@@ -1,7 +1,7 @@
 """Portable Numba kernels for edgerun's low-bit formats Q3_G64 and Q2_G64.
 
 Layouts: see edgerun.quant.lowbit (64-element blocks, x = d * q + m; one byte per lane
-holds elements l, 16+l, 32+l, 48+l). The kernels follow qmatvec_portable's recipe: 16
+holds elements l, 16+l, 32+l, 48+l). The kernels follow portable.kernels's recipe: 16
 lane accumulators, the block min factored out as m * sum(x_block) with the block sums
 computed once per call, float32 throughout.
 
@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from edgerun.ops._simd import dot16, hsum16, stack16  # noqa: E402
-from edgerun.ops.qmatvec_portable import _f16at, block_sums  # noqa: E402
+from edgerun.ops.portable.kernels import _f16at, block_sums  # noqa: E402
 
 F0 = np.float32(0.0)
 

@@ -1,0 +1,200 @@
+"""The kernel traits table: ONE row per format, its kernels on every path (ggml's
+type_traits_cpu).
+
+A row names the format's portable kernels (float32, any CPU), its int8 kernels (the vnni,
+avx2 and int8 paths: 3-slot matvec, batched decode, GEMM kind, K-quant super-block GEMM
+kind), its kernels on the vnni path's 16-row interleaved copies, and its batched/GEMM
+crossover per prefill route. None: the format has no kernel on that path and takes the
+next one (qmatvec). ops/qmatvec dispatches through this table only; a new format is one
+row here plus its kernels in portable/, int8/ (and rows16 for interleaved copies).
+
+Defining the int8 kernels is harmless on any CPU (running the x86 forms elsewhere is not):
+qmatvec only calls them on the paths int8_dot() allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgerun.ops.int8 import batch as _ib
+from edgerun.ops.int8 import blocks as _ik
+from edgerun.ops.int8 import matvec as _im
+from edgerun.ops.int8 import rows16 as _r16
+from edgerun.ops.int8 import superblock as _sb
+from edgerun.ops.portable import batch as _pb
+from edgerun.ops.portable import kernels as _p
+from edgerun.ops.portable import lowbit as _pl
+from edgerun.quant.formats import QuantType
+
+__all__ = ["NO_GEMM", "ROUTES", "TRAITS", "Traits", "prefill_max"]
+
+_MM_ROW_BLOCK = 16  # weight rows the portable GEMM dequantizes per chunk
+
+NO_GEMM = 1 << 30  # a prompt length no prompt reaches: the format always takes mvb_<fmt>
+ROUTES = ("amx", "vnni", "avx2", "int8")
+# Crossovers (Traits.prefill_max): prompts of at most prefill_max[route] tokens take the
+# batched decode kernels (mvb_<fmt>: blocks read in place, no row unpack, a cost per token)
+# instead of a GEMM (a fixed cost per call for unpacking every weight row, then little per
+# token); _ROUTE_DEFAULT holds the route's figure for the formats that set none. Where they
+# cross depends on the format, the instruction set and on whether the GEMM runs on AMX tiles.
+# - "amx", "vnni" (AVX-512 GEMMs): whole forward, 2 threads, a 2-vCPU Xeon with AMX (KVM),
+#   the routes alternating in one process, ms per forward as batched / AMX / AVX-512:
+#   Qwen2.5-1.5B (Q4_K, Q6_K) 8 tokens 172 / 210 / 206, 12: 251 / 218 / 285, 16: 313 /
+#   226 / 307; Qwen2.5-0.5B (mostly Q5_0) 16: 124 / 175 / 183, 24: 172 / 183 / 223 (another
+#   run 150 / 120 / 157), 32: 227 / 132 / 221; SmolLM2 (Q4_1) 24: 49 / 54 / 64, 32: 61 /
+#   47 / 73, 64: 123 / 68 / 134; Gemma 3 270M 20: 48 / 54 / 52, 24: 57 / 52 / 60.
+# - "avx2": each format's matrices of the four registry models, 2 threads, a 2-vCPU
+#   Zen 3 EPYC (KVM), GEMM time over batched time at 4 / 8 / 12 / 16 / 24 / 32 tokens:
+#   Q4_K 1.18 / 0.90 / 0.83 / 0.74 / 0.67 / 0.56, Q6_K 0.82 / 0.63 / 0.52 / 0.49, Q5_0
+#   1.34 / 1.04 / 0.94 / 0.86, Q4_1 1.34 / 1.38 / 1.20 / 1.12 / 1.03 / 0.99, Q8_0 1.73 /
+#   1.35 / 1.17 / 1.12 / 1.02 / 0.97.
+#   Session 28, with the batched kernels of Q5_0 and the G64 formats on single-level int8
+#   (int8's X1 formats) and Q4_K's (SB8_DECODE): the same ratio on the 1.5B / 0.5B / SmolLM2
+#   shapes, 2 threads (1 thread within 0.1), at 4 / 8 / 12 / 16 / 24 / 32 / 64 / 128 / 512
+#   tokens: Q4_K 1.45 / 1.15 / 1.04 / 0.99 / 0.95 / 0.91, Q6_K 1.00 / 0.78 / 0.68 / 0.65,
+#   Q8_0 1.18 / 1.08 / 1.01 / 0.97 / 0.93, Q5_0 2.02 / 1.51 / 1.48 / 1.41 / 1.31 / 1.29 /
+#   1.17 / 1.14 / 1.13, Q2_G64 (8 / 24 / 64 / 128 / 512) 1.52 / 1.20 / 1.11 / 1.09 / 1.00,
+#   Q3_G64 1.26 / 1.04 / 0.97 / 0.95. So Q5_0 never takes its GEMM here (NO_GEMM): its
+#   batched kernels read each weight block once per 4 tokens from L1 and multiply
+#   single-level int8, the GEMM two-level int16 words. (Q4_1 and Q4_0 on single-level
+#   int8 measured the same, 1.3-2.1x at every length, but keep two levels: see X1.)
+#   Session 29, the G64 formats' batched kernels on one activation scale per 64 (their
+#   halves added in int16, quantize_x1's span): GEMM over batched on the 0.5B and SmolLM2
+#   shapes at 8 / 32 / 64 / 128 / 512 tokens, 2 threads: Q3_G64 1.62 / 1.33 / 1.30 / 1.29 /
+#   1.22, Q2_G64 1.78 / 1.55 / 1.46 / 1.48 / 1.45 (1 thread at 8 / 64 / 512: 1.56 / 1.32 /
+#   1.29 and 1.90 / 1.50 / 1.45), so neither takes its GEMM either.
+#   Session 30, Q6_K's batched kernels on single-level int8 (Q6K_SB8): GEMM over batched on
+#   the 1.5B's Q6_K shapes at 2 / 4 / 6 / 8 / 12 / 16 tokens, 2 threads: 1.86 / 1.13 / 0.99
+#   / 0.81 / 0.74 / 0.68; 1 thread: 1.84 / 1.27 / 1.29 / 0.86 / 0.70 / 0.67.
+# - "int8" (generic vectors, e.g. ARM) has not been measured; it takes avx2's figures.
+_ROUTE_DEFAULT = {"amx": 23, "vnni": 28, "avx2": 24, "int8": 24}
+
+
+def _xover(amx: int | None = None, vnni: int | None = None, avx2: int | None = None) -> dict:
+    """A format's prefill_max per route; "int8" takes avx2's figure (not measured)."""
+    avx2 = _ROUTE_DEFAULT["avx2"] if avx2 is None else avx2
+    return {
+        "amx": _ROUTE_DEFAULT["amx"] if amx is None else amx,
+        "vnni": _ROUTE_DEFAULT["vnni"] if vnni is None else vnni,
+        "avx2": avx2,
+        "int8": avx2,
+    }
+
+
+@dataclass(frozen=True)
+class Traits:
+    """One format's kernels. Portable ones take raw uint8 blocks [rows, row_bytes]:
+    matvec(data, x, out), matvec_batch(data, X, out), gemm(data, X, out),
+    embedding_rows(data, ids, out). int8 ones: mv3 / mvb3(d0, d1, d2, x, o0, o1, o2) for
+    up to three matrices sharing x; gemm_kind is int8.gemm.mm_int8's kind,
+    superblock_kind int8.superblock's. mv16 / mvb16 run on interleaved copies."""
+
+    matvec: Callable
+    gemm: Callable
+    embedding_rows: Callable
+    matvec_batch: Callable | None = None
+    mv3: Callable | None = None
+    mvb3: Callable | None = None
+    gemm_kind: int | None = None
+    superblock_kind: int | None = None
+    mv16: Callable | None = None
+    mvb16: Callable | None = None
+    prefill_max: dict = field(default_factory=_xover)
+
+
+# portable bindings of the kernels that take a view or a table
+def _mv_f32(d, x, o):
+    _p.mv_f32(d.view(np.float32), x, o)
+
+
+def _mv_f16(d, x, o):
+    _p.mv_f16(d.view(np.uint16), x, o, False)
+
+
+def _mv_bf16(d, x, o):
+    _p.mv_f16(d.view(np.uint16), x, o, True)
+
+
+def _mv_q5_0(d, x, o):
+    _p.mv_q5_0(d, x, o, _p.Q5_HBITS)
+
+
+def _mvb_q5_0(d, x, o):
+    _pb.mvb_q5_0(d, x, o, _p.Q5_HBITS)
+
+
+def _gemm(kind: int) -> Callable:
+    def gemm(data, X, out):
+        _p.mm_kernel(kind, data, X, out, _MM_ROW_BLOCK)
+
+    return gemm
+
+
+def _embedding_rows(kind: int) -> Callable:
+    def embedding_rows(data, ids, out):
+        _p.embedding_rows_kernel(kind, data, ids, out)
+
+    return embedding_rows
+
+
+def _portable(kind: int) -> dict:
+    return {"gemm": _gemm(kind), "embedding_rows": _embedding_rows(kind)}
+
+
+TRAITS: dict[QuantType, Traits] = {
+    QuantType.F32: Traits(_mv_f32, **_portable(_p.KIND_F32)),
+    QuantType.F16: Traits(_mv_f16, **_portable(_p.KIND_F16)),
+    QuantType.BF16: Traits(_mv_bf16, **_portable(_p.KIND_BF16)),
+    QuantType.Q8_0: Traits(
+        _p.mv_q8_0, **_portable(_p.KIND_Q8_0), matvec_batch=_pb.mvb_q8_0,
+        mv3=_im.mv_q8_0, mvb3=_ib.mvb_q8_0, gemm_kind=_ik.KIND_Q8_0,
+        mv16=_r16.mv16_q8_0, mvb16=_r16.mvb16_q8_0, prefill_max=_xover(avx2=12),
+    ),
+    QuantType.Q4_0: Traits(
+        _p.mv_q4_0, **_portable(_p.KIND_Q4_0), matvec_batch=_pb.mvb_q4_0,
+        mv3=_im.mv_q4_0, mvb3=_ib.mvb_q4_0, gemm_kind=_ik.KIND_Q4_0,
+        mv16=_r16.mv16_q4_0, mvb16=_r16.mvb16_q4_0,
+    ),
+    QuantType.Q4_1: Traits(
+        _p.mv_q4_1, **_portable(_p.KIND_Q4_1), matvec_batch=_pb.mvb_q4_1,
+        mv3=_im.mv_q4_1, mvb3=_ib.mvb_q4_1, gemm_kind=_ik.KIND_Q4_1,
+        mv16=_r16.mv16_q4_1, mvb16=_r16.mvb16_q4_1,
+    ),
+    QuantType.Q5_0: Traits(
+        _mv_q5_0, **_portable(_p.KIND_Q5_0), matvec_batch=_mvb_q5_0,
+        mv3=_im.mv_q5_0, mvb3=_ib.mvb_q5_0, gemm_kind=_ik.KIND_Q5_0,
+        mv16=_r16.mv16_q5_0, mvb16=_r16.mvb16_q5_0, prefill_max=_xover(avx2=NO_GEMM),
+    ),
+    QuantType.Q4_K: Traits(
+        _p.mv_q4_k, **_portable(_p.KIND_Q4_K), matvec_batch=_pb.mvb_q4_k,
+        mv3=_im.mv_q4_k, mvb3=_ib.mvb_q4_k, gemm_kind=_ik.KIND_Q4_K,
+        superblock_kind=_sb.KIND_Q4_K, mv16=_r16.mv16_q4_k, mvb16=_r16.mvb16_q4_k,
+        prefill_max=_xover(amx=10, vnni=14, avx2=14),
+    ),
+    QuantType.Q6_K: Traits(
+        _p.mv_q6_k, **_portable(_p.KIND_Q6_K), matvec_batch=_pb.mvb_q6_k,
+        mv3=_im.mv_q6_k, mvb3=_ib.mvb_q6_k, gemm_kind=_ik.KIND_Q6_K,
+        superblock_kind=_sb.KIND_Q6_K, mv16=_r16.mv16_q6_k, mvb16=_r16.mvb16_q6_k,
+        prefill_max=_xover(amx=10, vnni=14, avx2=6),
+    ),
+    QuantType.Q3_G64: Traits(
+        _pl.mv_q3_g64, _pl.mm_q3_g64, _pl.emb_q3_g64,
+        mv3=_im.mv_q3_g64, mvb3=_ib.mvb_q3_g64, gemm_kind=_ik.KIND_Q3_G64,
+        prefill_max=_xover(avx2=NO_GEMM),
+    ),
+    QuantType.Q2_G64: Traits(
+        _pl.mv_q2_g64, _pl.mm_q2_g64, _pl.emb_q2_g64,
+        mv3=_im.mv_q2_g64, mvb3=_ib.mvb_q2_g64, gemm_kind=_ik.KIND_Q2_G64,
+        prefill_max=_xover(avx2=NO_GEMM),
+    ),
+}  # fmt: skip
+
+
+def prefill_max(route: str, qtype: QuantType | None) -> int:
+    """The most prompt tokens for which `qtype` takes the batched decode kernels on
+    `route` (one of ROUTES); None or a format without a row: the route's default."""
+    t = TRAITS.get(qtype)
+    return _ROUTE_DEFAULT[route] if t is None else t.prefill_max[route]
