@@ -29,6 +29,7 @@ from edgerun.errors import InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import read_gguf
 from edgerun.kvcache import KVCache, check_kv_type
 from edgerun.model import Transformer
+from edgerun.offload.budget import BudgetKeeper, drop_load_page_cache, trim_heap_after_prompt_chunk
 from edgerun.prefix_cache import PrefixCache
 from edgerun.sched.batching import BatchScheduler, Serving
 from edgerun.sched.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
@@ -211,7 +212,7 @@ class Model:
             ram_budget, self.auto_budget_note = self._auto_budget(kv_type, headroom)
         offloading = placed or ram_budget is not None  # given, or planned just now
         self.store = None  # built below: resident, or by _offload once the plan is known
-        self.kv_loan = None  # offload/kv_loan.KVLoan: rows held on the unwritten KV reserve
+        self.budget_keeper: BudgetKeeper | None = None  # a budgeted load's hooks
         if interleave and offloading:
             raise InvalidArgumentError(
                 "interleave=True: the interleaved decode copies are for resident models, "
@@ -260,6 +261,23 @@ class Model:
             self._offload(ram_budget, offload, offload_options, gpu_budget, gpu_device)
             if self.auto_threads:
                 self.governor.decode_reserve = self.reader_cores()
+        lock = threading.RLock()
+        if offloading:
+            sha = None
+            if self.plan.head_candidates:  # a head sketch is keyed by the model file
+                sha = getattr(registry.find_by_file(self.path), "sha256", None)
+            self.budget_keeper = BudgetKeeper(
+                self.plan,
+                self.store,
+                self.transformer,
+                self.tokenizer,
+                self.kv_type,
+                self.prefill_chunk,
+                lock,
+                registry.cache_dir(),
+                self.path,
+                sha,
+            )
         # What every driver (generate, sessions, the server) shares. Under a RAM budget the
         # plan reserves one n_ctx window of KV cache; concurrent requests share it
         # (sched/batching.BatchScheduler admits by it).
@@ -269,12 +287,12 @@ class Model:
             self.n_ctx,
             self.kv_type,
             self.governor,
-            lock=threading.RLock(),
+            lock=lock,
             prefill_chunk=self.prefill_chunk,
             kv_budget_tokens=self.n_ctx if ram_budget is not None else None,
             hooks=EngineHooks(
                 after_warm_up=self._after_warm_up if offloading else None,
-                after_prompt_chunk=self.after_prompt_chunk,
+                after_prompt_chunk=trim_heap_after_prompt_chunk if ram_budget is not None else None,
             ),
             settings=self.settings,
             path=self.path,
@@ -549,7 +567,7 @@ class Model:
         # weights arrive (Qwen2.5-1.5B at 800M: ~90 MiB over at the load's peak); drop it
         # now, and again once the kernels are loaded (after_warm_up), and keep LLVM's
         # faults from reading ahead while they load.
-        self._drop_page_cache()
+        drop_load_page_cache(self.plan)
         if self.plan.mode != "resident":
             from edgerun.offload.io import (
                 random_access_large_libraries,
@@ -604,7 +622,7 @@ class Model:
                 from edgerun.offload.store import release_file_pages
 
                 release_file_pages(self.file)  # the moved weights were read once, here
-        self._drop_page_cache()
+        drop_load_page_cache(self.plan)
 
     def reader_cores(self) -> int:
         """Cores a decode step leaves to the weight readers (sched/cpu_share.ThreadGovernor):
@@ -617,140 +635,14 @@ class Model:
         return 1 if streams and self.threads > 1 else 0
 
     def _after_warm_up(self) -> None:
-        """Once the kernels are loaded: drop the page cache the load left and, where the
-        plan deferred FFN rows, give LLVM's pages back and hold that many more rows.
-        The warm-up's transient allocations leave free pages in the C heap (22 MiB on the
-        1.5B at 800M), which glibc keeps unless trimmed."""
-        from edgerun.sysinfo import return_free_heap_to_os
+        """Engine hook of a budgeted load (offload/budget.BudgetKeeper.after_warm_up)."""
+        self.budget_keeper.after_warm_up(self.generator.cache, KV_LOAN_MARGIN)
 
-        return_free_heap_to_os()
-        self._drop_page_cache()
-        store = self.store
-        deferred = getattr(self.plan, "deferred_bytes", 0)
-        if deferred and hasattr(store, "hold_more"):
-            from edgerun.offload.io import page_out_large_libraries
-
-            freed = page_out_large_libraries()
-            with self.compute_lock:
-                store.hold_more(min(freed, deferred))
-        self._sketch_head()
-        self._lend_kv_reserve()
-
-    def _sketch_head(self) -> None:
-        """Where the plan reads only candidate rows of a streamed head: load the head's
-        sketch (fit it on calibration text the first time, offload/head.py) and swap
-        the streamed head for one that reads the rows it picks."""
-        if not self.plan.head_candidates:  # only dense plans of an untied head set it
-            return
-        from edgerun.corpus import calibration_code, calibration_text
-        from edgerun.offload import head as hd
-
-        found = self.store.head_split()
-        if found is None:
-            return
-        m, offset = found
-        opts = self.store.options
-        first = m.held_rows
-        sha = getattr(registry.find_by_file(self.path), "sha256", None)
-        path = hd.sketch_path(
-            registry.cache_dir(), self.path, hd.source_key(self.path, sha), first, opts.head_rank
-        )
-        with self.compute_lock:
-            sketch = hd.load_sketch(path, m.template, first, opts.head_rank)
-            if sketch is None:
-                # independent windows of one prompt chunk: the KV cache they need is one
-                # chunk's (3.6 MiB on the 1.5B), the temporaries the plan's step margin;
-                # half prose, half code (a prose-only basis ranked code rows worse)
-                # (written into one array: a list of windows and its concatenation held
-                # the 6 MiB of states twice at the first run's peak)
-                half = hd.CALIBRATION_TOKENS // 2
-                step = self.prefill_chunk
-                cache = KVCache(self.spec, step, self.kv_type)
-                texts = [
-                    self.tokenizer.encode(t[: 16 * half])[:half]
-                    for t in (calibration_text(), calibration_code())
-                ]
-                hidden = np.empty((sum(map(len, texts)), self.spec.d_model), np.float32)
-                at = 0
-                for ids in texts:
-                    for i in range(0, len(ids), step):
-                        cache.clear()
-                        part = self.transformer.final_hidden(ids[i : i + step], cache)
-                        hidden[at : at + len(part)] = part
-                        at += len(part)
-                del cache, part
-                sketch = hd.fit_sketch(
-                    m.template, self.store.flash_reader, offset, hidden, first, opts.head_rank
-                )
-                hd.save_sketch(path, sketch, m.template)
-            self.transformer.head = self.store.sketch_head(sketch, opts.head_candidates)
-
-    def after_prompt_chunk(self) -> None:
-        """Under a RAM budget, give the C heap's free pages back after each prompt chunk.
-        Why: a chunk's arrays under glibc's 1 MiB mmap threshold (q/k/v, norms: 0.8 MB a
-        224-token chunk of Qwen2.5-0.5B) fragment the heap, which grew 91 -> 130 MiB over
-        a 1990-token prompt and kept it: the prompt peaked at 436 MB against 419."""
-        if self.kv_budget_tokens is not None:
-            from edgerun.sysinfo import return_free_heap_to_os
-
-            return_free_heap_to_os()
-
-    def _lend_kv_reserve(self) -> None:
-        """Dense offloading: hold more FFN rows on the memory the budget reserves but the
-        process does not use yet (the KV cache's unwritten pages, the prompt step's
-        temporaries, the plan's margins), given back before it is needed
-        (offload/kv_loan.py)."""
-        from edgerun.kvcache import KV_TYPES
-        from edgerun.offload.kv_loan import PAGE_BYTES, KVLoan
-        from edgerun.sched.placement import STEP_MARGIN_BYTES
-        from edgerun.sysinfo import return_free_heap_to_os
-
-        store, p, spec = self.store, self.plan, self.spec
-        tiers = getattr(getattr(store, "options", None), "kv_loan_tiers", 0)
-        if not tiers or not hasattr(store, "lend") or self.transformer.kv_growth is not None:
-            return
-        if store.held_neurons >= spec.d_ff:
-            return
-        item = KV_TYPES[self.kv_type].itemsize
-        row = spec.head_dim * item  # one position of one (layer, kv head)
-        budget = p.budget
-
-        def free_bytes() -> int:
-            # what the RSS shows, after the C heap's free pages are given back; the
-            # margin covers what it does not (see KV_LOAN_MARGIN)
-            return_free_heap_to_os()
-            return budget - current_rss_bytes() - KV_LOAN_MARGIN
-
-        with self.compute_lock:
-            free = free_bytes()
-            if free < PAGE_BYTES * tiers:
-                return
-            loan = KVLoan(
-                store,
-                free_bytes,
-                2 * spec.n_layers * spec.n_kv_heads * row,
-                max(1, PAGE_BYTES // row),
-                tier_bytes=free // tiers,
-                tiers=tiers,
-                step_bytes=STEP_MARGIN_BYTES,
-                step_tokens=self.prefill_chunk or 1,
-            )
-            cache = self.generator.cache
-            loan.before_forward([cache], [cache.length], tokens=0)
-            self.transformer.kv_growth = loan.before_forward
-            loan.lend()
-        self.kv_loan = loan
-
-    def _drop_page_cache(self) -> None:
-        """Under a budget: drop the page cache loading left (offload/io.drop_own_page_cache);
-        a resident plan keeps the model file's, which it reads through the mmap."""
-        if self.plan is None or self.plan.mode == "resident":
-            return
-        import numba
-
-        from edgerun.offload.io import drop_own_page_cache
-
-        drop_own_page_cache([numba.config.CACHE_DIR] if numba.config.CACHE_DIR else [])
+    @property
+    def kv_loan(self):
+        """offload/kv_loan.KVLoan: rows held on the unwritten KV reserve (None: none)."""
+        keeper = self.budget_keeper
+        return keeper.kv_loan if keeper is not None else None
 
     def _build_resident(self) -> None:
         """The Transformer over the file's mapped tensors."""
