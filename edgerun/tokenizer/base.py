@@ -74,11 +74,16 @@ def _vocabulary(meta: dict[str, Any]) -> Sequence[str]:
     return tokens
 
 
+def _is_mapped_strings(x: Any) -> bool:
+    """Whether x is a GGUF reader's mapped string array (formats.gguf.StringArray: a
+    Sequence[str] with max_len()), told by its interface: the file formats sit above the
+    tokenizer, which does not import them."""
+    return isinstance(x, Sequence) and callable(getattr(x, "max_len", None))
+
+
 def _check_token_lengths(strings: Sequence[str], key: str, limit: int) -> None:
     """Refuse an array holding a string longer than ``limit`` bytes, before decoding any."""
-    from edgerun.formats.gguf import StringArray
-
-    if isinstance(strings, StringArray):
+    if _is_mapped_strings(strings):
         longest = strings.max_len()
     else:
         longest = max((len(t) for t in strings), default=0)
@@ -95,9 +100,7 @@ def _str_seq(tokens: Any, key: str = "tokenizer.ggml.tokens") -> Sequence[str]:
     """An array of strings as an indexable sequence of str: a GGUF :class:`StringArray` (read
     from the mapped file on access) is kept as it is, a list of str is kept; anything else (a
     numeric array, a list with non-strings) is the wrong type for the key."""
-    from edgerun.formats.gguf import StringArray
-
-    if isinstance(tokens, StringArray):
+    if _is_mapped_strings(tokens):
         return tokens
     if isinstance(tokens, list | tuple) and all(isinstance(t, str) for t in tokens):
         return list(tokens)
