@@ -11,7 +11,7 @@ Scenarios (one child each, page cache dropped first):
   KV cache fills at once: what dense offloading lent of its reserve is given back);
 - sessions: --sessions sessions each read a different --session-tokens-token document
   and answer, then each asks one more question (idle caches past the KV window are
-  moved to disk and read back, sched/kv_spill.py; --no-spill keeps them in memory).
+  moved to disk and read back, serving/kv_spill.py; --no-spill keeps them in memory).
 
 Needs root (cgroup v1 memory controller, drop_caches). Usage:
   python benchmarks/budget_soak.py [-m smollm2-135m] [--budget 300M] [-t 2] [--json out]
@@ -44,7 +44,7 @@ QUESTIONS = [
 def child(spec: dict) -> None:
     (Path("/sys/fs/cgroup/memory") / spec["cgroup"] / "cgroup.procs").write_text(str(os.getpid()))
     import edgerun
-    from edgerun.sampling import SamplingParams
+    from edgerun.generate.sampling import SamplingParams
 
     m = edgerun.load(
         spec["model"],
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     if a.child:
         child(json.loads(a.child))
         return 0
-    from edgerun.sched.placement import parse_budget
+    from edgerun.offload.plan import parse_budget
 
     budget = parse_budget(a.budget)
     rows = []

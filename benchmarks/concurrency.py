@@ -52,7 +52,7 @@ def _history(model, i: int, tokens: int) -> list[int]:
 
 
 def _run(model, n_sessions: int, n_gen: int, concurrent: bool, history: int = 0) -> dict:
-    from edgerun.sampling import SamplingParams
+    from edgerun.generate.sampling import SamplingParams
 
     params = SamplingParams(temperature=0.0, repeat_penalty=1.0)
     ids = []

@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 import edgerun
-from edgerun.kvcache import KVCache
+from edgerun.model.kvcache import KVCache
 from edgerun.ops import qmatvec
 
 

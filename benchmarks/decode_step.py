@@ -1,4 +1,4 @@
-"""The bound decode step (edgerun/decode_step.py) against the general forward loop, in
+"""The bound decode step (edgerun/model/decode_step.py) against the general forward loop, in
 one process, alternating, so a noisy host moves both alike.
 
 For each row count n (1: `forward` of one token; n >= 2: `forward_batch`, as the
@@ -16,8 +16,8 @@ import statistics
 import time
 
 import edgerun
-from edgerun.compute_thread import compute_thread
-from edgerun.kvcache import KVCache
+from edgerun.model.kvcache import KVCache
+from edgerun.runtime.compute_thread import compute_thread
 
 
 def _timed(tr, caches: list[KVCache], bound: bool, args) -> float:

@@ -20,7 +20,7 @@ import numpy as np
 
 import edgerun
 from edgerun.corpus import evaluation_text
-from edgerun.kvcache import KVCache
+from edgerun.model.kvcache import KVCache
 
 
 def texts() -> dict[str, str]:

@@ -10,7 +10,7 @@ decode where every matrix streams from DRAM once per token. Times are medians of
 repeats (the machine is shared and noisy; with other processes on the 2 cores the
 2-thread numbers can be 10x off: libgomp's barrier waits for a descheduled thread).
 GB/s counts weight bytes only; "roof" is that against the streaming-read bandwidth
-measured in the same run with as many threads (edgerun.bench.measure_bandwidth, best of
+measured in the same run with as many threads (edgerun.tools.bench.measure_bandwidth, best of
 5), the ceiling of a decode matvec. "GMAC/s" is the prefill matmul's. "vs ref" is the
 speed-up over the numpy reference (dequantize + float64 matmul); "vs f32" over a BLAS
 float32 matvec on an already dequantized matrix (4-8x more bytes to read).
@@ -68,7 +68,7 @@ def _copies(q: QuantType, rows: int, cols: int, rng) -> list[QuantTensor]:
 
 
 def bench_formats(args) -> None:
-    from edgerun.bench import measure_bandwidth
+    from edgerun.tools.bench import measure_bandwidth
 
     rng = np.random.default_rng(0)
     bw = {nt: measure_bandwidth(nt) for nt in args.threads}

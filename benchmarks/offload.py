@@ -137,7 +137,7 @@ def _child_edgerun(args: dict) -> dict:
         # I/O), since this machine's storage speed drifts by up to 2x within minutes.
         bundle = getattr(m.store, "bundle", None)
         if bundle is not None:
-            from edgerun.sched.calibration import offload_figures
+            from edgerun.device.calibration import offload_figures
 
             offload_figures(Path(bundle.path), m.threads, refresh=True)
         out["predicted_tok_s"] = m.predicted_plan().predicted_tok_s
@@ -148,7 +148,7 @@ def _child_llamacpp(args: dict) -> dict:
     from llama_cpp import Llama
 
     t0 = time.perf_counter()
-    from edgerun.sysinfo import default_threads
+    from edgerun.runtime.sysinfo import default_threads
 
     threads = args["threads"] or default_threads()
     llm = Llama(args["path"], n_ctx=args["ctx"], n_threads=threads, verbose=False)
@@ -338,12 +338,12 @@ def main() -> None:
         child_main(a.child)
         return
     from edgerun.api import resolve_model
-    from edgerun.sched.calibration import calibrate, offload_figures
-    from edgerun.sched.placement import parse_budget
+    from edgerun.device.calibration import calibrate, offload_figures
+    from edgerun.offload.plan import parse_budget
 
     # Measured now, outside the cgroups (the children read the cached figures): this
     # machine's speed drifts, so a prediction is only fair against figures of the same run.
-    from edgerun.sysinfo import default_threads
+    from edgerun.runtime.sysinfo import default_threads
 
     threads = a.threads or default_threads()
     calibrate(threads, refresh=True)

@@ -24,7 +24,7 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
 
 
 def _greedy(model, prompt_ids: list[int], n: int) -> list[int]:
-    from edgerun.kvcache import KVCache
+    from edgerun.model.kvcache import KVCache
 
     cache = KVCache(model.spec, len(prompt_ids) + n + 1)
     logits = model.transformer.forward(prompt_ids, cache)

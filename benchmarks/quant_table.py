@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     import edgerun
     from edgerun.api import resolve_model
     from edgerun.formats.pack import read_pack
-    from edgerun.sched.cpu_share import set_threads
+    from edgerun.runtime.cpu_share import set_threads
     from edgerun.tools.convert import GGUFSource, _calibrate, convert
     from edgerun.tools.perplexity import perplexity
 

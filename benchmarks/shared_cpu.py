@@ -2,7 +2,7 @@
 
 A laptop or a Pi is rarely idle. Each run is a fresh child process that
 generates N tokens (EOS ignored) with either automatic threads (the governor in
-edgerun/sched/cpu_share.py gives up cores other processes use) or a fixed count, while
+runtime/cpu_share.py gives up cores other processes use) or a fixed count, while
 K spinner processes each keep one core busy. Runs alternate between the two
 settings; the table gives medians.
 
@@ -24,7 +24,7 @@ SPIN = "while True: pass"
 
 def _child(model: str, threads: int | None, n_gen: int) -> dict:
     import edgerun
-    from edgerun.sampling import SamplingParams
+    from edgerun.generate.sampling import SamplingParams
 
     m = edgerun.load(model, threads=threads)
     ids = m.tokenize("Once upon a time, in a small village by the sea,")
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(_child(args.model, args.threads, args.n_gen)))
         return 0
-    from edgerun.sysinfo import default_threads
+    from edgerun.runtime.sysinfo import default_threads
 
     fixed = args.threads or default_threads()
     rows = []

@@ -28,8 +28,9 @@ from llamacpp_ref import llama_cpp_unusable  # noqa: E402
 def _hand_over() -> None:
     """Free edgerun's OpenMP pool before llama.cpp runs: llama.cpp's OpenMP threads start
     on this thread, and two live pools throttle each other's spinning
-    (edgerun/compute_thread.py). edgerun frees this thread's pool itself on its next call."""
-    from edgerun.compute_thread import compute_thread, release_thread_pool
+    (edgerun/runtime/compute_thread.py). edgerun frees this thread's pool itself on its next
+    call."""
+    from edgerun.runtime.compute_thread import compute_thread, release_thread_pool
 
     compute_thread().call(release_thread_pool)
 
@@ -71,8 +72,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     import edgerun
-    from edgerun.bench import _time_decode, _time_prefill
-    from edgerun.sched.cpu_share import set_threads
+    from edgerun.runtime.cpu_share import set_threads
+    from edgerun.tools.bench import _time_decode, _time_prefill
 
     threads = [int(t) for t in args.threads.split(",")]
     n_ctx = max(args.n_prompt, args.depth + args.n_gen) + 8

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING  # noqa: E402
 
 if TYPE_CHECKING:
     from edgerun.api import Model, load
-    from edgerun.engine import GenerationStats
     from edgerun.errors import EdgerunError
-    from edgerun.sampling import SamplingParams
-    from edgerun.sched.batching import Request, ResponseStats
-    from edgerun.session import Session
+    from edgerun.generate.engine import GenerationStats
+    from edgerun.generate.sampling import SamplingParams
+    from edgerun.serving.batching import Request, ResponseStats
+    from edgerun.serving.session import Session
 
 __all__ = [
     "EdgerunError",
@@ -29,19 +29,19 @@ __all__ = [
     "Session",
     "load",
 ]
-__version__ = "0.1.0"
+from edgerun._version import __version__ as __version__  # noqa: E402
 
 # The public names load lazily, so importing a lower layer (edgerun.quant,
 # edgerun.formats, ...) does not pull in the model, the engine and the kernels.
 _LAZY = {
     "Model": "edgerun.api",
     "load": "edgerun.api",
-    "GenerationStats": "edgerun.engine",
+    "GenerationStats": "edgerun.generate.engine",
     "EdgerunError": "edgerun.errors",
-    "SamplingParams": "edgerun.sampling",
-    "Session": "edgerun.session",
-    "Request": "edgerun.sched.batching",
-    "ResponseStats": "edgerun.sched.batching",
+    "SamplingParams": "edgerun.generate.sampling",
+    "Session": "edgerun.serving.session",
+    "Request": "edgerun.serving.batching",
+    "ResponseStats": "edgerun.serving.batching",
 }
 
 

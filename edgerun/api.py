@@ -16,8 +16,10 @@ import numpy as np
 
 from edgerun import registry
 from edgerun.arch import spec_from_gguf
-from edgerun.chat import render_chat
-from edgerun.engine import (
+from edgerun.errors import InvalidArgumentError, ModelNotFoundError
+from edgerun.formats.gguf import read_gguf
+from edgerun.generate.chat_template import render_chat
+from edgerun.generate.engine import (
     PREFILL_CHUNK,
     Engine,
     EngineHooks,
@@ -25,25 +27,23 @@ from edgerun.engine import (
     check_token_ids,
     prefill_chunk_within,
 )
-from edgerun.errors import InvalidArgumentError, ModelNotFoundError
-from edgerun.formats.gguf import read_gguf
-from edgerun.kvcache import KVCache, check_kv_type
-from edgerun.model import Transformer
+from edgerun.generate.prefix_cache import PrefixCache
+from edgerun.generate.sequence import GenerationStats, WarmUp
+from edgerun.generate.settings import ModelSettings
+from edgerun.model.kvcache import KVCache, check_kv_type
+from edgerun.model.transformer import Transformer
+from edgerun.model.weights import ResidentStore
 from edgerun.offload.budget import BudgetKeeper, drop_load_page_cache, trim_heap_after_prompt_chunk
-from edgerun.prefix_cache import PrefixCache
-from edgerun.sched.batching import BatchScheduler, Serving
-from edgerun.sched.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
-from edgerun.sequence import GenerationStats, WarmUp
-from edgerun.settings import ModelSettings
-from edgerun.sysinfo import (
+from edgerun.runtime.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
+from edgerun.runtime.sysinfo import (
     anonymous_rss_bytes,
     current_rss_bytes,
     default_threads,
     memory_headroom_bytes,
     return_free_heap_to_os,
 )
+from edgerun.serving.batching import BatchScheduler, Serving
 from edgerun.tokenizer import Tokenizer, tokenizer_from_gguf_metadata
-from edgerun.weights import ResidentStore
 
 
 def resolve_model(model: str | os.PathLike | None, auto_pull: bool | None = None) -> Path:
@@ -88,9 +88,9 @@ def settings_for(path: str | os.PathLike) -> ModelSettings:
 
 
 if TYPE_CHECKING:
+    from edgerun.offload.plan import Plan
     from edgerun.offload.store import OffloadOptions
-    from edgerun.sched.placement import Plan
-    from edgerun.session import Session
+    from edgerun.serving.session import Session
 
 # What loading the kernels adds to the process after load, as a cgroup counts it. Measured
 # on Qwen2.5-Coder-1.5B at --ram-budget 800M: once 40 MiB of RSS (a VNNI host, first
@@ -153,8 +153,8 @@ class Model:
         t0 = time.perf_counter()
         self.device_profile = None
         if device_profile is not None:  # emulate a smaller device: caps, slow storage
-            from edgerun.device_profile import DeviceProfile, load_device_profile
-            from edgerun.sched.placement import parse_budget
+            from edgerun.device.profile import DeviceProfile, load_device_profile
+            from edgerun.offload.plan import parse_budget
 
             prof = device_profile
             if not isinstance(prof, DeviceProfile):
@@ -195,7 +195,7 @@ class Model:
             n_ctx = self.spec.context_length
         self.n_ctx = min(n_ctx, self.spec.context_length)
         if self.tokenizer.chat_template:  # untrusted: compiled (and checked) once, here
-            from edgerun.chat import check_template
+            from edgerun.generate.chat_template import check_template
 
             check_template(self.tokenizer.chat_template)
         self.plan = None
@@ -235,7 +235,7 @@ class Model:
         if self.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {self.threads}")
         set_threads(self.threads)
-        # Automatic threads follow the cores other processes leave free (sched/cpu_share.py);
+        # Automatic threads follow the cores other processes leave free (runtime/cpu_share.py);
         # a count the caller chose is kept as is.
         self.governor = ThreadGovernor(
             self.threads, default_threads(), adaptive=threads is None and wait_policy_spins()
@@ -245,15 +245,15 @@ class Model:
         # margin. Set before offloading: its first run calibrates through logits()
         self.prefill_chunk = PREFILL_CHUNK
         if ram_budget is not None:
-            from edgerun.sched.placement import STEP_MARGIN_BYTES
+            from edgerun.offload.plan import STEP_MARGIN_BYTES
 
             self.prefill_chunk = prefill_chunk_within(self.spec, STEP_MARGIN_BYTES)
         self._placement_args = (ram_budget, offload, offload_options, gpu_budget, gpu_device)
         if offloading:
             if ram_budget is not None:  # compiling beside the budgeted weights thrashes
+                from edgerun.offload.plan import parse_budget
+                from edgerun.offload.warm_kernels import ensure_kernels_compiled
                 from edgerun.ops import qmatvec
-                from edgerun.sched.placement import parse_budget
-                from edgerun.tools.warm_kernels import ensure_kernels_compiled
 
                 # the children compile within what the budget leaves beside this process
                 room = max(0, parse_budget(ram_budget) - current_rss_bytes())
@@ -357,8 +357,8 @@ class Model:
         FFNs are offloaded in `mode` (default DEFAULT_OFFLOAD). In sparse mode a saved
         neuron profile (`edgerun profile`) pins each layer's hottest neurons. `device`
         (DeviceFigures) defaults to this machine's cached calibration."""
+        from edgerun.offload.plan import parse_budget, plan, resident_need, resident_plan
         from edgerun.offload.store import OffloadOptions
-        from edgerun.sched.placement import parse_budget, plan, resident_need, resident_plan
 
         fp = self._footprint()
         budget = parse_budget(ram_budget) if ram_budget is not None else 1 << 62
@@ -397,14 +397,14 @@ class Model:
             if device is None and not gpu and self.auto_threads and self.threads > 1:
                 # decode steps will leave the row stream's reader a core (reader_cores):
                 # predict with the kernels' rate on the threads they will have, if measured
-                from edgerun.sched.calibration import cached
+                from edgerun.device.calibration import cached
 
                 dev = cached(self.threads - 1) or dev
         profile = self.neuron_profile(opts.profile) if mode == "sparse" and opts.hot > 0 else None
         bundle = self._bundle_file() if mode == "sparse" else None  # dense streams the GGUF
         offload = None
         if bundle is not None and device is not None:  # a calibrated prediction: time the
-            from edgerun.sched.calibration import offload_figures  # executors on it too
+            from edgerun.device.calibration import offload_figures  # executors on it too
 
             offload = offload_figures(bundle, self.threads)
 
@@ -442,7 +442,7 @@ class Model:
         if mode == "dense" and opts.kv_loan_tiers and p.cache_neurons < fp.d_ff and not lent_bytes:
             # what a short chat leaves unused of what the plan reserves: the KV cache's
             # unwritten part, the plan's margins and slack, less what the loan keeps free
-            from edgerun.sched.placement import MARGIN_BYTES
+            from edgerun.offload.plan import MARGIN_BYTES
 
             chat = min(self.n_ctx, LOAN_CHAT_TOKENS)
             est = (
@@ -497,7 +497,7 @@ class Model:
         cached), and the rows its KV loan holds now: what `edgerun bench` compares its
         measurement to. By default the threads its decode steps run on (fewer where they
         leave the row stream's reader a core)."""
-        from edgerun.sched.calibration import calibrate
+        from edgerun.device.calibration import calibrate
 
         ram, mode, opts, gpu, gpu_device = self._placement_args
         gpu_dev = gpu_device if gpu is not None else None
@@ -520,15 +520,15 @@ class Model:
         return p if p.exists() else None
 
     def device_figures(self, gpu_device: str | None = None, measure: bool = False):
-        """This machine's measured rates (sched/calibration.py): cached ones, measured
+        """This machine's measured rates (device/calibration.py): cached ones, measured
         when `measure` or a GPU is asked for and none are cached, else the defaults."""
-        from edgerun.sched.calibration import cached, calibrate
+        from edgerun.device.calibration import cached, calibrate
 
         figs = cached(self.threads, gpu_device=gpu_device)
         if figs is None and (measure or gpu_device is not None):
             figs = calibrate(self.threads, gpu_device=gpu_device)
         if figs is None:
-            from edgerun.sched.placement import DeviceFigures
+            from edgerun.offload.plan import DeviceFigures
 
             figs = DeviceFigures()
         return figs
@@ -650,14 +650,14 @@ class Model:
         self.transformer = Transformer(self.spec, self.store, str(self.path))
 
     def _footprint(self):
-        from edgerun.sched.placement import footprint
+        from edgerun.offload.plan import footprint
 
         return footprint(self.spec, self.file, self.kv_type)
 
     def minimum_ram_budget(self, mode: str | None = None) -> int:
         """The smallest --ram-budget this model loads with (floor measured in this process)."""
+        from edgerun.offload.plan import minimum_budget
         from edgerun.offload.store import OffloadOptions
-        from edgerun.sched.placement import minimum_budget
 
         return minimum_budget(
             self._footprint(),
@@ -715,13 +715,13 @@ class Model:
 
     def session(self, system: str | None = None, n_ctx: int | None = None) -> Session:
         """A new conversation with its own KV cache (weights are shared)."""
-        from edgerun.session import Session
+        from edgerun.serving.session import Session
 
         return Session(self.serving, system=system, n_ctx=n_ctx)
 
     def load_session(self, path: str | os.PathLike) -> Session:
         """Resume a conversation saved with Session.save (from this model file)."""
-        from edgerun.session import Session
+        from edgerun.serving.session import Session
 
         return Session.load(self.serving, path)
 

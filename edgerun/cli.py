@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from edgerun import _numba_env
 from edgerun.errors import EdgerunError
-from edgerun.sysinfo import peak_rss_bytes, reset_peak_rss
+from edgerun.runtime.sysinfo import peak_rss_bytes, reset_peak_rss
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -498,8 +498,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     import json
 
     import edgerun
-    from edgerun import bench
-    from edgerun.sysinfo import current_rss_bytes
+    from edgerun.runtime.sysinfo import current_rss_bytes
+    from edgerun.tools import bench
 
     threads = _int_list(args.threads, "--threads") if args.threads else None
     if threads and min(threads) < 1:
@@ -511,7 +511,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.suite:
         from pathlib import Path
 
-        from edgerun.bench_suite import FORMATS, default_cells, load_real_rows, run_suite
+        from edgerun.tools.bench_suite import FORMATS, default_cells, load_real_rows, run_suite
 
         # the suite's own repeats (-r left as it is): one, so the matrix fits in 30 minutes
         untouched = args.repetitions == 5
@@ -538,7 +538,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     runtime_rss = current_rss_bytes()
     kw = _offload_kwargs(args)
     if args.profile is not None:
-        from edgerun.device_profile import load_device_profile
+        from edgerun.device.profile import load_device_profile
 
         prof = load_device_profile(args.profile)
         kw["device_profile"] = prof
@@ -570,7 +570,7 @@ def _cmd_sysinfo(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from edgerun.probe import format_probe, probe
+    from edgerun.device.probe import format_probe, probe
 
     p = probe(args.refresh, Path(args.storage_dir) if args.storage_dir else None)
     print(json.dumps(p, indent=1) if args.json else format_probe(p))
@@ -579,7 +579,7 @@ def _cmd_sysinfo(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from edgerun.api import Model, kv_type_for, resolve_model
-    from edgerun.sched.calibration import calibrate
+    from edgerun.device.calibration import calibrate
 
     if args.ram_budget is None and args.gpu_budget is None and args.offload is None:
         raise EdgerunError("plan: give --ram-budget and/or --gpu-budget (or --offload)")
@@ -596,8 +596,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print(f"{model.path.name}: {model.spec.n_layers} layers, context {model.n_ctx} tokens")
     print(p.describe())
     if args.ram_budget is not None:
-        from edgerun.engine import prefill_bytes_per_token, prefill_chunk_within
-        from edgerun.sched.placement import STEP_MARGIN_BYTES
+        from edgerun.generate.engine import prefill_bytes_per_token, prefill_chunk_within
+        from edgerun.offload.plan import STEP_MARGIN_BYTES
 
         chunk = prefill_chunk_within(model.spec, STEP_MARGIN_BYTES)
         temps = chunk * prefill_bytes_per_token(model.spec) / (1 << 20)
@@ -626,8 +626,8 @@ def _figures_line(figs) -> str:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from edgerun.sched.cpu_share import set_threads
-    from edgerun.sysinfo import default_threads
+    from edgerun.runtime.cpu_share import set_threads
+    from edgerun.runtime.sysinfo import default_threads
     from edgerun.tools.convert import convert
 
     set_threads(args.threads or default_threads())
@@ -670,7 +670,7 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
         except OSError as e:
             raise EdgerunError(f"cannot read {args.file}: {e}") from None
     model = edgerun.load(args.model, n_ctx=args.ctx, threads=args.threads)
-    from edgerun.progress import progress_bar
+    from edgerun.runtime.progress import progress_bar
 
     with progress_bar("perplexity", unit="tokens") as advance:
         res = perplexity(

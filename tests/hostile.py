@@ -186,9 +186,9 @@ def open_model(path: str | os.PathLike) -> Any:
     header, spec, tokenizer, weight store, transformer with its shape checks."""
     from edgerun.arch import spec_from_gguf
     from edgerun.formats.gguf import read_gguf
-    from edgerun.model import Transformer
+    from edgerun.model.transformer import Transformer
+    from edgerun.model.weights import ResidentStore
     from edgerun.tokenizer import tokenizer_from_gguf_metadata
-    from edgerun.weights import ResidentStore
 
     f = read_gguf(path)
     spec = spec_from_gguf(f.metadata, str(path))
@@ -348,7 +348,7 @@ class UntiedStreamed:
 
     def logits(self, model) -> tuple[np.ndarray, np.ndarray]:
         """A 3-token prompt's logits, and a batched decode step of two sequences."""
-        from edgerun.kvcache import KVCache
+        from edgerun.model.kvcache import KVCache
 
         c = [KVCache(self.spec, 16, "f32") for _ in range(2)]
         one = model.forward([2, 3, 4], c[0], all_logits=True)
@@ -362,10 +362,10 @@ def untied_streamed(tmp_path: Path, hold_later: bool = False) -> UntiedStreamed:
     FFN rows, to be held by hold_more()."""
     from edgerun.arch import spec_from_gguf
     from edgerun.formats.gguf import read_gguf
-    from edgerun.model import Transformer
+    from edgerun.model.transformer import Transformer
+    from edgerun.model.weights import ResidentStore
+    from edgerun.offload.plan import footprint, minimum_budget, plan
     from edgerun.offload.store import DenseStreamStore, OffloadOptions
-    from edgerun.sched.placement import footprint, minimum_budget, plan
-    from edgerun.weights import ResidentStore
 
     b = GGUFBuilder()
     b.tensors.append(Tensor("output.weight", (32, 8), f32((8, 32), seed=9)))

@@ -5,7 +5,7 @@ import pytest
 
 import edgerun
 from edgerun.errors import ContextOverflowError, EdgerunError, InvalidArgumentError
-from edgerun.kvcache import KVCache
+from edgerun.model.kvcache import KVCache
 
 
 def test_tokenize_roundtrip(smollm2):
@@ -135,7 +135,7 @@ def test_nothing_below_the_facade_imports_it():
                 deps |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
             elif isinstance(node, ast.Import):
                 deps |= {a.name for a in node.names}
-        up = sorted(d for d in deps if d.startswith(("edgerun.api", "edgerun.bench")))
+        up = sorted(d for d in deps if d.startswith(("edgerun.api", "edgerun.tools.bench")))
         assert not up, f"{f} imports {up}"
         graph[mod] = {d for d in deps if d in names.values()} - {mod}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from edgerun.atomic import write_atomic, write_bytes_atomic
+from edgerun.runtime.atomic import write_atomic, write_bytes_atomic
 from edgerun.tui.store import Conversation, ConversationStore
 
 
@@ -41,7 +41,7 @@ def test_sigkill_mid_write_keeps_the_previous_version(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys, time
-        from edgerun.atomic import write_atomic
+        from edgerun.runtime.atomic import write_atomic
         def slow(tmp):
             with open(tmp, "wb") as f:
                 for i in range(10_000):
@@ -70,7 +70,7 @@ def test_sigkill_during_session_save_keeps_the_old_session(tmp_path, smollm2_pat
         f"""
         import os, signal, sys
         import edgerun
-        import edgerun.atomic as atomic
+        import edgerun.runtime.atomic as atomic
         m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=1)
         s = m.session()
         s.send("Hi", max_tokens=4, temperature=0.0)

@@ -44,7 +44,7 @@ def test_bench_json_report(capsys, smollm2_path):
 def test_bench_times_decode_on_the_threads_generate_decodes_with(smollm2):
     """Without a thread list, a model whose decode steps leave a streamed model's reader a
     core is timed the same way: prompts on all its threads, decode on one fewer."""
-    from edgerun import bench
+    from edgerun.tools import bench
 
     if smollm2.threads < 2:
         pytest.skip("needs 2 threads to leave one")
@@ -92,7 +92,7 @@ def test_memory_benchmark_measures_edgerun_in_a_fresh_process(smollm2_path):
 def test_stream_sum_is_the_array_sum():
     import numpy as np
 
-    from edgerun.bandwidth import _stream_sum
+    from edgerun.device.bandwidth import _stream_sum
 
     a = np.random.default_rng(0).random((8, 1000 * 16 + 7), dtype=np.float32)
     assert _stream_sum(a) == pytest.approx(float(a.sum(dtype=np.float64)), rel=1e-5)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from edgerun.bench_suite import Cell, default_cells, run_suite, write_report
+from edgerun.tools.bench_suite import Cell, default_cells, run_suite, write_report
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def test_a_cut_line_and_a_failed_cell_run_again(tmp_path):
     (tmp_path / "rows.jsonl").write_text(
         json.dumps(good) + "\n" + json.dumps({**good, "key": "k2", "error": "boom"}) + '\n{"key'
     )
-    from edgerun.bench_suite import _done
+    from edgerun.tools.bench_suite import _done
 
     assert set(_done(tmp_path / "rows.jsonl")) == {"k1"}
 
@@ -76,8 +76,8 @@ def test_the_report_labels_an_emulated_device(tmp_path):
 
 
 def test_real_device_rows_sit_beside_the_emulation(tmp_path):
-    from edgerun.bench_suite import load_real_rows
     from edgerun.errors import EdgerunError
+    from edgerun.tools.bench_suite import load_real_rows
 
     base = {"model": "smollm2-135m", "fmt": "own", "threads": 2, "mode": "resident"}
     emulated = {

@@ -12,7 +12,7 @@ import numba
 import numpy as np
 import pytest
 
-from edgerun.compute_thread import ComputeThread, compute_thread, release_thread_pool
+from edgerun.runtime.compute_thread import ComputeThread, compute_thread, release_thread_pool
 
 
 def test_call_runs_on_one_thread_and_returns_or_raises():
@@ -82,7 +82,7 @@ def test_callers_from_many_threads_are_served_in_turn():
 
 
 def test_model_forward_runs_on_the_compute_thread(monkeypatch):
-    from edgerun.model import Transformer
+    from edgerun.model.transformer import Transformer
 
     seen = []
     orig = Transformer._forward

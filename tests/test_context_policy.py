@@ -38,7 +38,7 @@ def test_slide_takes_a_long_prompt(sliding):
 
 
 def test_slide_generates_past_the_window(sliding):
-    from edgerun.sampling import SamplingParams
+    from edgerun.generate.sampling import SamplingParams
 
     g = sliding.generator
     ids = sliding.tokenize("Once upon a time")

@@ -10,8 +10,8 @@ import time
 import numba
 import pytest
 
-from edgerun.sampling import SamplingParams
-from edgerun.sched.cpu_share import ThreadGovernor, read_cpu_sample
+from edgerun.generate.sampling import SamplingParams
+from edgerun.runtime.cpu_share import ThreadGovernor, read_cpu_sample
 
 
 class FakeCpu:

@@ -9,9 +9,9 @@ import pytest
 
 import edgerun
 from edgerun import registry
-from edgerun.decode_step import DecodeStep
 from edgerun.errors import ContextOverflowError
-from edgerun.kvcache import KVCache
+from edgerun.model.decode_step import DecodeStep
+from edgerun.model.kvcache import KVCache
 from edgerun.ops import qmatvec
 from edgerun.ops.token_step import half_bits
 

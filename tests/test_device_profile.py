@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from edgerun.device_profile import DeviceProfile, device_profiles, load_device_profile
+from edgerun.device.probe import measure_storage
+from edgerun.device.profile import DeviceProfile, device_profiles, load_device_profile
 from edgerun.errors import EdgerunError, ModelFormatError
 from edgerun.offload.io import interpolate_rate
 from edgerun.offload.throttle import StorageThrottle
-from edgerun.probe import measure_storage
 
 
 def test_every_shipped_profile_loads_with_its_sources():
@@ -136,7 +136,7 @@ def test_an_emulated_device_slows_offloaded_reads(smollm2_path, resident):
 
 
 def test_modelled_speed_scales_the_compute_and_keeps_the_reads():
-    from edgerun.bench import modelled_tok_s
+    from edgerun.tools.bench import modelled_tok_s
 
     # 100 ms a token, 40 of them waiting on (rate-limited) reads; compute at half speed
     assert modelled_tok_s(10.0, 0.04, 0.5) == pytest.approx(1 / (0.06 / 0.5 + 0.04))
@@ -154,8 +154,8 @@ def test_pi_profiles_carry_a_labelled_compute_factor():
 
 def test_bench_with_a_scaled_profile_reports_modelled_figures(smollm2_path):
     import edgerun
-    from edgerun import bench
     from edgerun.ops import qmatvec
+    from edgerun.tools import bench
 
     before = qmatvec.kernel_path()
     try:

@@ -10,9 +10,10 @@ import os
 
 import pytest
 
-from edgerun import cli, engine, registry
+from edgerun import cli, registry
 from edgerun.errors import ModelFormatError
-from edgerun.settings import ModelSettings
+from edgerun.generate import engine
+from edgerun.generate.settings import ModelSettings
 
 README_PROMPT = "What is the capital of France?"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgerun.kvcache import KVCache
+from edgerun.model.kvcache import KVCache
 from edgerun.ops.attention import BatchAttention, attention, attention_reference
 
 

@@ -20,7 +20,7 @@ import pytest
 
 import edgerun
 from edgerun import registry
-from edgerun.sampling import SamplingParams
+from edgerun.generate.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def _prompt_ids(model, text):
 
 def _decode_logits(ours, ids, seq, n):
     """Logits at positions len(ids) - 1 .. + n - 1 of seq through one-token decode steps."""
-    from edgerun.kvcache import KVCache
+    from edgerun.model.kvcache import KVCache
 
     model = ours.transformer
     cache = KVCache(ours.spec, len(seq) + 1, ours.kv_type)

@@ -34,9 +34,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgerun import registry
-from edgerun.chat import TIME_LIMIT_S, check_template, encode_chat, render_chat
 from edgerun.errors import EdgerunError
 from edgerun.formats.gguf import read_gguf
+from edgerun.generate.chat_template import TIME_LIMIT_S, check_template, encode_chat, render_chat
 
 _TOTAL = int(os.environ.get("EDGERUN_FUZZ_EXAMPLES", "0"))
 
@@ -205,8 +205,8 @@ def _open_without_tokenizer(path: Path) -> Any:
     """Header, spec, store, transformer: the real vocabularies take ~1 s to build, so the
     tokenizer is fuzzed on its own (test_tokenizer_metadata_fuzz) at a fuzzable size."""
     from edgerun.arch import spec_from_gguf
-    from edgerun.model import Transformer
-    from edgerun.weights import ResidentStore
+    from edgerun.model.transformer import Transformer
+    from edgerun.model.weights import ResidentStore
 
     f = read_gguf(path)
     spec = spec_from_gguf(f.metadata, str(path))
@@ -444,8 +444,8 @@ def _json_mutation(draw, doc: Any) -> str:
 def test_pack_fuzz(smollm2_pack, tmp_path_factory, data):
     """edgerun.json or the safetensors header mutated; the other file kept."""
     from edgerun.formats.pack import META_FILE
-    from edgerun.model import Transformer
-    from edgerun.weights import ResidentStore
+    from edgerun.model.transformer import Transformer
+    from edgerun.model.weights import ResidentStore
 
     d = tmp_path_factory.getbasetemp() / "fuzz-pack"
     d.mkdir(exist_ok=True)

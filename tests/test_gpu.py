@@ -12,10 +12,10 @@ import pytest
 
 from edgerun.errors import EdgerunError, GpuUnavailableError, InvalidArgumentError
 from edgerun.gpu import import_torch, resolve_device
-from edgerun.kvcache import KVCache
-from edgerun.model import Transformer
+from edgerun.model.kvcache import KVCache
+from edgerun.model.transformer import Transformer
+from edgerun.model.weights import ResidentProjections
 from edgerun.ops import qmatvec
-from edgerun.weights import ResidentProjections
 
 TEXT = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk. From the top "
@@ -312,7 +312,7 @@ def test_torch_is_lazy_and_only_in_gpu():
                 bad.append(f"{rel}:{line}: {text}")
     assert not bad, "\n".join(bad)
     code = (
-        "import sys, edgerun.api, edgerun.model, edgerun.gpu, edgerun.gpu.place, "
+        "import sys, edgerun.api, edgerun.model.transformer, edgerun.gpu, edgerun.gpu.place, "
         "edgerun.gpu.calibrate; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

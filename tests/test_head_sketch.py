@@ -8,7 +8,7 @@ import pytest
 from hostile import untied_streamed
 
 from edgerun.errors import InvalidArgumentError, ModelFormatError
-from edgerun.kvcache import KVCache
+from edgerun.model.kvcache import KVCache
 from edgerun.offload import head as hd
 from edgerun.ops.lowrank import int8_row_scores
 
@@ -108,7 +108,7 @@ def test_the_plan_reads_only_candidates_of_a_sketched_head():
     """A sketched head holds a fixed count of its first rows (resident, with the sketch of
     the others) and the FFN's share takes the rest of the budget: a token reads the FFN
     rows not held and its candidates, never the head's other rows."""
-    from edgerun.sched.placement import Footprint, minimum_budget, plan
+    from edgerun.offload.plan import Footprint, minimum_budget, plan
 
     fp = Footprint(
         n_layers=4,

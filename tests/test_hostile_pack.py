@@ -25,8 +25,8 @@ ST = "model.safetensors"
 
 def open_pack(path: Path) -> Any:
     """What loading a pack does up to the forward pass (as edgerun.api.Model does)."""
-    from edgerun.model import Transformer
-    from edgerun.weights import ResidentStore
+    from edgerun.model.transformer import Transformer
+    from edgerun.model.weights import ResidentStore
 
     pack = read_pack(path)
     pack.tokenizer()

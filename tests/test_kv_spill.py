@@ -1,4 +1,4 @@
-"""Idle KV caches moved to disk under a RAM budget (sched/kv_spill.py) and read back:
+"""Idle KV caches moved to disk under a RAM budget (serving/kv_spill.py) and read back:
 the file round trip on a cache of random rows, and sessions of the real SmolLM2 whose
 idle caches the scheduler spills to admit another request, then resumes unchanged."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from edgerun.errors import InvalidArgumentError
-from edgerun.kvcache import KVCache
-from edgerun.sched import kv_spill
+from edgerun.model.kvcache import KVCache
+from edgerun.serving import kv_spill
 
 GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
 
@@ -134,7 +134,7 @@ def test_idle_sessions_spill_to_admit_a_request_and_resume_unchanged(model, tmp_
         assert b.cache.spilled is not None
         path = b.save(tmp_path / "b.safetensors")
         assert b.cache.spilled is not None and b.cache.resident_bytes == 0
-        from edgerun.session import Session
+        from edgerun.serving.session import Session
 
         back = Session.load(model, path)
         assert back.cache.tokens == b_tokens

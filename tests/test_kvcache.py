@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from edgerun.errors import ContextOverflowError, InvalidArgumentError
-from edgerun.kvcache import KVCache, lazy_zeros
+from edgerun.model.kvcache import KVCache, lazy_zeros
 
 
 def _spec(n_layers: int = 4, n_kv_heads: int = 2, head_dim: int = 64) -> SimpleNamespace:

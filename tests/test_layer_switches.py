@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from edgerun.arch.spec import ModelSpec
-from edgerun.decode_step import DecodeStep
-from edgerun.kvcache import KVCache
-from edgerun.model import Transformer
+from edgerun.model.decode_step import DecodeStep
+from edgerun.model.kvcache import KVCache
+from edgerun.model.transformer import Transformer
+from edgerun.model.weights import ResidentStore
 from edgerun.quant.quantize import quantize_tensor
-from edgerun.weights import ResidentStore
 
 D, HEADS, KV_HEADS, HD, FF, VOCAB, LAYERS = 64, 4, 2, 16, 128, 160, 3
 

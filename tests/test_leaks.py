@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from edgerun.sysinfo import current_rss_bytes
+from edgerun.runtime.sysinfo import current_rss_bytes
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 
 import edgerun
 from edgerun.errors import BudgetError
-from edgerun.kvcache import KVCache
+from edgerun.model.kvcache import KVCache
 
 pytestmark = pytest.mark.slow
 
@@ -205,8 +205,8 @@ short = "".join(m.generate({short!r}, max_tokens=8, temperature=0))
 lent0, tiers0 = loan.lent_bytes, loan.lent_tiers
 held0 = m.store.held_neurons
 # the prediction bench prints counts the rows on loan (default figures: no calibration)
-from edgerun.sched import calibration
-from edgerun.sched.placement import DeviceFigures
+from edgerun.device import calibration
+from edgerun.offload.plan import DeviceFigures
 calibration.calibrate = lambda *a, **k: DeviceFigures()
 ram, mode, opts, gpu, gpu_dev = m._placement_args
 base = m.plan_for(ram, mode, opts, gpu, gpu_dev, device=DeviceFigures())[0]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edgerun.errors import BudgetError, EdgerunError
-from edgerun.sched.placement import Footprint, minimum_budget, parse_budget, plan, resident_plan
+from edgerun.offload.plan import Footprint, minimum_budget, parse_budget, plan, resident_plan
 
 MB = 1_000_000
 FLOOR = 150 * MB
@@ -100,7 +100,7 @@ def test_rows_on_loan_are_not_read_and_the_prediction_counts_them():
 
 
 def test_sparse_reads_model_the_readers_merging():
-    from edgerun.sched.placement import _sparse_read
+    from edgerun.offload.plan import _sparse_read
 
     rec = 2496
     total, size = _sparse_read(10, 8960, rec)  # far apart: one aligned read each
@@ -121,7 +121,7 @@ def test_a_model_that_fits_stays_resident():
 # ---------------------------------------------------------------- devices, GPU, hot set
 from dataclasses import replace  # noqa: E402
 
-from edgerun.sched.placement import DeviceFigures  # noqa: E402
+from edgerun.offload.plan import DeviceFigures  # noqa: E402
 
 QWEN15_ATT = replace(QWEN15, attn_weights=2 * 1536 * 1536 + 2 * 256 * 1536)
 # a device that streams f16 weights 20x faster than the CPU streams its blocks
@@ -198,7 +198,7 @@ def test_pinning_a_skewed_profile_predicts_fewer_reads():
 
 
 def test_calibration_is_cached_and_refreshed(tmp_path, monkeypatch):
-    from edgerun.sched import calibration
+    from edgerun.device import calibration
 
     calls = []
 
@@ -222,7 +222,7 @@ def test_calibration_is_cached_and_refreshed(tmp_path, monkeypatch):
 
 
 def test_measured_flash_and_cpu_figures_are_plausible(tmp_path):
-    from edgerun.sched.calibration import measure_cpu, measure_flash
+    from edgerun.device.calibration import measure_cpu, measure_flash
 
     flash = measure_flash(tmp_path, nbytes=8 << 20)
     assert set(flash) == {4096, 32768, 131072, 1 << 20} and min(flash.values()) > 1e6
@@ -233,8 +233,8 @@ def test_measured_flash_and_cpu_figures_are_plausible(tmp_path):
 
 
 def test_calibration_runs_in_a_child_and_leaves_this_process_alone(tmp_path):
-    from edgerun.sched.calibration import cached, calibrate
-    from edgerun.sysinfo import peak_rss_bytes
+    from edgerun.device.calibration import cached, calibrate
+    from edgerun.runtime.sysinfo import peak_rss_bytes
 
     fresh = tmp_path / "offload"  # not made yet, as on a fresh machine
     assert cached(1, directory=fresh, cache=tmp_path / "c") is None  # imports what it needs
@@ -246,7 +246,7 @@ def test_calibration_runs_in_a_child_and_leaves_this_process_alone(tmp_path):
 
 
 def test_measured_offload_figures_drive_the_ffn_time():
-    from edgerun.sched.placement import OffloadFigures
+    from edgerun.offload.plan import OffloadFigures
 
     off = OffloadFigures(
         sparse_read_s=((0.02, 10e-6), (0.9, 2e-6)),
@@ -279,9 +279,9 @@ def test_dense_streaming_reads_show_only_beyond_the_compute():
 
 
 def test_offload_path_is_timed_on_a_real_bundle(tmp_path, smollm2_path):
+    from edgerun.device.calibration import measure_offload
     from edgerun.offload.bundle import ensure_bundle
-    from edgerun.sched.calibration import measure_offload
-    from edgerun.sched.placement import DENSITIES
+    from edgerun.offload.plan import DENSITIES
 
     bundle = ensure_bundle(smollm2_path, progress=False)
     off = measure_offload(bundle, threads=1)
@@ -295,8 +295,8 @@ def test_offload_path_is_timed_on_a_real_bundle(tmp_path, smollm2_path):
 def test_the_row_stream_rate_is_measured_and_used_for_dense_plans(tmp_path):
     from dataclasses import replace
 
-    from edgerun.sched.calibration import measure_stream
-    from edgerun.sched.placement import DeviceFigures
+    from edgerun.device.calibration import measure_stream
+    from edgerun.offload.plan import DeviceFigures
 
     rate = measure_stream(tmp_path, nbytes=16 << 20, cycles=2)
     assert 1e6 < rate < 1e12 and not list(tmp_path.iterdir())  # scratch file removed

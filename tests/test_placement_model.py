@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import edgerun
-from edgerun.kvcache import KVCache
+from edgerun.model.kvcache import KVCache
 from edgerun.offload.ffn import SparseFFN
 from edgerun.offload.profile import profile_model
 
@@ -157,8 +157,8 @@ def test_plan_command_prints_the_prompt_chunk_a_budget_allows(smollm2_path, resi
     """Under a RAM budget a prompt goes through in chunks whose temporaries fit the plan's
     step margin; `edgerun plan` says how many tokens, as the runtime uses. Both in fresh
     processes: a budget is the whole process, and this one holds other models."""
-    from edgerun.engine import prefill_chunk_within
-    from edgerun.sched.placement import STEP_MARGIN_BYTES
+    from edgerun.generate.engine import prefill_chunk_within
+    from edgerun.offload.plan import STEP_MARGIN_BYTES
 
     want = prefill_chunk_within(resident.spec, STEP_MARGIN_BYTES)
     r = subprocess.run(

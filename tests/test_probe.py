@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from edgerun import probe as probe_mod
+from edgerun.device import probe as probe_mod
 from edgerun.offload.io import aligned_empty
 
 
@@ -81,7 +81,7 @@ def test_storage_figures_agree_with_a_plain_read(tmp_path):
 
 
 def test_bandwidth_figure_agrees_with_a_plain_copy():
-    from edgerun.bandwidth import measure_bandwidth
+    from edgerun.device.bandwidth import measure_bandwidth
 
     bw = measure_bandwidth(1, mbytes=256, repeats=3)
     a = np.ones(64 << 20, np.float32)  # 256 MiB
@@ -108,7 +108,7 @@ def test_probe_is_cached_and_refreshed(tmp_path, monkeypatch):
         return {"direct": True, "sequential": {4096: 1e7}, "random": {4096: 4e6}}
 
     monkeypatch.setattr(probe_mod, "measure_storage", fake_storage)
-    monkeypatch.setattr("edgerun.bandwidth.measure_bandwidth", lambda t, **kw: 1e10 * t)
+    monkeypatch.setattr("edgerun.device.bandwidth.measure_bandwidth", lambda t, **kw: 1e10 * t)
     a = probe_mod.probe()
     b = probe_mod.probe()
     assert len(calls) == 1 and a["bandwidth_bytes_per_s"] == b["bandwidth_bytes_per_s"]

@@ -218,7 +218,7 @@ def test_counts_match_a_brute_force_recount(smollm2):
         assert (c == (s >= t).sum(axis=0)).mean() > 0.99
         np.testing.assert_allclose(prof.mass[layer], s.sum(axis=0), rtol=2e-2, atol=1e-2)
     # the executors are restored
-    from edgerun.ffn import DenseFFN
+    from edgerun.model.ffn import DenseFFN
 
     assert all(isinstance(ly.ffn, DenseFFN) for ly in smollm2.transformer.layers)
 

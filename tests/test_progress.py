@@ -1,4 +1,4 @@
-"""edgerun.progress: whole lines into logs and pipes, a rich bar on a terminal."""
+"""edgerun.runtime.progress: whole lines into logs and pipes, a rich bar on a terminal."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from edgerun import progress
-from edgerun.progress import progress_bar
+from edgerun.runtime import progress
+from edgerun.runtime.progress import progress_bar
 
 
 class _Terminal(io.StringIO):

@@ -171,7 +171,7 @@ def test_a_resident_model_decodes_from_the_copies(smollm2_path):
     go, greedy decoding agrees with the row kernels, and a batched step equals the
     single-sequence steps bit for bit."""
     import edgerun
-    from edgerun.kvcache import KVCache
+    from edgerun.model.kvcache import KVCache
 
     il = edgerun.load(smollm2_path, n_ctx=128, threads=2)
     rows = edgerun.load(smollm2_path, n_ctx=128, threads=2, interleave=False)
@@ -246,7 +246,7 @@ def test_a_load_plans_for_the_memory_left(smollm2_path, monkeypatch):
     resident with copies."""
     import edgerun
     from edgerun import api
-    from edgerun.kvcache import KVCache
+    from edgerun.model.kvcache import KVCache
 
     prompt = "The capital of France is"
     n_ctx = 256
@@ -264,7 +264,7 @@ def test_a_load_plans_for_the_memory_left(smollm2_path, monkeypatch):
     )
     assert m.kv_type == "f16"
     assert "".join(m.generate(prompt, max_tokens=8, temperature=0)) == want
-    from edgerun import bench  # and edgerun bench says what the load did
+    from edgerun.tools import bench  # and edgerun bench says what the load did
 
     rep = bench.run(m, 8, 4, repeats=1, bandwidth=False, progress=False, predict=False)
     assert m.auto_budget_note in bench.format_table(rep).splitlines()

@@ -235,7 +235,7 @@ def test_imatrix_collector_sees_every_projection(smollm2):
     from edgerun.tools.calibrate import ImatrixCollector
 
     col = ImatrixCollector()
-    from edgerun.kvcache import KVCache
+    from edgerun.model.kvcache import KVCache
 
     cache = KVCache(smollm2.spec, 8)
     with col.hooked():

@@ -350,7 +350,7 @@ def test_batched_decode_streams_the_rows_once_for_all_sequences(tmp_path):
     runs ahead into the next token's pieces at its own pace)."""
     from hostile import untied_streamed
 
-    from edgerun.kvcache import KVCache
+    from edgerun.model.kvcache import KVCache
 
     u = untied_streamed(tmp_path)
     store, streamed, resident = u.store, u.streamed, u.resident

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from edgerun.engine import StopMatcher
 from edgerun.errors import InvalidArgumentError
-from edgerun.sampling import Sampler, SamplingParams, apply_repeat_penalty
+from edgerun.generate.engine import StopMatcher
+from edgerun.generate.sampling import Sampler, SamplingParams, apply_repeat_penalty
 
 
 def _logits(vocab=50, seed=0):
@@ -110,7 +110,7 @@ def _run(seq, tokens):
 
 
 def test_sequence_ends_on_eos_stop_string_and_length():
-    from edgerun.sequence import Sequence
+    from edgerun.generate.sequence import Sequence
 
     tok = _Bytes([b"a", b"b", b"</", b"s>", b"\xc3", b"\xa9", b"", b"!"])
     greedy = SamplingParams(temperature=0.0)
@@ -135,8 +135,8 @@ def test_sequence_ends_on_eos_stop_string_and_length():
 
 def test_one_stats_class_for_every_driver():
     import edgerun
-    from edgerun.sched.batching import ResponseStats
-    from edgerun.sequence import GenerationStats
+    from edgerun.generate.sequence import GenerationStats
+    from edgerun.serving.batching import ResponseStats
 
     assert ResponseStats is GenerationStats is edgerun.GenerationStats
     st = GenerationStats(prompt_tokens=5, generated_tokens=3)

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from edgerun.kvcache import KVCache
-from edgerun.session import Session, SessionFileError
+from edgerun.model.kvcache import KVCache
+from edgerun.serving.session import Session, SessionFileError
 
 GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
 
@@ -173,7 +173,7 @@ def test_requests_arriving_together_start_and_decode_together(model):
     """Short prompts that arrive in one step are all prefilled in that step (one
     budget for all), so every decode step runs them all; a long prompt is still cut
     into prefill_chunk pieces while others generate."""
-    from edgerun.sampling import SamplingParams
+    from edgerun.generate.sampling import SamplingParams
 
     sched = model.scheduler
     greedy = SamplingParams(**GREEDY)
@@ -278,7 +278,7 @@ def test_requests_share_the_kv_window_a_ram_budget_reserved(model):
     """Under a RAM budget the plan counts one context window of KV cache: the scheduler
     admits concurrent requests only while their caches' reachable positions fit in it,
     and the others wait (first come, first served) with their output unchanged."""
-    from edgerun.sampling import SamplingParams
+    from edgerun.generate.sampling import SamplingParams
 
     ids = [model.tokenize(p) for p in ("Name a colour.", "Name a fruit.", "Name a city.")]
     params = SamplingParams(temperature=0.0, repeat_penalty=1.0)
@@ -307,7 +307,7 @@ def test_requests_share_the_kv_window_a_ram_budget_reserved(model):
 def test_shared_prefixes_are_kept_only_in_the_kv_window_left(model):
     """Under a RAM budget a shared prefix is kept only if it fits in what the active
     requests leave of the KV window, and kept prefixes count against admission."""
-    from edgerun.sampling import SamplingParams
+    from edgerun.generate.sampling import SamplingParams
 
     ids = model.tokenize("You are a terse assistant. " * 6 + "Name a colour.")
     k = len(ids) - 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgerun import sysinfo
+from edgerun.runtime import sysinfo
 
 
 def _tree(tmp_path: Path, v2: bool, limit: str, usage: int, cache: int) -> tuple[Path, Path]:

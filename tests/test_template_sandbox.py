@@ -7,15 +7,15 @@ import pytest
 from hostile import bounded
 
 from edgerun import registry
-from edgerun.chat import (
+from edgerun.errors import EdgerunError
+from edgerun.formats.gguf import read_gguf
+from edgerun.generate.chat_template import (
     TIME_LIMIT_S,
     ChatTemplateError,
     check_template,
     encode_chat,
     render_chat,
 )
-from edgerun.errors import EdgerunError
-from edgerun.formats.gguf import read_gguf
 
 MSGS = [{"role": "user", "content": "hi"}]
 

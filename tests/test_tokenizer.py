@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from edgerun.chat import ChatTemplateError, NoChatTemplateError, render_chat
 from edgerun.errors import EdgerunError, InvalidArgumentError, UnsupportedError
+from edgerun.generate.chat_template import ChatTemplateError, NoChatTemplateError, render_chat
 from edgerun.tokenizer import (
     BPETokenizer,
     StreamDecoder,

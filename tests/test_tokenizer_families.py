@@ -643,7 +643,7 @@ QWEN_CONVERSATIONS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(QWEN_CONVERSATIONS)))
 def test_qwen_chat_template_matches_transformers(qwen, qwen_hf, case):
-    from edgerun.chat import render_chat
+    from edgerun.generate.chat_template import render_chat
 
     _, meta, tok = qwen
     assert tok.chat_template == meta["tokenizer.chat_template"]

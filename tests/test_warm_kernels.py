@@ -1,6 +1,6 @@
 """Kernels are compiled in children before a budgeted load, so the compiler's memory
 never sits beside the budgeted weights, and each child stays within what the budget
-leaves (edgerun/tools/warm_kernels.py)."""
+leaves (edgerun/offload/warm_kernels.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_a_budgeted_load_on_a_cold_cache_compiles_nothing_itself(smollm2_path, t
 import json, edgerun
 from edgerun.api import minimum_ram_budget
 from edgerun.ops import qmatvec
-from edgerun.tools.warm_kernels import ensure_kernels_compiled, warm_marker
+from edgerun.offload.warm_kernels import ensure_kernels_compiled, warm_marker
 need = minimum_ram_budget({str(smollm2_path)!r}, n_ctx=256)
 m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, threads=2, ram_budget=int(need * 1.1))
 w = m.warm_up()

@@ -48,9 +48,9 @@ from typing import Any
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec, validate_spec
-from edgerun.atomic import check_free_space, fsync_dir
 from edgerun.errors import ModelFormatError, ModelNotFoundError, UnsupportedError
 from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType, row_bytes
+from edgerun.runtime.atomic import check_free_space, fsync_dir
 
 __all__ = [
     "PACK_FORMAT",

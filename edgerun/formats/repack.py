@@ -75,7 +75,7 @@ def write_pack(
     imatrix: name -> column importances [cols] (missing names: unweighted).
     on_tensor(name) is called after each tensor is written.
     """
-    from edgerun import __version__ as ver
+    from edgerun._version import __version__ as ver
     from edgerun.formats.pack import PackWriter, spec_to_json
     from edgerun.quant.quantize import quantize
 

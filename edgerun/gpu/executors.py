@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgerun.errors import InvalidArgumentError
-from edgerun.ffn import check_shapes
+from edgerun.model.ffn import check_shapes
 from edgerun.quant.formats import QuantTensor
 
 from . import import_torch, resolve_device
@@ -69,7 +69,7 @@ class _OnDevice:
 
 
 class TorchFFN(_OnDevice):
-    """down(act(gate x) * up x) on a torch device; an FFNExecutor (edgerun/ffn.py).
+    """down(act(gate x) * up x) on a torch device; an FFNExecutor (edgerun/model/ffn.py).
 
     The activation is computed in float32 whatever the weight dtype, with the functions
     of ops/activations.glu: silu(g) = g / (1 + exp(-g)); gelu_tanh(g) = 0.5 g (1 +

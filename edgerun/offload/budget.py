@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgerun.kvcache import KVCache
-from edgerun.sysinfo import current_rss_bytes, return_free_heap_to_os
+from edgerun.model.kvcache import KVCache
+from edgerun.runtime.sysinfo import current_rss_bytes, return_free_heap_to_os
 
 __all__ = ["BudgetKeeper", "drop_load_page_cache", "trim_heap_after_prompt_chunk"]
 
@@ -147,9 +147,9 @@ class BudgetKeeper:
         process does not use yet (the KV cache's unwritten pages, the prompt step's
         temporaries, the plan's margins), given back before it is needed
         (offload/kv_loan.py)."""
-        from edgerun.kvcache import KV_TYPES
+        from edgerun.model.kvcache import KV_TYPES
         from edgerun.offload.kv_loan import PAGE_BYTES, KVLoan
-        from edgerun.sched.placement import STEP_MARGIN_BYTES
+        from edgerun.offload.plan import STEP_MARGIN_BYTES
 
         store, p, spec = self.store, self.plan, self.spec
         tiers = getattr(getattr(store, "options", None), "kv_loan_tiers", 0)

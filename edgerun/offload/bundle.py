@@ -128,8 +128,8 @@ def write_bundle(
     """
     from edgerun.arch import spec_from_gguf
     from edgerun.formats.gguf import read_gguf
-    from edgerun.progress import progress_bar
     from edgerun.quant.quantize import QUANTIZABLE, parse_qtype
+    from edgerun.runtime.progress import progress_bar
 
     src = Path(gguf_path)
     out = Path(out_path)
@@ -227,7 +227,7 @@ def write_bundle(
         index["file_size"] = _align(index_offset + len(blob))
         blob = json.dumps(index, separators=(",", ":")).encode()
 
-    from edgerun.atomic import check_free_space
+    from edgerun.runtime.atomic import check_free_space
 
     out.parent.mkdir(parents=True, exist_ok=True)
     check_free_space(out.parent, index["file_size"], f"the offload layout {out.name}")
@@ -270,7 +270,7 @@ def write_bundle(
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         os.replace(tmp, out)
     except OSError as e:
-        from edgerun.atomic import disk_full_error
+        from edgerun.runtime.atomic import disk_full_error
 
         tmp.unlink(missing_ok=True)
         raise disk_full_error(e, out, "the offload layout") from e

@@ -34,13 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgerun.atomic import write_atomic
 from edgerun.errors import InvalidArgumentError, ModelFormatError
 from edgerun.offload.io import DirectReader, drop_page_cache
 from edgerun.offload.rowstream import SplitMatrix, StreamStats, read_rows, stream_ranges
 from edgerun.ops import qmatvec
 from edgerun.ops.lowrank import int8_row_scores
 from edgerun.quant.formats import QuantTensor
+from edgerun.runtime.atomic import write_atomic
 
 __all__ = [
     "CALIBRATION_TOKENS",

@@ -435,7 +435,7 @@ def page_out_large_libraries(min_bytes: int = LARGE_LIBRARY_BYTES) -> int:
     still charges: 70 MiB of libllvmlite.so stayed cached after a 1.5B warm-up, a long
     prompt's peak 927 MB against an 839 MB budget. So the files' now unmapped pages are
     dropped too (POSIX_FADV_DONTNEED; pages another process maps stay)."""
-    from edgerun.sysinfo import current_rss_bytes
+    from edgerun.runtime.sysinfo import current_rss_bytes
 
     before = current_rss_bytes()
     paths = _advise_large_libraries(_MADV_PAGEOUT, min_bytes)

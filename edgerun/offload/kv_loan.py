@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from edgerun.errors import InvalidArgumentError
-from edgerun.kvcache import PAGE_BYTES
+from edgerun.model.kvcache import PAGE_BYTES
 
 __all__ = ["KVLoan", "PAGE_BYTES"]
 

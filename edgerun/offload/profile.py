@@ -144,7 +144,7 @@ class NeuronProfile:
     # -- files ---------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write the profile as .npz, atomically (temp file, fsync, rename)."""
-        from edgerun.atomic import write_atomic
+        from edgerun.runtime.atomic import write_atomic
 
         arrays = {
             "version": np.array(FORMAT_VERSION, np.int64),
@@ -314,12 +314,12 @@ def profile_model(
     at `sparsity` (default: store.DEFAULT_SPARSITY). The tokens run in prefill chunks of
     `chunk`, each from an empty KV cache, as the calibration runs them. The model's
     executors are restored afterwards."""
-    from edgerun.kvcache import KVCache
+    from edgerun.model.kvcache import KVCache
     from edgerun.offload.bundle import source_sha256
     from edgerun.offload.sparsity import _dense
     from edgerun.offload.store import DEFAULT_SPARSITY, prepare
-    from edgerun.progress import progress_bar
-    from edgerun.sched.cpu_share import set_threads
+    from edgerun.runtime.cpu_share import set_threads
+    from edgerun.runtime.progress import progress_bar
 
     sparsity = DEFAULT_SPARSITY if sparsity is None else float(sparsity)
     if not (np.isfinite(sparsity) and 0.0 <= sparsity < 1.0):
@@ -329,7 +329,7 @@ def profile_model(
     toks = [int(t) for t in tokens]
     if not toks:
         raise InvalidArgumentError("profiling needs at least one token")
-    from edgerun.engine import check_token_ids
+    from edgerun.generate.engine import check_token_ids
 
     check_token_ids(toks, model.spec.vocab_size)
     path = _check_gguf(model)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgerun.errors import InvalidArgumentError
-from edgerun.ffn import DenseFFN
+from edgerun.model.ffn import DenseFFN
 from edgerun.ops import qmatvec
 from edgerun.ops import sparse_ffn as sf
 from edgerun.ops.activations import glu

@@ -1,7 +1,7 @@
 """Weight stores with attention, norms, embeddings and head resident; FFNs from flash.
 
 Both are ResidentStores whose `ffn()` returns a flash executor, sized by a placement
-Plan (sched/placement.py):
+Plan (offload/plan.py):
 - `DenseStreamStore` (dense plans): every FFN matrix keeps its first rows in RAM and
   streams the rest from the GGUF itself (offload/rowstream.py); nothing to prepare.
 - `OffloadStore` (sparse plans): the bundled layout and CATS thresholds
@@ -25,15 +25,15 @@ import numpy as np
 
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import InvalidArgumentError, ModelFormatError
-from edgerun.ffn import FFNExecutor
+from edgerun.model.ffn import FFNExecutor
+from edgerun.model.weights import ResidentStore
 from edgerun.offload.bundle import Bundle, ensure_bundle
 from edgerun.offload.cache import NeuronCache
 from edgerun.offload.ffn import OffloadStats, SparseFFN
 from edgerun.offload.head import HEAD_CANDIDATES, HEAD_HELD_ROWS, HEAD_RANK
 from edgerun.offload.io import IO_THREADS, aligned_empty
+from edgerun.offload.plan import PREFETCH_NEURONS, SCRATCH_NEURONS, Plan
 from edgerun.offload.prefetch import Prefetcher
-from edgerun.sched.placement import PREFETCH_NEURONS, SCRATCH_NEURONS, Plan
-from edgerun.weights import ResidentStore
 
 if TYPE_CHECKING:
     from edgerun.offload.rowstream import SplitMatrix
@@ -604,7 +604,7 @@ class DenseStreamStore(ResidentStore):
         return m
 
     def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
-        from edgerun.ffn import DenseFFN, check_shapes
+        from edgerun.model.ffn import DenseFFN, check_shapes
         from edgerun.offload.rowstream import StreamedFFN
 
         self.check_vectors(spec, layer)

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from edgerun.errors import ContextOverflowError, EdgerunError
-from edgerun.session import system_prefix_len
+from edgerun.serving.session import system_prefix_len
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from edgerun.kvcache import KVCache
+from edgerun.model.kvcache import KVCache
 
 __all__ = ["ImatrixCollector", "collect_imatrix", "save_imatrix", "load_imatrix"]
 

@@ -25,7 +25,7 @@ import numpy as np
 from edgerun.errors import InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import GGUFSource
 from edgerun.formats.repack import check_output, plan_pack, write_pack
-from edgerun.progress import progress_bar
+from edgerun.runtime.progress import progress_bar
 
 __all__ = ["GGUFSource", "convert", "open_source"]
 
@@ -110,9 +110,9 @@ def convert(
 
 def _calibrate(source, n_tokens: int, n_ctx: int, progress: bool) -> dict[str, np.ndarray]:
     from edgerun.corpus import calibration_text
-    from edgerun.model import Transformer
+    from edgerun.model.transformer import Transformer
+    from edgerun.model.weights import ResidentStore
     from edgerun.tools.calibrate import collect_imatrix
-    from edgerun.weights import ResidentStore
 
     if source.kind == "gguf":
         from edgerun.tokenizer import tokenizer_from_gguf_metadata

@@ -23,7 +23,7 @@ import numpy as np
 
 from edgerun.corpus import CALIBRATION_FRACTION, calibration_text, evaluation_text
 from edgerun.errors import InvalidArgumentError
-from edgerun.kvcache import KVCache
+from edgerun.model.kvcache import KVCache
 
 __all__ = [
     "CALIBRATION_FRACTION",
@@ -90,7 +90,7 @@ def perplexity(
     bos = tok.bos_id if getattr(tok, "add_bos", False) else None
     first = n_ctx // 2
     tr = model.transformer
-    from edgerun.sched.cpu_share import set_threads
+    from edgerun.runtime.cpu_share import set_threads
 
     set_threads(model.threads)
     nlls = []

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgerun.settings import DEFAULT_CTX, ModelSettings
+from edgerun.generate.settings import DEFAULT_CTX, ModelSettings
 from edgerun.tui.store import ChatSettings, Conversation, ConversationStore
 
 RAW_STOPS = ("\nUser:", "\nuser:", "\nUSER:")
@@ -572,7 +572,7 @@ class ChatController:
             path = self.store.kv_path(self.conv)
             if path.exists():
                 from edgerun.errors import EdgerunError
-                from edgerun.session import Session
+                from edgerun.serving.session import Session
 
                 try:
                     self._session = Session.load(model, path)
@@ -640,7 +640,7 @@ def default_providers(chat: Any) -> list[tuple[str, Callable[[], str]]]:
     `chat` is a ChatController, or anything with its .model (Model | None), .model_label,
     .model_quant, .status_text, .last_stats, .generating and .cache_length().
     """
-    from edgerun.sysinfo import peak_rss_bytes
+    from edgerun.runtime.sysinfo import peak_rss_bytes
 
     def st():
         return getattr(chat, "last_stats", None) if chat.model is not None else None

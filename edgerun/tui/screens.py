@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Select, Static, TextArea
 from textual.widgets.option_list import Option
 
-from edgerun.settings import SAMPLING_FIELDS, ModelSettings
+from edgerun.generate.settings import SAMPLING_FIELDS, ModelSettings
 from edgerun.tui.store import ChatSettings, Conversation
 
 KEYS = [

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from edgerun.settings import SAMPLING_FIELDS, ModelSettings
+from edgerun.generate.settings import SAMPLING_FIELDS, ModelSettings
 
 FORMAT_VERSION = 1
 
@@ -144,7 +144,7 @@ class ConversationStore:
 
     def save(self, conv: Conversation) -> Path:
         """Atomically (temp file, fsync, rename, fsync of the folder)."""
-        from edgerun.atomic import write_bytes_atomic
+        from edgerun.runtime.atomic import write_bytes_atomic
 
         conv.updated = time.time()
         conv.title = conv.auto_title()

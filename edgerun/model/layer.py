@@ -27,13 +27,13 @@ from typing import Protocol
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec
-from edgerun.ffn import DenseFFN, FFNExecutor, decode_rows
+from edgerun.model.ffn import DenseFFN, FFNExecutor, decode_rows
+from edgerun.model.weights import AttentionProjections, ResidentProjections
 from edgerun.ops import activations, qmatvec
 from edgerun.ops.norm import _rmsnorm_serial, rmsnorm
 from edgerun.ops.rope import rope_inplace
 from edgerun.ops.token_step import add_normed, attend_rows, attend_token
 from edgerun.quant.formats import QuantTensor
-from edgerun.weights import AttentionProjections, ResidentProjections
 
 __all__ = [
     "Layer",

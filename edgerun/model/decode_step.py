@@ -22,8 +22,8 @@ import weakref
 
 import numpy as np
 
-from edgerun.kvcache import KVCache
-from edgerun.layer import ATTEND, Attention, BoundRows
+from edgerun.model.kvcache import KVCache
+from edgerun.model.layer import ATTEND, Attention, BoundRows
 from edgerun.ops import norm, qmatvec
 from edgerun.ops.attention import BatchAttention
 

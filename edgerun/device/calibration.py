@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgerun.sched.placement import DENSITIES, DeviceFigures, OffloadFigures
+from edgerun.offload.plan import DENSITIES, DeviceFigures, OffloadFigures
 
 __all__ = [
     "cached",
@@ -142,7 +142,7 @@ def measure_cpu(
     """
     from edgerun.ops import qmatvec
     from edgerun.ops.norm import rmsnorm
-    from edgerun.sched.cpu_share import set_threads
+    from edgerun.runtime.cpu_share import set_threads
 
     set_threads(threads)
     rng = np.random.default_rng(1)
@@ -182,7 +182,7 @@ def _key(threads: int, directory: Path, gpu_device: str | None) -> str:
         except OSError:
             continue
     from edgerun._numba_env import sources_stamp
-    from edgerun.probe import cpu_features
+    from edgerun.device.probe import cpu_features
 
     # the kernels' and the readers' sources too: an upgrade that changes their speed
     # measures them again
@@ -254,7 +254,7 @@ def calibrate(
         gpu_matvec_bytes_s=float(gpu.get("matvec_bytes_per_s", 0.0)),
         gpu_call_s=float(gpu.get("roundtrip_seconds", 0.0)),
     )
-    from edgerun.atomic import write_bytes_atomic
+    from edgerun.runtime.atomic import write_bytes_atomic
 
     data = json.dumps({**asdict(figs), "measured_at": time.time()}, indent=1)
     write_bytes_atomic(path, data.encode())
@@ -267,7 +267,7 @@ def _calibrate_in_child(
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "edgerun.sched.calibration", str(threads), str(directory)]
+    cmd = [sys.executable, "-m", "edgerun.device.calibration", str(threads), str(directory)]
     cmd += [str(path)] + ([gpu_device] if gpu_device else [])
     r = subprocess.run(cmd, capture_output=True, text=True)
     from edgerun.errors import EdgerunError
@@ -324,9 +324,9 @@ def measure_offload(bundle_file: Path, threads: int, io_threads: int = 4) -> Off
     """
     from edgerun.offload.bundle import Bundle
     from edgerun.offload.io import aligned_empty
+    from edgerun.offload.plan import SCRATCH_NEURONS
     from edgerun.ops import sparse_ffn as sf
-    from edgerun.sched.cpu_share import set_threads
-    from edgerun.sched.placement import SCRATCH_NEURONS
+    from edgerun.runtime.cpu_share import set_threads
 
     set_threads(threads)
     rng = np.random.default_rng(2)
@@ -392,8 +392,8 @@ def measure_offload(bundle_file: Path, threads: int, io_threads: int = 4) -> Off
 
 def offload_figures(bundle_file: Path, threads: int, refresh: bool = False) -> OffloadFigures:
     """measure_offload for `bundle_file`, cached beside the device figures."""
-    from edgerun.atomic import write_bytes_atomic
     from edgerun.registry import cache_dir
+    from edgerun.runtime.atomic import write_bytes_atomic
 
     key = _key(threads, bundle_file.parent, None)
     path = cache_dir() / "calibration" / f"{bundle_file.stem}-{key}.offload.json"

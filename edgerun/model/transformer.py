@@ -11,17 +11,17 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec
-from edgerun.compute_thread import compute_thread
-from edgerun.decode_step import DecodeStep
 from edgerun.errors import ModelFormatError
-from edgerun.ffn import DenseFFN, FFNExecutor
-from edgerun.kvcache import KVCache
-from edgerun.layer import InputNorm, Layer, Rows, Step, layer_matrices, layer_steps
+from edgerun.model.decode_step import DecodeStep
+from edgerun.model.ffn import DenseFFN, FFNExecutor
+from edgerun.model.kvcache import KVCache
+from edgerun.model.layer import InputNorm, Layer, Rows, Step, layer_matrices, layer_steps
+from edgerun.model.weights import ResidentProjections, WeightStore
 from edgerun.ops import qmatvec
 from edgerun.ops.attention import BatchAttention, attention
 from edgerun.ops.rope import rope_tables
 from edgerun.quant.formats import QuantTensor
-from edgerun.weights import ResidentProjections, WeightStore
+from edgerun.runtime.compute_thread import compute_thread
 
 __all__ = ["Transformer", "layer_matrices"]
 

@@ -17,12 +17,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from edgerun.api import Model
-from edgerun.bandwidth import measure_bandwidth
-from edgerun.kvcache import KVCache
+from edgerun.device.bandwidth import measure_bandwidth
+from edgerun.model.kvcache import KVCache
 from edgerun.ops.qmatvec import kernel_path, uses_amx
-from edgerun.progress import progress_bar
-from edgerun.sched.cpu_share import set_threads
-from edgerun.sysinfo import peak_rss_bytes
+from edgerun.runtime.cpu_share import set_threads
+from edgerun.runtime.progress import progress_bar
+from edgerun.runtime.sysinfo import peak_rss_bytes
 
 
 @dataclass
@@ -106,7 +106,7 @@ def run(
     Numba), so the report can say how much of the peak the model itself costs.
     progress: a line (or bar) per timed run on stderr, never on stdout with the report.
     predict: add the placement planner's predicted decode tok/s per thread count (from
-    calibrated device figures, sched/calibration.py) to set against the measurement.
+    calibrated device figures, device/calibration.py) to set against the measurement.
     """
     # Without a thread list, decode is timed on the threads `generate` decodes with: one
     # fewer where a streamed model leaves its reader a core (ThreadGovernor.decode_reserve)
@@ -135,7 +135,7 @@ def run(
                 rows.append(row)
     wbytes = weight_bytes_per_token(model)
     peak_rss = peak_rss_bytes()  # before the bandwidth probe's buffer
-    from edgerun.probe import probe
+    from edgerun.device.probe import probe
 
     system = probe()  # the machine these figures are from (cached; measured once)
     predicted = {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgerun.errors import ModelFormatError
-from edgerun.sampling import DEFAULT_SAMPLING, SamplingParams
+from edgerun.generate.sampling import DEFAULT_SAMPLING, SamplingParams
 
 __all__ = ["DEFAULT_CTX", "SAMPLING_FIELDS", "ModelSettings", "parse_parameters"]
 

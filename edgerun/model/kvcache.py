@@ -77,7 +77,7 @@ class KVCache:
         self.n_ctx = n_ctx
         self.tokens: list[int] = []  # ids whose keys/values are stored, in order
         self.written = 0  # positions written since the pages were last given back
-        # Held by whoever moves the rows to disk and back (sched/kv_spill.py) or reads
+        # Held by whoever moves the rows to disk and back (serving/kv_spill.py) or reads
         # them outside a forward pass (Session.save); `spilled` is the file holding them
         # while they are on disk (no forward pass may run on the cache then).
         self.lock = threading.RLock()

@@ -1,7 +1,7 @@
 """One generated sequence: sampler -> stream detokenizer -> stop matcher -> stats.
 
 Every driver (the single-stream generator in engine.py, the batching scheduler in
-sched/batching.py) feeds a Sequence the logits of its next position and shows the text
+serving/batching.py) feeds a Sequence the logits of its next position and shows the text
 it returns; the Sequence decides the token, the text that is safe to show and whether
 the sequence ended ("stop": an end-of-sequence id or a stop string; "length":
 max_tokens). What only a driver knows (a full context window, a cancel) it tells the
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgerun.sampling import Sampler, SamplingParams
+from edgerun.generate.sampling import Sampler, SamplingParams
 from edgerun.tokenizer import StreamDecoder, Tokenizer
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgerun.errors import ContextOverflowError
-from edgerun.kvcache import KVCache
+from edgerun.model.kvcache import KVCache
 
 
 @dataclass

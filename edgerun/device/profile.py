@@ -26,7 +26,7 @@ KERNEL_PATHS = ("portable", "avx2", "vnni", "int8")
 
 
 def _dir() -> Path:
-    return Path(__file__).resolve().parent / "devices"
+    return Path(__file__).resolve().parent.parent / "devices"
 
 
 def device_profiles() -> list[str]:
@@ -94,7 +94,7 @@ def _size(text: str, path: Path, fld: str) -> int:
 def load_device_profile(name_or_path: str | Path) -> DeviceProfile:
     """A shipped profile by name (`device_profiles()`) or a TOML file; every field is
     checked and a bad one named."""
-    from edgerun.sched.placement import parse_budget
+    from edgerun.offload.plan import parse_budget
 
     p = Path(name_or_path)
     if not p.suffix:

@@ -139,7 +139,7 @@ def probe(refresh: bool = False, storage_dir: Path | None = None) -> dict:
                     return cached
         except (OSError, ValueError):
             pass
-    from edgerun.bandwidth import measure_bandwidth
+    from edgerun.device.bandwidth import measure_bandwidth
 
     n = facts["cpu"]["usable_cores"]
     bw = {str(t): measure_bandwidth(t, mbytes=256, repeats=3) for t in range(1, n + 1)}
@@ -156,7 +156,7 @@ def probe(refresh: bool = False, storage_dir: Path | None = None) -> dict:
         },
         "measured_at": time.time(),
     }
-    from edgerun.atomic import write_bytes_atomic
+    from edgerun.runtime.atomic import write_bytes_atomic
 
     write_bytes_atomic(path, json.dumps(result, indent=1).encode())
     return result

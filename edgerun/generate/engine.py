@@ -14,21 +14,21 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.compute_thread import compute_thread
 from edgerun.errors import ContextOverflowError, EdgerunError, InvalidArgumentError
-from edgerun.kvcache import KVCache
-from edgerun.model import Transformer
+from edgerun.generate.prefix_cache import PrefixCache
+from edgerun.generate.sampling import SamplingParams
+from edgerun.generate.sequence import GenerationStats, ResponseStats, Sequence, StopMatcher, WarmUp
+from edgerun.generate.settings import ModelSettings
+from edgerun.model.kvcache import KVCache
+from edgerun.model.transformer import Transformer
 from edgerun.ops import lowrank, qmatvec
 from edgerun.ops.activations import PARALLEL_MIN as _GLU_PARALLEL_MIN
 from edgerun.ops.activations import glu
 from edgerun.ops.norm import PARALLEL_MIN as _NORM_PARALLEL_MIN
 from edgerun.ops.norm import rmsnorm
-from edgerun.prefix_cache import PrefixCache
 from edgerun.quant.formats import QuantTensor
-from edgerun.sampling import SamplingParams
-from edgerun.sched.cpu_share import ThreadGovernor, set_threads
-from edgerun.sequence import GenerationStats, ResponseStats, Sequence, StopMatcher, WarmUp
-from edgerun.settings import ModelSettings
+from edgerun.runtime.compute_thread import compute_thread
+from edgerun.runtime.cpu_share import ThreadGovernor, set_threads
 from edgerun.tokenizer import Tokenizer
 
 # GenerationStats, ResponseStats, StopMatcher and WarmUp live in sequence.py; kept here
@@ -222,7 +222,7 @@ class Engine:
             model.forward(ids, scratch)
             model.forward(ids[-1:], scratch)
             pair = [KVCache(spec, 1, scratch.kv_type) for _ in range(2)]
-            model.forward_batch(ids, pair)  # batched decode (sched/batching.py)
+            model.forward_batch(ids, pair)  # batched decode (serving/batching.py)
             compute_thread().call(self._warm_parallel_kernels)
             compute_thread().call(self._warm_every_format)
             self.tokenizer.warm()  # byte-level BPE's merge kernel (tokenizer/bpe_merges.py)
@@ -259,7 +259,7 @@ class Engine:
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> list[int]:
         """Token ids of a conversation rendered with the chat template."""
-        from edgerun.chat import encode_chat
+        from edgerun.generate.chat_template import encode_chat
 
         self.need_template()
         return encode_chat(

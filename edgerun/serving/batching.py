@@ -31,16 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
-from edgerun.engine import PREFILL_CHUNK, Engine, check_prompt
 from edgerun.errors import EdgerunError, InvalidArgumentError
-from edgerun.kvcache import KVCache
-from edgerun.prefix_cache import PrefixCache, SharedPrefix
-from edgerun.sampling import SamplingParams
-from edgerun.sched import kv_spill
-from edgerun.sched.cpu_share import set_threads
-from edgerun.sequence import GenerationStats, ResponseStats
-from edgerun.sequence import Sequence as GenSequence
-from edgerun.sysinfo import peak_rss_bytes
+from edgerun.generate.engine import PREFILL_CHUNK, Engine, check_prompt
+from edgerun.generate.prefix_cache import PrefixCache, SharedPrefix
+from edgerun.generate.sampling import SamplingParams
+from edgerun.generate.sequence import GenerationStats, ResponseStats
+from edgerun.generate.sequence import Sequence as GenSequence
+from edgerun.model.kvcache import KVCache
+from edgerun.runtime.cpu_share import set_threads
+from edgerun.runtime.sysinfo import peak_rss_bytes
+from edgerun.serving import kv_spill
 
 # ResponseStats (= GenerationStats), PrefixCache and SharedPrefix: public names kept here
 __all__ = [

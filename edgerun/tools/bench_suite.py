@@ -63,7 +63,7 @@ def default_cells(
     so tg128 there alone would take the suite past its 30 minutes; the report's pp/tg
     column says which lengths each row ran."""
     from edgerun import registry
-    from edgerun.sysinfo import default_threads
+    from edgerun.runtime.sysinfo import default_threads
 
     ms = (
         [m for m in registry.manifests() if registry.is_installed(m)]
@@ -99,9 +99,9 @@ def _pack(model: str, fmt: str) -> Path:
 def run_cell(cell: Cell) -> dict:
     """One cell, in this process (the suite calls it in a child)."""
     import edgerun
-    from edgerun import bench
     from edgerun.api import Model, resolve_model
-    from edgerun.sysinfo import current_rss_bytes, peak_rss_bytes
+    from edgerun.runtime.sysinfo import current_rss_bytes, peak_rss_bytes
+    from edgerun.tools import bench
 
     src = resolve_model(cell.model) if cell.fmt == "own" else _pack(cell.model, cell.fmt)
     ctx = cell.n_prompt + cell.n_gen + 64
@@ -109,7 +109,7 @@ def run_cell(cell: Cell) -> dict:
     budget = None
     if cell.mode != "resident":
         from edgerun.api import runtime_floor_bytes
-        from edgerun.kvcache import KVCache
+        from edgerun.model.kvcache import KVCache
 
         probe_model = Model(Path(src), n_ctx=ctx, interleave=False)
         # Above the runtime's floor the model needs its file and KV cache resident; the
@@ -190,7 +190,7 @@ def run_suite(
 ) -> list[dict]:
     """Run the cells not yet in out_dir/rows.jsonl, each in a child; then the report
     (with a real device's rows beside, when given)."""
-    from edgerun.progress import progress_bar
+    from edgerun.runtime.progress import progress_bar
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rows_file = out_dir / "rows.jsonl"
@@ -208,7 +208,7 @@ def run_suite(
                 + (f" (ETA {eta / 60:.0f} min)" if i else ""),
             )
             r = subprocess.run(
-                [sys.executable, "-m", "edgerun.bench_suite", json.dumps(asdict(c))],
+                [sys.executable, "-m", "edgerun.tools.bench_suite", json.dumps(asdict(c))],
                 capture_output=True,
                 text=True,
                 timeout=timeout_s,
@@ -320,7 +320,7 @@ def _real_beside(rows: list[dict], real: list[dict]) -> list[str]:
 def write_report(rows: list[dict], out_dir: Path, real: list[dict] | None = None) -> Path:
     """suite.json, report.md and (with matplotlib) plots from the rows; with `real` (a
     real device's rows, load_real_rows) a table sets them beside this run's."""
-    from edgerun.probe import format_probe, probe
+    from edgerun.device.probe import format_probe, probe
 
     sysp = probe()
     (out_dir / "suite.json").write_text(json.dumps({"system": sysp, "rows": rows}, indent=1))
@@ -428,7 +428,7 @@ def _groups(rows: list[dict], by: tuple[str, ...], **where) -> dict:
     return out
 
 
-if __name__ == "__main__":  # one cell, in a child: python -m edgerun.bench_suite CELL_JSON
+if __name__ == "__main__":  # one cell, in a child: python -m edgerun.tools.bench_suite CELL_JSON
     try:
         row = run_cell(Cell(**json.loads(sys.argv[1])))
     except EdgerunError as e:

@@ -15,7 +15,7 @@ import numpy as np
 
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ModelFormatError
-from edgerun.ffn import DenseFFN, FFNExecutor
+from edgerun.model.ffn import DenseFFN, FFNExecutor
 from edgerun.ops import qmatvec
 from edgerun.quant.formats import QuantTensor, QuantType
 

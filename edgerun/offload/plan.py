@@ -343,7 +343,7 @@ def _layers(ids) -> str:
 
 @dataclass(frozen=True)
 class DeviceFigures:
-    """Measured rates the prediction uses (sched/calibration.py measures them; the
+    """Measured rates the prediction uses (device/calibration.py measures them; the
     defaults are this machine kind's, PERF_NOTES)."""
 
     flash_read_bytes_s: float = 600e6  # O_DIRECT, 32-128 KiB reads, 4 threads

@@ -10,7 +10,7 @@ import numpy as np
 from numba import njit, prange
 
 from edgerun.ops._simd import stack16
-from edgerun.sched.cpu_share import set_threads
+from edgerun.runtime.cpu_share import set_threads
 
 __all__ = ["measure_bandwidth"]
 

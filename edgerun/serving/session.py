@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.atomic import write_atomic
-from edgerun.engine import Engine
 from edgerun.errors import EdgerunError, InvalidArgumentError
-from edgerun.kvcache import KV_TYPES, KVCache
+from edgerun.generate.engine import Engine
+from edgerun.model.kvcache import KV_TYPES, KVCache
 from edgerun.offload.io import drop_page_cache
-from edgerun.sched import kv_spill
-from edgerun.sched.batching import Request, ResponseStats, Serving
+from edgerun.runtime.atomic import write_atomic
+from edgerun.serving import kv_spill
+from edgerun.serving.batching import Request, ResponseStats, Serving
 
 SESSION_FORMAT = "edgerun-session/1"
 _MAX_META = 64 << 20  # a session's JSON metadata (history, tokens) is at most this long

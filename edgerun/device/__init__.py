@@ -1,0 +1,1 @@
+"""Measuring the device: CPU probe, memory bandwidth, calibration, device profiles."""

@@ -1,1 +1,0 @@
-"""Scheduling: how edgerun shares the machine with other processes (threads, placement)."""

@@ -1,0 +1,1 @@
+"""Serving many requests: the batching scheduler, sessions, KV spill."""
