@@ -1,7 +1,7 @@
 """Architecture families as data: a ModelSpec plus a tensor-name map.
 
 Adding a family is a new module here that turns GGUF metadata into a
-ModelSpec; model.py reads only the spec's switches.
+ModelSpec; model/ reads only the spec's switches.
 """
 
 from __future__ import annotations

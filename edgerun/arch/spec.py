@@ -37,7 +37,7 @@ GLOBAL_TENSORS = {
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Hyperparameters plus the per-family switches model.py obeys."""
+    """Hyperparameters plus the per-family switches model/layer.py honours."""
 
     arch: str
     name: str

@@ -45,8 +45,9 @@ def measure_bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> floa
     """Streaming-read bandwidth in bytes/s with `threads` threads: the best of repeats.
 
     The best run is the machine's capability; on shared (virtualized) hosts the
-    others are lowered by neighbours. The figure itself can move with where the
-    host places the vCPUs (2 threads here: ~35 or 55-60 GB/s).
+    others are lowered by neighbours. On a virtual machine the figure also moves
+    with where the host places the vCPUs (2 threads on 2 vCPUs: ~35 or 55-60 GB/s);
+    `edgerun sysinfo` re-measures it.
     """
     set_threads(threads)
     a = np.ones((64, mbytes * 2**20 // 256), dtype=np.float32)

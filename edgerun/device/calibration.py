@@ -209,7 +209,7 @@ def cached(
     _, path = _paths(threads, directory, gpu_device, cache)
     d = _fresh(path)
     if d is not None and "flash_stream_bytes_s" not in d:
-        return None  # measured before the row stream's own figure existed
+        return None  # lacks the row stream's own figure: measured again
     try:
         return None if d is None else DeviceFigures(**_figures(d))
     except (KeyError, TypeError):
@@ -313,14 +313,15 @@ if __name__ == "__main__":  # the isolated measurement: threads, directory, cach
 def measure_offload(bundle_file: Path, threads: int, io_threads: int = 4) -> OffloadFigures:
     """Per-neuron seconds of the offload executors' own reads and kernels on a real bundle.
 
-    A rate model from plain reads and dense matvecs predicted 2.3x too fast on
+    A rate model from plain reads and dense matvecs predicts 2.3x too fast on
     Qwen2.5-1.5B at 800 MiB (the executors read through a staging buffer and a gather,
     in scratch-sized calls, and their row kernels differ from the dense ones), so this
     times what they do: chunks of SCRATCH_NEURONS records read with `read_records` at
     several miss densities, gate rows + records read contiguously (dense streaming), and
     the up / down / gate row kernels on records just read; each the best of a few
-    repeats. About two seconds. (Timing StreamingFFN itself, reads overlapped with its
-    compute, predicted 1.4-1.6x too slow: in a real token attention also hides reads.)
+    repeats. About two seconds. (Timing the sparse executor itself, reads overlapped
+    with its compute, predicts 1.4-1.6x too slow: in a real token attention also hides
+    reads.) `python benchmarks/offload.py` sets the prediction against the measurement.
     """
     from edgerun.offload.bundle import Bundle
     from edgerun.offload.io import aligned_empty

@@ -31,8 +31,8 @@ from edgerun.runtime.compute_thread import compute_thread
 from edgerun.runtime.cpu_share import ThreadGovernor, set_threads
 from edgerun.tokenizer import Tokenizer
 
-# GenerationStats, ResponseStats, StopMatcher and WarmUp live in sequence.py; kept here
-# for the code that imported them from the engine.
+# GenerationStats, ResponseStats, StopMatcher and WarmUp live in sequence.py; the engine
+# re-exports them for callers that import them from here.
 __all__ = [
     "CONTEXT_POLICIES",
     "Engine",
@@ -56,17 +56,18 @@ MIN_PREFILL_CHUNK = 16
 def prefill_bytes_per_token(spec) -> int:
     """Bytes of temporaries each prompt token adds to one forward call (activations, the
     gate/up outputs, q/k/v, quantized copies): what a prompt chunk costs beyond the
-    weights. Fitted above tracemalloc's peaks of a 128-token chunk (Zen 3, avx2 path):
-    SmolLM2 47.9 KB a token, Gemma 3 270M 58.7, Qwen2.5-0.5B 98.4, 1.5B 181.0; this
-    gives 58.4, 73.7, 110.6 and 194.6 (7-25% above)."""
+    weights. Fitted above tracemalloc's peaks of one 128-token forward call on the avx2
+    path: SmolLM2 47.9 KB a token, Gemma 3 270M 58.7, Qwen2.5-0.5B 98.4, 1.5B 181.0,
+    where this gives 58.4, 73.7, 110.6 and 194.6 (7-25% above); `python
+    benchmarks/budget_soak.py` checks the peak a long prompt reaches under a budget."""
     return 8 * spec.d_ff + 64 * spec.d_model + 16 * spec.q_dim
 
 
 def prefill_chunk_within(spec, nbytes: int) -> int:
     """The prompt tokens per forward call whose temporaries fit in `nbytes` (a budget's
     step margin), a multiple of MIN_PREFILL_CHUNK in [MIN_PREFILL_CHUNK, PREFILL_CHUNK].
-    Why: a 256-token chunk of Qwen2.5-1.5B takes 43.5 MiB of temporaries, which took a
-    long prompt past an 800 MiB budget; 128 tokens (22 MiB) prefill as fast there, as
+    Why: a 256-token chunk of Qwen2.5-1.5B takes 43.5 MiB of temporaries, more than an
+    800 MiB budget leaves a long prompt; 128 tokens (22 MiB) prefill as fast there, as
     the streamed weights' reads, not the chunk, set the pace."""
     n = nbytes // prefill_bytes_per_token(spec) // MIN_PREFILL_CHUNK * MIN_PREFILL_CHUNK
     return max(MIN_PREFILL_CHUNK, min(PREFILL_CHUNK, n))

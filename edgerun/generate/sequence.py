@@ -24,7 +24,8 @@ from edgerun.tokenizer import StreamDecoder, Tokenizer
 class WarmUp:
     """The first run's kernel compile (or load from Numba's disk cache), timed on its own.
 
-    Counted as prefill it made a 37-token prompt read as 1.8 tok/s.
+    Kept apart from prefill: a compile takes seconds, and a short prompt's tok/s would
+    measure the compile instead of the prompt.
     """
 
     seconds: float

@@ -1,6 +1,6 @@
 """Per-layer executors on a torch device: the FFN and the attention projections.
 
-Both take and return numpy float32 on the host, as the CPU executors do, so model.py
+Both take and return numpy float32 on the host, as the CPU executors do, so the model
 does not know where they run. Each call makes one host-to-device copy (the input) and
 one device-to-host copy (the result): gate|up and q|k|v are fused into one matrix, so
 one matmul reads them.

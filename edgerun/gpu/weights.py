@@ -1,9 +1,13 @@
 """Weights on a torch device: a QuantTensor dequantized once, at load, to a dense dtype.
 
-The issue left open whether device weights are dequantized to f16 at load or stay
-low-bit with torch ops. Measured with torch 2.13.0+cpu on this project's 2-core dev
-machine (benchmarks: one ``F.linear``, median of 20, random weights; max error of the
-result against a float64 product):
+Why dense: low-bit weights with on-the-fly dequantization in plain torch ops materialize
+the dense matrix on every call, 7-17x slower than reading f16 and less exact, and a fused
+low-bit kernel would need a custom CUDA/Triton kernel per block format, which a
+torch-only path does not have. So weights are dequantized at load (with the numpy
+reference dequantizers of quant/reference.py, every format the registry models use).
+
+One ``F.linear`` on the torch CPU device (torch 2.13.0+cpu, 2 cores, median of 20, random
+weights; max error against a float64 product):
 
     matvec (n=1)             1536x576 (SmolLM2 FFN)  8960x1536 (Qwen 1.5B)   4096x4096
     f32                      0.12 ms, err 9e-7       4.59 ms, err 3e-6       4.51 ms, err 3e-6
@@ -17,12 +21,7 @@ result against a float64 product):
 End to end on SmolLM2-135M (Q4_1), all 30 layers' FFN + attention on the torch CPU
 device, 64 teacher-forced tokens, logits up to |33|: max |logit diff| against the CPU
 kernels 3.5e-5 (f32), 0.040 (f16), 0.37 (bf16); argmax agreement 100% for all three.
-
-Low-bit with on-the-fly dequantization in plain torch ops materializes the dense
-matrix on every call: 7-17x slower than reading f16, and less exact. A fused low-bit
-kernel would need a custom CUDA/Triton kernel per block format, which a torch-only
-path does not have. So weights are dequantized at load (with the numpy reference
-dequantizers of quant/reference.py, every format the registry models use):
+`bash benchmarks/gpu_check.sh` measures decode and prefill on a CUDA GPU against the CPU.
 
 - CUDA: f16 (half the bytes of f32 per matvec; tensor cores for prefill; f16 keeps
   10 mantissa bits against bf16's 7, and the activations that could overflow it are

@@ -4,7 +4,7 @@ Each layer's FFN is an object the model calls with the normed hidden state
 ``x [n, d_model] -> [n, d_model]``. The resident executor here is the dense
 gated FFN on weights in memory. Other placements (sparse rows from a flash
 neuron cache, hot neurons on a torch device) are other executors returned by
-their WeightStore; model.py never changes when weights move.
+their WeightStore; the model code never changes when weights move.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ __all__ = ["FFNExecutor", "DenseFFN", "check_shapes", "decode_rows"]
 
 
 class FFNExecutor(Protocol):
-    """What model.py needs of a layer's FFN."""
+    """What the model needs of a layer's FFN."""
 
     d_model: int
     d_ff: int

@@ -1,4 +1,4 @@
-"""Transformer forward pass for the Llama family, driven by a ModelSpec.
+"""Transformer forward pass for every family, driven by a ModelSpec.
 
 Every numeric step is an ops/ kernel; weights come only through the
 WeightStore, so where they live (mmap, flash, GPU) is not this module's care.
@@ -62,7 +62,7 @@ class Transformer:
             layer.ffn = store.ffn(spec, i)
             self._check_shapes(layer, i, source)
             # q, k, v, o stay for shape checks and footprints; the projections go through
-            # attn_proj, which gpu/place.move_layers may replace (model.py never changes)
+            # attn_proj, which gpu/place.move_layers may replace (this module never changes)
             layer.attn_proj = ResidentProjections(layer.q, layer.k, layer.v, layer.o)
             self.layers.append(layer)
         # The layers as one program of steps (layer.py): the general path runs it, the

@@ -2,7 +2,7 @@
 
 Offloading (flash) and GPU hand-off become other stores that return other FFN
 executors from `ffn()` (and, for the GPU, other attention projections than
-ResidentProjections); model.py stays unchanged. ResidentStore keeps everything
+ResidentProjections); the model code stays unchanged. ResidentStore keeps everything
 where the file reader put it (for GGUF: views over one mmap, so "resident" costs
 page cache, not copies).
 """
@@ -21,7 +21,7 @@ from edgerun.quant.formats import QuantTensor, QuantType
 
 
 class AttentionProjections(Protocol):
-    """What model.py needs of a layer's attention projections (float32 [n, dim] rows)."""
+    """What the model needs of a layer's attention projections (float32 [n, dim] rows)."""
 
     def qkv(self, x: np.ndarray) -> list[np.ndarray]:
         """x [n, d_model] -> [q [n, q_dim], k [n, kv_dim], v [n, kv_dim]] (forward)."""

@@ -4,13 +4,15 @@ Numba's parallel kernels run on libgomp (its "omp" threading layer), which gives
 thread that starts parallel regions a pool of worker threads of its own. Once the pools
 together hold more threads than there are CPUs, libgomp stops its workers spinning
 between regions (its "throttled" spin count) and every region start becomes a futex
-wake-up. A decode step has ~200 regions. Measured on 2 vCPUs, SmolLM2-135M, 2 threads:
-a decode step takes 7.5-8.3 ms from the thread that loaded the model, and 20-27 ms from
-a second thread (a session's scheduler) once the first has run kernels; a region start
-3 us against 30 us. So every forward pass, whatever thread asks for it, runs here: one
-pool. A caller that ran parallel kernels itself (a kernel benchmark, a test) has its own
-pool released when it hands work over (`omp_pause_resource_all`), and the compute thread
-frees its pool when idle, so two pools are never alive for long.
+wake-up. A decode step has ~200 regions. On 2 vCPUs, SmolLM2-135M, 2 threads, with
+two pools a decode step takes 20-27 ms from a second thread (a session's scheduler)
+against 7.5-8.3 ms with one, a region start 30 us against 3 us (`python
+benchmarks/concurrency.py -s 1` decodes through a session's scheduler thread). So every
+forward pass, whatever thread asks for it, runs here: one pool
+(tests/test_compute_thread.py holds it to that). A caller that ran parallel kernels
+itself (a kernel benchmark, a test) has its own pool released when it hands work over
+(`omp_pause_resource_all`), and the compute thread frees its pool when idle, so two
+pools are never alive for long.
 
 This is process state by nature: the pools are the process's, so one instance serves
 every model (`compute_thread()`).

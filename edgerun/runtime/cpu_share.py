@@ -3,10 +3,11 @@
 OpenMP threads spin between the ~200 parallel regions of a decode step unless
 the wait policy is "passive" (see _numba_env.wait_policy). That is fast on idle
 cores and ruinous on busy ones: a spinning thread holds a core while the thread
-that has the work waits for a scheduler slice. Measured on 2 cores, SmolLM2
-decode, one other busy process: 2 threads with libgomp's default spin 62 tok/s
-(spinning forever: 2), 1 thread 113, 2 threads sleeping ("passive") 101; idle
-machine: 2 threads spinning 177. So with automatic threads and a spinning wait
+that has the work waits for a scheduler slice. On 2 cores, SmolLM2 decode, one
+other busy process: 2 threads with libgomp's default spin 62 tok/s (spinning
+forever: 2), 1 thread 113, 2 threads sleeping ("passive") 101; idle machine: 2
+threads spinning 177 (`python benchmarks/shared_cpu.py` re-measures). So with
+automatic threads and a spinning wait
 policy, the governor re-reads the CPU time other processes took (every quarter
 second) and uses only the cores they leave free.
 """
@@ -64,11 +65,12 @@ class ThreadGovernor:
 
     `decode_reserve` cores are left to this process's own weight readers during decode
     steps (step_threads): a model that reads FFN weights from flash every token has
-    threads reading them, and compute threads on every core starve them. Measured on 2
-    vCPUs, Qwen2.5-Coder-1.5B at 560 MiB (520 MB read a token): decode with 1 compute
-    thread 3.1-3.8 tok/s, I/O wait 12-40 ms a token; with 2, 2.3-2.6 tok/s, I/O wait
-    180-200 ms. A prompt chunk is compute-bound (its rows are read once for the whole
-    chunk), so it keeps every core.
+    threads reading them, and compute threads on every core starve them. On 2 vCPUs,
+    Qwen2.5-Coder-1.5B at 560 MiB (520 MB read a token): decode with 1 compute thread
+    3.1-3.8 tok/s, I/O wait 12-40 ms a token; with 2, 2.3-2.6 tok/s, I/O wait 180-200
+    ms (`python benchmarks/offload.py -m qwen2.5-coder-1.5b --budgets 560M`). A prompt
+    chunk is compute-bound (its rows are read once for the whole chunk), so it keeps
+    every core.
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 
 Why: a session keeps its KV cache between turns so that its next message computes only
 itself, but a budgeted plan reserves one context window of KV for all requests
-(serving/batching.py), and idle sessions' pages were not counted in it: ten idle
+(serving/batching.py), and idle sessions' pages fall outside it: ten idle
 1,000-token chats of Qwen2.5-1.5B (f16, 28 KiB a position) hold 280 MiB past an 800 MiB
 budget. llama-server saves a slot only when asked; Ollama unloads the whole model. Here
 the scheduler writes the least recently used idle caches to disk when a request needs

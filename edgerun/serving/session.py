@@ -1,7 +1,7 @@
 """Session: one conversation on a shared engine, with its own KV cache and history.
 
 Many sessions share one loaded model (its Engine: weights, kernels; and the scheduler
-that batches their decode steps, sched/batching.Serving). A session keeps its KV cache
+that batches their decode steps, serving/batching.Serving). A session keeps its KV cache
 between turns, so a new message computes only its own tokens; `save` writes history and
 cache to one safetensors file (atomically), and `Session.load` resumes it without
 recomputing the conversation.
