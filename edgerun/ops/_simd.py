@@ -11,8 +11,8 @@
 - `zero16`, `madd16`, `axpy16`, `vsum16`, `store16`, `max16`, `exp_shift16`: explicit
   16-lane vector ops on a stack16() accumulator and C-contiguous float32 / fp16-bits
   arrays (attention). Per-lane
-  code over slices let the SLP vectorizer gather k rows lane by lane (vgatherqps) and
-  build f16 vectors from 16 scalar loads: attention ran ~4x slower than these.
+  code over slices lets the SLP vectorizer gather k rows lane by lane (vgatherqps) and
+  build f16 vectors from 16 scalar loads: attention runs ~4x slower that way.
 """
 
 from __future__ import annotations
@@ -289,8 +289,8 @@ def max16(typingctx, acc, a, ai):
 # Softmax weights below e^-64 (1.6e-28 of the largest) are 0: exp16 clamps its input at
 # -87.3 and returns ~1e-38 there, and the weighted sums' products of such weights are
 # denormal, which Intel cores compute in microcode. On a real Qwen2.5-0.5B cache (scores
-# up to 2.7e6 below a row's maximum) the decode kernel took 17.3 us a layer without this,
-# 13.0 with it (Xeon, both compiled fresh in one session).
+# up to 2.7e6 below a row's maximum) the decode kernel takes 13.0 us a layer with this,
+# 17.3 without, on an Intel core (`python benchmarks/decode_step.py -m qwen2.5-coder-0.5b`).
 SOFTMAX_FLUSH = -64.0
 
 

@@ -17,7 +17,7 @@ K-quants: the same integers as `int8.superblock`, 16 weight rows x 16 tokens at 
   formed in float32, as it can pass 2^31), scaled by d_row * dx'_token, plus the Q4_K
   mins -dmin m_j * dx' sum(words) of each 32-element sub-block.
 
-One tile product is 16 x 16 x 64 multiply-adds (5.3 ns on the first host: 16 cycles);
+One tile product is 16 x 16 x 64 multiply-adds (~16 cycles, 5.3 ns at 3 GHz);
 four of them replace 128 vpdpwssd. The tiles need the kernel's permission (arch_prctl
 ARCH_REQ_XCOMP_PERM, once a process) and a tile configuration in every thread that runs
 them (`_tile_config` per task).
@@ -64,12 +64,11 @@ TILE = 16  # weight rows (and tokens) per tile
 CHUNK = 64  # columns per tile dot product (64 bytes a tile row)
 SUPER = 256
 # Fewest prompt tokens for which the tiles beat the AVX-512 GEMMs: both unpack every
-# weight row once, and the tiles' unpack costs more. Whole forward, 2 threads, a 2-vCPU
-# Xeon with AMX, ms per forward tiles / AVX-512: Qwen2.5-1.5B (Q4_K/Q6_K) 8 tokens 210 /
-# 206, 12: 218 / 285; with bf16 tiles, Qwen2.5-0.5B (mostly Q5_0) 16: 175 / 183, SmolLM2
-# (Q4_1) 20: 56 / 52, 24: 54 / 64, Gemma 3 270M 20: 54 / 52, 24: 52 / 60. Shorter
-# prompts take the batched decode kernels anyway (qmatvec.MVB_PREFILL_MAX: up to 10
-# tokens on K-quants, 23 on the block formats, with AMX).
+# weight row once, and the tiles' unpack costs more. The int8 tiles (Q4_K/Q6_K) pass at
+# ~11 tokens on Qwen2.5-1.5B (12 tokens: 218 against 285 ms per forward, 2 threads), the
+# bf16 tiles (block formats) at ~24 on SmolLM2 and Gemma 3 270M (24 tokens: 54 against 64
+# and 52 against 60 ms). Shorter prompts take the batched decode kernels anyway
+# (ops/traits.py, prefill_max). Re-derive: `python benchmarks/amx_gemm.py -t 2 -n N`.
 MIN_TOKENS = 11
 BF16_MIN_TOKENS = 24
 _ARCH_REQ_XCOMP_PERM = 0x1023
@@ -104,8 +103,8 @@ def available() -> bool:
 def aligned_empty(n, dtype):
     """np.empty(n, dtype) starting on a 64-byte boundary, for arrays that tiles load or
     store. A tile load whose rows cross cache lines costs ~5x an aligned one (1 KB: 18-20
-    ns against 4 ns on the first AMX host), and Numba's allocations are 32-byte aligned
-    (large ones, as the activation tiles, were all 32 past a 64-byte line)."""
+    ns against 4 ns), and Numba's allocations are 32-byte aligned (large ones, as the
+    activation tiles, can start 32 bytes past a 64-byte line)."""
     a = np.empty(n + 64, dtype)
     skip = ((-a.ctypes.data) % 64) // a.itemsize
     return a[skip : skip + n]
@@ -387,10 +386,9 @@ def _prep_tile(kind, flat, r0, nr, rb, cols, wd, b16, WL, WH, wdT, bias):
 def mm_superblock_amx(kind, data, X, out, nparts):
     """out [n, rows] = X [n, cols] @ W.T for a Q4_K (kind 7) or Q6_K (kind 8) matrix
     data uint8 [rows, row bytes], cols a multiple of 256, on AMX tiles. The row tiles
-    are split into nparts contiguous parts (one buffer set each). Measured and not
-    kept: column spans that keep a span of the tile's weights in L1 across all tokens,
-    tile-contiguous weight bytes, a fourth C tile (shorter accumulation chains) and an
-    epilogue pipelined one super-block behind the tiles: all within noise or slower."""
+    are split into nparts contiguous parts (one buffer set each). Tried (within noise or
+    slower): column spans keeping the tile's weights in L1 across all tokens,
+    tile-contiguous weight bytes, a fourth C tile, an epilogue one super-block behind."""
     n, cols = X.shape
     ng = (n + TILE - 1) // TILE
     XL, XH, DX, XS = activation_tiles(X, ng)

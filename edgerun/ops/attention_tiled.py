@@ -2,8 +2,9 @@
 
 The one-row kernel (attention.py) takes each (query, head) alone: every key it scores
 costs a 16-lane load, a widen and a horizontal sum per head_dim/16 multiply-adds, and the
-exponentials are libm calls, one per score. On a 1536-token prefill that left attention
-at about a third of Qwen2.5-1.5B's time (session 16's profile). Here, per KV head:
+exponentials are libm calls, one per score. On a 1536-token prefill that leaves attention
+at about a third of Qwen2.5-1.5B's time (`edgerun bench -m qwen2.5-coder-1.5b -p 1536`).
+Here, per KV head:
 
 - the keys are transposed once per call into K^T [head_dim, positions] (float32), so
   the scores of 4 query rows against 32 keys are 8 vector accumulators filled by one

@@ -22,17 +22,17 @@ Q4_K decode on the avx2 / int8 paths takes single-level int8 activations instead
 per 256 elements, refined per 32 by powers of two; activation_levels): 1.4-1.6x the
 two-level kernel, for logits ~1e-4 KL from float activations (int8.q4_k_block8).
 "int8" is the avx2 path's kernels spelled in LLVM's generic vector operations: the default
-on 64-bit ARM (NEON widening multiply-adds; run under qemu-user here, not yet on ARM
+on 64-bit ARM (NEON widening multiply-adds; tested under qemu-user, not timed on ARM
 hardware), anywhere with `EDGERUN_KERNELS=int8` (x86 compiles it to the avx2 path's
 instructions).
 On the vnni path a tensor with an interleaved copy (QuantTensor.interleaved, made by
 `interleave`: 16 rows per block of 32 in the lanes of one register, int8.rows16)
 decodes, and short prompts run (_batched_prefill), from the copy; batched rows equal
 single ones bit for bit. Longer prompts take the GEMMs on the mapped rows (reads_rows).
-On a 2-vCPU AVX2 EPYC the avx2 path runs Q4_K 5-7x and Q6_K 8-11x the portable one
-(1 thread, Qwen2.5-1.5B shapes). The fastest available path is the default;
-`EDGERUN_KERNELS=portable` in the environment or `set_kernel_path("portable")` forces
-the portable one.
+The avx2 path runs Q4_K 5-7x and Q6_K 8-11x the portable one (1 thread, Qwen2.5-1.5B
+shapes: `python benchmarks/kernels.py --shapes qwen2.5-1.5b --formats Q4_K Q6_K`).
+The fastest available path is the default; `EDGERUN_KERNELS=portable` in the environment
+or `set_kernel_path("portable")` forces the portable one.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ __all__ = [
 _NO_ROWS = np.empty((0, 1), np.uint8)
 # read-only like the weights (mapped, or set so at load): a kernel called with fewer than
 # three matrices then has the same signature as with three, so one compiled kernel
-# serves both. A writeable pad made a third matrix of one format (rows lent under a
-# budget: offload/kv_loan.py) load a kernel the warm-up had not, 76 MB of LLVM pages
+# serves both. A writeable pad would make a third matrix of one format (rows lent under
+# a budget: offload/kv_loan.py) load a kernel the warm-up had not, ~76 MB of LLVM pages
 # back in a process at its budget.
 _NO_ROWS.flags.writeable = False
 _NO_OUT = np.empty(0, np.float32)
@@ -114,7 +114,7 @@ if int8_dot() is not None:
     _MM_INT8 = {q: t.gemm_kind for q, t in TRAITS.items() if t.gemm_kind is not None}
     _MVB_INT8 = {q: t.mvb3 for q, t in TRAITS.items() if t.mvb3 is not None}
     # K-quant prefill on every int8 path: one activation scale per super-block
-    # (int8.superblock; 1.3-2.4x the per-32 GEMM on Zen 3 and Zen 4)
+    # (int8.superblock; 1.3-2.4x the per-32 GEMM: benchmarks/superblock_gemm.py)
     from edgerun.ops.int8 import superblock as _sb
 
     _MM_SUPERBLOCK = {
@@ -193,9 +193,9 @@ def warm_prefill(qtypes: Iterable[QuantType], cols: int = 256) -> None:
     AMX tiles where the CPU has them; a format that never takes a GEMM here, NO_GEMM, is
     left to warm_decode): a short warm-up prompt takes the batched decode kernels instead, and
     the GEMMs' first compile or cache load would otherwise land in a user's first long
-    prompt (and, under a RAM budget, after the page cache of loading them was dropped:
-    the 0.5B's streamed FFN formats, missing from the first layer's attention, loaded
-    mm_superblock in a prompt and faulted 73 MB of libllvmlite.so back)."""
+    prompt (and, under a RAM budget, after the page cache of loading them is dropped: a
+    format that only a later layer uses would load its GEMM mid-prompt and fault ~73 MB
+    of libllvmlite.so back)."""
     if _path not in INT8_PATHS:
         return  # the portable matmul is one kernel at any prompt length
     for qtype in dict.fromkeys(qtypes):
@@ -213,9 +213,9 @@ def warm_decode(qtypes: Iterable[QuantType], cols: int = 256) -> None:
     """Run every decode entry (matvec, matvec_many, matvec_batch, matvec_batch_many on one
     and two vectors) once for each of `qtypes`, on a small zero matrix: the kernels are
     typed by format, not shape. Why: under a RAM budget dense offloading holds rows of a
-    format (the 1.5B's Q6_K head) only after the warm-up, and the first token then
-    loaded mv_q6_k from Numba's cache, which ran LLVM and faulted 70 MiB of
-    libllvmlite.so back into the page cache the warm-up had just given back."""
+    format (the 1.5B's Q6_K head) only after the warm-up, and the first token would then
+    load mv_q6_k from Numba's cache, which runs LLVM and faults ~70 MiB of
+    libllvmlite.so back into the page cache the warm-up has just given back."""
     x1 = np.zeros(cols, np.float32)
     x2 = np.zeros((2, cols), np.float32)
     for qtype in dict.fromkeys(qtypes):
@@ -242,10 +242,11 @@ def _mvb_prefill(qtype: QuantType, ntokens: int) -> bool:
 
 # Prompts of at most this many tokens take an interleaved copy's batched kernels
 # (int8.rows16) for the formats outside _MM_SUPERBLOCK; longer ones, and K-quant prompts
-# past mvb_prefill_max, the GEMMs on the mapped rows. Qwen2.5-0.5B (mostly Q5_0), whole
-# prompts, 2-vCPU Xeon with AMX, the copies against the rows' routes: 32 tokens 161 / 108
-# tok/s, 64: 169 / 149, 128: 258 / 299, 256: 188 / 209. Qwen2.5-1.5B with every Q4_K copy
-# batched: 16 tokens 69 / 59, 64: 90 / 137, 256: 91 / 143 (the K-quant AMX GEMMs win).
+# past mvb_prefill_max, the GEMMs on the mapped rows. On Qwen2.5-0.5B (mostly Q5_0) with
+# AMX the copies prefill faster up to 64 tokens (169 against 149 tok/s at 64) and slower
+# from 128 (258 against 299); K-quant copies lose to the AMX GEMMs from 64 tokens on the
+# 1.5B (90 against 137), hence _MM_SUPERBLOCK's exclusion. Re-derive: move the figure
+# and compare `edgerun bench -m qwen2.5-coder-0.5b -p 32,64,128 -t 2`, alternating.
 ROWS16_PREFILL_MAX = 64
 
 

@@ -9,7 +9,7 @@ neuron), so the down projection becomes an accumulation of Q8_0 rows.
   the rows are byte ranges [idx[k] * stride + offset, + row_bytes) of a uint8 matrix.
   Reads the gate rows of the active neurons straight out of a resident gate matrix, and
   up rows straight out of bundle records [up | down] (offset 0), with no gather copy.
-  On AVX-512 VNNI it reuses the row functions of `qmatvec_vnni`; elsewhere it gathers the
+  On an int8 path it reuses the row functions of `ops/int8`; elsewhere it gathers the
   rows (one numpy take) and calls `qmatvec.matvec`.
 - `accumulate_q8_0_rows(rows, coeff, out, idx, offset)`: out += sum_k coeff_k *
   dequant(row idx[k]) for Q8_0 rows of d_model (the down part of bundle records at byte
@@ -59,7 +59,7 @@ _VNNI_KIND = {
     QuantType.Q4_K: (4, 256, False),
     QuantType.Q6_K: (5, 256, False),
 }
-# the int8 row kernels exist where qmatvec has an int8 path (qmatvec_vnni.DOT)
+# the int8 row kernels exist where qmatvec has an int8 path (int8.DOT)
 _HAS_INT8 = any(p in qmatvec.INT8_PATHS for p in qmatvec.available_paths())
 
 if _HAS_INT8:
@@ -176,7 +176,7 @@ def _acc_chunk(flat, sflat, stride, offset, idx, coeff, out, b0, b1):
 
     The sums go through a 16-float stack tile: with loads from `out` and the rows and the
     stores to a stack slot LLVM knows nothing aliases, so the SLP vectorizer packs them
-    (direct `out[j] += s * q[j]` stayed 32 scalar FMAs: 4x slower, measured).
+    (direct `out[j] += s * q[j]` stays 32 scalar FMAs: 4x slower).
     """
     t = numba.carray(stack16(), 16)
     for k in range(idx.shape[0]):

@@ -36,45 +36,26 @@ _MM_ROW_BLOCK = 16  # weight rows the portable GEMM dequantizes per chunk
 NO_GEMM = 1 << 30  # a prompt length no prompt reaches: the format always takes mvb_<fmt>
 ROUTES = ("amx", "vnni", "avx2", "int8")
 # Crossovers (Traits.prefill_max): prompts of at most prefill_max[route] tokens take the
-# batched decode kernels (mvb_<fmt>: blocks read in place, no row unpack, a cost per token)
-# instead of a GEMM (a fixed cost per call for unpacking every weight row, then little per
-# token); _ROUTE_DEFAULT holds the route's figure for the formats that set none. Where they
-# cross depends on the format, the instruction set and on whether the GEMM runs on AMX tiles.
-# - "amx", "vnni" (AVX-512 GEMMs): whole forward, 2 threads, a 2-vCPU Xeon with AMX (KVM),
-#   the routes alternating in one process, ms per forward as batched / AMX / AVX-512:
-#   Qwen2.5-1.5B (Q4_K, Q6_K) 8 tokens 172 / 210 / 206, 12: 251 / 218 / 285, 16: 313 /
-#   226 / 307; Qwen2.5-0.5B (mostly Q5_0) 16: 124 / 175 / 183, 24: 172 / 183 / 223 (another
-#   run 150 / 120 / 157), 32: 227 / 132 / 221; SmolLM2 (Q4_1) 24: 49 / 54 / 64, 32: 61 /
-#   47 / 73, 64: 123 / 68 / 134; Gemma 3 270M 20: 48 / 54 / 52, 24: 57 / 52 / 60.
-# - "avx2": each format's matrices of the four registry models, 2 threads, a 2-vCPU
-#   Zen 3 EPYC (KVM), GEMM time over batched time at 4 / 8 / 12 / 16 / 24 / 32 tokens:
-#   Q4_K 1.18 / 0.90 / 0.83 / 0.74 / 0.67 / 0.56, Q6_K 0.82 / 0.63 / 0.52 / 0.49, Q5_0
-#   1.34 / 1.04 / 0.94 / 0.86, Q4_1 1.34 / 1.38 / 1.20 / 1.12 / 1.03 / 0.99, Q8_0 1.73 /
-#   1.35 / 1.17 / 1.12 / 1.02 / 0.97.
-#   Session 28, with the batched kernels of Q5_0 and the G64 formats on single-level int8
-#   (int8's X1 formats) and Q4_K's (SB8_DECODE): the same ratio on the 1.5B / 0.5B / SmolLM2
-#   shapes, 2 threads (1 thread within 0.1), at 4 / 8 / 12 / 16 / 24 / 32 / 64 / 128 / 512
-#   tokens: Q4_K 1.45 / 1.15 / 1.04 / 0.99 / 0.95 / 0.91, Q6_K 1.00 / 0.78 / 0.68 / 0.65,
-#   Q8_0 1.18 / 1.08 / 1.01 / 0.97 / 0.93, Q5_0 2.02 / 1.51 / 1.48 / 1.41 / 1.31 / 1.29 /
-#   1.17 / 1.14 / 1.13, Q2_G64 (8 / 24 / 64 / 128 / 512) 1.52 / 1.20 / 1.11 / 1.09 / 1.00,
-#   Q3_G64 1.26 / 1.04 / 0.97 / 0.95. So Q5_0 never takes its GEMM here (NO_GEMM): its
-#   batched kernels read each weight block once per 4 tokens from L1 and multiply
-#   single-level int8, the GEMM two-level int16 words. (Q4_1 and Q4_0 on single-level
-#   int8 measured the same, 1.3-2.1x at every length, but keep two levels: see X1.)
-#   Session 29, the G64 formats' batched kernels on one activation scale per 64 (their
-#   halves added in int16, quantize_x1's span): GEMM over batched on the 0.5B and SmolLM2
-#   shapes at 8 / 32 / 64 / 128 / 512 tokens, 2 threads: Q3_G64 1.62 / 1.33 / 1.30 / 1.29 /
-#   1.22, Q2_G64 1.78 / 1.55 / 1.46 / 1.48 / 1.45 (1 thread at 8 / 64 / 512: 1.56 / 1.32 /
-#   1.29 and 1.90 / 1.50 / 1.45), so neither takes its GEMM either.
-#   Session 30, Q6_K's batched kernels on single-level int8 (Q6K_SB8): GEMM over batched on
-#   the 1.5B's Q6_K shapes at 2 / 4 / 6 / 8 / 12 / 16 tokens, 2 threads: 1.86 / 1.13 / 0.99
-#   / 0.81 / 0.74 / 0.68; 1 thread: 1.84 / 1.27 / 1.29 / 0.86 / 0.70 / 0.67.
-# - "int8" (generic vectors, e.g. ARM) has not been measured; it takes avx2's figures.
+# batched decode kernels (mvb_<fmt>: blocks read in place, a cost per token) instead of a
+# GEMM (a fixed cost per call to unpack every weight row, then little per token). Each
+# figure is the prompt length where the GEMM's time falls below the batched kernels' on
+# that route, 2 threads; _ROUTE_DEFAULT holds the route's figure for formats that set none.
+# Re-derive: move a row's figure either side and compare prefill, alternating, e.g.
+# `edgerun bench -m qwen2.5-coder-1.5b -p 4,8,12,16,24,32 -t 2`.
+# - amx: tiles pass the batched kernels at ~10 tokens on Q4_K/Q6_K (Qwen2.5-1.5B, 12
+#   tokens: 218 against 251 ms per forward), ~24 on the block formats (0.5B, SmolLM2).
+# - vnni: the AVX-512 GEMMs at ~14 on Q4_K/Q6_K (16 tokens: 307 against 313 ms), ~28 on
+#   the block formats.
+# - avx2: GEMM over batched time reaches 1.0 at 6 tokens for Q6_K, ~14 for Q4_K, 12 for
+#   Q8_0, ~24 for Q4_0/Q4_1; Q5_0 and the G64 formats stay above 1.1 up to 512 tokens
+#   (their batched kernels multiply single-level int8 from L1, the GEMM two-level int16
+#   words), so they never take a GEMM (NO_GEMM).
+# - int8 (generic vectors, e.g. ARM) takes avx2's figures: not measured there.
 _ROUTE_DEFAULT = {"amx": 23, "vnni": 28, "avx2": 24, "int8": 24}
 
 
 def _xover(amx: int | None = None, vnni: int | None = None, avx2: int | None = None) -> dict:
-    """A format's prefill_max per route; "int8" takes avx2's figure (not measured)."""
+    """A format's prefill_max per route; "int8" takes avx2's figure."""
     avx2 = _ROUTE_DEFAULT["avx2"] if avx2 is None else avx2
     return {
         "amx": _ROUTE_DEFAULT["amx"] if amx is None else amx,

@@ -87,8 +87,8 @@ class QuantTensor:
     def __post_init__(self) -> None:
         # Weights are never written through a tensor, and one read-only array type keeps
         # each Numba kernel at one signature per format: a mapped file's rows are
-        # read-only, a copy's were writable, and the mix on a held row (dense offloading)
-        # loaded a kernel variant on the first token, after the warm-up.
+        # read-only, a copy's are writable, and the mix on a held row (dense offloading)
+        # would load a kernel variant on the first token, after the warm-up.
         d = self.data
         if isinstance(d, np.ndarray) and d.flags.writeable:
             d = d.view()

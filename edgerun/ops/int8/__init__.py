@@ -28,13 +28,14 @@ would crash.
 
 On AVX2 the two levels are one int16 word per element, 128 q1 + q2 (|v| <= 16320), and
 `_IR._dot32_words` multiplies the weight bytes, split into even and odd bytes, with
-`vpmaddwd`: 2 multiplies per 32 weights where vpmaddubsw on both int8 levels took 4.
-Measured on the Zen 3 EPYC (1 thread, weights in L3): a 1024x4096 matvec 425 -> 292 us
-(Q4_1), 320 -> 244 us (Q4_K), 405 -> 264 us (Q8_0).
+`vpmaddwd`: 2 multiplies per 32 weights where vpmaddubsw on both int8 levels takes 4
+(a 1024x4096 matvec, 1 thread, weights in L3: 292 against 425 us on Q4_1, 244 against 320
+on Q4_K, 264 against 405 on Q8_0).
 
-Measured on the 2-core Zen 4 (1 thread, weights in L2): ~9-10 cycles per 64 weights for
-Q4_1, i.e. a 1536x576 Q4_1 matvec in ~37 us (single-level q8: ~31 us; portable float
-path: ~83 us). Rows never build views (`data[r]` costs an NRT incref/decref per row):
+On the vnni path a Q4_1 matvec costs ~9-10 cycles per 64 weights (1 thread, weights in L2:
+1536x576 in ~37 us; single-level q8 ~31 us, the portable float path ~83 us).
+`python benchmarks/kernels.py --paths vnni avx2 portable --threads 1` re-measures both.
+Rows never build views (`data[r]` costs an NRT incref/decref per row):
 kernels index a flat byte array with offsets.
 
 Entry points: `mv_<fmt>(d0, d1, d2, x, o0, o1, o2)` (up to three matrices sharing x, one

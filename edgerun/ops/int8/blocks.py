@@ -52,7 +52,7 @@ def _folds(sv_idx) -> bool:
     """Whether a pair's 16 dot lanes are summed to 8 in integers before the float scale:
     on the vpmaddwd paths (AVX2, int8) the nib2 lane map puts the same blocks in lanes
     0-7 and 8-15 ([a a a a b b b b] twice), so their exact int32 sum takes one conversion
-    and one 8-lane FMA where 16 lanes took two of each (VNNI's 16 lanes are one zmm op).
+    and one 8-lane FMA where 16 lanes take two of each (VNNI's 16 lanes are one zmm op).
     A G64 block on X1's activations (_SV_SHARED) folds its two halves the same way."""
     return DOT != "vnni" and list(sv_idx) in (_SV_NIB2, _SV_SHARED)
 
@@ -207,7 +207,7 @@ def _hbits(r, off, extra):
 def _bit_bytes(r, bits, n, value):
     """<n x i8>: `value` in lane j where bit j of the n-bit integer `bits` is set, else 0.
     AVX-512 moves the bits into a mask register (select on <n x i1>). Without it, LLVM
-    spreads that select over scalar bit tests (Q5_0 matvec at 2.4 GB/s on Zen 3 against
+    spreads that select over scalar bit tests (a Q5_0 matvec at 2.4 GB/s on avx2 against
     15 for Q4_K), so there each lane takes its byte of `bits` (one byte shuffle), keeps its
     bit (an and) and compares."""
     b = r.b
@@ -225,7 +225,7 @@ def _unpack_q5_0(r, off):
     q = r.concat(r.load(2, off, V16I8, 6), r.load(2, off, V16I8, 28))
     w = _nib_pair(r, q)  # [lo_a lo_b | hi_a hi_b]
     # the high bits in the same order, [a 0:16, b 0:16, a 16:32, b 16:32]: one 16-bit
-    # lane shuffle of the two 32-bit qh (scalar shifts and ors took ~10 instructions)
+    # lane shuffle of the two 32-bit qh (scalar shifts and ors take ~10 instructions)
     h4 = b.bitcast(r.pack2(_hbits(r, off, 2), _hbits(r, off, 24)), _v(I16, 4))
     mask = b.bitcast(r.shuf(h4, h4, [0, 2, 1, 3]), I64)
     hv = _bit_bytes(r, mask, 64, 16)
@@ -301,10 +301,9 @@ def q4_k_block8(typingctx, a8, am, row, off, xb, xo, xsb, xp, s):
     A super-block on q4_k_block's two-level int16 words is 16 vpmaddwd, the shifts and
     masks that make words of the nibbles, and per 64 weights two converts, two fmas and
     the scale broadcasts; here it is 8 vpmaddubsw on the nibble bytes, 8 vpmaddwd, one
-    convert and one fma. Zen 3 EPYC, one thread, alternating with the
-    two-level kernel in one process (`python benchmarks/kernel_ab.py --base <rev> --rows R
-    --cols C --formats Q4_K -t 1`, medians of 15): 1536x1536 1.38x, 8960x1536 1.59x,
-    1536x8960 1.43x; batches of 2 / 4 vectors 1.19-1.34x. The logits it costs,
+    convert and one fma: 1.38-1.59x the two-level kernel on the 1.5B's shapes on avx2, one
+    thread, 1.19-1.34x for batches of 2 / 4 vectors (`python benchmarks/kernel_ab.py --base
+    <rev> --rows R --cols C --formats Q4_K -t 1`). The logits it costs,
     teacher-forced against float activations (`benchmarks/decode_quality.py`,
     `benchmarks/results/decode_quality_avx2.txt`): Qwen2.5-1.5B top-1 100%, KL 2.4e-4,
     NLL unchanged; Gemma 3 270M top-1 99.5%, KL 5.4e-4 (one scale per 256 without the
@@ -340,24 +339,15 @@ def q4_k_block8(typingctx, a8, am, row, off, xb, xo, xsb, xp, s):
 
 
 # Software prefetch distance of the matvec block intrinsics, in bytes of the weight row.
-# Rows of 8960 columns (the 1.5B's down projection: 5 KB a row, 22 KB of activations)
-# streamed at ~17 GB/s against ~36 for its 1536-column gate and up: with the activations
-# filling L1, the hardware prefetchers keep too few weight lines in flight. Fetching each
-# block's lines ahead measured (Zen 5 EPYC, 2 threads, alternating in one process):
-# - 2 KB: the 1.5B's 14 Q4_K down matrices 16-18 -> 26-28 GB/s, its Q6_K ones 31 -> 37,
-#   the 1536-column gate 35 -> 37; decode 27.5 -> 31.4 tok/s (1.14x; 1 thread 1.03x),
-#   Qwen2.5-0.5B 1.08x, SmolLM2 1.08x, Gemma 3 270M 1.04x;
-# - 1, 2, 4, 8, 12, 16 KB on the 1.5B's down: Q4_K 21, 26.5, 30-35, 33-39, 39.5, 38.6
-#   GB/s, Q6_K (2-16 KB) 28, 37, 42, 44, 46; its gate and Qwen2.5-0.5B's flat within
-#   noise. 8 KB against 2 KB in decode: 1.5B 1.06x, 0.5B 1.05x, Gemma 1.07x, SmolLM2
-#   0.95-1.04x (noise).
-# - Intel Xeon (KVM, 2 vCPUs, DRAM ~20 GB/s), whole decode steps alternating in one
-#   process between kernels built at each distance (ms per token, medians): the 1.5B
-#   68.2 / 57.0 / 59.2 at 8 / 16 / 32 KB, and 59.7 / 57.8 / 59.2 / 59.7 at 12 / 16 /
-#   20 / 24 KB; Qwen2.5-0.5B 25.0 -> 22.9 (8 -> 16 KB), SmolLM2 5.59 -> 5.72 and Gemma
-#   22.7 -> 22.6 (noise). So 16 KB.
+# With 8960-column rows (the 1.5B's down projection: 5 KB a row, 22 KB of activations
+# filling L1) the hardware prefetchers keep too few weight lines in flight: those rows
+# stream at ~17 GB/s against ~36 for the 1536-column gate without it, 38.6 (Q4_K) and 46
+# (Q6_K) at 16 KB. 16 KB is the fastest whole decode on the 1.5B and 0.5B (57.0 ms per
+# token against 68.2 at 8 KB and 59.2 at 32 KB on a ~20 GB/s DRAM host) and within noise
+# on the small models. Re-derive: rebuild at each distance and alternate
+# `python benchmarks/decode_matvecs.py -m qwen2.5-coder-1.5b` (or `kernel_ab.py --base`).
 PREFETCH_BYTES = 16384
-# the intrinsic's name carries its pointer type: opaque from LLVM 17, typed before
+# the intrinsic's name carries its pointer type: opaque from LLVM 17, typed in older ones
 _PREFETCH = "llvm.prefetch.p0" if llvm_version_info >= (17,) else "llvm.prefetch.p0i8"
 
 
@@ -536,16 +526,15 @@ def q6_k_block8(typingctx, a8, am, row, off, xb, xo, xsb, xp, s, bs):
 
 # Q6_K on AVX2 / generic int8: each 16-weight scale group's dot lanes summed in integers
 # (shuffles and adds), then one 16-lane conversion and FMA a super-block and one bias
-# multiply, instead of four of each plus their scale shuffles. Zen 3, one thread, the
-# two versions alternating in one process (medians of 15): 1536 x 1536 1.11x, 256 x 1536
-# 1.12x, 4 vectors batched 1.16-1.21x. The same for Q4_K (8 sub-block sums) measured
-# 0.95-1.19x single and 0.88-1.0x batched, so Q4_K keeps scaling lanes in float; so did
-# llvm.x86.avx2.phadd.d for the sums (slower than the shuffles) and integer multiplies
-# by the scales.
+# multiply, instead of four of each plus their scale shuffles: 1.11-1.12x on the 1.5B's
+# shapes, 1.16-1.21x for 4 vectors, avx2, one thread (`python benchmarks/kernel_ab.py
+# --base <rev> --formats Q6_K -t 1`). Tried: the same for Q4_K (0.88-1.19x: it keeps
+# scaling lanes in float), phadd.d for the sums and integer scale multiplies (slower).
 Q6K_GROUP_SUMS = DOT != "vnni"
 # Q6_K decode off the vnni path on quantize_x_sb8's single-level activations (q6_k_block8),
-# as Q4_K's (SB8_DECODE). Zen 3, one thread, against the two-level kernel with the group
-# sums above: 1536x8960 1.40x, 8960x1536 1.35x, 1536x1536 1.40x (a prototype's run).
+# as Q4_K's (SB8_DECODE): 1.35-1.40x the two-level kernel with the group sums above on
+# the 1.5B's shapes, avx2, one thread (`python benchmarks/kernel_ab.py --base <rev>
+# --formats Q6_K -t 1`).
 Q6K_SB8 = DOT != "vnni"
 Q6K_DX_ORDER = tuple(2 * (s // 2) for s in Q6K_SUM_ORDER)  # dx of scale s: xds[2 (s // 2)]
 

@@ -29,46 +29,29 @@ DOT = int8_dot() or "avx2"
 # int8 activations with one scale per super-block refined by powers of two
 # (quantize_x_sb8, q4_k_block8): vpmaddubsw plus a vpmaddwd that applies the sub-block
 # scales, half the multiplies of the two-level int16 words and no float scaling per
-# sub-block. What it measured, in speed and in logits, is at q4_k_block8.
-# Measured and not kept on the vnni path (session 31, 2-vCPU Xeon with AVX-512 VNNI, the
-# same kernels on ymm vpmaddubsw / vpmaddwd; `kernel_ab.py --base <rev> -t 1`): Q4_K one
-# vector 1.24-1.26x, batched 0.89-1.15x; Q6_K one vector 1.01-1.05x, 4 vectors
-# 0.56-0.69x; vpdpwssd fusing the scale multiply-add 1.00x. Whole 1.5B decode, edgerun
-# bench alternating, 1 thread: ~1.06x, and `vs_llamacpp.py` gave the same ratio for both
-# (tg128 1.65x / 1.67x against 1.66x / 1.70x at 1 / 2 threads): decode is bound by DRAM
-# there, so the vnni path keeps the more exact two-level activations.
+# sub-block; its speed and logits are at q4_k_block8. The vnni path keeps the more exact
+# two-level activations: its decode is bound by DRAM, and the same kernels there gain
+# ~1.06x on the whole 1.5B decode, 1 thread (`python benchmarks/kernel_ab.py --base <rev>
+# --formats Q4_K Q6_K -t 1`, `python benchmarks/vs_llamacpp.py -m qwen2.5-coder-1.5b`).
 SB8_DECODE = DOT != "vnni"
 
 # Q5_0 and edgerun's Q3_G64 / Q2_G64 (X1's formats) decode on single-level int8
-# activations, one scale per 32 as llama.cpp's q8_0 (quantize_x1, _IR.dot_x1): per 64
-# nibble weights two vpmaddubsw and one vpmaddwd where the two-level int16 words took four
-# vpmaddwd and the shifts and masks that make words of the bytes. Zen 3, one thread,
-# alternating with the two-level kernels (`python benchmarks/kernel_ab.py --base <rev>
-# --formats Q5_0 Q4_1 --rows R --cols C -t 1`, 4864x896, 896x4864, 262144x640): Q5_0
-# 1.15-1.18x (4 vectors 1.53x), Q3_G64 1.11x, Q2_G64 1.20x. Measured and not kept:
-# - Q4_1 / Q4_0 the same way, 1.24-1.33x (4 vectors 1.44-1.50x) and SmolLM2 (all Q4_1)
-#   decoding 1.47x llama.cpp instead of 1.24x; but that model's logits moved by up to ~1
-#   (KL 2e-3 against float activations where the two levels give 2e-7), its greedy chat
-#   answers changed, and an f16 KV cache's rounding then moved them by 0.94: the
-#   smallest model keeps the two levels. (Q5_0 on the 0.5B: KL 2e-4, top-1 99.5%.)
-# - Q8_0 with |w| times x carrying w's sign (llama.cpp's): 0.96-1.04x.
-# Session 29: the G64 formats' x takes one scale per 64, the block's own span (its 64
-# weights share d and m), so the two halves' vpmaddubsw sums add in int16 and a block is
-# one vpmaddwd, one conversion and one 8-lane FMA, not two of each and a lane insert
-# (_SV_SHARED): against the per-32 kernels, same benchmark, 4864x896, one thread, 1, 2 and
-# 4 vectors: Q2_G64 1.20 / 1.22 / 1.35x, Q3_G64 1.18 / 1.28 / 1.30x. Measured and not
-# kept: the 16 bytes of ql broadcast to both lanes and shifted by 0 and 2 with one vpsrlvd
-# (and qh broadcast as a quadword, shifted per quarter), 5 instead of 11 unpack ops for
-# Q2 and 17 instead of 23 for Q3: Q2 1.00x, Q3 0.89x against the xmm unpack here.
-# Session 31: the vnni path too (it had kept two levels), each 32 or 64 bytes one
-# vpdpbusd on quantize_x1's bytes, the avx2 path's exact int32 sums, so every int8 path
-# computes these formats alike. 2-vCPU Xeon with AVX-512 VNNI, kernels 4864x896, one
-# thread, 1 / 2 / 4 vectors: Q5_0 1.14 / 1.16 / 1.24x, Q3_G64 1.08 / 1.17 / 1.22x, Q2_G64
-# 1.13 / 1.20 / 1.30x; Qwen2.5-0.5B's decode (`benchmarks/concurrency.py -s 1,4`, 4 rounds
-# alternating) 1.05x for one session and 1.13x for four, 4 sessions 2.53x one (median)
-# against 2.39x. Logits against float activations (`benchmarks/decode_quality.py`): 0.5B
-# KL 1.4e-4, top-1 100% -> 99.5%; Gemma 3 270M KL 1.1e-3, top-1 99.5% (two levels: ~2e-7).
-# Their x is one byte an element (x_bytes).
+# activations on every int8 path, one scale per 32 as llama.cpp's q8_0 (quantize_x1,
+# _IR.dot_x1; on vnni one vpdpbusd per 32 or 64 bytes, the avx2 path's exact int32 sums):
+# per 64 nibble weights two vpmaddubsw and one vpmaddwd where the two-level int16 words
+# take four vpmaddwd and the shifts and masks that make words of the bytes. The G64
+# formats' x takes one scale per 64, the block's own span (its 64 weights share d and m),
+# so the halves' vpmaddubsw sums add in int16 and a block is one vpmaddwd, one conversion
+# and one 8-lane FMA (_SV_SHARED). Against two-level kernels, 4864x896, one thread, 1 / 4
+# vectors: Q5_0 1.15 / 1.53x, Q3_G64 1.18 / 1.30x, Q2_G64 1.20 / 1.35x on avx2, 1.08-1.30x
+# on vnni (`python benchmarks/kernel_ab.py --base <rev> --formats Q5_0 --rows 4864 --cols
+# 896 -t 1`). Logits against float activations (`python benchmarks/decode_quality.py -m
+# qwen2.5-coder-0.5b`): 0.5B KL 1.4e-4, top-1 99.5%; Gemma 3 270M KL 1.1e-3 (two levels:
+# ~2e-7). Their x is one byte an element (x_bytes).
+# Tried: Q4_1 / Q4_0 the same way (1.24-1.33x, but SmolLM2's logits move by up to ~1, KL
+# 2e-3, and its greedy answers change: the smallest model keeps two levels); Q8_0 with
+# |w| times sign-carrying x (0.96-1.04x); a broadcast-and-vpsrlvd unpack of the G64
+# formats' ql / qh (Q2 1.00x, Q3 0.89x against the xmm unpack).
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32 = ir.FloatType()

@@ -12,11 +12,11 @@ of the 16 rows, its weights 4k..4k+3, so `vpdpbusd(acc, W_k, broadcast(x[4k:4k+4
 adds four products to each row's own lane, and a block's 16 row dots end in one
 register. Per block and vector: 8 `vpdpbusd` (a broadcast x operand each, two levels
 16), one conversion, one scale product and one FMA for 16 rows, where the row layout
-took 4 of each; no horizontal sums. The unpack (shared by the vectors) is the same.
+takes 4 of each; no horizontal sums. The unpack (shared by the vectors) is the same.
 
-Measured at introduction (2-vCPU Xeon, AVX-512 VNNI, 2 threads; 48 Q5_0 matrices
-4864x896, out of cache, `benchmarks/rows16.py`): 1 vector 5.6 ms against 7.0 for the row
-kernels, 4 vectors 6.3-6.6 against 12.0-12.3 (the step is no longer compute-bound).
+On 48 Q5_0 matrices 4864x896 out of cache, 2 threads, a step takes 5.6 ms for 1 vector
+against 7.0 for the row kernels, 6.3-6.6 for 4 vectors against 12.0-12.3 (it stops being
+compute-bound): `python benchmarks/rows16.py -t 2`.
 
 Layout (`interleave`), per group of 16 rows (the last one padded with zero rows) and
 block of 32 columns, `GROUP_BYTES[kind]` bytes on average:

@@ -13,15 +13,14 @@ in element order, with dx = max|x| / 127 over the super-block
 (`qmatvec.quantize_x_reference(x, 256)`). Lane sums stay exact in
 int32: 32 products per lane of at most 4096 * 16320 (Q6_K) is < 2^31.
 
-Measured on the Zen 3 EPYC (128 tokens, Qwen2.5-1.5B's shapes): 1.4-2.4x the per-32 GEMM
-(`benchmarks/superblock_gemm.py`, `benchmarks/results/superblock_gemm.txt`).
+At 128 tokens on Qwen2.5-1.5B's shapes it runs 1.4-2.4x the per-32 GEMM on avx2 and
+1.3-2.1x the per-32 vpdpbusd GEMM on vnni (`python benchmarks/superblock_gemm.py -t 2`,
+`benchmarks/results/superblock_gemm.txt`).
 Its int16 dot is `vpdpwssd` zmm on the "vnni" path and int8's `_IR.madd16`
 elsewhere (vpmaddwd on "avx2", generic IR on "int8"); qmatvec routes every int8 path's
-K-quant prefill here. On Zen 4 (vnni path) it ran 1.3-2.1x the per-32 vpdpbusd GEMM.
-Measured and not kept (Zen 3, avx2, session 30): two weight rows per step, so that each
-token's words load once for both (8 vpmaddwd per 6 loads instead of 4 per 5): 0.81-0.85x
-on the 1.5B's shapes, 64 tokens, one thread (alternating, while another job held the
-other core), bit-identical results.
+K-quant prefill here.
+Tried: two weight rows per step, each token's words loaded once for both (0.81-0.85x on
+avx2, 64 tokens, one thread: more live registers than loads saved).
 """
 
 from __future__ import annotations
@@ -148,7 +147,7 @@ def q4k_sb_words(r, flat_i, off, wd_i, so, b16_i, bo, put):
 def prep_q4k_sb(typingctx, W, wo, wd, so, b16, bo, flat, o):
     """One Q4_K super-block at flat[o] -> W[wo:wo+256] (int16 q * sc, element order),
     wd[so] = d and b16[bo:bo+16] = -dmin * m of each 16 elements, in vector operations
-    (the scalar unpack of the 8 scales and 16 bias stores was ~14% of a 128-token
+    (a scalar unpack of the 8 scales and 16 bias stores is ~14% of a 128-token
     matmul)."""
 
     def codegen(context, builder, sig, args):

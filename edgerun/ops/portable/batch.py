@@ -2,9 +2,9 @@
 
 Concurrent sessions decode one token each per step. Running them through `matvec` one by
 one streams every matrix once per session; the prefill GEMM (`matmul`) dequantizes a row
-block to a float buffer first, which costs 3-5x a matvec at 1-4 rows (measured on
-SmolLM2's and Qwen2.5-0.5B's shapes). These kernels read a block, unpack it into
-registers, and apply it to up to `GROUP` vectors.
+block to a float buffer first, which costs 3-5x a matvec at 1-4 rows on SmolLM2's and
+Qwen2.5-0.5B's shapes (`python benchmarks/kernels.py --paths portable --n 4`). These
+kernels read a block, unpack it into registers, and apply it to up to `GROUP` vectors.
 
 Per vector, the float operations are the ones the portable `mv_*` kernel does, in the
 same order (the same lane layout, the same expression per lane, the same horizontal sum),

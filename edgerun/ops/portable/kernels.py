@@ -1,7 +1,8 @@
 """Portable block kernels: plain Numba float32 code that runs on any CPU (x86, ARM).
 
 Every kernel works on the raw GGUF block bytes, one output row per `prange`
-iteration, and follows the measured recipe of PERF_NOTES.md:
+iteration, and follows one recipe (docs/kernels.md; `python benchmarks/kernels.py
+--paths portable` times it):
 
 - the block scale is factored out of the inner loop (d * sum(q * x) + m * sum(x)), with
   the per-block sums of x computed once per call;

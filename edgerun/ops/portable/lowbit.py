@@ -45,7 +45,7 @@ def mv_q2_g64(data, x, out):
             m = _f16at(blk, 2)
             q = blk[4:20]
             # two runs of 8 lanes: one loop of 16 here is not vectorized by LLVM's SLP
-            # (measured 3x slower), two of 8 are
+            # (3x slower), two of 8 are
             for l in range(8):
                 v = np.int32(q[l])
                 acc[l] += d * (
