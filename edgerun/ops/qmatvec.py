@@ -273,6 +273,13 @@ def _x1_span(qtype: QuantType) -> int:
     return _v.x1_span.py_func(_MM_INT8[qtype]) if _path in INT8_PATHS and qtype in _MM_INT8 else 0
 
 
+def _sb8_decode(qtype: QuantType) -> bool:
+    """Whether `qtype`'s decode takes quantize_x_sb8's single-level activations on the
+    int8 path (its traits row's sb8_decode)."""
+    t = TRAITS.get(qtype)
+    return t is not None and t.sb8_decode
+
+
 def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
     """Whether `ntokens` rows meet `qtype` in the single-level int8 decode kernels, one
     vector or a batch: Q4_K off the vnni path (int8.SB8_DECODE, one scale per
@@ -280,11 +287,7 @@ def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
     int8 path (int8's X1 formats, one scale per 32 or 64)."""
     if _path not in INT8_PATHS or not (ntokens == 1 or _mvb_prefill(qtype, ntokens)):
         return False
-    return (
-        (qtype == QuantType.Q4_K and _v.SB8_DECODE)
-        or (qtype == QuantType.Q6_K and _v.Q6K_SB8)
-        or _x1_span(qtype) != 0
-    )
+    return _sb8_decode(qtype) or _x1_span(qtype) != 0
 
 
 def activation_block(qtype: QuantType, ntokens: int) -> int:
@@ -294,7 +297,7 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
     and Q6_K decode kernels (activation_levels), X1's span for its formats' single-level
     decode (64 for the G64 formats), else 32 (prompts of at most mvb_prefill_max tokens,
     on the batched decode kernels, included)."""
-    if _q8_decode(qtype, ntokens) and qtype in (QuantType.Q4_K, QuantType.Q6_K):
+    if _q8_decode(qtype, ntokens) and _sb8_decode(qtype):
         return 256
     if _q8_decode(qtype, ntokens) and _x1_span(qtype):
         return _x1_span(qtype)

@@ -34,6 +34,7 @@ from numba import njit, prange  # noqa: E402
 from edgerun.errors import InvalidArgumentError  # noqa: E402
 from edgerun.ops import qmatvec  # noqa: E402
 from edgerun.ops._simd import h2f, stack16  # noqa: E402
+from edgerun.ops.traits import TRAITS  # noqa: E402
 from edgerun.quant.formats import QuantTensor, QuantType, row_bytes  # noqa: E402
 from edgerun.quant.reference import dequantize  # noqa: E402
 
@@ -50,47 +51,41 @@ __all__ = [
 Q8_0_BLOCK = 34  # bytes of one Q8_0 block: f16 scale + 32 int8
 F0 = np.float32(0.0)
 
-# formats the indexed VNNI kernel knows: kind, elements per row unit, x layout nib2
-_VNNI_KIND = {
-    QuantType.Q4_0: (0, 32, True),
-    QuantType.Q4_1: (1, 32, True),
-    QuantType.Q5_0: (2, 32, True),
-    QuantType.Q8_0: (3, 32, False),
-    QuantType.Q4_K: (4, 256, False),
-    QuantType.Q6_K: (5, 256, False),
-}
 # the int8 row kernels exist where qmatvec has an int8 path (int8.DOT)
 _HAS_INT8 = any(p in qmatvec.INT8_PATHS for p in qmatvec.available_paths())
 
 if _HAS_INT8:
     from edgerun.ops import int8 as _v
+    from edgerun.ops.int8.blocks import row_layout as _row_layout
 
     @njit(cache=True, nogil=True, parallel=True)
-    def _mv_rows_vnni(kind, nib2, nunit, flat, stride, offset, idx, x, out):
+    def _mv_rows_vnni(kind, sb8, nib2, nunit, flat, stride, offset, idx, x, out):
+        """kind: the format's int8 kind (its traits row's gemm_kind); sb8: its
+        sb8_decode (mv_q4_k's / mv_q6_k's single-level int8 activations)."""
         cols = x.shape[0]
-        if (kind == 4 and _v.SB8_DECODE) or (kind == 5 and _v.Q6K_SB8):
-            # mv_q4_k's / mv_q6_k's single-level int8 activations
-            xb, xsb, xp, bs = _v.x_k8(_v.KIND_Q4_K if kind == 4 else _v.KIND_Q6_K, x)
+        if sb8:
+            xb, xsb, xp, bs = _v.x_k8(kind, x)
             for k in prange(idx.shape[0]):
                 base = np.int64(idx[k]) * stride + offset
-                if kind == 4:
+                if kind == _v.KIND_Q4_K:
                     out[k] = _v._row_k8(_v.KIND_Q4_K, flat, base, nunit, xb, xsb, xp, bs)
                 else:
                     out[k] = _v._row_k8(_v.KIND_Q6_K, flat, base, nunit, xb, xsb, xp, bs)
             return
         xq, xds, xs16 = _v._scratch(cols)
-        _v.quantize_xn(x, _v.x1_span(_v.KIND_Q5_0) if kind == 2 else 0, nib2, xq, xds, xs16)
+        span = _v.x1_span(_v.KIND_Q5_0) if kind == _v.KIND_Q5_0 else 0
+        _v.quantize_xn(x, span, nib2, xq, xds, xs16)
         for k in prange(idx.shape[0]):
             base = np.int64(idx[k]) * stride + offset
-            if kind == 4:
+            if kind == _v.KIND_Q4_K:
                 out[k] = _v._row_q4_k(flat, base, nunit, xq, xds, xs16)
-            elif kind == 5:
+            elif kind == _v.KIND_Q6_K:
                 out[k] = _v._row_q6_k(flat, base, nunit, xq, xds, xs16)
-            elif kind == 3:
+            elif kind == _v.KIND_Q8_0:
                 out[k] = _v._row_q8_0(flat, base, nunit, xq, xds, xs16)
-            elif kind == 1:
+            elif kind == _v.KIND_Q4_1:
                 out[k] = _v._row_q4_1(flat, base, nunit, xq, xds, xs16)
-            elif kind == 0:
+            elif kind == _v.KIND_Q4_0:
                 out[k] = _v._row_q4_0(flat, base, nunit, xq, xds, xs16)
             else:
                 out[k] = _v._row_q5_0(flat, base, nunit, xq, xds, xs16)
@@ -143,12 +138,13 @@ def matvec_rows(
         raise InvalidArgumentError(f"matvec_rows: out must be C-contiguous float32 [{n}]")
     if n == 0:
         return out
-    spec = _VNNI_KIND.get(qtype)
-    if _HAS_INT8 and spec is not None and qmatvec.quantizes_activations(qtype):
-        kind, unit, nib2 = spec
-        _mv_rows_vnni(
-            kind, nib2, cols // unit, data.reshape(-1), data.shape[1], offset, idx, x, out
-        )
+    t = TRAITS.get(qtype)
+    if _HAS_INT8 and t is not None and t.sparse_rows and qmatvec.quantizes_activations(qtype):
+        kind = t.gemm_kind
+        unit, nib2 = _row_layout.py_func(kind)
+        flat = data.reshape(-1)
+        sb8 = t.sb8_decode
+        _mv_rows_vnni(kind, sb8, nib2, cols // unit, flat, data.shape[1], offset, idx, x, out)
         return out
     sub = data[idx, offset : offset + rb] if (offset or rb != data.shape[1]) else data[idx]
     qmatvec.matvec(QuantTensor("rows", qtype, (n, cols), np.ascontiguousarray(sub)), x, out)

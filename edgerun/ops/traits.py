@@ -21,6 +21,7 @@ import numpy as np
 
 from edgerun.ops.int8 import batch as _ib
 from edgerun.ops.int8 import blocks as _ik
+from edgerun.ops.int8 import ir as _ir
 from edgerun.ops.int8 import matvec as _im
 from edgerun.ops.int8 import rows16 as _r16
 from edgerun.ops.int8 import superblock as _sb
@@ -71,7 +72,10 @@ class Traits:
     matvec(data, x, out), matvec_batch(data, X, out), gemm(data, X, out),
     embedding_rows(data, ids, out). int8 ones: mv3 / mvb3(d0, d1, d2, x, o0, o1, o2) for
     up to three matrices sharing x; gemm_kind is int8.gemm.mm_int8's kind,
-    superblock_kind int8.superblock's. mv16 / mvb16 run on interleaved copies."""
+    superblock_kind int8.superblock's. mv16 / mvb16 run on interleaved copies.
+    sb8_decode: on this path its decode (one vector or batched) takes single-level int8
+    activations, one scale per super-block (quantize_x_sb8). sparse_rows:
+    sparse_ffn.matvec_rows runs its indexed rows on the int8 row kernels of gemm_kind."""
 
     matvec: Callable
     gemm: Callable
@@ -83,6 +87,8 @@ class Traits:
     superblock_kind: int | None = None
     mv16: Callable | None = None
     mvb16: Callable | None = None
+    sb8_decode: bool = False
+    sparse_rows: bool = False
     prefill_max: dict = field(default_factory=_xover)
 
 
@@ -132,34 +138,36 @@ TRAITS: dict[QuantType, Traits] = {
     QuantType.Q8_0: Traits(
         _p.mv_q8_0, **_portable(_p.KIND_Q8_0), matvec_batch=_pb.mvb_q8_0,
         mv3=_im.mv_q8_0, mvb3=_ib.mvb_q8_0, gemm_kind=_ik.KIND_Q8_0,
-        mv16=_r16.mv16_q8_0, mvb16=_r16.mvb16_q8_0, prefill_max=_xover(avx2=12),
+        mv16=_r16.mv16_q8_0, mvb16=_r16.mvb16_q8_0, sparse_rows=True,
+        prefill_max=_xover(avx2=12),
     ),
     QuantType.Q4_0: Traits(
         _p.mv_q4_0, **_portable(_p.KIND_Q4_0), matvec_batch=_pb.mvb_q4_0,
         mv3=_im.mv_q4_0, mvb3=_ib.mvb_q4_0, gemm_kind=_ik.KIND_Q4_0,
-        mv16=_r16.mv16_q4_0, mvb16=_r16.mvb16_q4_0,
+        mv16=_r16.mv16_q4_0, mvb16=_r16.mvb16_q4_0, sparse_rows=True,
     ),
     QuantType.Q4_1: Traits(
         _p.mv_q4_1, **_portable(_p.KIND_Q4_1), matvec_batch=_pb.mvb_q4_1,
         mv3=_im.mv_q4_1, mvb3=_ib.mvb_q4_1, gemm_kind=_ik.KIND_Q4_1,
-        mv16=_r16.mv16_q4_1, mvb16=_r16.mvb16_q4_1,
+        mv16=_r16.mv16_q4_1, mvb16=_r16.mvb16_q4_1, sparse_rows=True,
     ),
     QuantType.Q5_0: Traits(
         _mv_q5_0, **_portable(_p.KIND_Q5_0), matvec_batch=_mvb_q5_0,
         mv3=_im.mv_q5_0, mvb3=_ib.mvb_q5_0, gemm_kind=_ik.KIND_Q5_0,
-        mv16=_r16.mv16_q5_0, mvb16=_r16.mvb16_q5_0, prefill_max=_xover(avx2=NO_GEMM),
+        mv16=_r16.mv16_q5_0, mvb16=_r16.mvb16_q5_0, sparse_rows=True,
+        prefill_max=_xover(avx2=NO_GEMM),
     ),
     QuantType.Q4_K: Traits(
         _p.mv_q4_k, **_portable(_p.KIND_Q4_K), matvec_batch=_pb.mvb_q4_k,
         mv3=_im.mv_q4_k, mvb3=_ib.mvb_q4_k, gemm_kind=_ik.KIND_Q4_K,
         superblock_kind=_sb.KIND_Q4_K, mv16=_r16.mv16_q4_k, mvb16=_r16.mvb16_q4_k,
-        prefill_max=_xover(amx=10, vnni=14, avx2=14),
+        sb8_decode=_ir.SB8_DECODE, sparse_rows=True, prefill_max=_xover(amx=10, vnni=14, avx2=14),
     ),
     QuantType.Q6_K: Traits(
         _p.mv_q6_k, **_portable(_p.KIND_Q6_K), matvec_batch=_pb.mvb_q6_k,
         mv3=_im.mv_q6_k, mvb3=_ib.mvb_q6_k, gemm_kind=_ik.KIND_Q6_K,
         superblock_kind=_sb.KIND_Q6_K, mv16=_r16.mv16_q6_k, mvb16=_r16.mvb16_q6_k,
-        prefill_max=_xover(amx=10, vnni=14, avx2=6),
+        sb8_decode=_ik.Q6K_SB8, sparse_rows=True, prefill_max=_xover(amx=10, vnni=14, avx2=6),
     ),
     QuantType.Q3_G64: Traits(
         _pl.mv_q3_g64, _pl.mm_q3_g64, _pl.emb_q3_g64,
