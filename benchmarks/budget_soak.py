@@ -138,7 +138,7 @@ def _sessions(m, spec: dict, out: dict) -> int:
         follow_up_cached_tokens=min(cached),
         kv_spills=c.kv_spills,
         kv_restores=c.kv_restores,
-        kv_window_tokens=m.kv_budget_tokens,
+        kv_window_tokens=m.engine.kv_budget_tokens,
     )
     return tokens
 

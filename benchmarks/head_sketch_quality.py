@@ -36,7 +36,7 @@ def measure(model, text: str, n: int, candidates: int) -> dict:
     head.candidates = candidates
     ids = model.tokenizer.encode(text)[: n + 1]
     cache = KVCache(model.spec, len(ids), model.kv_type)
-    step = model.prefill_chunk
+    step = model.engine.prefill_chunk
     hidden = np.concatenate(
         [
             model.transformer.final_hidden(ids[i : i + step], cache)

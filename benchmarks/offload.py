@@ -9,7 +9,7 @@ breakdown), the group's memory.max_usage_in_bytes and whether it was OOM-killed.
 
 Configurations (all in the same code and I/O path):
   mmap        a load given no budget: resident where the model fits the memory left,
-              else planned for what is left (api.Model._auto_budget, dense offloading)
+              else planned for what is left (offload/loader.Loader.auto_budget, dense offloading)
   mapped      the row kernels on the mapped GGUF, no budget (interleave=False): the kernel
               pages the file in and out (what `mmap` was before session 37)
   dense       --offload dense: what the budget does not hold is streamed every token
@@ -103,7 +103,7 @@ def _child_edgerun(args: dict) -> dict:
         n += 1
         if first is None:
             first = time.perf_counter()
-            m.reset_offload_stats()
+            m.loader.reset_offload_stats()
     t2 = time.perf_counter()
     run_peak = _run_peak_mb(args)
     st = gen.stats
@@ -116,7 +116,7 @@ def _child_edgerun(args: dict) -> dict:
         "decode_threads": st.threads,
         "run_peak_mb": run_peak,
     }
-    s = m.offload_stats()
+    s = m.loader.offload_stats()
     if s is not None:
         per = max(1, s.get("tokens", decoded))
         out.update(
@@ -140,7 +140,8 @@ def _child_edgerun(args: dict) -> dict:
             from edgerun.device.calibration import offload_figures
 
             offload_figures(Path(bundle.path), m.threads, refresh=True)
-        out["predicted_tok_s"] = m.predicted_plan().predicted_tok_s
+        pred = m.loader.predicted_plan(None, m.engine.governor.decode_reserve)
+        out["predicted_tok_s"] = pred.predicted_tok_s
     return out
 
 

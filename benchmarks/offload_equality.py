@@ -23,7 +23,7 @@ model, budget, prompt, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4
 kw = {"interleave": False} if budget == "none" else {"ram_budget": budget, "offload": "dense"}
 m = edgerun.load(model, threads=2, **kw)
 out = "".join(m.generate(prompt, max_tokens=n, temperature=0))
-st = m.offload_stats()
+st = m.loader.offload_stats()
 print(json.dumps({"out": out, "bytes_read": None if st is None else st["bytes_read"],
                   "lent": 0 if st is None else st.get("lent_bytes", 0),
                   "head_streamed": getattr(m.transformer, "head", None) is not None}))

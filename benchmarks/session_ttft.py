@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         t, c = _ttft(edgerun.Session.load(model, saved), question)
         res["resume_saved"].append(t)
         cached["resume_saved"] = c
-        model.prefix_cache.clear()
+        model.engine.prefix_cache.clear()
         t, c = _ttft(model.session(system=system), question)
         res["prefix_none"].append(t)
         cached["prefix_none"] = c

@@ -308,8 +308,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         context_policy=args.context_policy,
         **_offload_kwargs(args),
     )
-    if model.auto_budget_note:
-        print(f"edgerun: {model.auto_budget_note}", file=sys.stderr, flush=True)
+    if model.loader.auto_budget_note:
+        print(f"edgerun: {model.loader.auto_budget_note}", file=sys.stderr, flush=True)
     if _numba_env.kernel_cache_is_cold():
         print(
             "edgerun: first run: compiling kernels (a minute or so; cached afterwards)",
@@ -592,7 +592,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
         resolve_device(gpu_device)
     figs = calibrate(model.threads, gpu_device=gpu_device, refresh=args.recalibrate)
-    p, _ = model.plan_for(args.ram_budget, args.offload, opts, args.gpu_budget, gpu_device, figs)
+    p, _ = model.loader.plan_for(
+        args.ram_budget, args.offload, opts, args.gpu_budget, gpu_device, figs
+    )
     print(f"{model.path.name}: {model.spec.n_layers} layers, context {model.n_ctx} tokens")
     print(p.describe())
     if args.ram_budget is not None:
@@ -638,7 +640,13 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
         model = edgerun.load(args.src, threads=args.threads, interleave=False)
         m = registry.find_by_file(model.path)
-        bundle, _ = prepare(model, sha256=m.sha256 if m else None)
+        bundle, _ = prepare(
+            model.path,
+            model.file,
+            model.transformer,
+            model.tokenizer,
+            sha256=m.sha256 if m else None,
+        )
         print(f"wrote {bundle} ({bundle.stat().st_size / 1e6:.1f} MB) and its calibration")
         return 0
     if args.out is None:
@@ -692,7 +700,14 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         read_text(args.text)  # a bad --text file fails before the model loads
     model = edgerun.load(args.model, n_ctx=512, threads=args.threads)
     prof, path = profile_text(
-        model, args.text, n_tokens=args.tokens, sparsity=args.sparsity, out=args.output
+        model.path,
+        model.file,
+        model.transformer,
+        model.tokenizer,
+        args.text,
+        n_tokens=args.tokens,
+        sparsity=args.sparsity,
+        out=args.output,
     )
     print(prof.describe())
     print(f"wrote {path}")
@@ -718,8 +733,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         **_offload_kwargs(args),
     )
     model.set_max_batch(args.max_batch)
-    if model.auto_budget_note:
-        print(f"edgerun: {model.auto_budget_note}", file=sys.stderr, flush=True)
+    if model.loader.auto_budget_note:
+        print(f"edgerun: {model.loader.auto_budget_note}", file=sys.stderr, flush=True)
     warm = model.warm_up()
     print(
         f"edgerun: {model.name} ready ({warm}); http://{args.host}:{args.port}/v1", file=sys.stderr

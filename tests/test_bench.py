@@ -48,12 +48,12 @@ def test_bench_times_decode_on_the_threads_generate_decodes_with(smollm2):
 
     if smollm2.threads < 2:
         pytest.skip("needs 2 threads to leave one")
-    saved = smollm2.governor.decode_reserve
-    smollm2.governor.decode_reserve = 1
+    saved = smollm2.engine.governor.decode_reserve
+    smollm2.engine.governor.decode_reserve = 1
     try:
         rep = bench.run(smollm2, 8, 4, repeats=1, bandwidth=False, progress=False, predict=False)
     finally:
-        smollm2.governor.decode_reserve = saved
+        smollm2.engine.governor.decode_reserve = saved
     t = smollm2.threads
     assert [(r["threads"], r["test"]) for r in rep["rows"]] == [(t, "pp8"), (t - 1, "tg4")]
 

@@ -199,17 +199,17 @@ def test_generator_decodes_on_the_threads_the_reader_leaves(smollm2) -> None:
 
 
 def test_offloaded_plans_that_read_leave_the_readers_a_core() -> None:
-    """Model.reader_cores: one core for plans that read weights from flash every token
-    (dense streaming, sparse mode), none for what is held in RAM, none on one core."""
+    """offload/loader.reader_cores: one core for plans that read weights from flash every
+    token (dense streaming, sparse mode), none for what is held in RAM, none on one core."""
     from types import SimpleNamespace
 
-    from edgerun.api import Model
+    from edgerun.offload.loader import reader_cores
 
     def cores(mode: str, read: float, threads: int = 2) -> int:
         plan = SimpleNamespace(mode=mode, read_bytes_per_token=read)
-        return Model.reader_cores(SimpleNamespace(plan=plan, threads=threads))
+        return reader_cores(plan, threads)
 
     assert cores("dense", 276e6) == 1 and cores("sparse", 600e6) == 1
     assert cores("dense", 0.0) == 0 and cores("resident", 0.0) == 0
     assert cores("dense", 276e6, threads=1) == 0
-    assert Model.reader_cores(SimpleNamespace(plan=None, threads=4)) == 0
+    assert reader_cores(None, 4) == 0

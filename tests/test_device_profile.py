@@ -119,17 +119,17 @@ def test_an_emulated_device_slows_offloaded_reads(smollm2_path, resident):
     from edgerun.api import runtime_floor_bytes
 
     prof = load_device_profile("rpi4")
-    need = resident.minimum_ram_budget("dense") - resident.floor_bytes
+    need = resident.loader.minimum_ram_budget("dense") - resident.loader.floor_bytes
     budget = runtime_floor_bytes() + need + (24 << 20)
     m = edgerun.load(
         smollm2_path, n_ctx=256, ram_budget=budget, offload="dense", device_profile=prof
     )
-    assert m.threads <= prof.threads and m.device_profile is prof
+    assert m.threads <= prof.threads and m.loader.device_profile is prof
     thr = m.store.flash_reader.throttle
     assert isinstance(thr, StorageThrottle)
     ids = m.tokenize("The three primary colours are")
     list(m.generate(ids, max_tokens=4, temperature=0.0))
-    st = m.offload_stats()
+    st = m.loader.offload_stats()
     assert st["bytes_read"] > 0 and thr.device_seconds > 0
     # reads take at least as long as the emulated microSD needs for them
     assert st["bytes_read"] / thr.device_seconds < 1.1 * 40e6

@@ -106,8 +106,8 @@ def test_idle_sessions_spill_to_admit_a_request_and_resume_unchanged(model, tmp_
     assert ref.cache.resident_bytes == 0
 
     sched = model.scheduler
-    saved = model.kv_budget_tokens, sched.spill_dir
-    model.prefix_cache.clear()
+    saved = model.engine.kv_budget_tokens, sched.spill_dir
+    model.engine.prefix_cache.clear()
     try:
         sched.spill_dir = tmp_path
         a, b = model.session(), model.session()
@@ -115,7 +115,7 @@ def test_idle_sessions_spill_to_admit_a_request_and_resume_unchanged(model, tmp_
         b.send("Name three colours.", max_tokens=24, **GREEDY)
         n = a.cache.length
         page = a.cache.pages_for(1)
-        model.kv_budget_tokens = 2 * a.cache.pages_for(n) + page  # a, b and one page
+        model.engine.kv_budget_tokens = 2 * a.cache.pages_for(n) + page  # a, b and one page
         other = model.session()
         spills = sched.counters.kv_spills
         other.send("Say hi.", max_tokens=page + 1, **GREEDY)  # does not fit beside a and b
@@ -129,7 +129,7 @@ def test_idle_sessions_spill_to_admit_a_request_and_resume_unchanged(model, tmp_
         assert got == want
         # saving a spilled session reads its rows from the file and leaves it on disk
         b_tokens = list(b.cache.tokens)
-        model.kv_budget_tokens = a.cache.pages_for(a.cache.length) + page
+        model.engine.kv_budget_tokens = a.cache.pages_for(a.cache.length) + page
         model.session().send("Say hi.", max_tokens=page + 1, **GREEDY)
         assert b.cache.spilled is not None
         path = b.save(tmp_path / "b.safetensors")
@@ -143,8 +143,8 @@ def test_idle_sessions_spill_to_admit_a_request_and_resume_unchanged(model, tmp_
         np.testing.assert_array_equal(back.cache.k[:, :, :n], b.cache.k[:, :, :n])
         np.testing.assert_array_equal(back.cache.v[:, :, :n], b.cache.v[:, :, :n])
     finally:
-        model.kv_budget_tokens, sched.spill_dir = saved
-        model.prefix_cache.clear()
+        model.engine.kv_budget_tokens, sched.spill_dir = saved
+        model.engine.prefix_cache.clear()
 
 
 def test_without_a_spill_directory_idle_caches_are_counted_and_kept(model):
@@ -152,18 +152,18 @@ def test_without_a_spill_directory_idle_caches_are_counted_and_kept(model):
 
     gc.collect()  # earlier tests' caches: none may be freed between the two rooms below
     sched = model.scheduler
-    saved = model.kv_budget_tokens, sched.spill_dir
+    saved = model.engine.kv_budget_tokens, sched.spill_dir
     like = KVCache(model.spec, 16, "f16")
     try:
         sched.spill_dir = None
-        model.kv_budget_tokens = 400
+        model.engine.kv_budget_tokens = 400
         before = sched._kv_room(like)
         a = model.session()
         a.send("Name a colour.", max_tokens=8, **GREEDY)
         assert a.cache.resident_bytes > 0
         assert sched._kv_room(like) == before - a.cache.resident_bytes  # a idle, counted
-        model.kv_budget_tokens = a.cache.pages_for(a.cache.length)
+        model.engine.kv_budget_tokens = a.cache.pages_for(a.cache.length)
         model.session().send("Say hi.", max_tokens=4, **GREEDY)  # alone: runs anyway
         assert a.cache.spilled is None and a.cache.resident_bytes > 0
     finally:
-        model.kv_budget_tokens, sched.spill_dir = saved
+        model.engine.kv_budget_tokens, sched.spill_dir = saved

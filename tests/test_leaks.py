@@ -48,7 +48,7 @@ def test_100_sessions_grow_rss_under_5_percent(model):
     base = _rss_after(call, 10)
     after = _rss_after(call, 100)
     assert after < base * 1.05, (base >> 20, after >> 20)
-    assert len(model.prefix_cache) == 1  # one shared system prefix, not one per session
+    assert len(model.engine.prefix_cache) == 1  # one shared system prefix, not one per session
 
 
 def test_kv_cache_has_a_hard_cap(model):

@@ -45,7 +45,7 @@ def test_dense_through_flash_agrees_with_resident(smollm2_path, resident, text_i
     assert (got == want).mean() >= 0.95
     pre = np.argmax(off.logits(text_ids), axis=1)
     assert (pre == np.argmax(resident.logits(text_ids), axis=1)).mean() >= 0.95
-    st = off.offload_stats()
+    st = off.loader.offload_stats()
     assert st["active_fraction"] == 1.0 and st["io_s"] >= 0
 
 
@@ -53,7 +53,7 @@ def test_default_sparsity_skips_neurons_and_keeps_agreement(smollm2_path, reside
     off = _offloaded(smollm2_path)
     got = _decode_argmax(off, text_ids)
     assert (got == _decode_argmax(resident, text_ids)).mean() >= 0.9
-    st = off.offload_stats()
+    st = off.loader.offload_stats()
     assert 0.75 < st["active_fraction"] < 0.97  # the default skips ~10% of the neurons
 
 
@@ -63,11 +63,11 @@ def test_prefetch_serves_reads_and_changes_no_numbers(smollm2_path, text_ids):
     plain = _offloaded(smollm2_path, window=0, prefetch=False)
     ahead = _offloaded(smollm2_path, window=0, prefetch=True)
     want = _decode_argmax(plain, text_ids[:12])
-    ahead.reset_offload_stats()
+    ahead.loader.reset_offload_stats()
     got = _decode_argmax(ahead, text_ids[:12])
     assert (got == want).all()
-    assert ahead.offload_stats()["prefetch_hits"] > 0
-    assert plain.offload_stats()["prefetch_hits"] == 0
+    assert ahead.loader.offload_stats()["prefetch_hits"] > 0
+    assert plain.loader.offload_stats()["prefetch_hits"] == 0
 
 
 def test_tight_budget_streams_from_flash_with_the_same_numbers(smollm2_path, resident):
@@ -78,9 +78,9 @@ def test_tight_budget_streams_from_flash_with_the_same_numbers(smollm2_path, res
     prompt = "The three laws of thermodynamics are"
     want = "".join(resident.generate(prompt, max_tokens=64, temperature=0))
     off = edgerun.load(smollm2_path, n_ctx=256, threads=2, offload="dense")
-    off.reset_offload_stats()
+    off.loader.reset_offload_stats()
     list(off.generate(prompt, max_tokens=4, temperature=0))
-    assert off.offload_stats()["bytes_read"] == 0  # no budget: every row held
+    assert off.loader.offload_stats()["bytes_read"] == 0  # no budget: every row held
     code = f"""
 import json, edgerun
 from edgerun.api import minimum_ram_budget
@@ -90,7 +90,7 @@ need = minimum_ram_budget({str(smollm2_path)!r}, n_ctx=256)
 m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, offload="dense",
                  ram_budget=int(need * 1.1),
                  offload_options=dict(hold_after_warm_up=False, kv_loan_tiers=0))
-m.reset_offload_stats()
+m.loader.reset_offload_stats()
 got = "".join(m.generate({prompt!r}, max_tokens=64, temperature=0))
 need = minimum_ram_budget({str(smollm2_path)!r}, n_ctx=256)  # this process holds m too
 import re
@@ -112,7 +112,7 @@ got_later = "".join(later.generate({prompt!r}, max_tokens=16, temperature=0))
 held1, deferred = later.store.held_neurons, later.plan.deferred_neurons
 held_later = later.plan.cache_neurons
 later.close()
-read = m.offload_stats()["bytes_read"]
+read = m.loader.offload_stats()["bytes_read"]
 import threading
 m.close()  # stops the row stream's reader; using the model again restarts it
 left = [t.name for t in threading.enumerate() if t.name == "edgerun-rowstream"]
@@ -121,8 +121,8 @@ print(json.dumps(dict(got=got, read=read, held=m.plan.cache_neurons, d_ff=m.spec
                       store=type(m.store).__name__, left=left, again=again, held0=held0,
                       held1=held1, deferred=deferred, held_later=held_later,
                       got_later=got_later, threads=m.threads,
-                      reserve=m.governor.decode_reserve,
-                      later_reserve=later.governor.decode_reserve)))
+                      reserve=m.engine.governor.decode_reserve,
+                      later_reserve=later.engine.governor.decode_reserve)))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -147,9 +147,9 @@ print(json.dumps(dict(got=got, read=read, held=m.plan.cache_neurons, d_ff=m.spec
 
 def test_a_budget_the_model_fits_keeps_it_resident(smollm2_path):
     m = edgerun.load(smollm2_path, n_ctx=256, threads=2, ram_budget="4G")
-    assert m.plan.mode == "resident" and m.offload_stats() is None
+    assert m.plan.mode == "resident" and m.loader.offload_stats() is None
     forced = edgerun.load(smollm2_path, n_ctx=256, threads=2, ram_budget="4G", offload="dense")
-    assert forced.plan.mode == "dense" and forced.offload_stats() is not None
+    assert forced.plan.mode == "dense" and forced.loader.offload_stats() is not None
 
 
 def test_budget_below_minimum_is_a_clear_error(smollm2_path):
@@ -165,7 +165,7 @@ def test_a_pack_under_a_budget_it_fits_stays_resident(smollm2_path, tmp_path):
     convert(str(smollm2_path), out, "keep", progress=False)
     m = edgerun.load(out, n_ctx=128, ram_budget="4G")  # a device profile's budget, say
     assert m.plan is not None and m.plan.mode == "resident"
-    assert m.model_bytes == sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    assert m.loader.model_bytes == sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     with pytest.raises(InvalidArgumentError, match="needs a GGUF file.*MiB to stay resident"):
         edgerun.load(out, n_ctx=128, ram_budget="150M")
 
@@ -181,21 +181,21 @@ def test_rows_lent_on_unused_budget_are_given_back_as_the_context_fills(smollm2_
     short = "The three laws of thermodynamics are"
     want_short = "".join(resident.generate(short, max_tokens=8, temperature=0))
     code = f"""
-import json, edgerun, edgerun.api
+import json, edgerun, edgerun.offload.budget
 from edgerun.api import minimum_ram_budget
 # the test process's RSS sits near this budget; measure 16 MiB more free than it shows,
 # as a process with the KV reserve unwritten and its margins unused would
-edgerun.api.KV_LOAN_MARGIN = -(16 << 20)
+edgerun.offload.budget.KV_LOAN_MARGIN = -(16 << 20)
 need = minimum_ram_budget({str(smollm2_path)!r}, n_ctx=2048)
 m = edgerun.load({str(smollm2_path)!r}, n_ctx=2048, threads=2, offload="dense",
                  ram_budget=int(need * 1.04),
                  offload_options=dict(hold_after_warm_up=False, kv_loan_tiers=8))
 "".join(m.generate("Hi", max_tokens=1, temperature=0))  # the warm-up makes the loan
-loan = m.kv_loan
+loan = m.loader.kv_loan
 assert loan is not None and loan.lent_bytes > 0
 # then a process with 12 MiB free beside the rows it lent and the pages it wrote, in
 # tiers of 1.5 MiB: less than the long prompt's KV pages (~23 MB)
-with m.compute_lock:
+with m.engine.lock:
     loan.repay_all()
     kv_at = loan.kv_bytes()
     loan.free_bytes = lambda: (12 << 20) - loan.lent_bytes - (loan.kv_bytes() - kv_at)
@@ -208,9 +208,9 @@ held0 = m.store.held_neurons
 from edgerun.device import calibration
 from edgerun.offload.plan import DeviceFigures
 calibration.calibrate = lambda *a, **k: DeviceFigures()
-ram, mode, opts, gpu, gpu_dev = m._placement_args
-base = m.plan_for(ram, mode, opts, gpu, gpu_dev, device=DeviceFigures())[0]
-pred = m.predicted_plan()
+ram, mode, opts, gpu, gpu_dev = m.loader.placement_args
+base = m.loader.plan_for(ram, mode, opts, gpu, gpu_dev, device=DeviceFigures())[0]
+pred = m.loader.predicted_plan(None, m.engine.governor.decode_reserve)
 n_prompt = len(m.tokenize({prompt!r}))
 long = "".join(m.generate({prompt!r}, max_tokens=8, temperature=0))
 print(json.dumps(dict(short=short, long=long, lent0=lent0, tiers0=tiers0,

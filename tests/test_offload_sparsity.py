@@ -16,8 +16,8 @@ def recorded(smollm2):
     cal = enc(calibration_text(), add_bos=False, parse_special=False)[:192]
     held = enc(evaluation_text(), add_bos=False, parse_special=False)[:128]
     return (
-        sp.collect_activations(smollm2, cal, layers=LAYERS),
-        sp.collect_activations(smollm2, held, layers=LAYERS),
+        sp.collect_activations(smollm2.transformer, cal, layers=LAYERS),
+        sp.collect_activations(smollm2.transformer, held, layers=LAYERS),
     )
 
 
@@ -35,7 +35,7 @@ def test_thresholds_hit_the_target_sparsity(recorded):
 def test_recording_leaves_the_model_unchanged(smollm2):
     ids = smollm2.tokenize("def add(a, b):\n    return")
     before = smollm2.logits(ids)
-    sp.collect_activations(smollm2, ids, layers=(3,))
+    sp.collect_activations(smollm2.transformer, ids, layers=(3,))
     assert type(smollm2.transformer.layers[3].ffn).__name__ == "DenseFFN"
     assert np.array_equal(smollm2.logits(ids), before)
 
@@ -59,7 +59,7 @@ def test_thresholded_ffn_decode_and_prefill_paths_agree(smollm2, recorded):
 def test_low_rank_predictor_recall_on_held_out_tokens(smollm2, recorded):
     rec, held = recorded
     th = sp.calibrate_thresholds(rec, 0.7)
-    preds = sp.fit_predictors(smollm2, rec, th, rank=128, recall=0.95, layers=LAYERS)
+    preds = sp.fit_predictors(smollm2.transformer, rec, th, rank=128, recall=0.95, layers=LAYERS)
     for i in LAYERS:
         recall, predicted, truly = sp.predictor_recall(
             preds[i], held.layer_x(i), held.layer_score(i), th[i]
@@ -80,7 +80,7 @@ def test_allocate_sparsity_spends_it_where_error_is_cheap():
 def test_per_layer_error_curves_and_thresholds(smollm2, recorded):
     rec, _ = recorded
     grid = np.array([0.0, 0.3, 0.6])
-    err = sp.layer_error_curves(smollm2, rec, grid, max_tokens=32)
+    err = sp.layer_error_curves(smollm2.transformer, rec, grid, max_tokens=32)
     assert err.shape == (30, 3) and (err[1] == 0).all()
     assert (np.diff(err[list(LAYERS)], axis=1) > 0).all()  # more sparsity, more error
     th = sp.calibrate_thresholds(rec, np.where(np.arange(30) == 13, 0.6, 0.3))
@@ -90,11 +90,11 @@ def test_per_layer_error_curves_and_thresholds(smollm2, recorded):
 
 def test_weighted_scores_keep_the_target_and_cut_the_error(smollm2, recorded):
     rec, _ = recorded
-    w = sp.neuron_weights(smollm2, rec)
+    w = sp.neuron_weights(smollm2.transformer, rec)
     assert w[1] is None and w[13].shape == (1536,) and (w[13] > 0).all()
     grid = np.array([0.0, 0.5])
-    plain = sp.layer_error_curves(smollm2, rec, grid, max_tokens=32)
-    weighted = sp.layer_error_curves(smollm2, rec, grid, max_tokens=32, weights=w)
+    plain = sp.layer_error_curves(smollm2.transformer, rec, grid, max_tokens=32)
+    weighted = sp.layer_error_curves(smollm2.transformer, rec, grid, max_tokens=32, weights=w)
     assert weighted[13, 1] < plain[13, 1]
     th = sp.calibrate_thresholds(rec, 0.5, w)
     assert (rec.layer_score(13) * w[13] < th[13]).mean() == pytest.approx(0.5, abs=0.01)

@@ -24,7 +24,10 @@ def _decode_logits(model, ids: list[int]) -> np.ndarray:
 def profile_file(resident, tmp_path_factory):
     from edgerun.corpus import calibration_text
 
-    prof = profile_model(resident, resident.tokenize(calibration_text())[:128], progress=False)
+    ids = resident.tokenize(calibration_text())[:128]
+    prof = profile_model(
+        resident.path, resident.file, resident.transformer, resident.tokenizer, ids, progress=False
+    )
     return prof, prof.save(tmp_path_factory.mktemp("profile") / "smollm2.profile.npz")
 
 
@@ -33,7 +36,7 @@ def _budget(resident, extra_mb: int) -> int:
     load), plus `extra_mb` for the neuron cache."""
     from edgerun.api import runtime_floor_bytes
 
-    above_floor = resident.minimum_ram_budget("sparse") - resident.floor_bytes
+    above_floor = resident.loader.minimum_ram_budget("sparse") - resident.loader.floor_bytes
     return runtime_floor_bytes() + above_floor + ((extra_mb + 16) << 20)
 
 
@@ -94,7 +97,7 @@ def test_layers_on_the_torch_cpu_device_match_the_cpu_path(smollm2_path, residen
     m = edgerun.load(smollm2_path, n_ctx=256, threads=2, gpu_budget="48M", gpu_device="cpu")
     p = m.plan
     assert p.gpu_ffn_layers and p.gpu_bytes <= 48 << 20
-    moved = [g for g in m.gpu_placement if g.parts == ("ffn",)][0]
+    moved = [g for g in m.loader.gpu_placement if g.parts == ("ffn",)][0]
     assert moved.layers == p.gpu_ffn_layers and moved.dtype == "float32"
     assert type(m.transformer.layers[0].ffn).__name__ == "TorchFFN"
     last = m.transformer.layers[-1]
@@ -174,7 +177,7 @@ def test_plan_command_prints_the_prompt_chunk_a_budget_allows(smollm2_path, resi
     code = (
         "import edgerun\n"
         f"m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, ram_budget='400M')\n"
-        "print(m.prefill_chunk, m.generator.prefill_chunk, m.kv_budget_tokens)"
+        "print(m.engine.prefill_chunk, m.generator.prefill_chunk, m.engine.kv_budget_tokens)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

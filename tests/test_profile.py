@@ -193,6 +193,12 @@ def test_read_text_errors_name_the_file(tmp_path):
 
 
 # ------------------------------------------------------------------------ real model
+def _parts(m):
+    """What profile_model takes of a loaded model: its file path, the opened file, the
+    resident Transformer and the tokenizer."""
+    return m.path, m.file, m.transformer, m.tokenizer
+
+
 def test_counts_match_a_brute_force_recount(smollm2):
     """Layers 0 and 1 recounted from their recorded FFN inputs through the numpy
     reference (dequantized gate, float64): each count lies between the recounts at
@@ -201,9 +207,9 @@ def test_counts_match_a_brute_force_recount(smollm2):
     from edgerun.quant.reference import dequantize
 
     ids = smollm2.tokenize("The quick brown fox jumps over the lazy dog. " * 3)[:24]
-    prof = profile_model(smollm2, ids, sparsity=0.5, chunk=8, progress=False)
+    prof = profile_model(*_parts(smollm2), ids, sparsity=0.5, chunk=8, progress=False)
     assert prof.n_tokens == len(ids) and prof.counts.shape == (30, smollm2.spec.d_ff)
-    rec = collect_activations(smollm2, ids, layers=[0, 1], keep_x=True, chunk=8)
+    rec = collect_activations(smollm2.transformer, ids, layers=[0, 1], keep_x=True, chunk=8)
     for layer in (0, 1):
         gate = smollm2.transformer.layers[layer].ffn.gate
         w = dequantize(gate.qtype, np.asarray(gate.data)).reshape(gate.shape)
@@ -225,11 +231,11 @@ def test_counts_match_a_brute_force_recount(smollm2):
 
 def test_profile_model_checks_arguments(smollm2):
     with pytest.raises(InvalidArgumentError):
-        profile_model(smollm2, [1, 2], sparsity=1.0, progress=False)
+        profile_model(*_parts(smollm2), [1, 2], sparsity=1.0, progress=False)
     with pytest.raises(InvalidArgumentError):
-        profile_model(smollm2, [], progress=False)
+        profile_model(*_parts(smollm2), [], progress=False)
     with pytest.raises(InvalidArgumentError):
-        profile_model(smollm2, [10**9], progress=False)
+        profile_model(*_parts(smollm2), [10**9], progress=False)
 
 
 def _cli(*args):
@@ -268,19 +274,19 @@ def test_default_path_and_load_default_profile(smollm2, tmp_path, monkeypatch):
     import edgerun.offload.profile as prof_mod
     from edgerun.offload.profile import default_profile_path, load_default_profile
 
-    path = default_profile_path(smollm2)
+    path = default_profile_path(smollm2.path)
     assert path.name.endswith("-q8_0.profile.npz") and path.parent.name == "offload"
-    assert default_profile_path(smollm2, 0.5).name.endswith("-q8_0.profile-s0.5.npz")
-    assert default_profile_path(smollm2, 0.1) == path
+    assert default_profile_path(smollm2.path, 0.5).name.endswith("-q8_0.profile-s0.5.npz")
+    assert default_profile_path(smollm2.path, 0.1) == path
 
     where = {None: tmp_path / "d.npz", 0.5: tmp_path / "h.npz"}
     monkeypatch.setattr(prof_mod, "default_profile_path", lambda m, s=None: where[s])
-    assert load_default_profile(smollm2) is None
+    assert load_default_profile(smollm2.path, smollm2.spec) is None
     ids = smollm2.tokenize("def f(x):\n    return x + 1\n")
-    p = profile_model(smollm2, ids, sparsity=0.5, progress=False)
+    p = profile_model(*_parts(smollm2), ids, sparsity=0.5, progress=False)
     p.save(where[0.5])
-    q = load_default_profile(smollm2, 0.5)
+    q = load_default_profile(smollm2.path, smollm2.spec, 0.5)
     assert q is not None and np.array_equal(q.counts, p.counts)
     p.save(where[None])  # a 0.5 profile where the default one should be
     with pytest.raises(ModelFormatError, match="'sparsity'"):
-        load_default_profile(smollm2)
+        load_default_profile(smollm2.path, smollm2.spec)

@@ -175,7 +175,8 @@ def test_a_resident_model_decodes_from_the_copies(smollm2_path):
 
     il = edgerun.load(smollm2_path, n_ctx=128, threads=2)
     rows = edgerun.load(smollm2_path, n_ctx=128, threads=2, interleave=False)
-    assert il.interleaved_bytes > 0.8 * rows.file.file_size and rows.interleaved_bytes == 0
+    assert il.loader.interleaved_bytes > 0.8 * rows.file.file_size
+    assert rows.loader.interleaved_bytes == 0
     tr = il.transformer
     assert tr.output.interleaved is not None and tr.token_embd is tr.output  # tied
     assert all(layer.ffn.gate.interleaved is not None for layer in tr.layers)
@@ -258,23 +259,23 @@ def test_a_load_plans_for_the_memory_left(smollm2_path, monkeypatch):
     monkeypatch.setattr(api, "anonymous_rss_bytes", lambda: 4 << 30)
     m = edgerun.load(smollm2_path, n_ctx=n_ctx, threads=2)
     budget = int(((4 << 30) + left) / 1.05)
-    assert m.plan is not None and m.plan.budget == budget and m.interleaved_bytes == 0
+    assert m.plan is not None and m.plan.budget == budget and m.loader.interleaved_bytes == 0
     assert f"{left >> 20} MiB is left: planned for a RAM budget of {budget >> 20} MiB" in (
-        m.auto_budget_note
+        m.loader.auto_budget_note
     )
     assert m.kv_type == "f16"
     assert "".join(m.generate(prompt, max_tokens=8, temperature=0)) == want
     from edgerun.tools import bench  # and edgerun bench says what the load did
 
     rep = bench.run(m, 8, 4, repeats=1, bandwidth=False, progress=False, predict=False)
-    assert m.auto_budget_note in bench.format_table(rep).splitlines()
+    assert m.loader.auto_budget_note in bench.format_table(rep).splitlines()
     monkeypatch.setattr(api, "memory_headroom_bytes", lambda: 1 << 20)
     monkeypatch.setattr(api, "anonymous_rss_bytes", lambda: 1 << 20)
     m = edgerun.load(smollm2_path, n_ctx=64, threads=2)
-    assert m.plan is None and "less than its minimum RAM budget" in m.auto_budget_note
-    assert m.interleaved_bytes == 0 and "1 MiB is left" in m.interleave_note
+    assert m.plan is None and "less than its minimum RAM budget" in m.loader.auto_budget_note
+    assert m.loader.interleaved_bytes == 0 and "1 MiB is left" in m.loader.interleave_note
     assert m.kv_type == "f32"
     monkeypatch.setattr(api, "memory_headroom_bytes", lambda: 1 << 40)
     m = edgerun.load(smollm2_path, n_ctx=64, threads=2)
-    assert m.plan is None and m.auto_budget_note == "" and m.interleave_note == ""
-    assert m.interleaved_bytes == ref.transformer.interleave_bytes() > 0.8 * m.file.file_size
+    assert m.plan is None and m.loader.auto_budget_note == "" and m.loader.interleave_note == ""
+    assert m.loader.interleaved_bytes == ref.transformer.interleave_bytes() > 0.8 * m.file.file_size

@@ -128,11 +128,11 @@ def test_session_file_checks(model, tmp_path):
 
 
 def test_shared_system_prefix_is_computed_once(model):
-    model.prefix_cache.clear()
+    model.engine.prefix_cache.clear()
     system = "You are a helpful assistant who answers in one short sentence. " * 4
     a = model.session(system=system)
     ta = a.send("What colour is the sky?", max_tokens=12, **GREEDY)
-    assert len(model.prefix_cache) == 1
+    assert len(model.engine.prefix_cache) == 1
     b = model.session(system=system)
     tb = b.send("What colour is the sky?", max_tokens=12, **GREEDY)
     assert b.stats.cached_tokens >= 40  # the system turn came from the prefix cache
@@ -161,7 +161,7 @@ def test_concurrent_sessions_match_sequential_and_batch(model):
 
 def _first_step_alone(sched, params):
     """Submit a one-token request and wait until the scheduler admitted it alone (the
-    caller holds model.compute_lock, so its step waits): what is submitted next joins
+    caller holds model.engine.lock, so its step waits): what is submitted next joins
     the step after."""
     first = sched.submit([5], params, 1, eos_ids=[])
     while sched.active == 0 or not sched._inbox.empty():
@@ -178,7 +178,7 @@ def test_requests_arriving_together_start_and_decode_together(model):
     sched = model.scheduler
     greedy = SamplingParams(**GREEDY)
     prompts = [model.tokenize(p) for p in ("One two", "Red green blue", "Hello", "A B C D")]
-    with model.compute_lock:
+    with model.engine.lock:
         first = _first_step_alone(sched, greedy)
         reqs = [sched.submit(ids, greedy, 6, eos_ids=[]) for ids in prompts]
     first.wait()
@@ -196,7 +196,7 @@ def test_requests_arriving_together_start_and_decode_together(model):
         calls.append(len(ids))
         return forward(ids, cache, *a, **k)
 
-    with model.compute_lock:
+    with model.engine.lock:
         _first_step_alone(sched, greedy)
         busy = [sched.submit(ids, greedy, 30, eos_ids=[]) for ids in prompts[:3]]
     while not all(r.decoding for r in busy):
@@ -289,17 +289,17 @@ def test_requests_share_the_kv_window_a_ram_budget_reserved(model):
             r.wait()
         return rs
 
-    model.prefix_cache.clear()  # kept prefixes count against the window
+    model.engine.prefix_cache.clear()  # kept prefixes count against the window
     free = run_all()
     assert max(max(r.stats.batch_sizes) for r in free) == 3
-    saved = model.kv_budget_tokens
+    saved = model.engine.kv_budget_tokens
     try:
         # each request can reach < 64 positions: two fit in 128, the third waits
         assert all(len(i) + 40 <= 64 for i in ids)
-        model.kv_budget_tokens = 128
+        model.engine.kv_budget_tokens = 128
         held = run_all()
     finally:
-        model.kv_budget_tokens = saved
+        model.engine.kv_budget_tokens = saved
     assert max(max(r.stats.batch_sizes) for r in held) == 2
     assert [r.history for r in held] == [r.history for r in free]
 
@@ -312,25 +312,25 @@ def test_shared_prefixes_are_kept_only_in_the_kv_window_left(model):
     ids = model.tokenize("You are a terse assistant. " * 6 + "Name a colour.")
     k = len(ids) - 4
     params = SamplingParams(temperature=0.0, repeat_penalty=1.0)
-    saved = model.kv_budget_tokens
-    model.prefix_cache.clear()
+    saved = model.engine.kv_budget_tokens
+    model.engine.prefix_cache.clear()
     try:
         # the request alone fills the window: no room for a copy of its prefix
-        model.kv_budget_tokens = len(ids) + 8
+        model.engine.kv_budget_tokens = len(ids) + 8
         model.scheduler.submit(ids, params, 8, eos_ids=[], prefix_len=k).wait()
-        assert len(model.prefix_cache) == 0
+        assert len(model.engine.prefix_cache) == 0
         # room for both: kept, and counted while it is kept
-        model.kv_budget_tokens = 2 * len(ids) + 64
+        model.engine.kv_budget_tokens = 2 * len(ids) + 64
         own = KVCache(model.spec, model.n_ctx, model.kv_type)
         model.scheduler.submit(ids, params, 8, cache=own, eos_ids=[], prefix_len=k).wait()
-        assert len(model.prefix_cache) == 1
+        assert len(model.engine.prefix_cache) == 1
         assert own.resident_bytes > 0  # an idle cache counts in the window too, until
         own.clear()  # cleared (its pages given back)
         like = KVCache(model.spec, model.n_ctx, model.kv_type)
         per = like.position_bytes
-        assert model.prefix_cache.nbytes == k * per
-        window = like.pages_for(model.kv_budget_tokens) * per
+        assert model.engine.prefix_cache.nbytes == k * per
+        window = like.pages_for(model.engine.kv_budget_tokens) * per
         assert model.scheduler._kv_room(like) == window - k * per
     finally:
-        model.kv_budget_tokens = saved
-        model.prefix_cache.clear()
+        model.engine.kv_budget_tokens = saved
+        model.engine.prefix_cache.clear()

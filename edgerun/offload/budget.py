@@ -19,7 +19,13 @@ import numpy as np
 from edgerun.model.kvcache import KVCache
 from edgerun.runtime.sysinfo import current_rss_bytes, return_free_heap_to_os
 
-__all__ = ["BudgetKeeper", "drop_load_page_cache", "trim_heap_after_prompt_chunk"]
+__all__ = ["KV_LOAN_MARGIN", "BudgetKeeper", "drop_load_page_cache", "trim_heap_after_prompt_chunk"]
+
+# Kept free under a budget when rows are lent on its unused memory (offload/kv_loan.py):
+# what the RSS does not show or not yet: the page cache later reads leave and the heap's
+# growth (plan.LATE_MEMORY_BYTES), embedding rows a long chat touches
+# (plan.EMBEDDING_TOUCH_BYTES), and a decode step's temporaries
+KV_LOAN_MARGIN = 32 << 20
 
 
 def drop_load_page_cache(plan) -> None:
@@ -74,12 +80,15 @@ class BudgetKeeper:
         self.sha256 = sha256
         self.kv_loan = None  # offload/kv_loan.KVLoan: rows held on the unwritten KV reserve
 
-    def after_warm_up(self, live_cache: KVCache | None, kv_loan_margin: int) -> None:
+    def after_warm_up(self, live_cache: KVCache | None, kv_loan_margin: int | None = None) -> None:
         """Once the kernels are loaded: drop the page cache the load left and, where the
         plan deferred FFN rows, give LLVM's pages back and hold that many more rows.
         The warm-up's transient allocations leave free pages in the C heap (22 MiB on the
         1.5B at 800M), which glibc keeps unless trimmed. live_cache: the single-stream
-        cache the KV loan starts from; kv_loan_margin: bytes kept free beside a loan."""
+        cache the KV loan starts from; kv_loan_margin: bytes kept free beside a loan
+        (default KV_LOAN_MARGIN, read when called)."""
+        if kv_loan_margin is None:
+            kv_loan_margin = KV_LOAN_MARGIN
         return_free_heap_to_os()
         drop_load_page_cache(self.plan)
         store = self.store
@@ -163,7 +172,7 @@ class BudgetKeeper:
 
         def free_bytes() -> int:
             # what the RSS shows, after the C heap's free pages are given back; the
-            # margin covers what it does not (see api.KV_LOAN_MARGIN)
+            # margin covers what it does not (KV_LOAN_MARGIN)
             return_free_heap_to_os()
             return budget - current_rss_bytes() - margin
 

@@ -283,16 +283,16 @@ class CountingFFN:
         return qmatvec.project(d.down, glu(g, u, d.activation))
 
 
-def _model_sha(model) -> str | None:
+def _model_sha(model_path) -> str | None:
     """The registry's verified SHA256 of the model file, if it is a registry model."""
     from edgerun import registry
 
-    m = registry.find_by_file(model.path)
+    m = registry.find_by_file(model_path)
     return getattr(m, "sha256", None)
 
 
-def _check_gguf(model) -> Path:
-    p = Path(model.path)
+def _check_gguf(model_path) -> Path:
+    p = Path(model_path)
     if not p.is_file():
         raise InvalidArgumentError(
             f"{p}: neuron profiles are kept beside the offload bundle of a .gguf file; "
@@ -302,23 +302,27 @@ def _check_gguf(model) -> Path:
 
 
 def profile_model(
-    model,
+    model_path,
+    file,
+    transformer,
+    tokenizer,
     tokens: Sequence[int],
     sparsity: float | None = None,
     chunk: int = 128,
     progress: bool = True,
+    kv_type: str = "f32",
 ) -> NeuronProfile:
-    """Count each FFN neuron's active tokens over `tokens` on a loaded resident model.
+    """Count each FFN neuron's active tokens over `tokens` on a resident Transformer of
+    the GGUF at `model_path` (opened as `file`; `tokenizer` encodes the calibration).
 
     Thresholds: the offload calibration's (made and cached by store.prepare when missing)
     at `sparsity` (default: store.DEFAULT_SPARSITY). The tokens run in prefill chunks of
-    `chunk`, each from an empty KV cache, as the calibration runs them. The model's
-    executors are restored afterwards."""
+    `chunk`, each from an empty KV cache of `kv_type`, as the calibration runs them. The
+    Transformer's executors are restored afterwards."""
     from edgerun.model.kvcache import KVCache
     from edgerun.offload.bundle import source_sha256
     from edgerun.offload.sparsity import _dense
     from edgerun.offload.store import DEFAULT_SPARSITY, prepare
-    from edgerun.runtime.cpu_share import set_threads
     from edgerun.runtime.progress import progress_bar
 
     sparsity = DEFAULT_SPARSITY if sparsity is None else float(sparsity)
@@ -331,15 +335,16 @@ def profile_model(
         raise InvalidArgumentError("profiling needs at least one token")
     from edgerun.generate.engine import check_token_ids
 
-    check_token_ids(toks, model.spec.vocab_size)
-    path = _check_gguf(model)
-    sha = _model_sha(model)
-    _, cal = prepare(model, sha256=sha, progress=progress)
+    spec = transformer.spec
+    check_token_ids(toks, spec.vocab_size)
+    path = _check_gguf(model_path)
+    sha = _model_sha(path)
+    _, cal = prepare(path, file, transformer, tokenizer, sha256=sha, progress=progress)
     sha = sha or source_sha256(path)
     thresholds = cal.thresholds(sparsity)
-    tr = model.transformer
+    tr = transformer
     n = len(tr.layers)
-    d_ff = model.spec.d_ff
+    d_ff = spec.d_ff
     if thresholds.shape != (n,):
         raise ModelFormatError(
             f"{path}: offload calibration has {thresholds.shape[0]} layers, the model {n}"
@@ -350,29 +355,28 @@ def profile_model(
     try:
         for i, layer in enumerate(tr.layers):
             layer.ffn = CountingFFN(_dense(layer.ffn), counts[i], mass[i], float(thresholds[i]))
-        set_threads(model.threads)
         with progress_bar("profiling", total=len(toks), unit="tokens", enabled=progress) as adv:
             for c in range(0, len(toks), chunk):
                 part = toks[c : c + chunk]
-                tr.forward(part, KVCache(model.spec, len(part), model.kv_type))
+                tr.forward(part, KVCache(spec, len(part), kv_type))
                 adv(len(part))
     finally:
         for layer, ffn in zip(tr.layers, saved, strict=True):
             layer.ffn = ffn
     return NeuronProfile(
-        counts, mass, len(toks), sparsity, thresholds.astype(np.float32), sha, model.name
+        counts, mass, len(toks), sparsity, thresholds.astype(np.float32), sha, spec.name
     )
 
 
 # ----------------------------------------------------------------------------- files
-def default_profile_path(model, sparsity: float | None = None) -> Path:
+def default_profile_path(model_path, sparsity: float | None = None) -> Path:
     """Beside the model's bundle and calibration (store.prepare), so a new version of the
     file gets a new profile: <cache>/offload/<bundle name>.profile.npz at the runtime's
     default sparsity, <bundle name>.profile-s<sparsity>.npz at another."""
     from edgerun.offload.bundle import bundle_path, source_sha256
 
-    p = _check_gguf(model)
-    sha = _model_sha(model) or source_sha256(p)
+    p = _check_gguf(model_path)
+    sha = _model_sha(p) or source_sha256(p)
     return bundle_path(p, sha).with_suffix(_suffix(sparsity))
 
 
@@ -383,19 +387,20 @@ def _suffix(sparsity: float | None) -> str:
     return SUFFIX if s == DEFAULT_SPARSITY else f".profile-s{s:g}.npz"
 
 
-def load_default_profile(model, sparsity: float | None = None) -> NeuronProfile | None:
-    """The model's saved profile at `sparsity` (default: the runtime's), or None when
-    there is none. A profile that does not validate, was made from another file or for
-    another shape raises ModelFormatError saying how to remake it."""
+def load_default_profile(model_path, spec, sparsity: float | None = None) -> NeuronProfile | None:
+    """The saved profile of the model file at `model_path` (its `spec`) at `sparsity`
+    (default: the runtime's), or None when there is none. A profile that does not
+    validate, was made from another file or for another shape raises ModelFormatError
+    saying how to remake it."""
     from edgerun.offload.bundle import source_sha256
     from edgerun.offload.store import DEFAULT_SPARSITY
 
-    path = default_profile_path(model, sparsity)
+    path = default_profile_path(model_path, sparsity)
     if not path.exists():
         return None
-    sha = _model_sha(model) or source_sha256(model.path)
+    sha = _model_sha(model_path) or source_sha256(model_path)
     prof = NeuronProfile.load(path, expect_sha256=sha)
-    want = (model.spec.n_layers, model.spec.d_ff)
+    want = (spec.n_layers, spec.d_ff)
     if prof.counts.shape != want:
         raise ModelFormatError(
             f"{path}: neuron profile field 'counts' has shape {prof.counts.shape}, the model "
@@ -410,14 +415,15 @@ def load_default_profile(model, sparsity: float | None = None) -> NeuronProfile 
     return prof
 
 
-def load_profile(model, path: str | Path | None = None) -> NeuronProfile | None:
-    """The profile at `path` checked against `model`'s file, else its default one (None
-    when there is none)."""
+def load_profile(model_path, spec, path: str | Path | None = None) -> NeuronProfile | None:
+    """The profile at `path` checked against the model file at `model_path`, else its
+    default one (None when there is none)."""
     if path is None:
-        return load_default_profile(model)
+        return load_default_profile(model_path, spec)
     from edgerun.offload.bundle import source_sha256
 
-    return NeuronProfile.load(path, expect_sha256=_model_sha(model) or source_sha256(model.path))
+    sha = _model_sha(model_path) or source_sha256(model_path)
+    return NeuronProfile.load(path, expect_sha256=sha)
 
 
 def read_text(path: str | Path | None) -> str:
@@ -440,20 +446,26 @@ def read_text(path: str | Path | None) -> str:
 
 
 def profile_text(
-    model,
+    model_path,
+    file,
+    transformer,
+    tokenizer,
     text_path: str | Path | None = None,
     n_tokens: int = 512,
     sparsity: float | None = None,
     out: str | Path | None = None,
     progress: bool = True,
+    kv_type: str = "f32",
 ) -> tuple[NeuronProfile, Path]:
-    """Profile `model` on the first `n_tokens` tokens of a text file (default: the
-    built-in calibration text) and save it at `out` (default: `default_profile_path` at
-    that sparsity)."""
+    """Profile the resident Transformer of the GGUF at `model_path` (profile_model) on
+    the first `n_tokens` tokens of a text file (default: the built-in calibration text)
+    and save it at `out` (default: `default_profile_path` at that sparsity)."""
     if n_tokens < 1:
         raise InvalidArgumentError(f"--tokens must be >= 1, got {n_tokens}")
     text = read_text(text_path)
-    ids = model.tokenize(text)[:n_tokens]
-    prof = profile_model(model, ids, sparsity=sparsity, progress=progress)
-    path = Path(out) if out is not None else default_profile_path(model, sparsity)
+    ids = tokenizer.encode(text)[:n_tokens]
+    prof = profile_model(
+        model_path, file, transformer, tokenizer, ids, sparsity, progress=progress, kv_type=kv_type
+    )
+    path = Path(out) if out is not None else default_profile_path(model_path, sparsity)
     return prof, prof.save(path)

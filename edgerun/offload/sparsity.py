@@ -96,19 +96,44 @@ def _dense(ffn) -> DenseFFN:
     return inner
 
 
+def forward_logits(
+    transformer, ids: Sequence[int], kv_type: str = "f32", step: int | None = None
+) -> np.ndarray:
+    """float32 [len(ids), vocab]: a Transformer's next-token logits after each prefix of
+    `ids`, from an empty KV cache of `kv_type`, in forward calls of at most `step` tokens
+    (default: the engine's prompt chunk)."""
+    from edgerun.generate.engine import PREFILL_CHUNK, check_token_ids
+    from edgerun.model.kvcache import KVCache
+
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise InvalidArgumentError("logits need at least one token id")
+    check_token_ids(ids, transformer.spec.vocab_size)
+    step = step or PREFILL_CHUNK
+    cache = KVCache(transformer.spec, len(ids), kv_type)
+    parts = [
+        transformer.forward(ids[i : i + step], cache, all_logits=True)
+        for i in range(0, len(ids), step)
+    ]
+    return np.concatenate(parts, axis=0)
+
+
 def collect_activations(
-    model,
+    transformer,
     tokens: Sequence[int],
     layers: Sequence[int] | None = None,
     keep_x: bool = True,
     chunk: int = 256,
+    kv_type: str = "f32",
+    step: int | None = None,
 ) -> ActivationRecords:
-    """Run `model` (an edgerun Model) over `tokens` in chunks of `chunk` (each from an
-    empty KV cache) and record every FFN's inputs and gate scores.
+    """Run a resident Transformer over `tokens` in chunks of `chunk` (each from an empty
+    KV cache of `kv_type`, forward calls of at most `step` tokens) and record every
+    FFN's inputs and gate scores.
 
     Layers not in `layers` get empty records. The executors are restored afterwards.
     """
-    tr = model.transformer
+    tr = transformer
     n = len(tr.layers)
     want = set(range(n) if layers is None else layers)
     rec = ActivationRecords([[] for _ in range(n)], [[] for _ in range(n)])
@@ -119,7 +144,7 @@ def collect_activations(
                 layer.ffn = RecordingFFN(_dense(layer.ffn), rec, i, keep_x)
         toks = [int(t) for t in tokens]
         for c in range(0, len(toks), chunk):
-            model.logits(toks[c : c + chunk])
+            forward_logits(tr, toks[c : c + chunk], kv_type, step)
     finally:
         for layer, ffn in zip(tr.layers, saved, strict=True):
             layer.ffn = ffn
@@ -152,7 +177,7 @@ def calibrate_thresholds(
     return out
 
 
-def neuron_weights(model, records: ActivationRecords) -> list[np.ndarray | None]:
+def neuron_weights(transformer, records: ActivationRecords) -> list[np.ndarray | None]:
     """w_i = mean |u_i| * ||down[:, i]|| per recorded layer (None elsewhere).
 
     |act(g_i)| alone ranks neurons badly when the up output or the down column is large:
@@ -161,7 +186,7 @@ def neuron_weights(model, records: ActivationRecords) -> list[np.ndarray | None]
     thresholded layer's error by 10-30% in SmolLM2's middle layers at equal sparsity.
     """
     out: list[np.ndarray | None] = []
-    for i, layer in enumerate(model.transformer.layers):
+    for i, layer in enumerate(transformer.layers):
         if not records.x[i]:
             out.append(None)
             continue
@@ -176,7 +201,7 @@ SPARSITY_GRID = np.round(np.arange(0.0, 0.951, 0.05), 2)
 
 
 def layer_error_curves(
-    model,
+    transformer,
     records: ActivationRecords,
     grid: np.ndarray = SPARSITY_GRID,
     max_tokens: int = 128,
@@ -188,7 +213,7 @@ def layer_error_curves(
 
     Layers differ a lot (SmolLM2: the first and last layers lose ~3% at 30% sparsity, the
     middle ones ~15-19%), so one sparsity for all layers wastes the easy ones."""
-    tr = model.transformer
+    tr = transformer
     out = np.zeros((len(tr.layers), len(grid)))
     for i, layer in enumerate(tr.layers):
         if not records.x[i]:
@@ -378,7 +403,7 @@ def _gate_float(gate: QuantTensor) -> np.ndarray:
 
 
 def fit_predictors(
-    model,
+    transformer,
     records: ActivationRecords,
     thresholds: np.ndarray,
     rank: int = 128,
@@ -393,7 +418,7 @@ def fit_predictors(
     tokens its recall held out matched calibration (0.95 -> 0.95) while the whitened fit
     overfit (0.95 -> 0.53-0.83); whitening needs many more tokens than d_model.
     """
-    tr = model.transformer
+    tr = transformer
     want = [i for i in range(len(tr.layers)) if records.x[i]] if layers is None else layers
     out = {}
     for i in want:
@@ -436,7 +461,7 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def sparse_quality(
-    model,
+    transformer,
     chunks: Sequence[Sequence[int]],
     thresholds: np.ndarray,
     target: float,
@@ -444,13 +469,14 @@ def sparse_quality(
     predictors: dict[int, LowRankPredictor] | None = None,
     down_q8: list[np.ndarray] | None = None,
     weights: Sequence[np.ndarray | None] | None = None,
+    kv_type: str = "f32",
 ) -> tuple[SparseQuality, list[np.ndarray]]:
     """Teacher-forced comparison of ThresholdedFFN layers against the dense model on
     token chunks (each from an empty cache). Returns the figures and the dense logits
     (pass them back in to score further thresholds without recomputing them)."""
-    tr = model.transformer
+    tr = transformer
     if dense_logits is None:
-        dense_logits = [model.logits(list(c)) for c in chunks]
+        dense_logits = [forward_logits(tr, c, kv_type) for c in chunks]
     saved = [layer.ffn for layer in tr.layers]
     execs = []
     try:
@@ -462,7 +488,7 @@ def sparse_quality(
             execs.append(layer.ffn)
         agree, total, nll_d, nll_s = 0, 0, [], []
         for c, dl in zip(chunks, dense_logits, strict=True):
-            sl = model.logits(list(c))
+            sl = forward_logits(tr, c, kv_type)
             agree += int((sl.argmax(1) == dl.argmax(1)).sum())
             total += len(c)
             tgt = np.asarray(c[1:])

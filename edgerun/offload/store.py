@@ -141,14 +141,25 @@ def _calibration_path(bundle: Path) -> Path:
     return bundle.with_suffix(".calib.npz")
 
 
-def calibrate(model, n_tokens: int = CALIB_TOKENS, chunk: int = 128) -> Calibration:
-    """Quantiles of |act(gate x)| per layer over calibration text, on the resident model."""
+def calibrate(
+    transformer,
+    tokenizer,
+    n_tokens: int = CALIB_TOKENS,
+    chunk: int = 128,
+    kv_type: str = "f32",
+    step: int | None = None,
+) -> Calibration:
+    """Quantiles of |act(gate x)| per layer over calibration text, on a resident
+    Transformer (its text encoded by `tokenizer`; KV cache `kv_type`, forward calls of at
+    most `step` tokens: the prompt chunk a budget allows)."""
     from edgerun.corpus import calibration_text
     from edgerun.offload.sparsity import collect_activations
 
-    ids = model.tokenize(calibration_text())[:n_tokens]
-    rec = collect_activations(model, ids, keep_x=False, chunk=chunk)
-    n = len(model.transformer.layers)
+    ids = tokenizer.encode(calibration_text())[:n_tokens]
+    rec = collect_activations(
+        transformer, ids, keep_x=False, chunk=chunk, kv_type=kv_type, step=step
+    )
+    n = len(transformer.layers)
     q = np.zeros((len(QUANTILES), n), np.float32)
     for i in range(n):
         s = rec.layer_score(i).astype(np.float32).reshape(-1)
@@ -156,9 +167,19 @@ def calibrate(model, n_tokens: int = CALIB_TOKENS, chunk: int = 128) -> Calibrat
     return Calibration(q)
 
 
-def prepare(model, sha256: str | None = None, progress: bool = True) -> tuple[Path, Calibration]:
-    """The bundle and calibration for a loaded resident model, made once and cached."""
-    path = ensure_bundle(model.path, sha256=sha256, progress=progress)
+def prepare(
+    model_path: str | os.PathLike,
+    file,
+    transformer,
+    tokenizer,
+    sha256: str | None = None,
+    progress: bool = True,
+    kv_type: str = "f32",
+    step: int | None = None,
+) -> tuple[Path, Calibration]:
+    """The bundle and calibration of the GGUF at `model_path` (opened as `file`, its
+    resident Transformer and tokenizer calibrate), made once and cached."""
+    path = ensure_bundle(model_path, sha256=sha256, progress=progress)
     cpath = _calibration_path(path)
     if cpath.exists():
         try:
@@ -166,8 +187,8 @@ def prepare(model, sha256: str | None = None, progress: bool = True) -> tuple[Pa
                 return path, Calibration(np.asarray(z["quantiles"], np.float32))
         except (OSError, KeyError, ValueError):
             cpath.unlink(missing_ok=True)
-    cal = calibrate(model)
-    release_file_pages(model.file)
+    cal = calibrate(transformer, tokenizer, kv_type=kv_type, step=step)
+    release_file_pages(file)
     tmp = cpath.with_suffix(".tmp.npz")
     np.savez(tmp, quantiles=cal.quantiles)
     with open(tmp, "rb") as f:

@@ -42,7 +42,7 @@ class BenchRow:
 
 
 def _io_seconds(model: Model) -> float:
-    st = model.offload_stats()
+    st = model.loader.offload_stats()
     return float(st["io_s"]) if st else 0.0
 
 
@@ -110,7 +110,7 @@ def run(
     """
     # Without a thread list, decode is timed on the threads `generate` decodes with: one
     # fewer where a streamed model leaves its reader a core (ThreadGovernor.decode_reserve)
-    reserve = model.governor.decode_reserve if threads is None else 0
+    reserve = model.engine.governor.decode_reserve if threads is None else 0
     threads = threads or [model.threads]
     rng = np.random.default_rng(0)
     set_threads(threads[0])
@@ -141,7 +141,7 @@ def run(
     predicted = {}
     if predict:
         for t in sorted({r.threads for r in rows if r.test.startswith("tg")}):
-            p = model.predicted_plan(t)
+            p = model.loader.predicted_plan(t, model.engine.governor.decode_reserve)
             predicted[str(t)] = {
                 "tok_s": p.predicted_tok_s,
                 "mode": p.mode,
@@ -149,7 +149,7 @@ def run(
                 "gpu_layers": len(p.gpu_ffn_layers),
             }
     bw = {t: measure_bandwidth(t) for t in sorted({r.threads for r in rows})} if bandwidth else {}
-    prof = model.device_profile
+    prof = model.loader.device_profile
     modelled = None
     if prof is not None and prof.compute_scale:
         modelled = {
@@ -179,9 +179,9 @@ def run(
         "quant": "/".join(f for f, _ in formats.most_common()),
         "kernel_path": kernel_path(),
         "amx_prefill": uses_amx(),
-        "interleaved_bytes": model.interleaved_bytes,
-        "interleave_note": model.interleave_note,
-        "auto_budget_note": model.auto_budget_note,
+        "interleaved_bytes": model.loader.interleaved_bytes,
+        "interleave_note": model.loader.interleave_note,
+        "auto_budget_note": model.loader.auto_budget_note,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or "default",
         "load_seconds": model.load_seconds,
         "peak_rss_bytes": peak_rss,
@@ -193,10 +193,10 @@ def run(
         "bandwidth_bytes_per_s": {str(t): b for t, b in bw.items()},
         "predicted": predicted,
         "system": system,
-        "device_profile": model.device_profile.describe() if model.device_profile else None,
+        "device_profile": prof.describe() if prof else None,
         "modelled": modelled,
-        "offload": model.offload_stats(),
-        "gpu": [g.describe() for g in model.gpu_placement or []],
+        "offload": model.loader.offload_stats(),
+        "gpu": [g.describe() for g in model.loader.gpu_placement or []],
         "rows": [{**asdict(r), "median": r.median, "spread": r.spread} for r in rows],
     }
 

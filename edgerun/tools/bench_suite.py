@@ -116,7 +116,7 @@ def run_cell(cell: Cell) -> dict:
         # budget gives it a share of that, never less than the offloading minimum. The
         # floor is the one the real load below will measure (this process, now).
         need = Path(src).stat().st_size + KVCache.bytes_for(probe_model.spec, ctx, "f32")
-        least = probe_model.minimum_ram_budget()
+        least = probe_model.loader.minimum_ram_budget()
         del probe_model
         share = int(cell.mode.removeprefix("budget")) / 100
         floor = runtime_floor_bytes() + (8 << 20)
