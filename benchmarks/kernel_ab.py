@@ -29,10 +29,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-from edgerun import _numba_env  # noqa: E402,F401
 from edgerun.ops import int8 as new_kernels  # noqa: E402
 from edgerun.quant.formats import QuantType  # noqa: E402
 from edgerun.quant.reference import random_blocks  # noqa: E402
+from edgerun.runtime import numba_env  # noqa: E402,F401
 
 KERNELS = "edgerun/ops/qmatvec_vnni.py"
 

@@ -5,9 +5,9 @@ model = edgerun.load("smollm2-135m")
 print(model.chat([{"role": "user", "content": "hi"}], max_tokens=32))
 """
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 from typing import TYPE_CHECKING  # noqa: E402
 

@@ -6,8 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from edgerun import _numba_env
 from edgerun.errors import EdgerunError
+from edgerun.runtime import numba_env
 from edgerun.runtime.sysinfo import peak_rss_bytes, reset_peak_rss
 
 
@@ -310,7 +310,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     )
     if model.loader.auto_budget_note:
         print(f"edgerun: {model.loader.auto_budget_note}", file=sys.stderr, flush=True)
-    if _numba_env.kernel_cache_is_cold():
+    if numba_env.kernel_cache_is_cold():
         print(
             "edgerun: first run: compiling kernels (a minute or so; cached afterwards)",
             file=sys.stderr,

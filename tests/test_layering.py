@@ -19,7 +19,7 @@ PKG = Path(__file__).resolve().parent.parent / "edgerun"
 
 # lowest first; a unit imports only its own unit and units on lower floors
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_version", "_numba_env"),
+    ("errors", "_version"),
     ("runtime", "corpus"),
     ("quant", "arch"),
     ("tokenizer",),

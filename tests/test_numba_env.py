@@ -7,25 +7,25 @@ import time
 
 import pytest
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
 
 def test_kernel_cache_dir_is_named_by_the_ops_sources_and_prunes_stale_ones(tmp_path):
     stale, recent = tmp_path / "0123456789ab", tmp_path / "ba9876543210"
     stale.mkdir()
     recent.mkdir()
-    week_ago = time.time() - (_numba_env.KERNEL_CACHE_KEEP_DAYS + 1) * 86400
+    week_ago = time.time() - (numba_env.KERNEL_CACHE_KEEP_DAYS + 1) * 86400
     os.utime(stale, (week_ago, week_ago))
-    path = _numba_env.kernel_cache_dir(str(tmp_path))
+    path = numba_env.kernel_cache_dir(str(tmp_path))
     assert os.path.isdir(path)
-    assert path == _numba_env.kernel_cache_dir(str(tmp_path))  # same sources, same place
+    assert path == numba_env.kernel_cache_dir(str(tmp_path))  # same sources, same place
     assert not stale.exists() and recent.exists()
     # the name is a digest of the ops files' sizes and mtimes: touching one moves it
-    ops = os.path.join(os.path.dirname(_numba_env.__file__), "ops", "rope.py")
+    ops = os.path.join(os.path.dirname(os.path.dirname(numba_env.__file__)), "ops", "rope.py")
     st = os.stat(ops)
     try:
         os.utime(ops, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-        assert _numba_env.kernel_cache_dir(str(tmp_path)) != path
+        assert numba_env.kernel_cache_dir(str(tmp_path)) != path
     finally:
         os.utime(ops, ns=(st.st_atime_ns, st.st_mtime_ns))
 
@@ -44,4 +44,4 @@ def test_cache_dir_name_keeps_generic_int8_apart_only_on_x86(monkeypatch, machin
 
     monkeypatch.setattr(platform, "machine", lambda: machine)
     monkeypatch.setenv("EDGERUN_KERNELS", asked)
-    assert _numba_env.cache_dir_name() == name
+    assert numba_env.cache_dir_name() == name

@@ -181,8 +181,8 @@ def _key(threads: int, directory: Path, gpu_device: str | None) -> str:
             break
         except OSError:
             continue
-    from edgerun._numba_env import sources_stamp
     from edgerun.device.probe import cpu_features
+    from edgerun.runtime.numba_env import sources_stamp
 
     # the kernels' and the readers' sources too: an upgrade that changes their speed
     # measures them again

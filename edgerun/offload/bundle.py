@@ -35,9 +35,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()  # before numba is first imported (see _numba_env)
+numba_env.configure()  # before numba is first imported (see runtime/numba_env.py)
 
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402

@@ -29,8 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgerun._numba_env import sources_stamp
 from edgerun.offload.io import drop_page_cache
+from edgerun.runtime.numba_env import sources_stamp
 
 __all__ = ["ensure_kernels_compiled", "warm_marker"]
 

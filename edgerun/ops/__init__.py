@@ -3,6 +3,6 @@
 Importing this package applies edgerun's Numba compiler switches first.
 """
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()

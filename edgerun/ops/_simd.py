@@ -17,9 +17,9 @@
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
@@ -370,7 +370,7 @@ def u2f(typingctx, v):
 def _x86_has(llvm_names: tuple[str, ...], cpuinfo_names: tuple[str, ...]) -> bool:
     """True on an x86 host whose CPU has every feature (llvmlite's names; /proc/cpuinfo's
     where llvmlite cannot say)."""
-    if not _numba_env.x86_host():
+    if not numba_env.x86_host():
         return False
     try:
         import llvmlite.binding as llvm
@@ -408,7 +408,7 @@ def int8_dot() -> str | None:
     (checked there under qemu-user: the kernel tests and SmolLM2's greedy text)."""
     import platform
 
-    if _numba_env.requested_kernels() == "int8":
+    if numba_env.requested_kernels() == "int8":
         return "int8"
     if has_vnni():
         return "vnni"

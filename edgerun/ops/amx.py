@@ -25,9 +25,9 @@ them (`_tile_config` per task).
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import ctypes  # noqa: E402
 import functools  # noqa: E402
@@ -83,7 +83,7 @@ def available() -> bool:
     amx-tile and amx-int8, the kernel's permission granted, and EDGERUN_AMX not "0"."""
     if os.environ.get("EDGERUN_AMX", "1").strip() == "0":
         return False
-    if platform.system() != "Linux" or not _numba_env.x86_host():
+    if platform.system() != "Linux" or not numba_env.x86_host():
         return False
     import llvmlite.binding as llvm
 

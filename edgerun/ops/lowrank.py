@@ -8,9 +8,9 @@ the rows themselves (~90 MB a token on Qwen2.5-Coder-1.5B at 800M).
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402

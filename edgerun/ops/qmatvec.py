@@ -37,9 +37,9 @@ or `set_kernel_path("portable")` forces the portable one.
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import dataclasses  # noqa: E402
 from collections.abc import Callable, Iterable, Sequence  # noqa: E402
@@ -322,7 +322,7 @@ def quantizes_activations(qtype: QuantType, ntokens: int = 1, cols: int = 0) -> 
     return _path in INT8_PATHS and qtype in _MV3_INT8
 
 
-_env = _numba_env.requested_kernels()
+_env = numba_env.requested_kernels()
 set_kernel_path(_env if _env in ("auto", *PATHS) else "auto")  # vnni asked on a non-VNNI CPU
 
 

@@ -23,9 +23,9 @@ All kernels are `nogil` so reader threads can fill the neuron cache meanwhile.
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402

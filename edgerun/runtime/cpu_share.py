@@ -1,7 +1,7 @@
 """How many threads decoding should use while other processes share the CPUs.
 
 OpenMP threads spin between the ~200 parallel regions of a decode step unless
-the wait policy is "passive" (see _numba_env.wait_policy). That is fast on idle
+the wait policy is "passive" (see numba_env.wait_policy). That is fast on idle
 cores and ruinous on busy ones: a spinning thread holds a core while the thread
 that has the work waits for a scheduler slice. On 2 cores, SmolLM2 decode, one
 other busy process: 2 threads with libgomp's default spin 62 tok/s (spinning

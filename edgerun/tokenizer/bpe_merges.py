@@ -16,9 +16,9 @@ word of n symbols at O(n log n), so a long run of text without a split is not qu
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402

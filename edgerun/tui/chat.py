@@ -361,9 +361,9 @@ class ChatController:
     def loading_text(name: str | None) -> str:
         what = f"Loading {name or 'the default model'}"
         try:
-            from edgerun import _numba_env
+            from edgerun.runtime import numba_env
 
-            if _numba_env.kernel_cache_is_cold():
+            if numba_env.kernel_cache_is_cold():
                 what += " (first run: compiling kernels, a minute or so)"
         except Exception:  # noqa: BLE001 - a hint only
             pass

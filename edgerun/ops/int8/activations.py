@@ -5,9 +5,9 @@ two, quantize_x_sb8), in the nib2 / natural / AVX2 word layouts, and their scrat
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402

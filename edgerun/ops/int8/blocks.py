@@ -6,9 +6,9 @@ batched kernels' inner step), the formats' kind numbers (KIND_<fmt>) and their l
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 from llvmlite import ir  # noqa: E402
 from llvmlite.binding import llvm_version_info  # noqa: E402

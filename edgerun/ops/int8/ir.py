@@ -5,9 +5,9 @@ dot products (vpdpbusd, vpmaddwd, generic), stack accumulators (acc16, acc4, hsu
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import numpy as np  # noqa: E402
 from llvmlite import ir  # noqa: E402

@@ -42,9 +42,9 @@ equal single-vector rows bit for bit. Only call these kernels where `has_vnni()`
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402

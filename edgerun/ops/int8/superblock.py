@@ -25,9 +25,9 @@ avx2, 64 tokens, one thread: more live registers than loads saved).
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402

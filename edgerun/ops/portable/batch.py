@@ -14,9 +14,9 @@ tokens alone or beside others. tests/test_qmatvec_batch.py holds them to that.
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402

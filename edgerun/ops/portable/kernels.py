@@ -16,9 +16,9 @@ serves every format (one branch per row, outside the hot loop).
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402

@@ -13,9 +13,9 @@ Entry points take raw uint8 [rows, row_bytes] blocks:
 
 from __future__ import annotations
 
-from edgerun import _numba_env
+from edgerun.runtime import numba_env
 
-_numba_env.configure()
+numba_env.configure()
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402

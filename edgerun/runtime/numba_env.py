@@ -116,7 +116,7 @@ def kernel_cache_is_cold() -> bool:
 def sources_stamp(package: str = "") -> str:
     """Size and mtime of every edgerun source file (under the subpackage `package`, e.g.
     "ops"): a changed kernel means a new compile, and new speed figures."""
-    root = Path(__file__).resolve().parent  # the edgerun package
+    root = Path(__file__).resolve().parents[1]  # the edgerun package
     parts = []
     for p in sorted((root / package).rglob("*.py")):
         st = p.stat()
