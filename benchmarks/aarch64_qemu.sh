@@ -5,7 +5,7 @@
 #
 #   benchmarks/aarch64_qemu.sh setup                 # once, as root: ~2 minutes, ~700 MB
 #   benchmarks/aarch64_qemu.sh python -c 'import platform; print(platform.machine())'
-#   benchmarks/aarch64_qemu.sh python -m pytest -q tests/test_qmatvec.py -k int8
+#   benchmarks/aarch64_qemu.sh python -m pytest -q tests/model/test_qmatvec.py -k int8
 #
 # setup: Debian's qemu-user-static and debootstrap; an arm64 Debian bookworm root with its
 # Python 3.11 (first-stage debootstrap, packages unpacked, nothing configured); the

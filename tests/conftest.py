@@ -1,6 +1,16 @@
+import sys
+from pathlib import Path
+
 import pytest
 
 from edgerun import registry
+
+# Helpers that tests in several folders share: tests/hostile.py, tests/data/, and the
+# import walker of tests/meta/test_layering.py
+_HERE = Path(__file__).resolve().parent
+for _d in (_HERE, _HERE / "data", _HERE / "meta", _HERE / "model"):
+    if str(_d) not in sys.path:
+        sys.path.insert(0, str(_d))
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ two pools a decode step takes 20-27 ms from a second thread (a session's schedul
 against 7.5-8.3 ms with one, a region start 30 us against 3 us (`python
 benchmarks/concurrency.py -s 1` decodes through a session's scheduler thread). So every
 forward pass, whatever thread asks for it, runs here: one pool
-(tests/test_compute_thread.py holds it to that). A caller that ran parallel kernels
+(tests/unit/test_compute_thread.py holds it to that). A caller that ran parallel kernels
 itself (a kernel benchmark, a test) has its own pool released when it hands work over
 (`omp_pause_resource_all`), and the compute thread frees its pool when idle, so two
 pools are never alive for long.

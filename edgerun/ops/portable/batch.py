@@ -9,7 +9,7 @@ kernels read a block, unpack it into registers, and apply it to up to `GROUP` ve
 Per vector, the float operations are the ones the portable `mv_*` kernel does, in the
 same order (the same lane layout, the same expression per lane, the same horizontal sum),
 so a batched row equals the single-vector result bit for bit: a session decodes the same
-tokens alone or beside others. tests/test_qmatvec_batch.py holds them to that.
+tokens alone or beside others. tests/unit/test_qmatvec_batch.py holds them to that.
 """
 
 from __future__ import annotations

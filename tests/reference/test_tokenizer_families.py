@@ -33,7 +33,7 @@ from edgerun.tokenizer import (
     tokenizer_from_gguf_metadata,
 )
 
-sys.path.insert(0, str(Path(__file__).parent / "data"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "data"))
 from tricky_strings import SPECIAL_TOKEN_STRINGS, TRICKY_STRINGS  # noqa: E402
 
 spm = pytest.importorskip("sentencepiece")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parent.parent / "edgerun"
+PKG = Path(__file__).resolve().parents[2] / "edgerun"
 
 # lowest first; a unit imports only its own unit and units on lower floors
 FLOORS: tuple[tuple[str, ...], ...] = (

@@ -113,7 +113,7 @@ def test_nothing_below_the_facade_imports_it():
     """The engine, the drivers, the placement (offload/) and the device measurements take
     the narrow things (an Engine, a Transformer, a tokenizer, a file, a plan), never
     api.Model: no module below api.py imports edgerun.api or the tools, not even under
-    TYPE_CHECKING or inside a function (tests/test_layering.py checks the whole order and
+    TYPE_CHECKING or inside a function (tests/meta/test_layering.py checks the whole order and
     the circles)."""
     import ast
     from pathlib import Path

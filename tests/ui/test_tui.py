@@ -432,7 +432,7 @@ def test_background_model_load_from_settings(tmp_path):
 
 @pytest.mark.skipif(not os.environ.get("EDGERUN_TUI_SCREENSHOT"), reason="writes docs/tui.svg")
 def test_write_readme_screenshot(model, tmp_path):
-    """EDGERUN_TUI_SCREENSHOT=1 pytest tests/test_tui.py -k screenshot: refresh docs/tui.svg."""
+    """EDGERUN_TUI_SCREENSHOT=1 pytest tests/ui/test_tui.py -k screenshot: refresh docs/tui.svg."""
 
     async def go():
         app = make_app(model, tmp_path, settings=ChatSettings(max_tokens=72, temperature=0.0))
@@ -440,7 +440,7 @@ def test_write_readme_screenshot(model, tmp_path):
             await app.send("Write a Python function that reverses a string.")
             await finish(app, pilot)
             await pilot.pause(0.5)
-            docs = Path(__file__).resolve().parent.parent / "docs"
+            docs = Path(__file__).resolve().parents[2] / "docs"
             docs.mkdir(exist_ok=True)
             app.save_screenshot(path=str(docs), filename="tui.svg")
 

@@ -136,7 +136,7 @@ def test_amx_on_real_weights_through_matmul(model, name):
 def test_amx_off_switch():
     """EDGERUN_AMX=0 keeps the AVX-512 GEMM (and so does a CPU without AMX)."""
     code = "from edgerun.ops import qmatvec as q; print(q.uses_amx())"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, EDGERUN_AMX="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

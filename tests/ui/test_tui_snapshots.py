@@ -2,7 +2,7 @@
 
 The main screen shows live timings and memory figures, so it is checked by the
 widget-tree tests in test_tui.py; the dialogs below are deterministic.
-Update after an intended change: pytest tests/test_tui_snapshots.py --snapshot-update
+Update after an intended change: pytest tests/ui/test_tui_snapshots.py --snapshot-update
 """
 
 from textual.app import App

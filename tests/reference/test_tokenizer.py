@@ -25,7 +25,7 @@ from edgerun.tokenizer import (
 )
 from edgerun.tokenizer.bpe import _byte_decoder
 
-sys.path.insert(0, str(Path(__file__).parent / "data"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "data"))
 from tricky_strings import SPECIAL_TOKEN_STRINGS, TRICKY_STRINGS  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

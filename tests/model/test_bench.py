@@ -11,7 +11,7 @@ import pytest
 
 from edgerun.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_json_report(capsys, smollm2_path):

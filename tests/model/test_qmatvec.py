@@ -342,7 +342,7 @@ def test_env_var_forces_portable():
     import sys
 
     code = "from edgerun.ops import qmatvec as q; print(q.kernel_path())"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, EDGERUN_KERNELS="portable")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
 
@@ -483,7 +483,7 @@ def test_generic_int8_path_matches_avx2(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, EDGERUN_KERNELS="int8", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     out = tmp_path / "int8.npz"
