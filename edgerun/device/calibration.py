@@ -105,31 +105,17 @@ def _best(fn, repeats: int) -> float:
     return out
 
 
-# Where each block keeps its f16 scale(s): byte offsets (random bytes there could be
-# NaN or subnormal and time the wrong thing).
-_SCALE_AT = {
-    "Q4_K": (0, 2),
-    "Q6_K": (208,),
-    "Q8_0": (0,),
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-}
 # The block formats the registry models and the bundles' down columns use.
 CPU_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
 
 def _matrix(fmt: str, rows: int, cols: int, rng: np.random.Generator):
     """A `fmt` tensor of random quants with sane scales (timing only, not values)."""
-    from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType, row_bytes
+    from edgerun.quant.formats import QuantTensor, QuantType
+    from edgerun.quant.reference import random_blocks
 
     qt = QuantType[fmt]
-    raw = rng.integers(0, 255, (rows, row_bytes(qt, cols)), dtype=np.uint8)
-    blocks = raw.reshape(rows, -1, BLOCK_LAYOUT[qt][1])
-    scale = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
-    for at in _SCALE_AT[fmt]:
-        blocks[:, :, at : at + 2] = scale
-    return QuantTensor("calib", qt, (rows, cols), raw)
+    return QuantTensor("calib", qt, (rows, cols), random_blocks(qt, rows, cols, rng))
 
 
 def measure_cpu(
