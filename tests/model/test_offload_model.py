@@ -193,12 +193,14 @@ m = edgerun.load({str(smollm2_path)!r}, n_ctx=2048, threads=2, offload="dense",
 "".join(m.generate("Hi", max_tokens=1, temperature=0))  # the warm-up makes the loan
 loan = m.loader.kv_loan
 assert loan is not None and loan.lent_bytes > 0
-# then a process with 12 MiB free beside the rows it lent and the pages it wrote, in
-# tiers of 1.5 MiB: less than the long prompt's KV pages (~23 MB)
+# then a process with 16 MiB free beside the rows it lent and the pages it wrote, in
+# tiers of at least 1.5 MiB: less than the long prompt's KV pages (~23 MB). A tier ends on
+# a row piece of the bundle past the rows the plan holds (the measured floor sets how
+# many), so tiers run 1.4-4.6 MB: 16 MiB holds six or more of them
 with m.engine.lock:
     loan.repay_all()
     kv_at = loan.kv_bytes()
-    loan.free_bytes = lambda: (12 << 20) - loan.lent_bytes - (loan.kv_bytes() - kv_at)
+    loan.free_bytes = lambda: (16 << 20) - loan.lent_bytes - (loan.kv_bytes() - kv_at)
     loan.tier_bytes = (12 << 20) // 8
     loan.lend()
 short = "".join(m.generate({short!r}, max_tokens=8, temperature=0))
