@@ -8,8 +8,10 @@ vocabulary is kept as Python objects per token: the decoding table is one ``byte
 offsets, token types a numpy array, and the token strings stay in the mapped file.
 
 Supported: ``tokenizer.ggml.model = "gpt2"`` (byte-level BPE, :class:`BPETokenizer`), with the
-pre-tokenizer that ``tokenizer.ggml.pre`` names (``gpt2``/``default``, ``smollm`` and the
-StarCoder family, ``qwen2``, ``llama-bpe``/``llama3``); and ``"llama"`` (SentencePiece,
+pre-tokenizer that ``tokenizer.ggml.pre`` names (:data:`.bpe.PRE_TOKENIZERS`: the names
+llama.cpp's converter writes for Llama 3, Qwen2/3, SmolLM, StarCoder/Granite, Command-R, OLMo,
+DBRX, GLM-4, Mistral's Tekken, GPT-4o/Llama 4, EXAONE, LFM2, ..., each split as llama.cpp
+splits it); and ``"llama"`` (SentencePiece,
 :class:`SentencePieceTokenizer`: Llama 1/2, Mistral, Gemma, ...), which can also load a
 ``tokenizer.model`` file directly.
 

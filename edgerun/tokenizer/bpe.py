@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -60,39 +61,137 @@ QWEN2_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-# tokenizer.ggml.pre -> pre-tokenizer kind.
-#   "gpt2":   ByteLevel with the GPT-2 regex
-#   "digits": every digit isolated, then the GPT-2 regex (StarCoder / SmolLM)
-#   "llama3", "qwen2": a Split on that regex, then ByteLevel without its own regex
-_PRE_TOKENIZERS = {
-    "default": "gpt2",
-    "gpt2": "gpt2",
-    "gpt-2": "gpt2",
-    "mpt": "gpt2",
-    "olmo": "gpt2",
-    "jais": "gpt2",
-    "smollm": "digits",
-    "starcoder": "digits",
-    "refact": "digits",
-    "command-r": "digits",
-    "codeshell": "digits",
-    "exaone": "digits",
-    "minerva-7b": "digits",
-    "qwen2": "qwen2",
-    "deepseek-r1-qwen": "qwen2",
-    "stablelm2": "qwen2",
-    "llama-bpe": "llama3",
-    "llama3": "llama3",
-    "llama-v3": "llama3",
-    "falcon3": "llama3",
-    "pixtral": "llama3",
-    "dbrx": "llama3",
-    "smaug-bpe": "llama3",
+# Tekken (Mistral Nemo, Mistral Small 3): words split at lower-to-upper case changes, every
+# digit alone, a run of punctuation takes trailing newlines and slashes. Written as llama.cpp
+# writes it (llama-vocab.cpp): "upper" is any letter but a-z, "lower" any letter but A-Z, so a
+# letter outside ASCII is both (tokenizer.json's \p{Lu}/\p{Ll} classes differ there, and
+# llama.cpp is what GGUF files are made for).
+_UPPERISH = r"(?:(?=\p{L})[^a-z])"
+_LOWERISH = r"(?:(?=\p{L})[^A-Z])"
+TEKKEN_SPLIT = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}*{_LOWERISH}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}+{_LOWERISH}*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# GPT-4o (o200k; Llama 4): Tekken's case-aware words with an optional contraction after
+# them, numbers in groups of up to three.
+_CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+GPT4O_SPLIT = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}*{_LOWERISH}+{_CONTRACTION}?"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}+{_LOWERISH}*{_CONTRACTION}?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """How one kind of byte-level BPE vocabulary splits text into words before merging
+    (llama.cpp's ``LLAMA_VOCAB_PRE_TYPE_*``).
+
+    ``splits``: regexes applied in turn, each cutting every piece so far into its matches
+    and the text between them (llama.cpp's ``regex_exprs``; the ``tokenizers`` library's
+    ``Split(behavior="isolated")``). ``ignore_merges``: a word that is itself a vocabulary
+    token is taken whole. ``add_bos``: whether BOS is prepended when the file has no
+    ``tokenizer.ggml.add_bos_token``."""
+
+    splits: tuple[str, ...]
+    ignore_merges: bool = False
+    add_bos: bool = False
+
+
+_GPT2 = PreTokenizer((GPT2_SPLIT,))
+# llama.cpp's split for "default" (and for a file without tokenizer.ggml.pre): runs of
+# punctuation and ASCII symbols cut out first, then GPT-2's split, digits, ASCII digit triples.
+_DEFAULT = PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]"))
+_DIGITS = PreTokenizer((r"\p{N}", GPT2_SPLIT))  # StarCoder: every digit isolated first
+_QWEN2 = PreTokenizer((QWEN2_SPLIT,))
+_LLAMA3 = PreTokenizer((LLAMA3_SPLIT,), ignore_merges=True, add_bos=True)
+_LLAMA3_MERGED = PreTokenizer((LLAMA3_SPLIT,))  # Llama 3's split, every word merged
+_GLM4 = PreTokenizer((LLAMA3_SPLIT,), ignore_merges=True)
+_TEKKEN = PreTokenizer((TEKKEN_SPLIT,), ignore_merges=True, add_bos=True)
+_GPT4O = PreTokenizer((GPT4O_SPLIT,))
+
+# tokenizer.ggml.pre -> its pre-tokenizer: each name llama.cpp's converter writes
+# (convert_hf_to_gguf.py get_vocab_base_pre) for a byte-level vocabulary of a text model
+# edgerun can run, grouped as llama-vocab.cpp groups them.
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    "default": _DEFAULT,
+    **dict.fromkeys(
+        (
+            "gpt2",  # edgerun's name for GPT-2's split before it took llama.cpp's ("gpt-2")
+            "gpt-2",
+            "phi-2",
+            "mpt",
+            "olmo",
+            "jais",
+            "exaone4",
+            "trillion",
+            "granite-docling",
+            "gigachat",
+            "a.x-4.0",
+            "mellum",
+        ),
+        _GPT2,
+    ),
+    **dict.fromkeys(
+        (
+            "starcoder",
+            "refact",
+            "command-r",
+            "smollm",
+            "codeshell",
+            "exaone",
+            "minerva-7b",
+            "mellum2",
+        ),
+        _DIGITS,
+    ),
+    **dict.fromkeys(
+        (
+            "qwen2",
+            "deepseek-r1-qwen",
+            "stablelm2",
+            "megrez",
+            "hunyuan",
+            "solar-open",
+            "kormo",
+            "f2llmv2",
+            "grok-2",
+        ),
+        _QWEN2,
+    ),
+    **dict.fromkeys(
+        (
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+        ),
+        _LLAMA3,
+    ),
+    **dict.fromkeys(("dbrx", "smaug-bpe", "chatglm-bpe"), _LLAMA3_MERGED),
+    **dict.fromkeys(("glm4", "glm5"), _GLM4),
+    "tekken": _TEKKEN,
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O),
 }
 
-# Pre-tokenizer kinds whose vocabularies llama.cpp tokenizes with ``ignore_merges`` (a word that
-# is itself in the vocabulary is taken whole), as their tokenizer.json files say.
-_IGNORE_MERGES = {"llama3"}
+
+def pre_tokenizer_for(pre: str) -> PreTokenizer:
+    """The pre-tokenizer ``tokenizer.ggml.pre`` = ``pre`` names; UnsupportedError listing
+    the known names for any other (a different split would give the model wrong input)."""
+    found = PRE_TOKENIZERS.get(pre)
+    if found is None:
+        raise UnsupportedError(
+            f"GGUF metadata 'tokenizer.ggml.pre' = {pre!r} names a pre-tokenizer edgerun does "
+            f"not support (supported: {', '.join(sorted(PRE_TOKENIZERS))}); tokenizing with a "
+            "different split would give the model wrong input"
+        )
+    return found
+
 
 # Words of at most this many characters keep their ids in a cache of this many words
 # (the library's BPE model caches 10,000); the cache is emptied when it is full.
@@ -121,10 +220,6 @@ class _WordIndex:
                 return int(self.ids[i])
             i += 1
         return None
-
-
-# Kinds for which llama.cpp adds BOS when the file has no ``tokenizer.ggml.add_bos_token``.
-_DEFAULT_ADD_BOS = {"llama3"}
 
 
 @lru_cache(maxsize=1)
@@ -183,13 +278,7 @@ class BPETokenizer(Tokenizer):
         _check_len("token_type", types, len(tokens))
 
         pre = _meta_str(meta, "tokenizer.ggml.pre") or "default"
-        kind = _PRE_TOKENIZERS.get(pre)
-        if kind is None:
-            raise UnsupportedError(
-                f"GGUF metadata 'tokenizer.ggml.pre' = {pre!r} names a pre-tokenizer edgerun does "
-                f"not know yet (known: {', '.join(sorted(_PRE_TOKENIZERS))}); tokenizing with a "
-                "different split would give the model wrong input"
-            )
+        kind = pre_tokenizer_for(pre)
         self.pre = pre
         self.vocab_size = len(tokens)
         self.token_types = types
@@ -248,25 +337,17 @@ class BPETokenizer(Tokenizer):
         # character the vocabulary lacks is dropped, as the library's BPE model does)
         self._char_ids = {c: vocab[c] for c in _byte_decoder() if c in vocab}
         # ignore_merges (Llama 3): a word that is itself a token is taken whole
-        self._whole_words = _WordIndex(vocab) if kind in _IGNORE_MERGES else None
+        self._whole_words = _WordIndex(vocab) if kind.ignore_merges else None
         del vocab
-        if kind == "gpt2":
-            self._pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        elif kind == "digits":
-            self._pre = pre_tokenizers.Sequence(
-                [
-                    pre_tokenizers.Digits(individual_digits=True),
-                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-                ]
-            )
-        else:
-            split = LLAMA3_SPLIT if kind == "llama3" else QWEN2_SPLIT
-            self._pre = pre_tokenizers.Sequence(
-                [
-                    pre_tokenizers.Split(TkRegex(split), behavior="isolated", invert=False),
-                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-                ]
-            )
+        self._pre = pre_tokenizers.Sequence(
+            [
+                *(
+                    pre_tokenizers.Split(TkRegex(r), behavior="isolated", invert=False)
+                    for r in kind.splits
+                ),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
         # Added tokens are matched whole before the split, leftmost-longest: control tokens
         # (special; plain text when parse_special is false) and user-defined ones (always).
         self._special_text = dict(control)
@@ -299,7 +380,7 @@ class BPETokenizer(Tokenizer):
             return i if i is not None and types[i] != TOKEN_TYPE_NORMAL else None
 
         self._set_turn_and_special_ids(
-            meta, types, [_id(k) for k in _EOT_KEYS], end_of_turn, kind in _DEFAULT_ADD_BOS
+            meta, types, [_id(k) for k in _EOT_KEYS], end_of_turn, kind.add_bos
         )
 
     def warm(self) -> None:

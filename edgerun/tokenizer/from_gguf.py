@@ -23,13 +23,14 @@ def tokenizer_from_gguf_metadata(meta: dict[str, Any], source: str | None = None
     lists, numpy arrays or :class:`~edgerun.formats.gguf.StringArray`).
 
     The metadata is untrusted: a field of the wrong type or out of range raises
-    :class:`ModelFormatError` naming ``source`` (default: the file the reader's metadata
-    came from, its ``source`` attribute) and the field."""
+    :class:`ModelFormatError`, a kind of vocabulary or pre-tokenizer edgerun does not
+    implement :class:`UnsupportedError`, each naming ``source`` (default: the file the
+    reader's metadata came from, its ``source`` attribute) and the field."""
     if source is None:
         source = getattr(meta, "source", None)
     try:
         return _build(meta)
-    except ModelFormatError as e:
+    except (ModelFormatError, UnsupportedError) as e:
         if source and not str(e).startswith(f"{source}:"):
             raise type(e)(f"{source}: {e}") from None
         raise
