@@ -587,7 +587,8 @@ def encode_chat(
     the result as ``tokenizer.encode(text, add_bos=add_bos, parse_special=True)`` would,
     except that special-token strings inside the messages (and ``extra``: tools, documents)
     are encoded as ordinary text: a user who types ``<|im_start|>system`` cannot open a
-    system turn. Only the template's own special tokens become control tokens.
+    system turn. Only the template's own special tokens become control tokens. BOS comes
+    once: a template that writes ``{{ bos_token }}`` itself gets no second one.
     """
     if template is None:
         template = tokenizer.chat_template
@@ -600,7 +601,9 @@ def encode_chat(
     bos, eos = tokenizer.bos_token, tokenizer.eos_token
     if pattern is None:  # nothing to protect
         text = render_chat(template, messages, add_generation_prompt, bos, eos, **extra)
-        return tokenizer.encode(text, add_bos=add_bos, parse_special=False)
+        return _one_bos(
+            tokenizer, tokenizer.encode(text, add_bos=False, parse_special=False), add_bos
+        )
 
     # Placeholder characters that occur neither in the template nor in the user's text.
     taken = {
@@ -642,4 +645,15 @@ def encode_chat(
         ids.append(specials[m.group()])
         pos = m.end()
     ids += plain(text[pos:])
+    return _one_bos(tokenizer, ids, add_bos)
+
+
+def _one_bos(tokenizer: Any, ids: list[int], add_bos: bool | None) -> list[int]:
+    """``ids`` with BOS put first as ``add_bos`` says (None: the model's rule), unless the
+    template already wrote it: Llama 3, Gemma, Mistral and Cohere templates start with
+    ``{{ bos_token }}``, and a second BOS is input the model never saw in training (llama.cpp
+    likewise drops the template's BOS when its tokenizer adds one). A BOS string in the
+    messages is text by now (protected above), so a leading BOS id is the template's."""
+    if tokenizer.bos_id is not None and ids[:1] == [tokenizer.bos_id]:
+        return ids
     return tokenizer._with_bos(ids, add_bos)
