@@ -6,6 +6,11 @@ ids, alignment key). Its GGUFReader builds a numpy object per metadata item
 time-to-first-token budget, so the header is parsed here with one
 sequential pass over the mapped bytes; tests hold the result to GGUFReader.
 
+A model split by llama.cpp's gguf-split (``name-00001-of-00003.gguf``, ...: each shard a GGUF
+holding some of the tensors, the first all the metadata, every one ``split.no``,
+``split.count`` and ``split.tensors.count``) opens as one :class:`GGUFFile` from any shard's
+path: each shard is mapped and a tensor is viewed in the shard that holds it.
+
 Metadata arrays stay in the mapped file rather than becoming Python lists (a
 262k-token vocabulary as lists of str and float costs ~35 MiB of heap): an
 array of numbers is a read-only numpy view of the file, an array of strings a
@@ -17,6 +22,7 @@ from __future__ import annotations
 import mmap
 import operator
 import os
+import re
 import struct
 from array import array
 from collections.abc import Iterator, Sequence
@@ -72,6 +78,13 @@ class GGUFMetadata(dict):
     source: str = ""
 
 
+# A split model's keys (gguf-split, gguf-py's writer): this shard's index from 0, the number of
+# shards, the number of tensors in all of them.
+SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+# Shard i (from 1) of n of a split model is "<prefix>-%05d-of-%05d.gguf" (llama_split_path).
+_SHARD_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+MAX_SHARDS = 9999  # what the five-digit name can number
+
 # Types the well-known keys must have (llama.cpp checks each key's type as it reads it).
 # Per-architecture hyperparameters are checked where the spec is built (edgerun.arch).
 _INT_TYPES = frozenset(
@@ -112,6 +125,7 @@ _KEY_TYPES: dict[str, tuple[str, frozenset, frozenset | None]] = {
         f"tokenizer.ggml.{k}_token_id": ("an integer", _INT_TYPES, None)
         for k in ("bos", "eos", "unknown", "padding", "eot", "eom", "sep", "cls", "mask")
     },
+    **{k: ("an integer", _INT_TYPES, None) for k in SPLIT_KEYS},
     **{
         f"tokenizer.ggml.{k}": ("a bool", _B, None)
         for k in ("add_bos_token", "add_eos_token", "add_space_prefix", "add_sep_token")
@@ -126,12 +140,15 @@ class TensorInfo:
     name: str
     dims: tuple[int, ...]
     type_id: int
-    offset: int  # absolute byte offset in the file
+    offset: int  # absolute byte offset in the file (in shard `shard` of a split model)
+    shard: int = 0
 
 
 @dataclass
 class GGUFFile:
-    """An opened GGUF: metadata dict and lazily viewed tensors over one mmap."""
+    """An opened GGUF: metadata dict and lazily viewed tensors over one mmap, or over one
+    mmap per shard of a split model (``shards``: each shard's own GGUFFile, in order;
+    ``path`` the first shard's, ``file_size`` all of theirs)."""
 
     path: Path
     version: int
@@ -139,12 +156,20 @@ class GGUFFile:
     infos: dict[str, TensorInfo]
     file_size: int
     _buf: Any = field(repr=False, default=None)
+    shards: list[GGUFFile] = field(repr=False, default_factory=list)
+
+    @property
+    def paths(self) -> list[Path]:
+        """The files the model is read from: its shards, or its one file."""
+        return [s.path for s in self.shards] or [self.path]
 
     def release_pages(self, name: str) -> int:
         """Unmap the whole pages inside tensor `name` from this process (MADV_DONTNEED on
         the read-only file mapping: the page cache keeps them and a later read maps them
         again), for a tensor the runtime has copied (qmatvec.interleave). Returns the
         bytes released."""
+        if self.shards and name in self.infos:
+            return self.shards[self.infos[name].shard].release_pages(name)
         info = self.infos.get(name)
         if info is None or not hasattr(self._buf, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
             return 0
@@ -161,7 +186,10 @@ class GGUFFile:
         """A zero-copy view of one tensor's raw blocks."""
         info = self.infos.get(name)
         if info is None:
-            raise ModelFormatError(f"{self.path}: tensor '{name}' is missing from the file")
+            what = f"the {len(self.shards)} shards" if self.shards else "the file"
+            raise ModelFormatError(f"{self.path}: tensor '{name}' is missing from {what}")
+        if self.shards:
+            return self.shards[info.shard].tensor(name)
         try:
             qtype = QuantType(info.type_id)
         except ValueError:
@@ -458,10 +486,91 @@ class StringArray(Sequence[str]):
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """Open a GGUF file: parse its header, map its tensor data without copying.
 
+    A shard of a split model (``split.count`` > 1) opens the whole model: every shard
+    beside it, found by llama.cpp's naming, checked present and consistent.
+
     The header is untrusted: every count, length, type id, shape and offset is checked
     against the file before anything is allocated or indexed, so a hostile or truncated
     file gets a :class:`ModelFormatError` naming the field, never a crash.
     """
+    first = _read_one(path)
+    count = first.metadata.get("split.count")
+    if count is None or (count == 1 and not first.metadata.get("split.no")):
+        return first
+    return _read_split(first)
+
+
+def _split_field(f: GGUFFile, key: str, low: int, high: int) -> int:
+    v = f.metadata.get(key)
+    if v is None:
+        raise ModelFormatError(
+            f"{f.path}: metadata '{key}' is missing: expected it in every shard of a split "
+            "model (gguf-split writes split.no, split.count and split.tensors.count)"
+        )
+    if not low <= v <= high:
+        raise ModelFormatError(f"{f.path}: metadata '{key}' should be {low}..{high}, found {v}")
+    return int(v)
+
+
+def _read_split(given: GGUFFile) -> GGUFFile:
+    """The split model `given` is a shard of, from all its shards (gguf-split's layout:
+    metadata in the first, tensors spread over all, each shard's offsets its own)."""
+    count = _split_field(given, "split.count", 1, MAX_SHARDS)
+    no = _split_field(given, "split.no", 0, count - 1)
+    m = _SHARD_NAME.match(given.path.name)
+    if m is None or int(m["count"]) != count or int(m["no"]) != no + 1:
+        raise ModelFormatError(
+            f"{given.path}: metadata 'split.no' = {no}, 'split.count' = {count} make this "
+            f"shard {no + 1} of a split model, whose files are named "
+            f"'<name>-{no + 1:05d}-of-{count:05d}.gguf'; this one is not, so the other "
+            "shards cannot be found (keep the names gguf-split gave them)"
+        )
+    names = [f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    paths = [given.path.with_name(n) for n in names]
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        raise ModelNotFoundError(
+            f"{missing[0]}: shard {paths.index(missing[0]) + 1} of {count} of the split model "
+            f"{names[0]} is missing ({len(missing)} of {count} missing; a split model loads "
+            "only with every shard beside the others)"
+        )
+    shards = [given if i == no else _read_one(p) for i, p in enumerate(paths)]
+    total = _split_field(shards[0], "split.tensors.count", 0, MAX_COUNT * MAX_SHARDS)
+    infos: dict[str, TensorInfo] = {}
+    for i, shard in enumerate(shards):
+        for key, want in (("split.count", count), ("split.no", i), ("split.tensors.count", total)):
+            found = shard.metadata.get(key)
+            if found != want:
+                raise ModelFormatError(
+                    f"{shard.path}: metadata '{key}' should be {want} (shard {i + 1} of the "
+                    f"split model {names[0]}), found {found}: the shards are not one model"
+                )
+        for name, info in shard.infos.items():
+            if name in infos:
+                raise ModelFormatError(
+                    f"{shard.path}: tensor '{name}' is also in {paths[infos[name].shard]}: "
+                    "expected each tensor in one shard"
+                )
+            infos[name] = TensorInfo(name, info.dims, info.type_id, info.offset, i)
+    if len(infos) != total:
+        raise ModelFormatError(
+            f"{shards[0].path}: metadata 'split.tensors.count' = {total} but the {count} "
+            f"shards hold {len(infos)} tensors"
+        )
+    head = shards[0]
+    return GGUFFile(
+        head.path,
+        head.version,
+        head.metadata,
+        infos,
+        sum(s.file_size for s in shards),
+        None,
+        shards,
+    )
+
+
+def _read_one(path: str | os.PathLike) -> GGUFFile:
+    """One GGUF file (a whole model, or one shard of a split one)."""
     path = Path(path)
     if not path.exists():
         raise ModelNotFoundError(f"model file not found: {path}")
@@ -646,7 +755,8 @@ class GGUFSource:
         import hashlib
 
         h = hashlib.sha256()
-        with open(self.path, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                h.update(chunk)
+        for path in self.file.paths:  # a split model's shards, in order
+            with open(path, "rb") as fh:
+                while chunk := fh.read(1 << 22):
+                    h.update(chunk)
         return h.hexdigest()

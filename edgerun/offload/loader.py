@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgerun import registry
-from edgerun.errors import InvalidArgumentError
+from edgerun.errors import InvalidArgumentError, UnsupportedError
 from edgerun.generate.engine import PREFILL_CHUNK
 from edgerun.model.kvcache import KVCache, check_kv_type
 from edgerun.model.transformer import Transformer
@@ -163,10 +163,11 @@ class Loader:
     # -- sizes -----------------------------------------------------------------
     @property
     def model_bytes(self) -> int:
-        """Bytes of the weights on disk: the GGUF file, or all files of a pack."""
+        """Bytes of the weights on disk: the GGUF file (all shards of a split one), or all
+        files of a pack."""
         if self.path.is_dir():
             return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
-        return self.path.stat().st_size
+        return self.file.file_size
 
     def footprint(self):
         from edgerun.offload.plan import footprint
@@ -203,6 +204,11 @@ class Loader:
         need = self.file.file_size + kv + (64 << 20)
         if need <= headroom:
             return None, ""
+        if self.split_shards():
+            return None, (
+                f"the model needs ~{need >> 20} MiB and {headroom >> 20} MiB is left, but a "
+                "split GGUF is not streamed: decoding from the mapped shards (slow)"
+            )
         # what the process holds that nothing reclaims, plus what is left (which counts
         # mapped files, the libraries' code included, as reclaimable: RSS would count them
         # twice), less the 5% a cgroup's page cache and glibc's slack take beyond a budget:
@@ -221,6 +227,23 @@ class Loader:
             f"{short}: planned for a RAM budget of {budget >> 20} MiB ({DEFAULT_OFFLOAD} "
             "offloading; --ram-budget / ram_budget= sets another)"
         )
+
+    def split_shards(self) -> int:
+        """How many GGUF shards the model is split into (0: one file, or a pack)."""
+        return len(getattr(self.file, "shards", ()))
+
+    def refuse_split_streaming(self, what: str) -> None:
+        """A split GGUF is read through its mapped shards only: offloading streams weights
+        from one file by offset (the flash reader, the offload bundle), which a split model
+        does not have. Clear error, before any planning or compiling."""
+        n = self.split_shards()
+        if n:
+            raise UnsupportedError(
+                f"{self.path}: {what} needs the model in one GGUF file, and this one is split "
+                f"into {n} shards. Load it without a RAM budget or offload mode (the shards "
+                "are mapped), or merge them first: llama-gguf-split --merge "
+                f"{self.path.name} merged.gguf"
+            )
 
     # -- planning --------------------------------------------------------------
     def plan_for(
@@ -446,6 +469,8 @@ class Loader:
         where a budget is given (compiling beside the budgeted weights thrashes), then
         the store the plan sizes."""
         self.placement_args = (ram_budget, mode, options, gpu_budget, gpu_device)
+        if ram_budget is not None or mode not in (None, "resident"):
+            self.refuse_split_streaming("a RAM budget (offloading)")
         if ram_budget is not None:
             from edgerun.offload.plan import parse_budget
             from edgerun.offload.warm_kernels import ensure_kernels_compiled
@@ -472,6 +497,8 @@ class Loader:
         if gpu_budget is not None:  # a missing torch or device fails before any work
             self.hooks.resolve_gpu(gpu_device)
         self.plan, opts = self.plan_for(ram_budget, mode, options, gpu_budget, gpu_device)
+        if self.plan.mode != "resident":
+            self.refuse_split_streaming(f"{self.plan.mode} offloading")
         # The page cache imports and planning left counts against the budget while the
         # weights arrive (Qwen2.5-1.5B at 800M: ~90 MiB over at the load's peak); drop it
         # now, and again once the kernels are loaded (after_warm_up), and keep LLVM's
