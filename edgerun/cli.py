@@ -153,9 +153,20 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
 
-    i = sub.add_parser("info", help="print a model's spec, tensor formats and sizes")
+    i = sub.add_parser(
+        "info",
+        help="print a model's spec, tensor formats and sizes (--supported: what edgerun runs)",
+    )
     i.add_argument("model", nargs="?", default=None)
     i.add_argument("--tensors", action="store_true", help="list every tensor")
+    i.add_argument(
+        "--supported",
+        action="store_true",
+        help="list the architectures, tensor types and tokenizers edgerun supports (no model)",
+    )
+    i.add_argument(
+        "--markdown", action="store_true", help="with --supported: as README's Markdown section"
+    )
 
     sub.add_parser("list", help="list known models and whether they are installed")
 
@@ -381,11 +392,71 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _family_title(module) -> str:
+    """A family module's docstring, first paragraph, up to its first colon: "Qwen 2 / 2.5"."""
+    doc = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
+    return doc.split(": ")[0].rstrip(".") or module.__name__.rsplit(".", 1)[-1]
+
+
+def supported_text(markdown: bool = False) -> str:
+    """What edgerun runs, from the tables that decide it: the architecture families
+    (arch.FAMILIES), the tensor types (quant.formats.FORMATS; those GGML numbers as GGUF files
+    store, and edgerun's own), the tokenizers (tokenizer.bpe.PRE_TOKENIZERS). ``markdown``:
+    README's "Supported models" section (tests/meta/test_readme_supported.py holds README to
+    these tables)."""
+    from gguf.constants import GGMLQuantizationType
+
+    from edgerun.arch import FAMILIES
+    from edgerun.quant.formats import FORMATS
+    from edgerun.tokenizer.bpe import PRE_TOKENIZERS
+
+    ggml = {t.name for t in GGMLQuantizationType}
+    gguf_types = [q.name for q in FORMATS if q.name in ggml]
+    own_types = [q.name for q in FORMATS if q.name not in ggml]
+    pres = ", ".join(sorted(PRE_TOKENIZERS))
+    split = "split GGUF files (`name-00001-of-00003.gguf`, ...): load from any shard's path"
+    if markdown:
+        lines = [
+            "| architecture (`general.architecture`) | family |",
+            "|---|---|",
+            *(f"| `{name}` | {_family_title(mod)} |" for name, mod in FAMILIES.items()),
+            "",
+            "Tensor types in GGUF files: " + ", ".join(f"`{t}`" for t in gguf_types) + ".",
+            "",
+            "edgerun's own types (packs written by `edgerun convert`): "
+            + ", ".join(f"`{t}`" for t in own_types)
+            + ".",
+            "",
+            "Tokenizers: byte-level BPE (`gpt2` vocabularies; `tokenizer.ggml.pre`: "
+            + ", ".join(f"`{p}`" for p in sorted(PRE_TOKENIZERS))
+            + ") and SentencePiece (`llama` vocabularies).",
+            "",
+            "Split GGUF files"
+            + split.removeprefix("split GGUF files")
+            + " (not with a RAM budget).",
+        ]
+        return "\n".join(lines)
+    width = max(len(n) for n in FAMILIES) + 2
+    lines = ["architectures (GGUF general.architecture):"]
+    lines += [f"  {name:<{width}}{_family_title(mod)}" for name, mod in FAMILIES.items()]
+    lines += [
+        "tensor types in GGUF files: " + ", ".join(gguf_types),
+        "edgerun's own types (packs from `edgerun convert`): " + ", ".join(own_types),
+        "tokenizers: byte-level BPE ('gpt2' vocabularies), SentencePiece ('llama')",
+        f"  tokenizer.ggml.pre: {pres}",
+        split.replace("`", "") + " (not with --ram-budget)",
+    ]
+    return "\n".join(lines)
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from collections import Counter
 
     import edgerun
 
+    if args.supported:
+        print(supported_text(args.markdown))
+        return 0
     model = edgerun.load(args.model, n_ctx=256, threads=1, interleave=False)
     s = model.spec
     kind = "edgerun pack" if model.path.is_dir() else "GGUF"
