@@ -141,7 +141,7 @@ def run_cell(cell: Cell) -> dict:
     )
     # a chat prompt where the model has a template; a base model (Gemma 3 270M) gets it raw
     chat = m.chat_template is not None
-    ids = m.tokenize(m.render_chat([{"role": "user", "content": PROMPT}]) if chat else PROMPT)
+    ids = m.encode_chat([{"role": "user", "content": PROMPT}]) if chat else m.tokenize(PROMPT)
     t0 = time.perf_counter()
     for _ in m.generate(ids, max_tokens=1, temperature=0.0):
         break

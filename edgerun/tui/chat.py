@@ -47,9 +47,10 @@ def transcript(messages: list[dict[str, str]]) -> str:
 
 
 def prompt_ids(model: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids the model will see for `messages` (chat template, or the raw transcript)."""
+    """Token ids the model will see for `messages` (chat template, or the raw transcript):
+    encode_chat's, so BOS comes once and special strings the user typed stay text."""
     if uses_template(model):
-        return model.tokenize(model.render_chat(messages))
+        return model.encode_chat(messages)
     return model.tokenize(transcript(messages))
 
 
