@@ -460,6 +460,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     model = edgerun.load(args.model, n_ctx=256, threads=1, interleave=False)
     s = model.spec
     kind = "edgerun pack" if model.path.is_dir() else "GGUF"
+    shards = len(getattr(model.file, "shards", ()))
+    if shards:
+        kind = f"GGUF split in {shards} shards,"
     print(
         f"file:          {model.path} ({model.file.file_size / 1e6:.1f} MB, {kind} v"
         f"{model.file.version})"

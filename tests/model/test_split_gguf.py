@@ -133,3 +133,14 @@ def test_offloading_a_split_model_is_refused_clearly(shards):
         edgerun.load(shards[0], n_ctx=256, threads=2, ram_budget="400M")
     msg = str(e.value)
     assert str(shards[0]) in msg and "split into 3 shards" in msg and "--merge" in msg
+
+
+def test_info_says_the_model_is_split(shards, capsys):
+    from edgerun.cli import main
+
+    assert main(["info", str(shards[2])]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert (
+        "split in 3 shards" in first
+        and f"{sum(p.stat().st_size for p in shards) / 1e6:.1f} MB" in first
+    )
