@@ -247,10 +247,10 @@ class Engine:
     def _warm_parallel_kernels(self) -> None:
         """Run the parallel RMSNorm and GLU kernels once on zero rows of the model's width."""
         spec = self.spec
-        layer = self.transformer.layers[0]
+        layer = self.transformer.layers[0]  # its FFN's activation; the output norm's width
         rows = -(-max(_NORM_PARALLEL_MIN, _GLU_PARALLEL_MIN) // spec.d_model)
         x = np.zeros((rows, spec.d_model), np.float32)
-        rmsnorm(x, layer.attn_norm, spec.norm_eps)
+        rmsnorm(x, self.transformer.output_norm, spec.norm_eps)
         activation = getattr(layer.ffn, "activation", None)
         if activation is not None:
             glu(x, x, activation)
