@@ -1,0 +1,11 @@
+"""Qwen 3 (dense): llama with per-head q/k RMSNorm before RoPE, no biases, NeoX RoPE."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgerun.arch.spec import ModelSpec, common_fields
+
+
+def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
+    return ModelSpec(**common_fields(meta, "qwen3", source), rope_style="neox", qk_norm=True)
