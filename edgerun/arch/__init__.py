@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch import gemma3, llama, qwen2
+from edgerun.arch import gemma2, gemma3, glm4, llama, phi3, qwen2
 from edgerun.arch.spec import ModelSpec, validate_spec
 from edgerun.errors import ModelFormatError, UnsupportedError
 
-FAMILIES = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3}
+FAMILIES = {
+    "llama": llama,
+    "qwen2": qwen2,
+    "gemma3": gemma3,
+    "gemma2": gemma2,
+    "phi3": phi3,
+    "glm4": glm4,
+}
 
 
 def spec_from_gguf(meta: dict[str, Any], source: str = "model") -> ModelSpec:

@@ -32,6 +32,17 @@ GLOBAL_TENSORS = {
     "token_embd": "token_embd.weight",
     "output_norm": "output_norm.weight",
     "output": "output.weight",
+    # LongRoPE's per-pair frequency factors (Phi-3), used when spec.rope_orig_context > 0
+    "rope_factors_short": "rope_factors_short.weight",
+    "rope_factors_long": "rope_factors_long.weight",
+}
+# Fused matrices some converters store (Phi-3's attn_qkv, Phi-3 / GLM-4's ffn_up holding
+# gate then up): the fused tensor's name, and the roles its rows hold, in order. The GGUF
+# reader splits them into those roles' tensors by rows (fused_splits), so everything past
+# it (kernels, offloading, sessions) sees only the usual roles.
+FUSED_TENSORS = {
+    "attn_qkv": ("blk.{i}.attn_qkv.weight", ("attn_q", "attn_k", "attn_v")),
+    "ffn_gate_up": ("blk.{i}.ffn_up.weight", ("ffn_gate", "ffn_up")),
 }
 
 
@@ -65,6 +76,22 @@ class ModelSpec:
     # empty means every layer is global with rope_base
     layer_windows: tuple[int, ...] = ()
     layer_rope_bases: tuple[float, ...] = ()
+    # Gemma 2: attention scores (after their scale) -> cap * tanh(scores / cap) when > 0
+    attn_softcap: float = 0.0
+    # the attention scores' scale; 0 means 1/sqrt(head_dim) (Gemma 2 27B: 1/sqrt(d/heads))
+    attention_scale: float = 0.0
+    # LongRoPE (Phi-3): > 0 is the trained context; a KV cache longer than it rotates with
+    # the long factors, else the short ones; rope_attn_factor scales cos and sin
+    rope_orig_context: int = 0
+    rope_attn_factor: float = 1.0
+    # FUSED_TENSORS kinds this family's files may store (split when the GGUF is read)
+    fused_tensors: tuple[str, ...] = ()
+    # the blocks' input norms and the output norm: "rms" (RMSNorm) or "layer" (LayerNorm
+    # without bias, mean-centred: Cohere)
+    norm_kind: str = "rms"
+    # attention and FFN both read the layer's one normed input and both add to the
+    # residual stream (Cohere): h += attn(x) + ffn(x), with no norm between
+    parallel_blocks: bool = False
     layer_tensors: dict[str, str] = field(default_factory=lambda: dict(LAYER_TENSORS))
     global_tensors: dict[str, str] = field(default_factory=lambda: dict(GLOBAL_TENSORS))
 
@@ -76,6 +103,10 @@ class ModelSpec:
 
     def rope_base_of(self, i: int) -> float:
         return self.layer_rope_bases[i] if self.layer_rope_bases else self.rope_base
+
+    def score_scale(self) -> float | None:
+        """The attention scores' scale as ops/attention takes it (None: 1/sqrt(hd))."""
+        return self.attention_scale if self.attention_scale > 0 else None
 
     @property
     def q_dim(self) -> int:
@@ -96,6 +127,7 @@ _MAX_VOCAB = 1 << 24
 _MAX_CONTEXT = 1 << 24
 _ROPE_STYLES = ("interleaved", "neox")
 _ACTIVATIONS = ("silu", "gelu_tanh")
+_NORM_KINDS = ("rms", "layer")
 
 
 def _kind(value: Any) -> str:
@@ -265,14 +297,28 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         ("rope_base", 0.0, True, math.inf),
         ("embed_scale", 0.0, True, math.inf),
         ("final_logit_softcap", 0.0, False, math.inf),
+        ("attn_softcap", 0.0, False, math.inf),
+        ("attention_scale", 0.0, False, math.inf),
+        ("rope_attn_factor", 0.0, True, 1e3),
     ):
         v = getattr(spec, name)
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise bad(name, "a number", v)
         if not (math.isfinite(v) and (v > lo if lo_open else v >= lo) and v < hi):
             raise bad(name, f"finite and {'>' if lo_open else '>='} {lo}", v)
+    v = spec.rope_orig_context
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_CONTEXT:
+        raise bad("rope_orig_context", f"an integer in 0..{_MAX_CONTEXT}", v)
+    if not isinstance(spec.fused_tensors, tuple) or any(
+        k not in FUSED_TENSORS for k in spec.fused_tensors
+    ):
+        raise bad("fused_tensors", f"a tuple of {', '.join(FUSED_TENSORS)}", spec.fused_tensors)
     if spec.rope_style not in _ROPE_STYLES:
         raise bad("rope_style", " or ".join(_ROPE_STYLES), spec.rope_style)
+    if spec.norm_kind not in _NORM_KINDS:
+        raise bad("norm_kind", " or ".join(_NORM_KINDS), spec.norm_kind)
+    if spec.parallel_blocks and spec.post_norms:
+        raise bad("parallel_blocks", "False with post_norms (one residual add per layer)", True)
     if spec.activation not in _ACTIVATIONS:
         raise bad("activation", " or ".join(_ACTIVATIONS), spec.activation)
     for name in ("layer_windows", "layer_rope_bases"):
@@ -304,3 +350,26 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
                     pattern,
                 )
     return spec
+
+
+def role_rows(spec: ModelSpec, role: str) -> int:
+    """The rows of a layer matrix role that a fused tensor holds."""
+    return {
+        "attn_q": spec.q_dim,
+        "attn_k": spec.kv_dim,
+        "attn_v": spec.kv_dim,
+        "ffn_gate": spec.d_ff,
+        "ffn_up": spec.d_ff,
+    }[role]
+
+
+def fused_splits(spec: ModelSpec) -> list[tuple[str, list[tuple[str, int]]]]:
+    """For each fused tensor this spec's files may hold: its name and the (tensor name,
+    rows) parts it splits into, in row order (one entry per layer and fused kind)."""
+    out = []
+    for kind in spec.fused_tensors:
+        pattern, roles = FUSED_TENSORS[kind]
+        for i in range(spec.n_layers):
+            parts = [(spec.layer_tensor(r, i), role_rows(spec, r)) for r in roles]
+            out.append((pattern.format(i=i), parts))
+    return out

@@ -30,9 +30,15 @@ from edgerun.arch.spec import ModelSpec
 from edgerun.model.ffn import DenseFFN, FFNExecutor, decode_rows
 from edgerun.model.weights import AttentionProjections, ResidentProjections
 from edgerun.ops import activations, qmatvec
-from edgerun.ops.norm import _rmsnorm_serial, rmsnorm
+from edgerun.ops.norm import _layernorm_serial, _rmsnorm_serial, layernorm, rmsnorm
 from edgerun.ops.rope import rope_inplace
-from edgerun.ops.token_step import add_normed, attend_rows, attend_token
+from edgerun.ops.token_step import (
+    add_layernormed,
+    add_normed,
+    add_rows,
+    attend_rows,
+    attend_token,
+)
 from edgerun.quant.formats import QuantTensor
 
 __all__ = [
@@ -44,6 +50,7 @@ __all__ = [
     "InputNorm",
     "Attention",
     "Residual",
+    "AddAttention",
     "FeedForward",
     "layer_steps",
     "layer_matrices",
@@ -91,8 +98,9 @@ class Rows:
 
     decode: the rows are one decode token each of different sequences (batched decode
     kernels, each row as a one-token step computes it); else one sequence's prompt.
-    attend(layer, q, k, v, window) stores k, v into the caches and returns the attention
-    context [n, q_dim]; rope(base) gives the (cos, sin) tables for the pass."""
+    attend(layer, q, k, v, window, scale, softcap) stores k, v into the caches and
+    returns the attention context [n, q_dim] (scale None: 1/sqrt(head_dim); softcap > 0:
+    the scores' tanh cap); rope(base) gives the (cos, sin) tables for the pass."""
 
     __slots__ = ("h", "x", "a", "positions", "decode", "attend", "rope")
 
@@ -147,25 +155,29 @@ class Step(Protocol):
 
 
 class InputNorm:
-    """x = RMSNorm(h): the norm before the first layer (each layer norms for the next)."""
+    """x = norm(h): the norm before the first layer (each layer norms for the next);
+    RMSNorm, or LayerNorm where the spec's norm_kind is "layer"."""
 
-    def __init__(self, weight: np.ndarray, eps: float) -> None:
-        self.weight, self.eps = weight, np.float64(eps)
+    def __init__(self, weight: np.ndarray, eps: float, kind: str = "rms") -> None:
+        self.weight, self.eps, self.layer_norm = weight, np.float64(eps), kind == "layer"
 
     def run(self, rows: Rows) -> None:
-        rows.x = rmsnorm(rows.h, self.weight, self.eps)
+        norm = layernorm if self.layer_norm else rmsnorm
+        rows.x = norm(rows.h, self.weight, self.eps)
 
     def bindable(self) -> bool:
         return True
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
-        return [(_rmsnorm_serial, (rows.h, self.weight, self.eps, rows.x))]
+        kernel = _layernorm_serial if self.layer_norm else _rmsnorm_serial
+        return [(kernel, (rows.h, self.weight, self.eps, rows.x))]
 
 
 class Attention:
     """a = o(attention(rope(norm(q/k + bias)), cache)) of x, storing k and v in the cache.
 
-    Its switches: q/k/v biases, per-head q/k RMSNorm, the layer's window and RoPE base."""
+    Its switches: q/k/v biases, per-head q/k RMSNorm, the layer's window and RoPE base,
+    the scores' scale and softcap (Gemma 2)."""
 
     def __init__(self, spec: ModelSpec, layer: Layer, index: int) -> None:
         self.spec, self.layer, self.index = spec, layer, index
@@ -173,6 +185,8 @@ class Attention:
         self.base = spec.rope_base_of(index)
         self.eps = np.float64(spec.norm_eps)
         self.neox = spec.rope_style == "neox"
+        self.scale = spec.score_scale()
+        self.softcap = spec.attn_softcap
 
     def heads(
         self, qkv: list[np.ndarray], positions: np.ndarray, cos: np.ndarray, sin: np.ndarray
@@ -199,7 +213,7 @@ class Attention:
         proj = self.layer.attn_proj
         qkv = proj.qkv_batch(rows.x) if rows.decode else proj.qkv(rows.x)
         q, k, v = self.heads(qkv, rows.positions, *rows.rope(self.base))
-        ctx = rows.attend(self.index, q, k, v, self.window)
+        ctx = rows.attend(self.index, q, k, v, self.window, self.scale, self.softcap)
         rows.a = proj.out_batch(ctx) if rows.decode else proj.out(ctx)
 
     def bindable(self) -> bool:
@@ -225,40 +239,62 @@ class Attention:
             for t in (layer.q_bias, layer.k_bias, layer.v_bias, layer.q_norm, layer.k_norm)
         )
         s, li = self.spec, self.index
-        scale = np.float32(1.0 / np.sqrt(s.head_dim))
+        scale = np.float32(1.0 / np.sqrt(s.head_dim) if self.scale is None else self.scale)
+        softcap = np.float32(self.softcap)
         q, k, v, ctx = rows.row("q"), rows.row("k"), rows.row("v"), rows.row("ctx")
         head = (q, k, v, *vectors, self.eps, rows.positions, cos, sin, self.neox)
         window = np.int64(self.window)
         if batch is None:
             c = caches[0]
-            return attend_token, (*head, c.k[li], c.v[li], window, scale, scores, ctx)
+            return attend_token, (*head, c.k[li], c.v[li], window, scale, softcap, scores, ctx)
         shape = (rows.n, s.n_kv_heads, s.head_dim)
         dtype = caches[0].k.dtype
         kv_new = (np.zeros(shape, dtype), np.zeros(shape, dtype))
         tail = (*kv_new, batch._kaddr, batch._vaddr, batch._nctx, np.int64(li), window, scale,
-                scores, ctx)  # fmt: skip
+                softcap, scores, ctx)  # fmt: skip
         return attend_rows, (*head, *tail)
 
 
 class Residual:
-    """h += post_norm(a) (no post norm: a itself), then x = RMSNorm(h) for what follows."""
+    """h += post_norm(a) (no post norm: a itself), then x = RMSNorm(h) for what follows
+    (LayerNorm where the spec's norm_kind is "layer", which has no post norms)."""
 
-    def __init__(self, post_norm: np.ndarray | None, norm: np.ndarray, eps: float) -> None:
+    def __init__(
+        self, post_norm: np.ndarray | None, norm: np.ndarray, eps: float, kind: str = "rms"
+    ) -> None:
         self.post_norm, self.norm, self.eps = post_norm, norm, np.float64(eps)
+        self.layer_norm = kind == "layer"
 
     def run(self, rows: Rows) -> None:
         a = rows.a
         if self.post_norm is not None:
             a = rmsnorm(a, self.post_norm, self.eps)
         rows.h += a
-        rows.x = rmsnorm(rows.h, self.norm, self.eps)
+        norm = layernorm if self.layer_norm else rmsnorm
+        rows.x = norm(rows.h, self.norm, self.eps)
 
     def bindable(self) -> bool:
         return True
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
+        if self.layer_norm:
+            return [(add_layernormed, (rows.h, rows.a, self.eps, self.norm, rows.x))]
         post = NONE if self.post_norm is None else self.post_norm
         return [(add_normed, (rows.h, rows.a, post, self.eps, self.norm, rows.x))]
+
+
+class AddAttention:
+    """h += a, x kept: a parallel block's attention output joins the residual stream and
+    the FFN then reads the same normed input (Cohere's parallel_blocks)."""
+
+    def run(self, rows: Rows) -> None:
+        rows.h += rows.a
+
+    def bindable(self) -> bool:
+        return True
+
+    def bind(self, rows: BoundRows) -> list[Call | object]:
+        return [(add_rows, (rows.h, rows.a))]
 
 
 class FeedForward:
@@ -291,11 +327,20 @@ class FeedForward:
 def layer_steps(spec: ModelSpec, layer: Layer, index: int, next_norm: np.ndarray) -> list[Step]:
     """Layer `index` as steps: pre-norm attention and FFN blocks, each added to the
     residual stream (through the post norm where the spec has one), the stream then normed
-    by `next_norm` (the next layer's attention norm, or the output norm after the last)."""
-    eps = spec.norm_eps
+    by `next_norm` (the next layer's attention norm, or the output norm after the last).
+    Parallel blocks (Cohere): attention and FFN both read the attention norm's output and
+    both add to the stream, normed once after."""
+    eps, kind = spec.norm_eps, spec.norm_kind
+    if spec.parallel_blocks:
+        return [
+            Attention(spec, layer, index),
+            AddAttention(),
+            FeedForward(spec, layer),
+            Residual(None, next_norm, eps, kind),
+        ]
     return [
         Attention(spec, layer, index),
-        Residual(layer.post_attn_norm, layer.ffn_norm, eps),
+        Residual(layer.post_attn_norm, layer.ffn_norm, eps, kind),
         FeedForward(spec, layer),
-        Residual(layer.post_ffn_norm, next_norm, eps),
+        Residual(layer.post_ffn_norm, next_norm, eps, kind),
     ]

@@ -6,11 +6,24 @@ import numpy as np
 from numba import njit, prange
 
 
-def rope_tables(n_ctx: int, rope_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables [n_ctx, rope_dim // 2], computed in float64 then rounded once."""
+def rope_tables(
+    n_ctx: int,
+    rope_dim: int,
+    base: float,
+    freq_factors: np.ndarray | None = None,
+    mscale: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables [n_ctx, rope_dim // 2], computed in float64 then rounded once.
+
+    freq_factors [rope_dim // 2]: each pair's angle is divided by its factor (LongRoPE's
+    short / long factors, llama.cpp's rope freq_factors); mscale multiplies cos and sin,
+    so q and k both carry it and the scores carry its square (LongRoPE's attention
+    factor, as llama.cpp's attn_factor)."""
     inv_freq = 1.0 / (base ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim))
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
     ang = np.arange(n_ctx, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    return (np.cos(ang) * mscale).astype(np.float32), (np.sin(ang) * mscale).astype(np.float32)
 
 
 def rope_reference(

@@ -45,6 +45,10 @@ SWITCHES = {
     "gelu": {"activation": "gelu_tanh"},
     "embed_scale": {"embed_scale": 8.0},
     "softcap": {"final_logit_softcap": 3.0},
+    "attn_softcap": {"attn_softcap": 1.0},
+    "attention_scale": {"attention_scale": 0.5},
+    "partial_rope": {"rope_dim": 8},
+    "longrope": {"rope_orig_context": 16, "rope_attn_factor": 1.25},
 }
 
 
@@ -56,6 +60,7 @@ class _Reader:
         s = spec
         mats = {"token_embd": (s.vocab_size, s.d_model), "output": (s.vocab_size, s.d_model)}
         vecs = {"output_norm": s.d_model}
+        factors = {"rope_factors_short": s.rope_dim // 2, "rope_factors_long": s.rope_dim // 2}
         roles = {
             "attn_q": (s.q_dim, s.d_model),
             "attn_k": (s.kv_dim, s.d_model),
@@ -83,6 +88,9 @@ class _Reader:
         for role, n in vecs.items():
             name = s.global_tensors[role]
             self._t[name] = quantize_tensor(name, rng.uniform(0.5, 1.5, n), "f32")
+        for role, n in factors.items():  # LongRoPE's, read when the spec asks for them
+            name = s.global_tensors[role]
+            self._t[name] = quantize_tensor(name, rng.uniform(1.0, 8.0, n), "f32")
         for i in range(s.n_layers):
             for role, shape in roles.items():
                 name = s.layer_tensor(role, i)
