@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from edgerun.errors import ModelFormatError
 
 # Per-layer tensor roles, mapped to GGUF names with "{i}" for the layer index.
@@ -27,11 +29,16 @@ LAYER_TENSORS = {
     "attn_k_norm": "blk.{i}.attn_k_norm.weight",
     "post_attention_norm": "blk.{i}.post_attention_norm.weight",
     "post_ffw_norm": "blk.{i}.post_ffw_norm.weight",
+    # optional in every family: read whenever the file has them (llama.cpp's
+    # TENSOR_NOT_REQUIRED biases)
+    "attn_output_bias": "blk.{i}.attn_output.bias",
 }
 GLOBAL_TENSORS = {
     "token_embd": "token_embd.weight",
     "output_norm": "output_norm.weight",
     "output": "output.weight",
+    # optional: per-frequency RoPE divisors [rope_dim // 2] (Llama 3's rope scaling)
+    "rope_freqs": "rope_freqs.weight",
     # LongRoPE's per-pair frequency factors (Phi-3), used when spec.rope_orig_context > 0
     "rope_factors_short": "rope_factors_short.weight",
     "rope_factors_long": "rope_factors_long.weight",
@@ -76,10 +83,16 @@ class ModelSpec:
     # empty means every layer is global with rope_base
     layer_windows: tuple[int, ...] = ()
     layer_rope_bases: tuple[float, ...] = ()
+    # no RoPE on layers whose entry is True (SmolLM3's NoPE layers, EXAONE 4's global
+    # layers); empty means every layer rotates
+    layer_nope: tuple[bool, ...] = ()
+    pre_norms: bool = True  # RMSNorm the input of each block (False: OLMo 2 / EXAONE 4)
+    qk_norm_full: bool = False  # the q/k norm spans the whole projection, not each head
+    attention_scale: float = 0.0  # the softmax scale of q.k; 0 means 1/sqrt(head_dim)
+    residual_scale: float = 1.0  # each block's output is multiplied by this (Granite)
+    logit_scale: float = 1.0  # logits are divided by this (Granite)
     # Gemma 2: attention scores (after their scale) -> cap * tanh(scores / cap) when > 0
     attn_softcap: float = 0.0
-    # the attention scores' scale; 0 means 1/sqrt(head_dim) (Gemma 2 27B: 1/sqrt(d/heads))
-    attention_scale: float = 0.0
     # LongRoPE (Phi-3): > 0 is the trained context; a KV cache longer than it rotates with
     # the long factors, else the short ones; rope_attn_factor scales cos and sin
     rope_orig_context: int = 0
@@ -104,9 +117,16 @@ class ModelSpec:
     def rope_base_of(self, i: int) -> float:
         return self.layer_rope_bases[i] if self.layer_rope_bases else self.rope_base
 
-    def score_scale(self) -> float | None:
-        """The attention scores' scale as ops/attention takes it (None: 1/sqrt(hd))."""
-        return self.attention_scale if self.attention_scale > 0 else None
+    def rotates(self, i: int) -> bool:
+        """Whether layer i applies RoPE to q and k."""
+        return not (self.layer_nope and self.layer_nope[i])
+
+    def query_scale(self) -> float:
+        """The factor q is multiplied by after RoPE so that the attention kernels' fixed
+        1/sqrt(head_dim) gives the spec's attention_scale (1.0 when it has none)."""
+        if self.attention_scale == 0.0:
+            return 1.0
+        return self.attention_scale * math.sqrt(self.head_dim)
 
     @property
     def q_dim(self) -> int:
@@ -216,6 +236,29 @@ def meta_str(meta: dict[str, Any], key: str, source: str, default: str | None = 
     return value
 
 
+def meta_layer_pattern(
+    meta: dict[str, Any], key: str, source: str, n_layers: int, period: int
+) -> tuple[bool, ...]:
+    """Which layers a per-layer pattern marks (llama.cpp's load_swa_pattern): an array of
+    n_layers bools, or an integer period p marking every layer but each p-th
+    (i % p < p - 1; 0 marks all); missing -> that rule with `period`."""
+    value = meta.get(key, period)
+    if isinstance(value, int) and not isinstance(value, bool):
+        p = meta_int(meta, key, source, period, lo=0, hi=_MAX_LAYERS)
+        return tuple(p == 0 or i % p < p - 1 for i in range(n_layers))
+    try:
+        ok = not isinstance(value, str) and len(value) == n_layers
+    except TypeError:
+        ok = False
+    if not ok or not all(isinstance(v, bool | np.bool_) for v in value):
+        raise ModelFormatError(
+            f"{source}: metadata field '{key}' should be an integer period or an array of "
+            f"{n_layers} bools (one per layer), found {_kind(value)}"
+        )
+    flags = [bool(v) for v in value]
+    return tuple(flags)
+
+
 def common_fields(meta: dict[str, Any], a: str, source: str) -> dict[str, Any]:
     """Hyperparameters every family stores under the same '<arch>.' keys, type- and
     range-checked (the file is untrusted; these size every allocation)."""
@@ -297,8 +340,10 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         ("rope_base", 0.0, True, math.inf),
         ("embed_scale", 0.0, True, math.inf),
         ("final_logit_softcap", 0.0, False, math.inf),
-        ("attn_softcap", 0.0, False, math.inf),
         ("attention_scale", 0.0, False, math.inf),
+        ("residual_scale", 0.0, True, math.inf),
+        ("logit_scale", 0.0, True, math.inf),
+        ("attn_softcap", 0.0, False, math.inf),
         ("rope_attn_factor", 0.0, True, 1e3),
     ):
         v = getattr(spec, name)
@@ -317,17 +362,40 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         raise bad("rope_style", " or ".join(_ROPE_STYLES), spec.rope_style)
     if spec.norm_kind not in _NORM_KINDS:
         raise bad("norm_kind", " or ".join(_NORM_KINDS), spec.norm_kind)
-    if spec.parallel_blocks and spec.post_norms:
-        raise bad("parallel_blocks", "False with post_norms (one residual add per layer)", True)
+    # LayerNorm and parallel blocks come as Cohere has them: pre-norms only, no residual
+    # scale (their fused kernels, token_step.add_layernormed / add_rows, take neither)
+    for name, on in (
+        ("norm_kind", spec.norm_kind == "layer"),
+        ("parallel_blocks", spec.parallel_blocks),
+    ):
+        if on and (spec.post_norms or not spec.pre_norms or spec.residual_scale != 1.0):
+            raise bad(
+                name,
+                "used with pre-norms only (no post_norms, pre_norms true, residual_scale 1)",
+                getattr(spec, name),
+            )
     if spec.activation not in _ACTIVATIONS:
         raise bad("activation", " or ".join(_ACTIVATIONS), spec.activation)
-    for name in ("layer_windows", "layer_rope_bases"):
+    for name in (
+        "pre_norms",
+        "qk_norm_full",
+        "attn_bias",
+        "qk_norm",
+        "post_norms",
+        "parallel_blocks",
+    ):
+        if not isinstance(getattr(spec, name), bool):
+            raise bad(name, "true or false", getattr(spec, name))
+    for name in ("layer_windows", "layer_rope_bases", "layer_nope"):
         v = getattr(spec, name)
         if len(v) not in (0, spec.n_layers):
             raise bad(name, f"empty or {spec.n_layers} entries (one per layer)", f"{len(v)}")
     for w in spec.layer_windows:
         if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= _MAX_CONTEXT:
             raise bad("layer_windows", f"integers in 0..{_MAX_CONTEXT}", w)
+    for flag in spec.layer_nope:
+        if not isinstance(flag, bool):
+            raise bad("layer_nope", "true or false per layer", flag)
     for b in spec.layer_rope_bases:
         if not isinstance(b, float) or not math.isfinite(b) or b <= 0:
             raise bad("layer_rope_bases", "finite floats > 0", b)

@@ -248,10 +248,11 @@ class Engine:
         """Run the parallel norm (RMSNorm or LayerNorm) and GLU kernels once on zero rows
         of the model's width."""
         spec = self.spec
-        layer = self.transformer.layers[0]
+        layer = self.transformer.layers[0]  # its FFN's activation; the output norm's width
         rows = -(-max(_NORM_PARALLEL_MIN, _GLU_PARALLEL_MIN) // spec.d_model)
         x = np.zeros((rows, spec.d_model), np.float32)
-        (layernorm if spec.norm_kind == "layer" else rmsnorm)(x, layer.attn_norm, spec.norm_eps)
+        norm = layernorm if spec.norm_kind == "layer" else rmsnorm
+        norm(x, self.transformer.output_norm, spec.norm_eps)
         activation = getattr(layer.ffn, "activation", None)
         if activation is not None:
             glu(x, x, activation)

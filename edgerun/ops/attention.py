@@ -17,7 +17,6 @@ from edgerun.ops.attention_decode import (
     takes,
     weighted_rows,
 )
-from edgerun.ops.attention_tiled import score_scale
 
 
 def cache_values(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -34,12 +33,11 @@ def attention_reference(
     v: np.ndarray,
     start: int,
     window: int = 0,
-    scale: float | None = None,
     softcap: float = 0.0,
 ) -> np.ndarray:
     """q [n, Hq, hd]; k, v [Hkv, L, hd] with L >= start + n. Query i sits at start + i.
-    k and v may be f16 bits (uint16), as an f16 cache stores them. scale: of the scores
-    (None: 1/sqrt(hd)); softcap > 0: scores -> softcap * tanh(scores / softcap)."""
+    k and v may be f16 bits (uint16), as an f16 cache stores them. softcap > 0: the
+    scaled scores s -> softcap * tanh(s / softcap) before the softmax."""
     if k.dtype == np.uint16:
         k, v = k.view(np.float16), v.view(np.float16)
     n, hq, hd = q.shape
@@ -51,8 +49,7 @@ def attention_reference(
         lo = max(0, pos - window + 1) if window > 0 else 0
         for h in range(hq):
             kh = h // group
-            s = k[kh, lo : pos + 1].astype(np.float64) @ q[i, h].astype(np.float64)
-            s *= 1.0 / np.sqrt(hd) if scale is None else scale
+            s = k[kh, lo : pos + 1].astype(np.float64) @ q[i, h].astype(np.float64) / np.sqrt(hd)
             if softcap > 0:
                 s = softcap * np.tanh(s / softcap)
             p = np.exp(s - s.max())
@@ -223,12 +220,11 @@ def attention(
     start: int,
     window: int = 0,
     out: np.ndarray | None = None,
-    scale: float | None = None,
     softcap: float = 0.0,
 ) -> np.ndarray:
-    """Softmax(q k^T * scale) v, causal, optional sliding window; returns [n, Hq*hd].
-    scale: None for 1/sqrt(hd); softcap > 0: the scaled scores are capped to
-    softcap * tanh(s / softcap) before the softmax (Gemma 2)."""
+    """Softmax(q k^T / sqrt(hd)) v, causal, optional sliding window; returns [n, Hq*hd].
+    softcap > 0: the scaled scores s are capped to softcap * tanh(s / softcap) before the
+    softmax (Gemma 2)."""
     n, hq, hd = q.shape
     length = start + n
     if out is None:
@@ -243,11 +239,9 @@ def attention(
         np.ascontiguousarray(v),
     )
     if attention_tiled.supports(n, hd):  # prefill: query rows in register tiles
-        attention_tiled.attention_tiled(
-            q, k, v, start, window, out.reshape(n, hq, hd), scale, softcap
-        )
+        attention_tiled.attention_tiled(q, k, v, start, window, out.reshape(n, hq, hd), softcap)
         return out.reshape(n, hq * hd)
-    s32, cap = score_scale(hd, scale), np.float32(softcap)
+    s32, cap = np.float32(1.0 / np.sqrt(hd)), np.float32(softcap)
     if n == 1 and attention_decode.supports(hd):  # decode: the split-position kernel
         attend_one(q[0], k, v, np.int64(start), np.int64(window), s32, out.reshape(hq, hd), cap)
         return out.reshape(n, hq * hd)
@@ -304,14 +298,13 @@ class BatchAttention:
         v: np.ndarray,
         window: int,
         out: np.ndarray,
-        scale: float | None = None,
         softcap: float = 0.0,
     ) -> np.ndarray:
         """Store k, v [n, kv_heads, hd] at each sequence's position, then attend
-        q [n, Hq, hd]; fills and returns out [n, Hq*hd]. scale, softcap: as `attention`."""
+        q [n, Hq, hd]; fills and returns out [n, Hq*hd]. softcap: as `attention`."""
         n, hq, hd = q.shape
         if not self.batched:
-            return self._one_by_one(layer, q, k, v, window, out, scale, softcap)
+            return self._one_by_one(layer, q, k, v, window, out, softcap)
         if not 0 <= layer < self._layers:  # the kernel writes through raw addresses
             raise ValueError(f"BatchAttention: layer {layer} outside the caches")
         k, v = cache_values(k, self.dtype), cache_values(v, self.dtype)
@@ -326,20 +319,18 @@ class BatchAttention:
             np.int64(layer),
             self.starts,
             np.int64(window),
-            score_scale(hd, scale),
+            np.float32(1.0 / np.sqrt(hd)),
             np.float32(softcap),
             scores,
             out.reshape(n, hq, hd),
         )
         return out.reshape(n, hq * hd)
 
-    def _one_by_one(self, layer, q, k, v, window, out, scale, softcap):
+    def _one_by_one(self, layer, q, k, v, window, out, softcap):
         out = out.reshape(q.shape[0], -1)
         for b, (kc, vc) in enumerate(zip(*self._each)):
             pos = int(self.starts[b])
             kc[layer, :, pos] = cache_values(k[b], kc.dtype)
             vc[layer, :, pos] = cache_values(v[b], vc.dtype)
-            out[b] = attention(
-                q[b : b + 1], kc[layer], vc[layer], pos, window, scale=scale, softcap=softcap
-            )[0]
+            out[b] = attention(q[b : b + 1], kc[layer], vc[layer], pos, window, softcap=softcap)[0]
         return out

@@ -45,11 +45,6 @@ KEYS = 64  # keys per score tile
 COLS = 64  # output columns per P V tile
 
 
-def score_scale(head_dim: int, scale: float | None) -> np.float32:
-    """The attention scores' scale as the kernels take it: `scale`, or 1/sqrt(head_dim)."""
-    return np.float32(1.0 / np.sqrt(head_dim) if scale is None else scale)
-
-
 def supports(n: int, head_dim: int) -> bool:
     """Whether the tiled kernel takes this call: several queries (one query is decode,
     which keeps the one-row kernel) and a head_dim in whole 64-column tiles (every
@@ -230,12 +225,11 @@ def attention_tiled(
     start: int,
     window: int,
     out: np.ndarray,
-    scale: float | None = None,
     softcap: float = 0.0,
 ) -> np.ndarray:
     """q [n, Hq, hd] (C-contiguous float32) against k, v [Hkv, >= start + n, hd]
     (C-contiguous float32 or f16 bits); fills out [n, Hq, hd]. `supports(n, hd)` must
-    hold. scale: of the scores (None: 1/sqrt(hd)); softcap > 0: Gemma 2's logit cap."""
+    hold. softcap > 0: the scores' tanh cap (Gemma 2)."""
     n, hq, hd = q.shape
     hkv = k.shape[0]
     length = start + n
@@ -246,7 +240,7 @@ def attention_tiled(
     scores = np.empty((hkv * ntile, ROWS, lp), np.float32)
     spare = np.empty((hkv * ntile, hd), np.float32)
     _attention_tiled(
-        q, kt, v, np.int64(start), np.int64(window), score_scale(hd, scale),
+        q, kt, v, np.int64(start), np.int64(window), np.float32(1.0 / np.sqrt(hd)),
         np.float32(softcap), scores, out, spare,
     )  # fmt: skip
     return out
