@@ -411,6 +411,17 @@ def _cmd_info(args: argparse.Namespace) -> int:
         "activation",
     ):
         print(f"{field + ':':<15}{getattr(s, field)}")
+    # the family switches a file sets (defaults stay quiet)
+    for field, default in (
+        ("attn_softcap", 0.0),
+        ("final_logit_softcap", 0.0),
+        ("attention_scale", 0.0),
+        ("rope_orig_context", 0),
+        ("rope_attn_factor", 1.0),
+        ("fused_tensors", ()),
+    ):
+        if getattr(s, field) != default:
+            print(f"{field + ':':<15}{getattr(s, field)}")
     tied = model.transformer.output.name == model.transformer.token_embd.name
     print(f"{'tied output:':<15}{tied}")
     print(f"{'chat template:':<15}{'yes' if model.chat_template else 'no'}")

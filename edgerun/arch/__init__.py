@@ -8,7 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch import exaone4, gemma3, granite, llama, olmo2, qwen2, qwen3, smollm3
+from edgerun.arch import (
+    exaone4,
+    gemma2,
+    gemma3,
+    glm4,
+    granite,
+    llama,
+    olmo2,
+    phi3,
+    qwen2,
+    qwen3,
+    smollm3,
+)
 from edgerun.arch.spec import ModelSpec, validate_spec
 from edgerun.errors import ModelFormatError, UnsupportedError
 
@@ -21,6 +33,9 @@ FAMILIES = {
     "granite": granite,
     "olmo2": olmo2,
     "exaone4": exaone4,
+    "gemma2": gemma2,
+    "phi3": phi3,
+    "glm4": glm4,
 }
 
 

@@ -39,6 +39,17 @@ GLOBAL_TENSORS = {
     "output": "output.weight",
     # optional: per-frequency RoPE divisors [rope_dim // 2] (Llama 3's rope scaling)
     "rope_freqs": "rope_freqs.weight",
+    # LongRoPE's per-pair frequency factors (Phi-3), used when spec.rope_orig_context > 0
+    "rope_factors_short": "rope_factors_short.weight",
+    "rope_factors_long": "rope_factors_long.weight",
+}
+# Fused matrices some converters store (Phi-3's attn_qkv, Phi-3 / GLM-4's ffn_up holding
+# gate then up): the fused tensor's name, and the roles its rows hold, in order. The GGUF
+# reader splits them into those roles' tensors by rows (fused_splits), so everything past
+# it (kernels, offloading, sessions) sees only the usual roles.
+FUSED_TENSORS = {
+    "attn_qkv": ("blk.{i}.attn_qkv.weight", ("attn_q", "attn_k", "attn_v")),
+    "ffn_gate_up": ("blk.{i}.ffn_up.weight", ("ffn_gate", "ffn_up")),
 }
 
 
@@ -80,6 +91,20 @@ class ModelSpec:
     attention_scale: float = 0.0  # the softmax scale of q.k; 0 means 1/sqrt(head_dim)
     residual_scale: float = 1.0  # each block's output is multiplied by this (Granite)
     logit_scale: float = 1.0  # logits are divided by this (Granite)
+    # Gemma 2: attention scores (after their scale) -> cap * tanh(scores / cap) when > 0
+    attn_softcap: float = 0.0
+    # LongRoPE (Phi-3): > 0 is the trained context; a KV cache longer than it rotates with
+    # the long factors, else the short ones; rope_attn_factor scales cos and sin
+    rope_orig_context: int = 0
+    rope_attn_factor: float = 1.0
+    # FUSED_TENSORS kinds this family's files may store (split when the GGUF is read)
+    fused_tensors: tuple[str, ...] = ()
+    # the blocks' input norms and the output norm: "rms" (RMSNorm) or "layer" (LayerNorm
+    # without bias, mean-centred: Cohere)
+    norm_kind: str = "rms"
+    # attention and FFN both read the layer's one normed input and both add to the
+    # residual stream (Cohere): h += attn(x) + ffn(x), with no norm between
+    parallel_blocks: bool = False
     layer_tensors: dict[str, str] = field(default_factory=lambda: dict(LAYER_TENSORS))
     global_tensors: dict[str, str] = field(default_factory=lambda: dict(GLOBAL_TENSORS))
 
@@ -122,6 +147,7 @@ _MAX_VOCAB = 1 << 24
 _MAX_CONTEXT = 1 << 24
 _ROPE_STYLES = ("interleaved", "neox")
 _ACTIVATIONS = ("silu", "gelu_tanh")
+_NORM_KINDS = ("rms", "layer")
 
 
 def _kind(value: Any) -> str:
@@ -317,17 +343,47 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         ("attention_scale", 0.0, False, math.inf),
         ("residual_scale", 0.0, True, math.inf),
         ("logit_scale", 0.0, True, math.inf),
+        ("attn_softcap", 0.0, False, math.inf),
+        ("rope_attn_factor", 0.0, True, 1e3),
     ):
         v = getattr(spec, name)
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise bad(name, "a number", v)
         if not (math.isfinite(v) and (v > lo if lo_open else v >= lo) and v < hi):
             raise bad(name, f"finite and {'>' if lo_open else '>='} {lo}", v)
+    v = spec.rope_orig_context
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_CONTEXT:
+        raise bad("rope_orig_context", f"an integer in 0..{_MAX_CONTEXT}", v)
+    if not isinstance(spec.fused_tensors, tuple) or any(
+        k not in FUSED_TENSORS for k in spec.fused_tensors
+    ):
+        raise bad("fused_tensors", f"a tuple of {', '.join(FUSED_TENSORS)}", spec.fused_tensors)
     if spec.rope_style not in _ROPE_STYLES:
         raise bad("rope_style", " or ".join(_ROPE_STYLES), spec.rope_style)
+    if spec.norm_kind not in _NORM_KINDS:
+        raise bad("norm_kind", " or ".join(_NORM_KINDS), spec.norm_kind)
+    # LayerNorm and parallel blocks come as Cohere has them: pre-norms only, no residual
+    # scale (their fused kernels, token_step.add_layernormed / add_rows, take neither)
+    for name, on in (
+        ("norm_kind", spec.norm_kind == "layer"),
+        ("parallel_blocks", spec.parallel_blocks),
+    ):
+        if on and (spec.post_norms or not spec.pre_norms or spec.residual_scale != 1.0):
+            raise bad(
+                name,
+                "used with pre-norms only (no post_norms, pre_norms true, residual_scale 1)",
+                getattr(spec, name),
+            )
     if spec.activation not in _ACTIVATIONS:
         raise bad("activation", " or ".join(_ACTIVATIONS), spec.activation)
-    for name in ("pre_norms", "qk_norm_full", "attn_bias", "qk_norm", "post_norms"):
+    for name in (
+        "pre_norms",
+        "qk_norm_full",
+        "attn_bias",
+        "qk_norm",
+        "post_norms",
+        "parallel_blocks",
+    ):
         if not isinstance(getattr(spec, name), bool):
             raise bad(name, "true or false", getattr(spec, name))
     for name in ("layer_windows", "layer_rope_bases", "layer_nope"):
@@ -362,3 +418,26 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
                     pattern,
                 )
     return spec
+
+
+def role_rows(spec: ModelSpec, role: str) -> int:
+    """The rows of a layer matrix role that a fused tensor holds."""
+    return {
+        "attn_q": spec.q_dim,
+        "attn_k": spec.kv_dim,
+        "attn_v": spec.kv_dim,
+        "ffn_gate": spec.d_ff,
+        "ffn_up": spec.d_ff,
+    }[role]
+
+
+def fused_splits(spec: ModelSpec) -> list[tuple[str, list[tuple[str, int]]]]:
+    """For each fused tensor this spec's files may hold: its name and the (tensor name,
+    rows) parts it splits into, in row order (one entry per layer and fused kind)."""
+    out = []
+    for kind in spec.fused_tensors:
+        pattern, roles = FUSED_TENSORS[kind]
+        for i in range(spec.n_layers):
+            parts = [(spec.layer_tensor(r, i), role_rows(spec, r)) for r in roles]
+            out.append((pattern.format(i=i), parts))
+    return out

@@ -40,10 +40,12 @@ class Transformer:
         self.layers: list[Layer] = []
         for i in range(spec.n_layers):
             layer = Layer()
-            # no pre-norms (OLMo 2, EXAONE 4): each block reads the residual stream itself
+            # no pre-norms (OLMo 2, EXAONE 4): each block reads the residual stream itself;
+            # parallel blocks (Cohere) norm once per layer: the FFN reads the attention norm
             pre = spec.pre_norms
+            ffn_norm = "attn_norm" if spec.parallel_blocks else "ffn_norm"
             layer.attn_norm = store.vector(spec.layer_tensor("attn_norm", i)) if pre else None
-            layer.ffn_norm = store.vector(spec.layer_tensor("ffn_norm", i)) if pre else None
+            layer.ffn_norm = store.vector(spec.layer_tensor(ffn_norm, i)) if pre else None
             for slot, role in (
                 ("q", "attn_q"),
                 ("k", "attn_k"),
@@ -71,7 +73,7 @@ class Transformer:
             self.layers.append(layer)
         # The layers as one program of steps (layer.py): the general path runs it, the
         # bound decode step (decode_step.py) binds it
-        self.input_norm = InputNorm(self.layers[0].attn_norm, spec.norm_eps)
+        self.input_norm = InputNorm(self.layers[0].attn_norm, spec.norm_eps, spec.norm_kind)
         self.program: list[list[Step]] = [
             layer_steps(spec, layer, i, self._norm_after(i)) for i, layer in enumerate(self.layers)
         ]
@@ -85,8 +87,9 @@ class Transformer:
                 f"{source}: token_embd has shape {self.token_embd.shape}, expected "
                 f"{(spec.vocab_size, spec.d_model)}"
             )
-        self._rope_cache: dict[float | None, tuple[int, np.ndarray, np.ndarray]] = {}
+        self._rope_cache: dict[tuple, tuple[int, np.ndarray, np.ndarray]] = {}
         self.rope_freq_factors = self._rope_freq_factors(source)
+        self.rope_factors = self._rope_factors(source)
         # Under a budget, called as kv_growth(caches, ends, tokens) before a pass of
         # `tokens` positions writes KV up to ends[i] of caches[i] (offload/kv_loan.py
         # gives rows back for its pages and temporaries)
@@ -242,11 +245,39 @@ class Transformer:
 
     def _rope(self, n_ctx: int, base: float | None) -> tuple[np.ndarray, np.ndarray]:
         """The RoPE tables of a base (None: no rotation) for n_ctx positions, cached."""
-        cached = self._rope_cache.get(base)
+        factors, long = self.rope_freq_factors, False
+        if self.rope_factors is not None:
+            # LongRoPE, as llama.cpp: a context past the trained one takes the long factors
+            long = n_ctx > self.spec.rope_orig_context
+            factors = self.rope_factors[long]
+        key = (base, long)
+        cached = self._rope_cache.get(key)
         if cached is None or cached[0] < n_ctx:
-            cos, sin = rope_tables(n_ctx, self.spec.rope_dim, base, self.rope_freq_factors)
-            cached = self._rope_cache[base] = (n_ctx, cos, sin)
+            s = self.spec
+            cos, sin = rope_tables(n_ctx, s.rope_dim, base, factors, s.rope_attn_factor)
+            cached = self._rope_cache[key] = (n_ctx, cos, sin)
         return cached[1], cached[2]
+
+    def _rope_factors(self, source: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """LongRoPE's (short, long) frequency factors [rope_dim / 2], or None without."""
+        s = self.spec
+        if s.rope_orig_context == 0:
+            return None
+        pair = []
+        for role in ("rope_factors_short", "rope_factors_long"):
+            name = s.global_tensors[role]
+            if not self.store.has(name):
+                raise ModelFormatError(
+                    f"{source}: tensor '{name}' is missing (the metadata asks for LongRoPE)"
+                )
+            f = np.asarray(self.store.vector(name), dtype=np.float64).reshape(-1)
+            if f.shape != (s.rope_dim // 2,) or not (np.isfinite(f).all() and (f > 0).all()):
+                raise ModelFormatError(
+                    f"{source}: tensor '{name}' should hold {s.rope_dim // 2} finite factors "
+                    f"> 0, found shape {f.shape}"
+                )
+            pair.append(f)
+        return pair[0], pair[1]
 
     def forward(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Run `tokens` after what `cache` holds; append them to the cache.
@@ -294,9 +325,9 @@ class Transformer:
         if self.kv_growth is not None:
             self.kv_growth([cache], [start + n], n)
 
-        def attend(li: int, q, k, v, window: int) -> np.ndarray:
+        def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
             cache.store(li, start, k, v)
-            return attention(q, cache.k[li], cache.v[li], start, window)
+            return attention(q, cache.k[li], cache.v[li], start, window, softcap=softcap)
 
         rope = lambda base: self._rope(cache.n_ctx, base)  # noqa: E731
         rows = Rows(self.embed(ids), positions, False, attend, rope)
@@ -396,8 +427,8 @@ class Transformer:
         ctx = np.empty((n, s.q_dim), np.float32)
         batch = BatchAttention([c.k for c in caches], [c.v for c in caches], starts)
 
-        def attend(li: int, q, k, v, window: int) -> np.ndarray:
-            batch(li, q, k, v, window, ctx)
+        def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
+            batch(li, q, k, v, window, ctx, softcap)
             return ctx
 
         rope = lambda base: self._rope(n_ctx, base)  # noqa: E731

@@ -88,6 +88,7 @@ _PRE_TOKENIZERS = {
     "pixtral": "llama3",
     "dbrx": "llama3",
     "smaug-bpe": "llama3",
+    "glm4": "llama3",  # llama.cpp's CHATGLM4: the Llama 3 regex, ignore_merges
 }
 
 # Pre-tokenizer kinds whose vocabularies llama.cpp tokenizes with ``ignore_merges`` (a word that

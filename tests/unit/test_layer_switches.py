@@ -55,6 +55,11 @@ SWITCHES = {
     "rope_freqs": {},
     "output_bias": {},
     "optional_qkv_bias": {},
+    "attn_softcap": {"attn_softcap": 1.0},
+    "partial_rope": {"rope_dim": 8},
+    "longrope": {"rope_orig_context": 16, "rope_attn_factor": 1.25},
+    "layer_norm": {"norm_kind": "layer"},
+    "parallel_blocks": {"parallel_blocks": True},
 }
 
 # switches that are tensors in the file rather than spec fields
@@ -75,6 +80,7 @@ class _Reader:
         qn, kn = (s.q_dim, s.kv_dim) if s.qk_norm_full else (s.head_dim, s.head_dim)
         mats = {"token_embd": (s.vocab_size, s.d_model), "output": (s.vocab_size, s.d_model)}
         vecs = {"output_norm": s.d_model}
+        factors = {"rope_factors_short": s.rope_dim // 2, "rope_factors_long": s.rope_dim // 2}
         roles = {
             "attn_q": (s.q_dim, s.d_model),
             "attn_k": (s.kv_dim, s.d_model),
@@ -108,6 +114,9 @@ class _Reader:
         for role, n in vecs.items():
             name = s.global_tensors[role]
             self._t[name] = quantize_tensor(name, rng.uniform(0.5, 1.5, n), "f32")
+        for role, n in factors.items():  # LongRoPE's, read when the spec asks for them
+            name = s.global_tensors[role]
+            self._t[name] = quantize_tensor(name, rng.uniform(1.0, 8.0, n), "f32")
         if "rope_freqs" in wanted:  # Llama 3-like divisors: 1 (fast) .. 32 (slow)
             f = np.geomspace(1.0, 32.0, s.rope_dim // 2)
             self._t["rope_freqs.weight"] = quantize_tensor("rope_freqs.weight", f, "f32")
