@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgerun.arch.olmo2 import layer_windows
-from edgerun.arch.spec import ModelSpec, common_fields
+from edgerun.arch.spec import ModelSpec, common_fields, rope_scaling
 
 
 def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
@@ -22,6 +22,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     windows = layer_windows(meta, a, source, fields["n_layers"])
     return ModelSpec(
         **fields,
+        rope_scale=rope_scaling(meta, a, source),
         rope_style="neox",
         pre_norms=False,
         post_norms=True,

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch.spec import ModelSpec, common_fields, meta_float
+from edgerun.arch.spec import ModelSpec, common_fields, meta_float, rope_scaling
 
 
 def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     a = "granite"
     return ModelSpec(
         **common_fields(meta, a, source),
+        rope_scale=rope_scaling(meta, a, source),
         rope_style="interleaved",
         embed_scale=meta_float(meta, f"{a}.embedding_scale", source, 1.0),
         attention_scale=meta_float(meta, f"{a}.attention.scale", source, 0.0, lo_open=False),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch.spec import ModelSpec, common_fields, meta_int
+from edgerun.arch.spec import ModelSpec, common_fields, meta_int, rope_scaling
 
 MAX_WINDOW = 1 << 24
 
@@ -26,6 +26,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     fields = common_fields(meta, "llama", source)
     return ModelSpec(
         **fields,
+        rope_scale=rope_scaling(meta, "llama", source),
         rope_style="interleaved",
         layer_windows=sliding_windows(meta, "llama", source, fields["n_layers"]),
     )

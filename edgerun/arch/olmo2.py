@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch.spec import ModelSpec, common_fields, meta_float, meta_int, meta_layer_pattern
+from edgerun.arch.spec import (
+    ModelSpec,
+    common_fields,
+    meta_float,
+    meta_int,
+    meta_layer_pattern,
+    rope_scaling,
+)
 
 SWA_PERIOD = 4
 
@@ -37,6 +44,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
         bases = tuple(local if w else fields["rope_base"] for w in windows)
     return ModelSpec(
         **fields,
+        rope_scale=rope_scaling(meta, a, source),
         rope_style="neox",
         pre_norms=False,
         post_norms=True,

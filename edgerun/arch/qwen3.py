@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch.spec import ModelSpec, common_fields
+from edgerun.arch.spec import ModelSpec, common_fields, rope_scaling
 
 
 def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
-    return ModelSpec(**common_fields(meta, "qwen3", source), rope_style="neox", qk_norm=True)
+    a = "qwen3"
+    return ModelSpec(
+        **common_fields(meta, a, source),
+        rope_style="neox",
+        qk_norm=True,
+        rope_scale=rope_scaling(meta, a, source),
+    )

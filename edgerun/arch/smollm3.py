@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch.spec import ModelSpec, common_fields
+from edgerun.arch.spec import ModelSpec, common_fields, rope_scaling
 
 NOPE_PERIOD = 4
 
@@ -19,6 +19,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     n = fields["n_layers"]
     return ModelSpec(
         **fields,
+        rope_scale=rope_scaling(meta, "smollm3", source),
         rope_style="interleaved",
         layer_nope=tuple((i + 1) % NOPE_PERIOD == 0 for i in range(n)),
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.errors import ModelFormatError
+from edgerun.errors import ModelFormatError, UnsupportedError
 
 # Per-layer tensor roles, mapped to GGUF names with "{i}" for the layer index.
 LAYER_TENSORS = {
@@ -97,6 +97,8 @@ class ModelSpec:
     # the long factors, else the short ones; rope_attn_factor scales cos and sin
     rope_orig_context: int = 0
     rope_attn_factor: float = 1.0
+    # every RoPE frequency is multiplied by this: linear rope scaling (1 / factor)
+    rope_scale: float = 1.0
     # FUSED_TENSORS kinds this family's files may store (split when the GGUF is read)
     fused_tensors: tuple[str, ...] = ()
     # the blocks' input norms and the output norm: "rms" (RMSNorm) or "layer" (LayerNorm
@@ -259,6 +261,30 @@ def meta_layer_pattern(
     return tuple(flags)
 
 
+def rope_scaling(meta: dict[str, Any], a: str, source: str) -> float:
+    """The RoPE frequency multiplier of '<a>.rope.scaling.type' / '.factor' (llama.cpp's
+    rope_freq_scale: 1 / factor for linear scaling, 1 without). YaRN and LongRoPE with a
+    factor other than 1 change more than the frequencies and are refused, not ignored."""
+    kind = meta_str(meta, f"{a}.rope.scaling.type", source, "linear")
+    key = f"{a}.rope.scaling.factor"
+    if key not in meta:
+        key = f"{a}.rope.scale_linear"  # the older name
+    factor = meta_float(meta, key, source, 0.0, lo_open=False)
+    if kind == "none" or factor in (0.0, 1.0):
+        return 1.0
+    if kind == "linear":
+        return 1.0 / factor
+    if kind in ("yarn", "longrope"):
+        raise UnsupportedError(
+            f"{source}: RoPE scaling '{kind}' (factor {factor}) is not supported for "
+            f"architecture '{a}'"
+        )
+    raise ModelFormatError(
+        f"{source}: metadata field '{a}.rope.scaling.type' should be none, linear, yarn or "
+        f"longrope, found {kind[:40]!r}"
+    )
+
+
 def common_fields(meta: dict[str, Any], a: str, source: str) -> dict[str, Any]:
     """Hyperparameters every family stores under the same '<arch>.' keys, type- and
     range-checked (the file is untrusted; these size every allocation)."""
@@ -345,6 +371,7 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         ("logit_scale", 0.0, True, math.inf),
         ("attn_softcap", 0.0, False, math.inf),
         ("rope_attn_factor", 0.0, True, 1e3),
+        ("rope_scale", 0.0, True, math.inf),
     ):
         v = getattr(spec, name)
         if isinstance(v, bool) or not isinstance(v, int | float):
