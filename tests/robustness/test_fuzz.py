@@ -278,6 +278,8 @@ _VALUES = st.one_of(
     st.lists(_SCALARS, max_size=4),
     st.builds(lambda n: np.arange(n, dtype=np.int32), st.integers(0, 5)),
     st.builds(lambda x: np.full(3, x, dtype=np.float32), st.floats(width=32)),
+    st.builds(lambda n, v: np.full(n, v, dtype=np.bool_), st.integers(0, 6), st.booleans()),
+    st.sampled_from(["none", "linear", "yarn", "longrope", "llama3"]),
 )
 
 
@@ -302,6 +304,43 @@ def test_spec_metadata_fuzz(name, data):
     meta = dict(_META[name])
     for _ in range(data.draw(st.integers(1, 3))):
         key = data.draw(st.sampled_from([*meta, "general.architecture", f"{name}.x"]))
+        if data.draw(st.integers(0, 5)) == 0:
+            meta.pop(key, None)
+        else:
+            meta[key] = data.draw(_VALUES)
+    _check(lambda: spec_from_gguf(meta, "fuzz"))
+
+
+# The families whose metadata keys none of the seed models carries: SmolLM2's numbers
+# under each family's prefix, plus that family's own keys (scales, sliding windows and
+# their per-layer pattern, RoPE scaling), then mutated as above.
+_FAMILY_KEYS = {
+    "llama": {"attention.sliding_window": 8, "rope.scaling.type": "linear",
+              "rope.scaling.factor": 2.0},
+    "qwen3": {"rope.scaling.type": "none"},
+    "smollm3": {},
+    "granite": {"embedding_scale": 12.0, "attention.scale": 0.015625,
+                "residual_scale": 0.22, "logit_scale": 8.0},
+    "olmo2": {"attention.sliding_window": 16, "rope.freq_base_swa": 10000.0,
+              "attention.sliding_window_pattern": np.array([1, 1, 1, 0] * 7 + [1, 1], bool)},
+    "exaone4": {"attention.sliding_window": 16, "attention.sliding_window_pattern": 4},
+}  # fmt: skip
+
+
+@_settings(150, 0.2)
+@given(family=st.sampled_from(sorted(_FAMILY_KEYS)), data=st.data())
+def test_family_metadata_fuzz(family, data):
+    from edgerun.arch import spec_from_gguf
+
+    if "smollm2-135m" not in _META:
+        _META["smollm2-135m"] = _scalar_meta("smollm2-135m")
+    meta = {k.replace("llama.", f"{family}.", 1): v for k, v in _META["smollm2-135m"].items()}
+    meta["general.architecture"] = family
+    meta |= {f"{family}.{k}": v for k, v in _FAMILY_KEYS[family].items()}
+    spec_from_gguf(dict(meta), "seed")  # the seed itself loads
+    own = [f"{family}.{k}" for k in _FAMILY_KEYS[family]]
+    for _ in range(data.draw(st.integers(1, 3))):
+        key = data.draw(st.sampled_from([*own, *own, *meta, f"{family}.rope.scaling.type"]))
         if data.draw(st.integers(0, 5)) == 0:
             meta.pop(key, None)
         else:

@@ -51,6 +51,7 @@ SWITCHES = {
     "attention_scale": {"attention_scale": 0.05},
     "residual_scale": {"residual_scale": 0.5},
     "logit_scale": {"logit_scale": 4.0},
+    "rope_scale": {"rope_scale": 0.25},
     # optional tensors a file may carry whatever its spec says (EXTRA_TENSORS)
     "rope_freqs": {},
     "output_bias": {},
