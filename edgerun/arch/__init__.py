@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch import gemma2, gemma3, glm4, llama, phi3, qwen2
+from edgerun.arch import cohere2, gemma2, gemma3, glm4, llama, phi3, qwen2
 from edgerun.arch.spec import ModelSpec, validate_spec
 from edgerun.errors import ModelFormatError, UnsupportedError
 
@@ -19,6 +19,7 @@ FAMILIES = {
     "gemma2": gemma2,
     "phi3": phi3,
     "glm4": glm4,
+    "cohere2": cohere2,
 }
 
 

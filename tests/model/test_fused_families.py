@@ -1,4 +1,4 @@
-"""Gemma 2, Phi-3 and GLM-4 files end to end, on tiny random GGUFs written here.
+"""Gemma 2, Phi-3, GLM-4 and Cohere 2 files end to end, on tiny random GGUFs written here.
 
 Phi-3 stores q/k/v as one `attn_qkv` and gate+up as one `ffn_up`, GLM-4 gate+up as one
 `ffn_up`; the GGUF reader splits them by rows (formats/gguf.split_fused). A file with the
@@ -52,12 +52,13 @@ def _weights(arch: str, seed: int) -> dict[str, np.ndarray]:
         "token_embd.weight": rng.normal(0, 0.5, (VOCAB, D)),
         "output_norm.weight": rng.uniform(0.5, 1.5, D),
     }
-    if arch != "gemma2":
+    if arch not in ("gemma2", "cohere2"):
         w["output.weight"] = rng.normal(0, 0.5, (VOCAB, D))
     for i in range(LAYERS):
         b = f"blk.{i}."
         w[b + "attn_norm.weight"] = rng.uniform(0.5, 1.5, D)
-        w[b + "ffn_norm.weight"] = rng.uniform(0.5, 1.5, D)
+        if arch != "cohere2":  # one norm per layer for its parallel blocks
+            w[b + "ffn_norm.weight"] = rng.uniform(0.5, 1.5, D)
         for name, rows, cols in (
             ("attn_q", q_dim, D),
             ("attn_k", kv_dim, D),
@@ -105,9 +106,16 @@ def write_tiny(path: Path, arch: str, fused: bool, qtype: str = "f32", seed: int
     w.add_head_count_kv(KV_HEADS)
     w.add_key_length(HD)
     w.add_value_length(HD)
-    w.add_layer_norm_rms_eps(1e-6)
+    if arch == "cohere2":
+        w.add_layer_norm_eps(1e-5)
+        w.add_sliding_window(6)
+        w.add_logit_scale(0.5)
+    else:
+        w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
-    if arch == "gemma2":
+    if arch == "cohere2":
+        pass
+    elif arch == "gemma2":
         w.add_attn_logit_softcapping(2.0)
         w.add_final_logit_softcapping(10.0)
         w.add_sliding_window(6)
@@ -195,9 +203,9 @@ def test_a_fused_tensor_of_the_wrong_size_is_a_clear_error(tmp_path):
         read_gguf(path)
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "phi3", "glm4"])
+@pytest.mark.parametrize("arch", ["gemma2", "phi3", "glm4", "cohere2"])
 def test_each_family_generates_chats_and_batches(tmp_path, arch):
-    m = _load(write_tiny(tmp_path / "m.gguf", arch, arch != "gemma2", "q8_0"))
+    m = _load(write_tiny(tmp_path / "m.gguf", arch, arch in ("phi3", "glm4"), "q8_0"))
     want = _greedy(m, PROMPT, 6)
     # greedy generate (the scheduler's one-sequence decode)
     text = "".join(m.generate(PROMPT, max_tokens=6, temperature=0.0))
