@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgerun.arch import (
+    cohere2,
     exaone4,
     gemma2,
     gemma3,
@@ -36,6 +37,7 @@ FAMILIES = {
     "gemma2": gemma2,
     "phi3": phi3,
     "glm4": glm4,
+    "cohere2": cohere2,
 }
 
 

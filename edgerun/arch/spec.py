@@ -285,9 +285,13 @@ def rope_scaling(meta: dict[str, Any], a: str, source: str) -> float:
     )
 
 
-def common_fields(meta: dict[str, Any], a: str, source: str) -> dict[str, Any]:
+def common_fields(
+    meta: dict[str, Any], a: str, source: str, norm_eps_key: str = "layer_norm_rms_epsilon"
+) -> dict[str, Any]:
     """Hyperparameters every family stores under the same '<arch>.' keys, type- and
-    range-checked (the file is untrusted; these size every allocation)."""
+    range-checked (the file is untrusted; these size every allocation). norm_eps_key:
+    the norm epsilon's key under '<arch>.attention.' (LayerNorm families:
+    'layer_norm_epsilon')."""
     n_heads = meta_int(meta, f"{a}.attention.head_count", source, hi=_MAX_HEADS)
     d_model = meta_int(meta, f"{a}.embedding_length", source)
     n_kv = meta_int(meta, f"{a}.attention.head_count_kv", source, n_heads, hi=_MAX_HEADS)
@@ -317,7 +321,7 @@ def common_fields(meta: dict[str, Any], a: str, source: str) -> dict[str, Any]:
         head_dim=head_dim,
         vocab_size=vocab,
         context_length=meta_int(meta, f"{a}.context_length", source, 2048, hi=_MAX_CONTEXT),
-        norm_eps=meta_float(meta, f"{a}.attention.layer_norm_rms_epsilon", source, hi=1.0),
+        norm_eps=meta_float(meta, f"{a}.attention.{norm_eps_key}", source, hi=1.0),
         rope_base=meta_float(meta, f"{a}.rope.freq_base", source, 10000.0),
         rope_dim=meta_int(meta, f"{a}.rope.dimension_count", source, head_dim, hi=head_dim),
     )
