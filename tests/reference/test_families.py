@@ -40,13 +40,10 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "families"
 OUTTYPES = ("f32", "f16", "q8_0")
 
 # Data folders (tests/data/families/<name>/) that edgerun runs and this file checks.
-FAMILIES_TESTED = ["qwen2"]
+FAMILIES_TESTED = ["qwen2", "llama3", "llama-bias", "qwen3"]
 
 # Data folders that exist but edgerun does not run yet, each with the reason.
 NOT_YET = {
-    "llama3": "llama3 rope scaling: arch/llama.py ignores rope_freqs.weight",
-    "llama-bias": "arch/llama.py ignores attn_q/k/v/output.bias (attn_bias is Qwen2's only)",
-    "qwen3": "architecture 'qwen3' not implemented",
     "gemma2": "architecture 'gemma2' not implemented",
 }
 
