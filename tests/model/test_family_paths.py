@@ -126,3 +126,23 @@ print(json.dumps(dict(got=got, read=m.loader.offload_stats()["bytes_read"],
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["held"] < out["d_ff"] and out["read"] > 0  # rows really streamed
     assert out["got"] == want
+
+
+def test_info_shows_each_familys_switches(paths, capsys):
+    from edgerun.cli import main
+
+    want = {
+        "llama": ["windows:       [24] on layers 0, 1, 2, 3", "rope factors:  rope_freqs (8",
+                  "biases:        q/k/v, output", "tied output:   True"],
+        "smollm3": ["no RoPE:       layers 3"],
+        "granite": ["residual_scale:0.25", "logit_scale:   4.0", "embed_scale:   12.0"],
+        "olmo2": ["pre_norms:     False", "qk_norm_full:  True"],
+        "exaone4": ["windows:       [12] on layers 0, 1, 2", "no RoPE:       layers 3"],
+        "qwen3": ["qk_norm:       True", "rope_style:    neox"],
+    }  # fmt: skip
+    for family, lines in want.items():
+        assert main(["info", str(paths[family])]) == 0
+        out = capsys.readouterr().out
+        assert f"architecture:  {family}" in out
+        for line in lines:
+            assert line in out, (family, line, out)
