@@ -146,3 +146,17 @@ def test_info_shows_each_familys_switches(paths, capsys):
         assert f"architecture:  {family}" in out
         for line in lines:
             assert line in out, (family, line, out)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_pack_of_each_family_gives_the_gguf_logits(paths, family, tmp_path):
+    """`edgerun convert` keeps every switch and optional tensor (rope_freqs, biases): the
+    pack's spec is the GGUF's and its logits are equal bit for bit (row kernels both)."""
+    from edgerun.tools.convert import convert
+
+    out = convert(paths[family], tmp_path / "pack", "keep", progress=False)
+    pack = edgerun.load(out, n_ctx=64, threads=1, interleave=False)
+    gguf = edgerun.load(paths[family], n_ctx=64, threads=1, interleave=False)
+    assert pack.spec == gguf.spec
+    ids = gguf.tokenize(PROMPTS[0])
+    assert np.array_equal(pack.logits(ids), gguf.logits(ids))
