@@ -160,3 +160,39 @@ def test_a_pack_of_each_family_gives_the_gguf_logits(paths, family, tmp_path):
     assert pack.spec == gguf.spec
     ids = gguf.tokenize(PROMPTS[0])
     assert np.array_equal(pack.logits(ids), gguf.logits(ids))
+
+
+@pytest.mark.parametrize("family", ["llama", "exaone4", "granite"])
+def test_the_server_answers_as_the_library(paths, family):
+    """The OpenAI-compatible server over HTTP gives the library's chat answer."""
+    httpx = pytest.importorskip("httpx")
+    uvicorn = pytest.importorskip("uvicorn")
+    import socket
+    import time
+
+    from edgerun.serve.app import create_app
+
+    model = edgerun.load(paths[family], n_ctx=256, threads=1)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    srv = uvicorn.Server(
+        uvicorn.Config(create_app(model), host="127.0.0.1", port=port, log_level="warning")
+    )
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    try:
+        for _ in range(200):
+            if srv.started:
+                break
+            time.sleep(0.05)
+        msgs = [{"role": "user", "content": "the theme of the day"}]
+        want = model.chat(msgs, max_tokens=12, **GREEDY)
+        body = dict(model="x", messages=msgs, max_tokens=12, **GREEDY)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == want
+    finally:
+        srv.should_exit = True
+        t.join(timeout=10)
+        model.close()
