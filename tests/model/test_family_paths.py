@@ -196,3 +196,23 @@ def test_the_server_answers_as_the_library(paths, family):
         srv.should_exit = True
         t.join(timeout=10)
         model.close()
+
+
+@pytest.mark.parametrize(
+    "name, values, match",
+    [
+        ("rope_freqs.weight", np.ones(5), "rope_freqs.weight' should hold 8 RoPE frequency"),
+        ("rope_freqs.weight", np.array([1, 2, 0, 4, 5, 6, 7, 8.0]), "rope_freqs.weight"),
+        ("rope_freqs.weight", np.array([1, 2, -3, 4, 5, 6, 7, 8.0]), "rope_freqs.weight"),
+        ("blk.1.attn_output.bias", np.ones(7), "blk.1.attn_output.bias' should have 64"),
+        ("blk.2.attn_k.bias", np.ones(64), "blk.2.attn_k.bias' should have 32"),
+    ],
+)
+def test_hostile_optional_tensors_are_refused_by_name(tmp_path, name, values, match):
+    """The optional tensors any family reads (rope_freqs, biases) size kernel loops and
+    divide the RoPE frequencies: a wrong length or a divisor <= 0 is a clear error."""
+    from edgerun.errors import ModelFormatError
+
+    path = family_gguf(tmp_path / "bad.gguf", "llama", vectors={name: values})
+    with pytest.raises(ModelFormatError, match=match):
+        edgerun.load(path, n_ctx=64, threads=1)

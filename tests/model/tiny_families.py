@@ -87,10 +87,16 @@ def _vector(name: str, values: np.ndarray) -> Tensor:
 
 
 def family_gguf(
-    path: Path, family: str, qtype: str = "q8_0", seed: int = 0, d_ff: int = FF
+    path: Path,
+    family: str,
+    qtype: str = "q8_0",
+    seed: int = 0,
+    d_ff: int = FF,
+    vectors: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Write a tiny random `family` model to `path` (matrices in `qtype`; a wide d_ff
-    gives offloading FFN rows worth streaming)."""
+    gives offloading FFN rows worth streaming; vectors: 1-D tensors that replace or join
+    the model's, by name, for hostile-value tests)."""
     f = FAMILIES[family]
     a = family
     kvs: dict[str, tuple[int, Any]] = {
@@ -158,4 +164,7 @@ def family_gguf(
             for role, n in (("attn_q", Q_DIM), ("attn_k", KV_DIM), ("attn_v", KV_DIM),
                             ("attn_output", D)):  # fmt: skip
                 tensors.append(_vector(f"{b}{role}.bias", rng.normal(0, 0.1, n)))
+    vectors = vectors or {}
+    tensors = [t for t in tensors if t.name not in vectors]
+    tensors += [_vector(name, v) for name, v in vectors.items()]
     return GGUFBuilder(kvs=kvs, tensors=tensors).write(path)
