@@ -399,6 +399,12 @@ def _print_layer_switches(s, transformer) -> None:
         ("qk_norm", False),
         ("qk_norm_full", False),
         ("attn_bias", False),
+        ("attention_scale", 0.0),
+        ("attn_softcap", 0.0),
+        ("final_logit_softcap", 0.0),
+        ("norm_kind", "rms"),
+        ("parallel_blocks", False),
+        ("fused_tensors", ()),
     ):
         if getattr(s, field) != default:
             print(f"{field + ':':<15}{getattr(s, field)}")
@@ -411,6 +417,11 @@ def _print_layer_switches(s, transformer) -> None:
     biases = [n for n, b in (("q/k/v", first.q_bias), ("output", first.o_bias)) if b is not None]
     if biases:
         print(f"{'biases:':<15}{', '.join(biases)}")
+    if s.rope_orig_context:
+        print(
+            f"{'rope factors:':<15}LongRoPE short / long (long past {s.rope_orig_context} "
+            f"positions), attention factor {s.rope_attn_factor:g}"
+        )
     f = transformer.rope_freq_factors
     if f is not None:
         print(f"{'rope factors:':<15}rope_freqs ({f.size} divisors, {f.min():g} to {f.max():g})")
@@ -446,17 +457,6 @@ def _cmd_info(args: argparse.Namespace) -> int:
         "activation",
     ):
         print(f"{field + ':':<15}{getattr(s, field)}")
-    # the family switches a file sets (defaults stay quiet)
-    for field, default in (
-        ("attn_softcap", 0.0),
-        ("final_logit_softcap", 0.0),
-        ("attention_scale", 0.0),
-        ("rope_orig_context", 0),
-        ("rope_attn_factor", 1.0),
-        ("fused_tensors", ()),
-    ):
-        if getattr(s, field) != default:
-            print(f"{field + ':':<15}{getattr(s, field)}")
     _print_layer_switches(s, model.transformer)
     tied = model.transformer.output.name == model.transformer.token_embd.name
     print(f"{'tied output:':<15}{tied}")

@@ -139,6 +139,13 @@ def test_info_shows_each_familys_switches(paths, capsys):
         "olmo2": ["pre_norms:     False", "qk_norm_full:  True"],
         "exaone4": ["windows:       [12] on layers 0, 1, 2", "no RoPE:       layers 3"],
         "qwen3": ["qk_norm:       True", "rope_style:    neox"],
+        "gemma2": ["attn_softcap:  2.0", "windows:       [12] on layers 0, 2",
+                   "post_norms:    True"],
+        "phi3": ["rope_dim:      8", "fused_tensors: ('attn_qkv', 'ffn_gate_up')",
+                 "LongRoPE short / long (long past 16 positions), attention factor 1.2"],
+        "glm4": ["fused_tensors: ('attn_qkv', 'ffn_gate_up')", "biases:        q/k/v"],
+        "cohere2": ["norm_kind:     layer", "parallel_blocks:True", "no RoPE:       layers 3",
+                    "logit_scale:   2.0"],
     }  # fmt: skip
     for family, lines in want.items():
         assert main(["info", str(paths[family])]) == 0

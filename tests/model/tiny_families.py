@@ -74,6 +74,45 @@ FAMILIES: dict[str, dict[str, Any]] = {
         qk_norm=HEAD_DIM,
         tied=True,
     ),
+    # attention and final logit softcaps, windows on even layers, post norms, GeGLU
+    "gemma2": dict(
+        keys={
+            "attn_logit_softcapping": (F32, 2.0),
+            "final_logit_softcapping": (F32, 10.0),
+            "attention.sliding_window": (U32, 12),
+        },
+        post_norms=True,
+        tied=True,
+    ),
+    # fused attn_qkv and gate+up, partial rotary, LongRoPE factors
+    "phi3": dict(
+        keys={
+            "rope.dimension_count": (U32, HEAD_DIM // 2),
+            "attention.sliding_window": (U32, 0),
+            "rope.scaling.attn_factor": (F32, 1.2),
+            "rope.scaling.original_context_length": (U32, 16),
+        },
+        fused=("attn_qkv", "ffn_gate_up"),
+        longrope=True,
+    ),
+    # fused gate+up, partial rotary, q/k/v biases, post norms
+    "glm4": dict(
+        keys={"rope.dimension_count": (U32, HEAD_DIM // 2)},
+        fused=("ffn_gate_up",),
+        biases="qkv",
+        post_norms=True,
+    ),
+    # LayerNorm, parallel blocks, windows on 3 layers of 4 (global ones without RoPE)
+    "cohere2": dict(
+        keys={
+            "attention.layer_norm_epsilon": (F32, 1e-5),
+            "attention.sliding_window": (U32, 12),
+            "logit_scale": (F32, 0.5),
+        },
+        norm_eps_key="layer_norm_epsilon",
+        parallel=True,
+        tied=True,
+    ),
 }
 
 
@@ -93,10 +132,13 @@ def family_gguf(
     seed: int = 0,
     d_ff: int = FF,
     vectors: dict[str, np.ndarray] | None = None,
+    fused: bool = True,
 ) -> Path:
     """Write a tiny random `family` model to `path` (matrices in `qtype`; a wide d_ff
     gives offloading FFN rows worth streaming; vectors: 1-D tensors that replace or join
-    the model's, by name, for hostile-value tests)."""
+    the model's, by name, for hostile-value tests). A family that fuses matrices (Phi-3's
+    attn_qkv, a gate+up ffn_up) stores them fused as its converter does, or, fused False,
+    the same rows as separate tensors."""
     f = FAMILIES[family]
     a = family
     kvs: dict[str, tuple[int, Any]] = {
@@ -113,7 +155,7 @@ def family_gguf(
         f"{a}.attention.value_length": (U32, HEAD_DIM),
         f"{a}.rope.freq_base": (F32, 10000.0),
         f"{a}.rope.dimension_count": (U32, HEAD_DIM),
-        f"{a}.attention.layer_norm_rms_epsilon": (F32, 1e-5),
+        f"{a}.attention.{f.get('norm_eps_key', 'layer_norm_rms_epsilon')}": (F32, 1e-5),
         f"{a}.vocab_size": (U32, VOCAB),
         **{f"{a}.{k}": v for k, v in f.get("keys", {}).items()},
         "tokenizer.ggml.model": (STR, "gpt2"),
@@ -137,32 +179,49 @@ def family_gguf(
         tensors.append(_matrix("output.weight", VOCAB, D, rng, qtype, 0.5))
     if f.get("rope_freqs"):  # Llama 3's shape: 1 for fast frequencies, up to 8 for slow
         tensors.append(_vector("rope_freqs.weight", np.geomspace(1.0, 8.0, HEAD_DIM // 2)))
+    if f.get("longrope"):  # over the rotated pairs (a quarter of the head)
+        tensors.append(_vector("rope_factors_short.weight", rng.uniform(1.0, 2.0, HEAD_DIM // 4)))
+        tensors.append(_vector("rope_factors_long.weight", rng.uniform(2.0, 8.0, HEAD_DIM // 4)))
+    fuse = {
+        "attn_qkv": ("attn_qkv", ("attn_q", "attn_k", "attn_v")),
+        "ffn_gate_up": ("ffn_up", ("ffn_gate", "ffn_up")),
+    }
     qk = f.get("qk_norm")
     qn, kn = (Q_DIM, KV_DIM) if qk == "full" else (qk, qk)
     for i in range(LAYERS):
         b = f"blk.{i}."
-        for role, rows, cols in (
-            ("attn_q", Q_DIM, D),
-            ("attn_k", KV_DIM, D),
-            ("attn_v", KV_DIM, D),
-            ("attn_output", D, Q_DIM),
-            ("ffn_gate", d_ff, D),
-            ("ffn_up", d_ff, D),
-            ("ffn_down", D, d_ff),
-        ):
-            tensors.append(_matrix(f"{b}{role}.weight", rows, cols, rng, qtype))
+        mats = {
+            role: _matrix(f"{b}{role}.weight", rows, cols, rng, qtype)
+            for role, rows, cols in (
+                ("attn_q", Q_DIM, D),
+                ("attn_k", KV_DIM, D),
+                ("attn_v", KV_DIM, D),
+                ("attn_output", D, Q_DIM),
+                ("ffn_gate", d_ff, D),
+                ("ffn_up", d_ff, D),
+                ("ffn_down", D, d_ff),
+            )
+        }
+        for kind in f.get("fused", ()) if fused else ():  # rows of each part, in order
+            name, roles = fuse[kind]
+            parts = [mats.pop(r) for r in roles]
+            rows = sum(t.dims[1] for t in parts)
+            data = b"".join(t.data for t in parts)
+            mats[name] = Tensor(f"{b}{name}.weight", (D, rows), data, parts[0].type_id)
+        tensors += mats.values()
         if f.get("pre_norms", True):
             tensors.append(_vector(f"{b}attn_norm.weight", gains(D)))
-            tensors.append(_vector(f"{b}ffn_norm.weight", gains(D)))
+            if not f.get("parallel"):  # parallel blocks norm once
+                tensors.append(_vector(f"{b}ffn_norm.weight", gains(D)))
         if f.get("post_norms"):
             tensors.append(_vector(f"{b}post_attention_norm.weight", gains(D)))
             tensors.append(_vector(f"{b}post_ffw_norm.weight", gains(D)))
         if qk:
             tensors.append(_vector(f"{b}attn_q_norm.weight", gains(qn)))
             tensors.append(_vector(f"{b}attn_k_norm.weight", gains(kn)))
-        if f.get("biases"):
-            for role, n in (("attn_q", Q_DIM), ("attn_k", KV_DIM), ("attn_v", KV_DIM),
-                            ("attn_output", D)):  # fmt: skip
+        if f.get("biases"):  # "qkv": q/k/v only (GLM-4)
+            roles = [("attn_q", Q_DIM), ("attn_k", KV_DIM), ("attn_v", KV_DIM), ("attn_output", D)]
+            for role, n in roles[:3] if f["biases"] == "qkv" else roles:
                 tensors.append(_vector(f"{b}{role}.bias", rng.normal(0, 0.1, n)))
     vectors = vectors or {}
     tensors = [t for t in tensors if t.name not in vectors]
