@@ -338,6 +338,7 @@ VARIANTS = [
             rope_parameters=_rope(),
             sliding_window=8,
             logit_scale=0.5,
+            rotary_pct=1.0,  # the converter reads it (transformers 5 no longer writes it)
             tie_word_embeddings=True,
         ),
         "bpe",
