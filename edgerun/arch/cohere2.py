@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch.spec import ModelSpec, common_fields, meta_float, meta_int, meta_layer_pattern
+from edgerun.arch.spec import (
+    ModelSpec,
+    common_fields,
+    meta_float,
+    meta_int,
+    meta_layer_pattern,
+    rope_scaling,
+)
 
 SWA_PERIOD = 4
 
@@ -27,6 +34,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     scale = meta_float(meta, f"{a}.logit_scale", source, 1.0, hi=1e6)
     return ModelSpec(
         **fields,
+        rope_scale=rope_scaling(meta, a, source),
         rope_style="interleaved",
         norm_kind="layer",
         parallel_blocks=True,

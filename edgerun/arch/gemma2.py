@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from edgerun.arch.spec import ModelSpec, common_fields, meta_float, meta_int
+from edgerun.arch.spec import ModelSpec, common_fields, meta_float, meta_int, rope_scaling
 
 SWA_PERIOD = 2  # layers i with i % 2 == 1 are global
 DEFAULT_WINDOW = 4096
@@ -32,6 +32,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
         scale = 1.0 / math.sqrt(fields["d_model"] // fields["n_heads"])
     return ModelSpec(
         **fields,
+        rope_scale=rope_scaling(meta, a, source),
         rope_style="neox",
         activation="gelu_tanh",
         post_norms=True,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch.spec import ModelSpec, common_fields, meta_int
+from edgerun.arch.spec import ModelSpec, common_fields, meta_int, rope_scaling
 
 FUSED = ("attn_qkv", "ffn_gate_up")
 
@@ -24,6 +24,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     fields["n_layers"] = n - nextn
     return ModelSpec(
         **fields,
+        rope_scale=rope_scaling(meta, a, source),
         rope_style="interleaved",
         attn_bias=True,
         post_norms=True,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch.spec import ModelSpec, common_fields, meta_float, meta_int
+from edgerun.arch.spec import ModelSpec, common_fields, meta_float, meta_int, rope_scaling
 
 FUSED = ("attn_qkv", "ffn_gate_up")
 
@@ -30,6 +30,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
         orig = meta_int(meta, f"{a}.rope.scaling.original_context_length", source, hi=1 << 24)
     return ModelSpec(
         **fields,
+        rope_scale=rope_scaling(meta, a, source),
         rope_style="neox",
         fused_tensors=FUSED,
         layer_windows=(window,) * fields["n_layers"] if window else (),
