@@ -40,7 +40,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "families"
 OUTTYPES = ("f32", "f16", "q8_0")
 
 # Data folders (tests/data/families/<name>/) that edgerun runs and this file checks.
-FAMILIES_TESTED = ["qwen2"]
+FAMILIES_TESTED = ["qwen2", "llama"]
 
 # Data folders that exist but edgerun does not run yet, each with the reason.
 NOT_YET = {
@@ -48,6 +48,7 @@ NOT_YET = {
     "llama-bias": "arch/llama.py ignores attn_q/k/v/output.bias (attn_bias is Qwen2's only)",
     "qwen3": "architecture 'qwen3' not implemented",
     "gemma2": "architecture 'gemma2' not implemented",
+    "granite": "architecture 'granite' not implemented",
 }
 
 # Per float outtype: the largest error at any position and the largest mean error, as
