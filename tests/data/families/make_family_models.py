@@ -69,6 +69,8 @@ BASE = dict(
     # windows and scales show in the logits (std 0.02 leaves attention nearly uniform).
     initializer_range=0.2,
 )
+# Phi-3 vocabularies hold these; llama.cpp sets attributes on <|endoftext|> for phi3 models.
+PHI3_SYMBOLS = ("<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>")
 BPE_SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|user|>", "<|im_end|>"]
 
 
@@ -86,6 +88,8 @@ class Variant:
     features: list[str]
     # feature name -> config overrides that turn it off (same weights): the logits must move
     ablations: dict[str, dict] = field(default_factory=dict)
+    # extra pieces of a SentencePiece vocabulary (llama.cpp's vocab loader looks some up by name)
+    spm_symbols: tuple[str, ...] = ()
 
 
 def _rope(**kw) -> dict:
@@ -198,6 +202,7 @@ VARIANTS = [
         True,
         ["partial rotary (16 of 32 dims)", "fused qkv and gate_up", "untied output"],
         {"partial rotary": {"rope_parameters": _rope()}},
+        spm_symbols=PHI3_SYMBOLS,
     ),
     Variant(
         "phi3-longrope",
@@ -229,6 +234,7 @@ VARIANTS = [
                 "original_max_position_embeddings": 128,
             }
         },
+        spm_symbols=PHI3_SYMBOLS,
     ),
     Variant(
         "granite",
@@ -416,7 +422,7 @@ def _train_bpe(folder: Path, add_bos: bool) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
 
 
-def _train_spm(folder: Path, add_bos: bool) -> None:
+def _train_spm(folder: Path, add_bos: bool, symbols: tuple[str, ...]) -> None:
     """A SentencePiece BPE (384 ids, byte fallback) saved as tokenizer.model."""
     import sentencepiece as spm
 
@@ -429,6 +435,7 @@ def _train_spm(folder: Path, add_bos: bool) -> None:
         byte_fallback=True,
         character_coverage=1.0,
         minloglevel=2,
+        user_defined_symbols=list(symbols),
     )
     (folder / "tokenizer.model").write_bytes(buf.getvalue())
     cfg = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": add_bos, "add_eos_token": False}
@@ -560,7 +567,10 @@ def make(variant: Variant, llama_cpp: Path, check: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = Path(tmp) / variant.name
         hf_dir.mkdir()
-        (_train_spm if variant.tokenizer == "spm" else _train_bpe)(hf_dir, variant.add_bos)
+        if variant.tokenizer == "spm":
+            _train_spm(hf_dir, variant.add_bos, variant.spm_symbols)
+        else:
+            _train_bpe(hf_dir, variant.add_bos)
         text_ids, vocab, bos, eos = _tokenize(hf_dir, variant.tokenizer)
         model = _build(variant, vocab, bos, eos)
         _perturb(model)
