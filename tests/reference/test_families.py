@@ -49,6 +49,8 @@ NOT_YET = {
     "qwen3": "architecture 'qwen3' not implemented",
     "gemma2": "architecture 'gemma2' not implemented",
     "granite": "architecture 'granite' not implemented",
+    "olmo2": "architecture 'olmo2' not implemented",
+    "phi3": "architecture 'phi3' not implemented",
 }
 
 # Per float outtype: the largest error at any position and the largest mean error, as
