@@ -40,7 +40,17 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "families"
 OUTTYPES = ("f32", "f16", "q8_0")
 
 # Data folders (tests/data/families/<name>/) that edgerun runs and this file checks.
-FAMILIES_TESTED = ["qwen2", "llama", "llama3", "llama-bias", "qwen3", "granite", "gemma2"]
+FAMILIES_TESTED = [
+    "qwen2",
+    "llama",
+    "llama3",
+    "llama-bias",
+    "qwen3",
+    "granite",
+    "gemma2",
+    "phi3",
+    "olmo2",
+]
 
 # Data folders that exist but edgerun does not run yet, each with the reason.
 NOT_YET: dict[str, str] = {}
