@@ -16,6 +16,7 @@ from tiny_families import family_gguf
 import edgerun
 from edgerun.errors import ModelFormatError
 from edgerun.formats.gguf import read_gguf
+from edgerun.model.kvcache import KVCache
 
 PROMPT = "the theme of the day is the test of the fused rows"
 
@@ -70,3 +71,23 @@ def test_a_fused_family_offloaded_under_a_ram_budget_equals_resident(tmp_path, f
     assert np.array_equal(off.logits(ids), want)
     assert "".join(off.generate(ids, max_tokens=6, temperature=0.0, repeat_penalty=1.0)) == text
     off.close()
+
+
+def test_longrope_takes_the_short_factors_within_the_trained_context(tmp_path):
+    """As llama.cpp: a KV cache of at most rope.scaling.original_context_length positions
+    rotates with rope_factors_short, a longer one with rope_factors_long; both scaled by
+    the attention factor."""
+    from edgerun.ops.rope import rope_tables
+
+    m = _load(family_gguf(tmp_path / "m.gguf", "phi3"))
+    s, tr = m.spec, m.transformer
+    short, long = tr.rope_factors
+    assert s.rope_orig_context == 16 and s.rope_attn_factor == np.float32(1.2)
+    assert not np.array_equal(short, long)
+    for n_ctx, factors in ((16, short), (17, long), (96, long)):
+        cos, sin = tr._rope(n_ctx, s.rope_base)
+        want = rope_tables(n_ctx, s.rope_dim, s.rope_base, factors, s.rope_attn_factor)
+        assert np.array_equal(cos[:n_ctx], want[0]) and np.array_equal(sin[:n_ctx], want[1])
+    ids = m.tokenize("the theme")  # 16-position caches and longer ones rotate differently
+    assert not np.array_equal(m.logits(ids), tr.forward(ids, KVCache(s, 96, "f32"), True))
+    m.close()
