@@ -51,6 +51,8 @@ NOT_YET = {
     "granite": "architecture 'granite' not implemented",
     "olmo2": "architecture 'olmo2' not implemented",
     "phi3": "architecture 'phi3' not implemented",
+    "smollm3": "architecture 'smollm3' not implemented",
+    "mistral3": "architecture 'mistral3' not implemented",
 }
 
 # Per float outtype: the largest error at any position and the largest mean error, as
