@@ -51,6 +51,7 @@ NOT_YET = {
     "granite": "architecture 'granite' not implemented",
     "olmo2": "architecture 'olmo2' not implemented",
     "phi3": "architecture 'phi3' not implemented",
+    "phi3-longrope": "architecture 'phi3' (LongRoPE short/long factors) not implemented",
     "smollm3": "architecture 'smollm3' not implemented",
     "mistral3": "architecture 'mistral3' not implemented",
 }
