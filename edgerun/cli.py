@@ -449,6 +449,52 @@ def supported_text(markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _layers(flags) -> str:
+    """The indices of the layers a per-layer flag marks, as a short list."""
+    idx = [str(i) for i, f in enumerate(flags) if f]
+    return ", ".join(idx[:12]) + (f", ... ({len(idx)} layers)" if len(idx) > 12 else "")
+
+
+def _print_layer_switches(s, transformer) -> None:
+    """The block layout and RoPE switches a file sets (defaults stay quiet)."""
+    for field, default in (
+        ("embed_scale", 1.0),
+        ("residual_scale", 1.0),
+        ("logit_scale", 1.0),
+        ("rope_scale", 1.0),
+        ("pre_norms", True),
+        ("post_norms", False),
+        ("qk_norm", False),
+        ("qk_norm_full", False),
+        ("attn_bias", False),
+        ("attention_scale", 0.0),
+        ("attn_softcap", 0.0),
+        ("final_logit_softcap", 0.0),
+        ("norm_kind", "rms"),
+        ("parallel_blocks", False),
+        ("fused_tensors", ()),
+    ):
+        if getattr(s, field) != default:
+            print(f"{field + ':':<15}{getattr(s, field)}")
+    if any(s.layer_windows):
+        sizes = sorted({w for w in s.layer_windows if w})
+        print(f"{'windows:':<15}{sizes} on layers {_layers(s.layer_windows)}")
+    if any(s.layer_nope):
+        print(f"{'no RoPE:':<15}layers {_layers(s.layer_nope)}")
+    first = transformer.layers[0]
+    biases = [n for n, b in (("q/k/v", first.q_bias), ("output", first.o_bias)) if b is not None]
+    if biases:
+        print(f"{'biases:':<15}{', '.join(biases)}")
+    if s.rope_orig_context:
+        print(
+            f"{'rope factors:':<15}LongRoPE short / long (long past {s.rope_orig_context} "
+            f"positions), attention factor {s.rope_attn_factor:g}"
+        )
+    f = transformer.rope_freq_factors
+    if f is not None:
+        print(f"{'rope factors:':<15}rope_freqs ({f.size} divisors, {f.min():g} to {f.max():g})")
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from collections import Counter
 
@@ -485,6 +531,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         "activation",
     ):
         print(f"{field + ':':<15}{getattr(s, field)}")
+    _print_layer_switches(s, model.transformer)
     tied = model.transformer.output.name == model.transformer.token_embd.name
     print(f"{'tied output:':<15}{tied}")
     print(f"{'chat template:':<15}{'yes' if model.chat_template else 'no'}")

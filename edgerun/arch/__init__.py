@@ -8,11 +8,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch import gemma3, llama, qwen2
+from edgerun.arch import (
+    cohere2,
+    exaone4,
+    gemma2,
+    gemma3,
+    glm4,
+    granite,
+    llama,
+    olmo2,
+    phi3,
+    qwen2,
+    qwen3,
+    smollm3,
+)
 from edgerun.arch.spec import ModelSpec, validate_spec
 from edgerun.errors import ModelFormatError, UnsupportedError
 
-FAMILIES = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3}
+FAMILIES = {
+    "llama": llama,
+    "qwen2": qwen2,
+    "gemma3": gemma3,
+    "qwen3": qwen3,
+    "smollm3": smollm3,
+    "granite": granite,
+    "olmo2": olmo2,
+    "exaone4": exaone4,
+    "gemma2": gemma2,
+    "phi3": phi3,
+    "glm4": glm4,
+    "cohere2": cohere2,
+}
 
 
 def spec_from_gguf(meta: dict[str, Any], source: str = "model") -> ModelSpec:

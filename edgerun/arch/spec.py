@@ -6,7 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgerun.errors import ModelFormatError
+import numpy as np
+
+from edgerun.errors import ModelFormatError, UnsupportedError
 
 # Per-layer tensor roles, mapped to GGUF names with "{i}" for the layer index.
 LAYER_TENSORS = {
@@ -27,11 +29,27 @@ LAYER_TENSORS = {
     "attn_k_norm": "blk.{i}.attn_k_norm.weight",
     "post_attention_norm": "blk.{i}.post_attention_norm.weight",
     "post_ffw_norm": "blk.{i}.post_ffw_norm.weight",
+    # optional in every family: read whenever the file has them (llama.cpp's
+    # TENSOR_NOT_REQUIRED biases)
+    "attn_output_bias": "blk.{i}.attn_output.bias",
 }
 GLOBAL_TENSORS = {
     "token_embd": "token_embd.weight",
     "output_norm": "output_norm.weight",
     "output": "output.weight",
+    # optional: per-frequency RoPE divisors [rope_dim // 2] (Llama 3's rope scaling)
+    "rope_freqs": "rope_freqs.weight",
+    # LongRoPE's per-pair frequency factors (Phi-3), used when spec.rope_orig_context > 0
+    "rope_factors_short": "rope_factors_short.weight",
+    "rope_factors_long": "rope_factors_long.weight",
+}
+# Fused matrices some converters store (Phi-3's attn_qkv, Phi-3 / GLM-4's ffn_up holding
+# gate then up): the fused tensor's name, and the roles its rows hold, in order. The GGUF
+# reader splits them into those roles' tensors by rows (fused_splits), so everything past
+# it (kernels, offloading, sessions) sees only the usual roles.
+FUSED_TENSORS = {
+    "attn_qkv": ("blk.{i}.attn_qkv.weight", ("attn_q", "attn_k", "attn_v")),
+    "ffn_gate_up": ("blk.{i}.ffn_up.weight", ("ffn_gate", "ffn_up")),
 }
 
 
@@ -65,6 +83,30 @@ class ModelSpec:
     # empty means every layer is global with rope_base
     layer_windows: tuple[int, ...] = ()
     layer_rope_bases: tuple[float, ...] = ()
+    # no RoPE on layers whose entry is True (SmolLM3's NoPE layers, EXAONE 4's global
+    # layers); empty means every layer rotates
+    layer_nope: tuple[bool, ...] = ()
+    pre_norms: bool = True  # RMSNorm the input of each block (False: OLMo 2 / EXAONE 4)
+    qk_norm_full: bool = False  # the q/k norm spans the whole projection, not each head
+    attention_scale: float = 0.0  # the softmax scale of q.k; 0 means 1/sqrt(head_dim)
+    residual_scale: float = 1.0  # each block's output is multiplied by this (Granite)
+    logit_scale: float = 1.0  # logits are divided by this (Granite)
+    # Gemma 2: attention scores (after their scale) -> cap * tanh(scores / cap) when > 0
+    attn_softcap: float = 0.0
+    # LongRoPE (Phi-3): > 0 is the trained context; a KV cache longer than it rotates with
+    # the long factors, else the short ones; rope_attn_factor scales cos and sin
+    rope_orig_context: int = 0
+    rope_attn_factor: float = 1.0
+    # every RoPE frequency is multiplied by this: linear rope scaling (1 / factor)
+    rope_scale: float = 1.0
+    # FUSED_TENSORS kinds this family's files may store (split when the GGUF is read)
+    fused_tensors: tuple[str, ...] = ()
+    # the blocks' input norms and the output norm: "rms" (RMSNorm) or "layer" (LayerNorm
+    # without bias, mean-centred: Cohere)
+    norm_kind: str = "rms"
+    # attention and FFN both read the layer's one normed input and both add to the
+    # residual stream (Cohere): h += attn(x) + ffn(x), with no norm between
+    parallel_blocks: bool = False
     layer_tensors: dict[str, str] = field(default_factory=lambda: dict(LAYER_TENSORS))
     global_tensors: dict[str, str] = field(default_factory=lambda: dict(GLOBAL_TENSORS))
 
@@ -76,6 +118,17 @@ class ModelSpec:
 
     def rope_base_of(self, i: int) -> float:
         return self.layer_rope_bases[i] if self.layer_rope_bases else self.rope_base
+
+    def rotates(self, i: int) -> bool:
+        """Whether layer i applies RoPE to q and k."""
+        return not (self.layer_nope and self.layer_nope[i])
+
+    def query_scale(self) -> float:
+        """The factor q is multiplied by after RoPE so that the attention kernels' fixed
+        1/sqrt(head_dim) gives the spec's attention_scale (1.0 when it has none)."""
+        if self.attention_scale == 0.0:
+            return 1.0
+        return self.attention_scale * math.sqrt(self.head_dim)
 
     @property
     def q_dim(self) -> int:
@@ -96,6 +149,7 @@ _MAX_VOCAB = 1 << 24
 _MAX_CONTEXT = 1 << 24
 _ROPE_STYLES = ("interleaved", "neox")
 _ACTIVATIONS = ("silu", "gelu_tanh")
+_NORM_KINDS = ("rms", "layer")
 
 
 def _kind(value: Any) -> str:
@@ -184,9 +238,60 @@ def meta_str(meta: dict[str, Any], key: str, source: str, default: str | None = 
     return value
 
 
-def common_fields(meta: dict[str, Any], a: str, source: str) -> dict[str, Any]:
+def meta_layer_pattern(
+    meta: dict[str, Any], key: str, source: str, n_layers: int, period: int
+) -> tuple[bool, ...]:
+    """Which layers a per-layer pattern marks (llama.cpp's load_swa_pattern): an array of
+    n_layers bools, or an integer period p marking every layer but each p-th
+    (i % p < p - 1; 0 marks all); missing -> that rule with `period`."""
+    value = meta.get(key, period)
+    if isinstance(value, int) and not isinstance(value, bool):
+        p = meta_int(meta, key, source, period, lo=0, hi=_MAX_LAYERS)
+        return tuple(p == 0 or i % p < p - 1 for i in range(n_layers))
+    try:
+        ok = not isinstance(value, str) and len(value) == n_layers
+    except TypeError:
+        ok = False
+    if not ok or not all(isinstance(v, bool | np.bool_) for v in value):
+        raise ModelFormatError(
+            f"{source}: metadata field '{key}' should be an integer period or an array of "
+            f"{n_layers} bools (one per layer), found {_kind(value)}"
+        )
+    flags = [bool(v) for v in value]
+    return tuple(flags)
+
+
+def rope_scaling(meta: dict[str, Any], a: str, source: str) -> float:
+    """The RoPE frequency multiplier of '<a>.rope.scaling.type' / '.factor' (llama.cpp's
+    rope_freq_scale: 1 / factor for linear scaling, 1 without). YaRN and LongRoPE with a
+    factor other than 1 change more than the frequencies and are refused, not ignored."""
+    kind = meta_str(meta, f"{a}.rope.scaling.type", source, "linear")
+    key = f"{a}.rope.scaling.factor"
+    if key not in meta:
+        key = f"{a}.rope.scale_linear"  # the older name
+    factor = meta_float(meta, key, source, 0.0, lo_open=False)
+    if kind == "none" or factor in (0.0, 1.0):
+        return 1.0
+    if kind == "linear":
+        return 1.0 / factor
+    if kind in ("yarn", "longrope"):
+        raise UnsupportedError(
+            f"{source}: RoPE scaling '{kind}' (factor {factor}) is not supported for "
+            f"architecture '{a}'"
+        )
+    raise ModelFormatError(
+        f"{source}: metadata field '{a}.rope.scaling.type' should be none, linear, yarn or "
+        f"longrope, found {kind[:40]!r}"
+    )
+
+
+def common_fields(
+    meta: dict[str, Any], a: str, source: str, norm_eps_key: str = "layer_norm_rms_epsilon"
+) -> dict[str, Any]:
     """Hyperparameters every family stores under the same '<arch>.' keys, type- and
-    range-checked (the file is untrusted; these size every allocation)."""
+    range-checked (the file is untrusted; these size every allocation). norm_eps_key:
+    the norm epsilon's key under '<arch>.attention.' (LayerNorm families:
+    'layer_norm_epsilon')."""
     n_heads = meta_int(meta, f"{a}.attention.head_count", source, hi=_MAX_HEADS)
     d_model = meta_int(meta, f"{a}.embedding_length", source)
     n_kv = meta_int(meta, f"{a}.attention.head_count_kv", source, n_heads, hi=_MAX_HEADS)
@@ -216,7 +321,7 @@ def common_fields(meta: dict[str, Any], a: str, source: str) -> dict[str, Any]:
         head_dim=head_dim,
         vocab_size=vocab,
         context_length=meta_int(meta, f"{a}.context_length", source, 2048, hi=_MAX_CONTEXT),
-        norm_eps=meta_float(meta, f"{a}.attention.layer_norm_rms_epsilon", source, hi=1.0),
+        norm_eps=meta_float(meta, f"{a}.attention.{norm_eps_key}", source, hi=1.0),
         rope_base=meta_float(meta, f"{a}.rope.freq_base", source, 10000.0),
         rope_dim=meta_int(meta, f"{a}.rope.dimension_count", source, head_dim, hi=head_dim),
     )
@@ -265,23 +370,63 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         ("rope_base", 0.0, True, math.inf),
         ("embed_scale", 0.0, True, math.inf),
         ("final_logit_softcap", 0.0, False, math.inf),
+        ("attention_scale", 0.0, False, math.inf),
+        ("residual_scale", 0.0, True, math.inf),
+        ("logit_scale", 0.0, True, math.inf),
+        ("attn_softcap", 0.0, False, math.inf),
+        ("rope_attn_factor", 0.0, True, 1e3),
+        ("rope_scale", 0.0, True, math.inf),
     ):
         v = getattr(spec, name)
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise bad(name, "a number", v)
         if not (math.isfinite(v) and (v > lo if lo_open else v >= lo) and v < hi):
             raise bad(name, f"finite and {'>' if lo_open else '>='} {lo}", v)
+    v = spec.rope_orig_context
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_CONTEXT:
+        raise bad("rope_orig_context", f"an integer in 0..{_MAX_CONTEXT}", v)
+    if not isinstance(spec.fused_tensors, tuple) or any(
+        k not in FUSED_TENSORS for k in spec.fused_tensors
+    ):
+        raise bad("fused_tensors", f"a tuple of {', '.join(FUSED_TENSORS)}", spec.fused_tensors)
     if spec.rope_style not in _ROPE_STYLES:
         raise bad("rope_style", " or ".join(_ROPE_STYLES), spec.rope_style)
+    if spec.norm_kind not in _NORM_KINDS:
+        raise bad("norm_kind", " or ".join(_NORM_KINDS), spec.norm_kind)
+    # LayerNorm and parallel blocks come as Cohere has them: pre-norms only, no residual
+    # scale (their fused kernels, token_step.add_layernormed / add_rows, take neither)
+    for name, on in (
+        ("norm_kind", spec.norm_kind == "layer"),
+        ("parallel_blocks", spec.parallel_blocks),
+    ):
+        if on and (spec.post_norms or not spec.pre_norms or spec.residual_scale != 1.0):
+            raise bad(
+                name,
+                "used with pre-norms only (no post_norms, pre_norms true, residual_scale 1)",
+                getattr(spec, name),
+            )
     if spec.activation not in _ACTIVATIONS:
         raise bad("activation", " or ".join(_ACTIVATIONS), spec.activation)
-    for name in ("layer_windows", "layer_rope_bases"):
+    for name in (
+        "pre_norms",
+        "qk_norm_full",
+        "attn_bias",
+        "qk_norm",
+        "post_norms",
+        "parallel_blocks",
+    ):
+        if not isinstance(getattr(spec, name), bool):
+            raise bad(name, "true or false", getattr(spec, name))
+    for name in ("layer_windows", "layer_rope_bases", "layer_nope"):
         v = getattr(spec, name)
         if len(v) not in (0, spec.n_layers):
             raise bad(name, f"empty or {spec.n_layers} entries (one per layer)", f"{len(v)}")
     for w in spec.layer_windows:
         if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= _MAX_CONTEXT:
             raise bad("layer_windows", f"integers in 0..{_MAX_CONTEXT}", w)
+    for flag in spec.layer_nope:
+        if not isinstance(flag, bool):
+            raise bad("layer_nope", "true or false per layer", flag)
     for b in spec.layer_rope_bases:
         if not isinstance(b, float) or not math.isfinite(b) or b <= 0:
             raise bad("layer_rope_bases", "finite floats > 0", b)
@@ -304,3 +449,26 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
                     pattern,
                 )
     return spec
+
+
+def role_rows(spec: ModelSpec, role: str) -> int:
+    """The rows of a layer matrix role that a fused tensor holds."""
+    return {
+        "attn_q": spec.q_dim,
+        "attn_k": spec.kv_dim,
+        "attn_v": spec.kv_dim,
+        "ffn_gate": spec.d_ff,
+        "ffn_up": spec.d_ff,
+    }[role]
+
+
+def fused_splits(spec: ModelSpec) -> list[tuple[str, list[tuple[str, int]]]]:
+    """For each fused tensor this spec's files may hold: its name and the (tensor name,
+    rows) parts it splits into, in row order (one entry per layer and fused kind)."""
+    out = []
+    for kind in spec.fused_tensors:
+        pattern, roles = FUSED_TENSORS[kind]
+        for i in range(spec.n_layers):
+            parts = [(spec.layer_tensor(r, i), role_rows(spec, r)) for r in roles]
+            out.append((pattern.format(i=i), parts))
+    return out

@@ -686,7 +686,63 @@ def _read_one(path: str | os.PathLike) -> GGUFFile:
             )
         expected = off + (nbytes + align - 1) // align * align
         infos[name] = TensorInfo(name, dims, tid, data_start + off)
-    return GGUFFile(path, version, meta, infos, size, buf)
+    return GGUFFile(path, version, meta, split_fused(meta, infos, str(path)), size, buf)
+
+
+def split_fused(
+    meta: dict[str, Any], infos: dict[str, TensorInfo], source: str
+) -> dict[str, TensorInfo]:
+    """The tensor directory with each fused matrix of the file's family (arch.spec's
+    FUSED_TENSORS: Phi-3's attn_qkv, a gate+up ffn_up) replaced by its parts: the same
+    bytes cut by rows, as each row of any GGML type is its own run of blocks. A part is
+    a tensor like any other, with its own offset, so whatever reads tensors by name (the
+    model, offloading, packing) sees the usual roles. A family without fused kinds, or a
+    file that already stores the parts, is left as it is."""
+    from edgerun.arch import FAMILIES, spec_from_gguf
+    from edgerun.arch.spec import fused_splits
+
+    arch = meta.get("general.architecture")
+    family = FAMILIES.get(arch) if isinstance(arch, str) else None
+    if family is None or not getattr(family, "FUSED", ()):
+        return infos
+    replaced: dict[str, list[TensorInfo]] = {}
+    for fused, parts in fused_splits(spec_from_gguf(meta, source)):
+        info = infos.get(fused)
+        if info is None:
+            continue
+        rows = int(np.prod(info.dims[1:], dtype=np.int64)) if len(info.dims) > 1 else 1
+        total = sum(n for _, n in parts)
+        if rows != total:
+            own = [n for name, n in parts if name == fused]
+            if own and rows == own[0]:
+                continue  # the part itself: the file stores the parts separately
+            raise ModelFormatError(
+                f"{source}: fused tensor '{fused}' has {rows} rows, expected {total} "
+                f"({' + '.join(f'{n} for {name}' for name, n in parts)})"
+            )
+        if len(info.dims) != 2:
+            raise ModelFormatError(
+                f"{source}: fused tensor '{fused}' has {len(info.dims)} dimensions, expected 2"
+            )
+        blck, type_size = _ggml_layout(info.type_id) or (1, 0)
+        row_bytes = info.dims[0] // blck * type_size
+        out, row0 = [], 0
+        for name, n in parts:
+            if name != fused and name in infos:
+                raise ModelFormatError(
+                    f"{source}: tensor '{name}' is stored both alone and in '{fused}'"
+                )
+            out.append(TensorInfo(name, (info.dims[0], n), info.type_id,
+                                  info.offset + row0 * row_bytes))  # fmt: skip
+            row0 += n
+        replaced[fused] = out
+    if not replaced:
+        return infos
+    split: dict[str, TensorInfo] = {}
+    for name, info in infos.items():
+        for part in replaced.get(name, (info,)):
+            split[part.name] = part
+    return split
 
 
 def _type_name(vtype: int) -> str:

@@ -119,10 +119,17 @@ def spec_from_json(d: Any, source: str) -> ModelSpec:
                 v = tuple(int(t) for t in v)
             elif name in ("layer_rope_bases",):
                 v = tuple(float(t) for t in v)
+            elif name in ("fused_tensors",):
+                v = tuple(str(t) for t in v)
+            elif name in ("layer_nope",):
+                if not all(isinstance(t, bool) for t in v):
+                    raise TypeError
+                v = tuple(v)
             elif name in ("layer_tensors", "global_tensors"):
                 if not isinstance(v, dict):
                     raise TypeError
-                v = {str(a): str(b) for a, b in v.items()}
+                # roles added since the pack was written take their GGUF names
+                v = {**f.default_factory(), **{str(a): str(b) for a, b in v.items()}}
             elif f.type == "bool":
                 if not isinstance(v, bool):
                     raise TypeError

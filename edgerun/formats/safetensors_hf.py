@@ -65,6 +65,33 @@ _GLOBAL_MAP = {
 }
 
 
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def llama3_freq_factors(params: dict[str, Any], base: float, head_dim: int) -> np.ndarray:
+    """Llama 3's rope scaling as per-frequency divisors [head_dim / 2] (float32): what
+    transformers' _compute_llama3_parameters does to inv_freq, as inv_freq / scaled.
+    Long wavelengths (past original_max_position_embeddings / low_freq_factor) are
+    divided by `factor`, short ones (below .. / high_freq_factor) kept, and the band
+    between blended smoothly."""
+    factor = float(params.get("factor", 8.0))
+    low = float(params.get("low_freq_factor", 1.0))
+    high = float(params.get("high_freq_factor", 4.0))
+    old_ctx = float(params.get("original_max_position_embeddings", 8192))
+    if not (factor > 0 and high > low > 0 and old_ctx > 0):
+        raise ModelFormatError(
+            f"llama3 rope scaling needs factor > 0, high_freq_factor > low_freq_factor > 0 "
+            f"and original_max_position_embeddings > 0, found {params}"
+        )
+    inv_freq = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    wavelen = 2 * np.pi / inv_freq
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    divisor = 1.0 / ((1 - smooth) / factor + smooth)  # the band between
+    divisor = np.where(wavelen < old_ctx / high, 1.0, divisor)
+    divisor = np.where(wavelen > old_ctx / low, factor, divisor)
+    return divisor.astype(np.float32)
+
+
 def is_hf_dir(path: str | os.PathLike) -> bool:
     p = Path(path)
     return p.is_dir() and (p / "config.json").is_file() and any(p.glob("*.safetensors"))
@@ -140,6 +167,8 @@ class HFCheckpoint:
         if cfg.get("tie_word_embeddings", False) and "output.weight" in self._map:
             del self._map["output.weight"]
         self._shapes: dict[str, tuple[int, int]] = {}
+        if self._rope_freqs is not None:  # computed, not read: no HF name
+            self._shapes[ROPE_FREQS] = (1, self._rope_freqs.size)
         for ours, hf in self._map.items():
             f, k = self._hf_names[hf]
             shape = self._handles[f].get_slice(k).get_shape()
@@ -169,7 +198,16 @@ class HFCheckpoint:
         stype = scaling.get("rope_type", scaling.get("type")) if scaling else None
         if rope and a != "gemma3":
             stype = stype or rope.get("rope_type")
-        if stype not in (None, "default"):
+        params = scaling or (rope if a != "gemma3" else {})
+        # Llama 3's scaling becomes the per-frequency divisors llama.cpp's converter
+        # stores as rope_freqs.weight (llama3_freq_factors); linear scaling, metadata
+        self._rope_freqs: np.ndarray | None = None
+        linear = None
+        if stype == "llama3" and a == "llama":
+            self._rope_freqs = llama3_freq_factors(params, float(rope_theta), head_dim)
+        elif stype == "linear" and a != "gemma3":
+            linear = float(params.get("factor", 1.0))
+        elif stype not in (None, "default"):
             raise UnsupportedError(
                 f"{self.path / 'config.json'}: RoPE scaling {stype!r} is not supported yet"
             )
@@ -189,6 +227,9 @@ class HFCheckpoint:
             f"{a}.attention.layer_norm_rms_epsilon": float(c.get("rms_norm_eps", 1e-6)),
             f"{a}.vocab_size": int(req("vocab_size")),
         }
+        if linear is not None:
+            meta[f"{a}.rope.scaling.type"] = "linear"
+            meta[f"{a}.rope.scaling.factor"] = linear
         if a == "gemma3":
             from edgerun.arch.gemma3 import SWA_PERIOD
 
@@ -226,10 +267,12 @@ class HFCheckpoint:
         return None
 
     def tensor_names(self) -> list[str]:
-        return list(self._map)
+        return list(self._map) + ([ROPE_FREQS] if self._rope_freqs is not None else [])
 
     def float_tensor(self, name: str) -> np.ndarray:
         """float32 [rows, cols] (1-D tensors: [1, n]) in edgerun's layout."""
+        if name == ROPE_FREQS and self._rope_freqs is not None:
+            return self._rope_freqs.reshape(1, -1).copy()
         hf = self._map.get(name)
         if hf is None:
             raise ModelFormatError(f"{self.path}: tensor '{name}' is missing")

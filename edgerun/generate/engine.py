@@ -25,7 +25,7 @@ from edgerun.ops import lowrank, qmatvec
 from edgerun.ops.activations import PARALLEL_MIN as _GLU_PARALLEL_MIN
 from edgerun.ops.activations import glu
 from edgerun.ops.norm import PARALLEL_MIN as _NORM_PARALLEL_MIN
-from edgerun.ops.norm import rmsnorm
+from edgerun.ops.norm import layernorm, rmsnorm
 from edgerun.quant.formats import QuantTensor
 from edgerun.runtime.compute_thread import compute_thread
 from edgerun.runtime.cpu_share import ThreadGovernor, set_threads
@@ -245,12 +245,14 @@ class Engine:
         lowrank.warm()  # an offloaded head's sketch scores (offload/head.py)
 
     def _warm_parallel_kernels(self) -> None:
-        """Run the parallel RMSNorm and GLU kernels once on zero rows of the model's width."""
+        """Run the parallel norm (RMSNorm or LayerNorm) and GLU kernels once on zero rows
+        of the model's width."""
         spec = self.spec
-        layer = self.transformer.layers[0]
+        layer = self.transformer.layers[0]  # its FFN's activation; the output norm's width
         rows = -(-max(_NORM_PARALLEL_MIN, _GLU_PARALLEL_MIN) // spec.d_model)
         x = np.zeros((rows, spec.d_model), np.float32)
-        rmsnorm(x, layer.attn_norm, spec.norm_eps)
+        norm = layernorm if spec.norm_kind == "layer" else rmsnorm
+        norm(x, self.transformer.output_norm, spec.norm_eps)
         activation = getattr(layer.ffn, "activation", None)
         if activation is not None:
             glu(x, x, activation)

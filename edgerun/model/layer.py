@@ -30,9 +30,15 @@ from edgerun.arch.spec import ModelSpec
 from edgerun.model.ffn import DenseFFN, FFNExecutor, decode_rows
 from edgerun.model.weights import AttentionProjections, ResidentProjections
 from edgerun.ops import activations, qmatvec
-from edgerun.ops.norm import _rmsnorm_serial, rmsnorm
+from edgerun.ops.norm import _layernorm_serial, _rmsnorm_serial, layernorm, rmsnorm
 from edgerun.ops.rope import rope_inplace
-from edgerun.ops.token_step import add_normed, attend_rows, attend_token
+from edgerun.ops.token_step import (
+    add_layernormed,
+    add_normed,
+    add_rows,
+    attend_rows,
+    attend_token,
+)
 from edgerun.quant.formats import QuantTensor
 
 __all__ = [
@@ -44,6 +50,7 @@ __all__ = [
     "InputNorm",
     "Attention",
     "Residual",
+    "AddAttention",
     "FeedForward",
     "layer_steps",
     "layer_matrices",
@@ -72,6 +79,7 @@ class Layer:
         "k_norm",
         "post_attn_norm",
         "post_ffn_norm",
+        "o_bias",
     )
 
     attn_proj: AttentionProjections
@@ -91,8 +99,10 @@ class Rows:
 
     decode: the rows are one decode token each of different sequences (batched decode
     kernels, each row as a one-token step computes it); else one sequence's prompt.
-    attend(layer, q, k, v, window) stores k, v into the caches and returns the attention
-    context [n, q_dim]; rope(base) gives the (cos, sin) tables for the pass."""
+    attend(layer, q, k, v, window, softcap) stores k, v into the caches and returns the
+    attention context [n, q_dim] (softcap > 0: the scores' tanh cap, Gemma 2); rope(base)
+    gives the (cos, sin) tables for the pass (base None: the tables of no rotation, for a
+    layer without RoPE)."""
 
     __slots__ = ("h", "x", "a", "positions", "decode", "attend", "rope")
 
@@ -102,7 +112,7 @@ class Rows:
         positions: np.ndarray,
         decode: bool,
         attend: Callable[..., np.ndarray],
-        rope: Callable[[float], tuple[np.ndarray, np.ndarray]],
+        rope: Callable[[float | None], tuple[np.ndarray, np.ndarray]],
     ) -> None:
         self.h = h
         self.x: np.ndarray | None = None
@@ -147,32 +157,47 @@ class Step(Protocol):
 
 
 class InputNorm:
-    """x = RMSNorm(h): the norm before the first layer (each layer norms for the next)."""
+    """x = norm(h): the norm before the first layer (each layer norms for the next);
+    RMSNorm, or LayerNorm where the spec's norm_kind is "layer". weight None (a family
+    without pre-norms): x = h."""
 
-    def __init__(self, weight: np.ndarray, eps: float) -> None:
-        self.weight, self.eps = weight, np.float64(eps)
+    def __init__(self, weight: np.ndarray | None, eps: float, kind: str = "rms") -> None:
+        self.weight, self.eps, self.layer_norm = weight, np.float64(eps), kind == "layer"
 
     def run(self, rows: Rows) -> None:
-        rows.x = rmsnorm(rows.h, self.weight, self.eps)
+        if self.weight is None:
+            rows.x = rows.h.copy()
+            return
+        norm = layernorm if self.layer_norm else rmsnorm
+        rows.x = norm(rows.h, self.weight, self.eps)
 
     def bindable(self) -> bool:
         return True
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
-        return [(_rmsnorm_serial, (rows.h, self.weight, self.eps, rows.x))]
+        if self.weight is None:
+            return [(np.copyto, (rows.x, rows.h))]
+        kernel = _layernorm_serial if self.layer_norm else _rmsnorm_serial
+        return [(kernel, (rows.h, self.weight, self.eps, rows.x))]
 
 
 class Attention:
     """a = o(attention(rope(norm(q/k + bias)), cache)) of x, storing k and v in the cache.
 
-    Its switches: q/k/v biases, per-head q/k RMSNorm, the layer's window and RoPE base."""
+    Its switches: q/k/v/o biases, q/k RMSNorm (per head, or over the whole projection),
+    the layer's window, RoPE base or no RoPE, the attention scale (q is multiplied by
+    query_scale after RoPE, so the kernels' 1/sqrt(head_dim) gives it) and the scores'
+    softcap (Gemma 2: cap * tanh(s / cap) before the softmax, inside the kernels)."""
 
     def __init__(self, spec: ModelSpec, layer: Layer, index: int) -> None:
         self.spec, self.layer, self.index = spec, layer, index
         self.window = spec.window(index)
-        self.base = spec.rope_base_of(index)
+        # the RoPE tables' key (Rows.rope): the layer's base, None without RoPE
+        self.base = spec.rope_base_of(index) if spec.rotates(index) else None
         self.eps = np.float64(spec.norm_eps)
         self.neox = spec.rope_style == "neox"
+        self.q_scale = np.float32(spec.query_scale())
+        self.softcap = spec.attn_softcap
 
     def heads(
         self, qkv: list[np.ndarray], positions: np.ndarray, cos: np.ndarray, sin: np.ndarray
@@ -185,22 +210,26 @@ class Attention:
             q += layer.q_bias
             k += layer.k_bias
             v += layer.v_bias
+        if layer.q_norm is not None:  # in groups of the norm's width: a head or all
+            q = rmsnorm(q.reshape(n, -1, layer.q_norm.shape[0]), layer.q_norm, self.eps)
+            k = rmsnorm(k.reshape(n, -1, layer.k_norm.shape[0]), layer.k_norm, self.eps)
         q = q.reshape(n, s.n_heads, s.head_dim)
         k = k.reshape(n, s.n_kv_heads, s.head_dim)
         v = v.reshape(n, s.n_kv_heads, s.head_dim)
-        if layer.q_norm is not None:
-            q = rmsnorm(q, layer.q_norm, self.eps)
-            k = rmsnorm(k, layer.k_norm, self.eps)
         rope_inplace(q, positions, cos, sin, self.neox)
         rope_inplace(k, positions, cos, sin, self.neox)
+        if self.q_scale != 1.0:
+            q *= self.q_scale
         return q, k, v
 
     def run(self, rows: Rows) -> None:
         proj = self.layer.attn_proj
         qkv = proj.qkv_batch(rows.x) if rows.decode else proj.qkv(rows.x)
         q, k, v = self.heads(qkv, rows.positions, *rows.rope(self.base))
-        ctx = rows.attend(self.index, q, k, v, self.window)
+        ctx = rows.attend(self.index, q, k, v, self.window, self.softcap)
         rows.a = proj.out_batch(ctx) if rows.decode else proj.out(ctx)
+        if self.layer.o_bias is not None:
+            rows.a += self.layer.o_bias
 
     def bindable(self) -> bool:
         return type(self.layer.attn_proj) is ResidentProjections
@@ -210,6 +239,8 @@ class Attention:
         qkv = rows.bind((p.q, p.k, p.v), rows.row("x"), (rows.row("q"), rows.row("k"),
                                                          rows.row("v")))  # fmt: skip
         out = rows.bind((p.o,), rows.row("ctx"), (rows.row("a"),))
+        if self.layer.o_bias is not None:
+            out.append((np.add, (rows.a, self.layer.o_bias, rows.a)))
         return [*qkv, ATTEND, *out]
 
     def bind_attention(
@@ -226,39 +257,75 @@ class Attention:
         )
         s, li = self.spec, self.index
         scale = np.float32(1.0 / np.sqrt(s.head_dim))
+        softcap = np.float32(self.softcap)
         q, k, v, ctx = rows.row("q"), rows.row("k"), rows.row("v"), rows.row("ctx")
-        head = (q, k, v, *vectors, self.eps, rows.positions, cos, sin, self.neox)
+        head = (q, k, v, *vectors, self.eps, rows.positions, cos, sin, self.neox, self.q_scale)
         window = np.int64(self.window)
         if batch is None:
             c = caches[0]
-            return attend_token, (*head, c.k[li], c.v[li], window, scale, scores, ctx)
+            return attend_token, (*head, c.k[li], c.v[li], window, scale, softcap, scores, ctx)
         shape = (rows.n, s.n_kv_heads, s.head_dim)
         dtype = caches[0].k.dtype
         kv_new = (np.zeros(shape, dtype), np.zeros(shape, dtype))
         tail = (*kv_new, batch._kaddr, batch._vaddr, batch._nctx, np.int64(li), window, scale,
-                scores, ctx)  # fmt: skip
+                softcap, scores, ctx)  # fmt: skip
         return attend_rows, (*head, *tail)
 
 
 class Residual:
-    """h += post_norm(a) (no post norm: a itself), then x = RMSNorm(h) for what follows."""
+    """h += post_norm(a) * scale (no post norm: a itself), then x = RMSNorm(h) for what
+    follows (LayerNorm where the spec's norm_kind is "layer", which has no post norms;
+    norm None, a family without pre-norms: x = h)."""
 
-    def __init__(self, post_norm: np.ndarray | None, norm: np.ndarray, eps: float) -> None:
+    def __init__(
+        self,
+        post_norm: np.ndarray | None,
+        norm: np.ndarray | None,
+        eps: float,
+        scale: float = 1.0,
+        kind: str = "rms",
+    ) -> None:
         self.post_norm, self.norm, self.eps = post_norm, norm, np.float64(eps)
+        self.scale = np.float32(scale)
+        self.layer_norm = kind == "layer"
 
     def run(self, rows: Rows) -> None:
         a = rows.a
         if self.post_norm is not None:
             a = rmsnorm(a, self.post_norm, self.eps)
+        if self.scale != 1.0:
+            a = a * self.scale
         rows.h += a
-        rows.x = rmsnorm(rows.h, self.norm, self.eps)
+        if self.norm is None:
+            rows.x = rows.h.copy()
+        else:
+            norm = layernorm if self.layer_norm else rmsnorm
+            rows.x = norm(rows.h, self.norm, self.eps)
 
     def bindable(self) -> bool:
         return True
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
+        if self.layer_norm:
+            return [(add_layernormed, (rows.h, rows.a, self.eps, self.norm, rows.x))]
         post = NONE if self.post_norm is None else self.post_norm
-        return [(add_normed, (rows.h, rows.a, post, self.eps, self.norm, rows.x))]
+        norm = NONE if self.norm is None else self.norm
+        args = (rows.h, rows.a, post, self.eps, self.scale, norm, rows.x)
+        return [(add_normed, args)]
+
+
+class AddAttention:
+    """h += a, x kept: a parallel block's attention output joins the residual stream and
+    the FFN then reads the same normed input (Cohere's parallel_blocks)."""
+
+    def run(self, rows: Rows) -> None:
+        rows.h += rows.a
+
+    def bindable(self) -> bool:
+        return True
+
+    def bind(self, rows: BoundRows) -> list[Call | object]:
+        return [(add_rows, (rows.h, rows.a))]
 
 
 class FeedForward:
@@ -288,14 +355,26 @@ class FeedForward:
         ]
 
 
-def layer_steps(spec: ModelSpec, layer: Layer, index: int, next_norm: np.ndarray) -> list[Step]:
+def layer_steps(
+    spec: ModelSpec, layer: Layer, index: int, next_norm: np.ndarray | None
+) -> list[Step]:
     """Layer `index` as steps: pre-norm attention and FFN blocks, each added to the
-    residual stream (through the post norm where the spec has one), the stream then normed
-    by `next_norm` (the next layer's attention norm, or the output norm after the last)."""
-    eps = spec.norm_eps
+    residual stream (through the post norm and residual scale where the spec has them),
+    the stream then normed by `next_norm` (the next layer's attention norm, or the output
+    norm after the last; None: no pre-norm, the next block reads the stream itself).
+    Parallel blocks (Cohere): attention and FFN both read the attention norm's output and
+    both add to the stream, normed once after."""
+    eps, scale, kind = spec.norm_eps, spec.residual_scale, spec.norm_kind
+    if spec.parallel_blocks:
+        return [
+            Attention(spec, layer, index),
+            AddAttention(),
+            FeedForward(spec, layer),
+            Residual(None, next_norm, eps, scale, kind),
+        ]
     return [
         Attention(spec, layer, index),
-        Residual(layer.post_attn_norm, layer.ffn_norm, eps),
+        Residual(layer.post_attn_norm, layer.ffn_norm, eps, scale, kind),
         FeedForward(spec, layer),
-        Residual(layer.post_ffn_norm, next_norm, eps),
+        Residual(layer.post_ffn_norm, next_norm, eps, scale, kind),
     ]

@@ -32,6 +32,7 @@ class Transformer:
     def __init__(self, spec: ModelSpec, store: WeightStore, source: str = "model") -> None:
         self.spec = spec
         self.store = store
+        self._source = source
         g = spec.global_tensors
         self.token_embd = store.matrix(g["token_embd"])
         self.output_norm = store.vector(g["output_norm"])
@@ -39,8 +40,12 @@ class Transformer:
         self.layers: list[Layer] = []
         for i in range(spec.n_layers):
             layer = Layer()
-            layer.attn_norm = store.vector(spec.layer_tensor("attn_norm", i))
-            layer.ffn_norm = store.vector(spec.layer_tensor("ffn_norm", i))
+            # no pre-norms (OLMo 2, EXAONE 4): each block reads the residual stream itself;
+            # parallel blocks (Cohere) norm once per layer: the FFN reads the attention norm
+            pre = spec.pre_norms
+            ffn_norm = "attn_norm" if spec.parallel_blocks else "ffn_norm"
+            layer.attn_norm = store.vector(spec.layer_tensor("attn_norm", i)) if pre else None
+            layer.ffn_norm = store.vector(spec.layer_tensor(ffn_norm, i)) if pre else None
             for slot, role in (
                 ("q", "attn_q"),
                 ("k", "attn_k"),
@@ -59,6 +64,7 @@ class Transformer:
             }
             for slot, (role, wanted) in optional.items():
                 setattr(layer, slot, store.vector(spec.layer_tensor(role, i)) if wanted else None)
+            self._optional_biases(layer, i)
             layer.ffn = store.ffn(spec, i)
             self._check_shapes(layer, i, source)
             # q, k, v, o stay for shape checks and footprints; the projections go through
@@ -67,7 +73,7 @@ class Transformer:
             self.layers.append(layer)
         # The layers as one program of steps (layer.py): the general path runs it, the
         # bound decode step (decode_step.py) binds it
-        self.input_norm = InputNorm(self.layers[0].attn_norm, spec.norm_eps)
+        self.input_norm = InputNorm(self.layers[0].attn_norm, spec.norm_eps, spec.norm_kind)
         self.program: list[list[Step]] = [
             layer_steps(spec, layer, i, self._norm_after(i)) for i, layer in enumerate(self.layers)
         ]
@@ -81,7 +87,9 @@ class Transformer:
                 f"{source}: token_embd has shape {self.token_embd.shape}, expected "
                 f"{(spec.vocab_size, spec.d_model)}"
             )
-        self._rope_cache: dict[float, tuple[int, np.ndarray, np.ndarray]] = {}
+        self._rope_cache: dict[tuple, tuple[int, np.ndarray, np.ndarray]] = {}
+        self.rope_freq_factors = self._rope_freq_factors(source)
+        self.rope_factors = self._rope_factors(source)
         # Under a budget, called as kv_growth(caches, ends, tokens) before a pass of
         # `tokens` positions writes KV up to ends[i] of caches[i] (offload/kv_loan.py
         # gives rows back for its pages and temporaries)
@@ -168,7 +176,49 @@ class Transformer:
                 if qmatvec.reads_rows(t, ntokens):
                     self._release(t.name)
 
-    def _norm_after(self, i: int) -> np.ndarray:
+    def _optional_biases(self, layer: Layer, i: int) -> None:
+        """Biases a family does not require but a file may carry (llama.cpp's optional
+        llama biases): q/k/v when any of them is present (zeros for a missing one, as the
+        kernels add all three), and the output projection's."""
+        spec, store = self.spec, self.store
+        if layer.q_bias is None:
+            roles = (("q_bias", "attn_q_bias", spec.q_dim), ("k_bias", "attn_k_bias",
+                     spec.kv_dim), ("v_bias", "attn_v_bias", spec.kv_dim))  # fmt: skip
+            names = [spec.layer_tensor(role, i) for _, role, _ in roles]
+            if any(store.has(n) for n in names):
+                for (slot, _, width), name in zip(roles, names):
+                    has = store.has(name)
+                    v = self._bias(name, width) if has else np.zeros(width, np.float32)
+                    setattr(layer, slot, v)
+        name = spec.layer_tensors.get("attn_output_bias", "blk.{i}.attn_output.bias").format(i=i)
+        layer.o_bias = self._bias(name, spec.d_model) if store.has(name) else None
+
+    def _bias(self, name: str, width: int) -> np.ndarray:
+        """A bias vector, checked against its width (the kernels index it by the spec)."""
+        v = self.store.vector(name)
+        if v.shape != (width,):
+            raise ModelFormatError(
+                f"{self._source}: tensor '{name}' should have {width} values (from the "
+                f"model's metadata), found {v.size}"
+            )
+        return v
+
+    def _rope_freq_factors(self, source: str) -> np.ndarray | None:
+        """The file's per-frequency RoPE divisors (`rope_freqs.weight`, Llama 3's rope
+        scaling), checked: rope_dim // 2 finite values > 0; None when it has none."""
+        name = self.spec.global_tensors.get("rope_freqs", "rope_freqs.weight")
+        if not self.store.has(name):
+            return None
+        f = self.store.vector(name)
+        want = self.spec.rope_dim // 2
+        if f.shape != (want,) or not (f > 0).all():
+            raise ModelFormatError(
+                f"{source}: tensor '{name}' should hold {want} RoPE frequency factors > 0 "
+                f"(rope_dim / 2), found {f.size} values, smallest {f.min() if f.size else None}"
+            )
+        return f
+
+    def _norm_after(self, i: int) -> np.ndarray | None:
         """The norm of the residual stream after layer i: the next layer's, or the output's."""
         return self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.output_norm
 
@@ -193,12 +243,44 @@ class Transformer:
                 f"expected {s.d_ff}x{s.d_model}"
             )
 
-    def _rope(self, n_ctx: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-        cached = self._rope_cache.get(base)
+    def _rope(self, n_ctx: int, base: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """The RoPE tables of a base (None: no rotation) for n_ctx positions, cached."""
+        factors, long = self.rope_freq_factors, False
+        if self.rope_factors is not None:
+            # LongRoPE, as llama.cpp: a context past the trained one takes the long factors
+            long = n_ctx > self.spec.rope_orig_context
+            factors = self.rope_factors[long]
+        key = (base, long)
+        cached = self._rope_cache.get(key)
         if cached is None or cached[0] < n_ctx:
-            cos, sin = rope_tables(n_ctx, self.spec.rope_dim, base)
-            cached = self._rope_cache[base] = (n_ctx, cos, sin)
+            s = self.spec
+            if s.rope_scale != 1.0:  # linear scaling: every frequency times rope_scale
+                ones = np.ones(s.rope_dim // 2)
+                factors = (ones if factors is None else factors) / s.rope_scale
+            cos, sin = rope_tables(n_ctx, s.rope_dim, base, factors, s.rope_attn_factor)
+            cached = self._rope_cache[key] = (n_ctx, cos, sin)
         return cached[1], cached[2]
+
+    def _rope_factors(self, source: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """LongRoPE's (short, long) frequency factors [rope_dim / 2], or None without."""
+        s = self.spec
+        if s.rope_orig_context == 0:
+            return None
+        pair = []
+        for role in ("rope_factors_short", "rope_factors_long"):
+            name = s.global_tensors[role]
+            if not self.store.has(name):
+                raise ModelFormatError(
+                    f"{source}: tensor '{name}' is missing (the metadata asks for LongRoPE)"
+                )
+            f = np.asarray(self.store.vector(name), dtype=np.float64).reshape(-1)
+            if f.shape != (s.rope_dim // 2,) or not (np.isfinite(f).all() and (f > 0).all()):
+                raise ModelFormatError(
+                    f"{source}: tensor '{name}' should hold {s.rope_dim // 2} finite factors "
+                    f"> 0, found shape {f.shape}"
+                )
+            pair.append(f)
+        return pair[0], pair[1]
 
     def forward(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Run `tokens` after what `cache` holds; append them to the cache.
@@ -246,9 +328,9 @@ class Transformer:
         if self.kv_growth is not None:
             self.kv_growth([cache], [start + n], n)
 
-        def attend(li: int, q, k, v, window: int) -> np.ndarray:
+        def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
             cache.store(li, start, k, v)
-            return attention(q, cache.k[li], cache.v[li], start, window)
+            return attention(q, cache.k[li], cache.v[li], start, window, softcap=softcap)
 
         rope = lambda base: self._rope(cache.n_ctx, base)  # noqa: E731
         rows = Rows(self.embed(ids), positions, False, attend, rope)
@@ -267,7 +349,10 @@ class Transformer:
         return compute_thread().call(run)
 
     def softcap(self, logits: np.ndarray) -> np.ndarray:
-        """Final logit softcapping where the spec has it (Gemma 2/3)."""
+        """The logits' last touches where the spec has them: division by logit_scale
+        (Granite), then final logit softcapping (Gemma 2/3)."""
+        if self.spec.logit_scale != 1.0:
+            logits = logits / np.float32(self.spec.logit_scale)
         cap = self.spec.final_logit_softcap
         if cap > 0:
             c = np.float32(cap)
@@ -345,8 +430,8 @@ class Transformer:
         ctx = np.empty((n, s.q_dim), np.float32)
         batch = BatchAttention([c.k for c in caches], [c.v for c in caches], starts)
 
-        def attend(li: int, q, k, v, window: int) -> np.ndarray:
-            batch(li, q, k, v, window, ctx)
+        def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
+            batch(li, q, k, v, window, ctx, softcap)
             return ctx
 
         rope = lambda base: self._rope(n_ctx, base)  # noqa: E731

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from edgerun.arch.spec import ModelSpec
+from edgerun.arch.spec import LAYER_TENSORS, ModelSpec
 from edgerun.errors import ModelFormatError
 from edgerun.model.ffn import DenseFFN, FFNExecutor
 from edgerun.ops import qmatvec
@@ -138,14 +138,18 @@ class ResidentStore:
         spec. The kernels index them by the spec's sizes without bounds checks, so a norm
         vector of the wrong length would read outside its buffer."""
         want = {"attn_norm": spec.d_model, "ffn_norm": spec.d_model}
-        if spec.attn_bias:
-            want |= {"attn_q_bias": spec.q_dim, "attn_k_bias": spec.kv_dim}
-            want["attn_v_bias"] = spec.kv_dim
+        # biases are checked wherever present: a family may carry them optionally (llama)
+        want |= {"attn_q_bias": spec.q_dim, "attn_k_bias": spec.kv_dim}
+        want |= {"attn_v_bias": spec.kv_dim, "attn_output_bias": spec.d_model}
         if spec.qk_norm:
-            want |= {"attn_q_norm": spec.head_dim, "attn_k_norm": spec.head_dim}
+            qn, kn = (spec.q_dim, spec.kv_dim) if spec.qk_norm_full else (spec.head_dim,) * 2
+            want |= {"attn_q_norm": qn, "attn_k_norm": kn}
         if spec.post_norms:
             want |= {"post_attention_norm": spec.d_model, "post_ffw_norm": spec.d_model}
-        names = {spec.layer_tensor(role, layer): n for role, n in want.items()}
+        names = {
+            spec.layer_tensors.get(role, LAYER_TENSORS[role]).format(i=layer): n
+            for role, n in want.items()
+        }
         if layer == 0:
             names[spec.global_tensors["output_norm"]] = spec.d_model
         for name, n in names.items():

@@ -12,6 +12,7 @@ from edgerun.ops.attention_decode import (
     attend_many,
     attend_one,
     cache_at,
+    capped_score,
     span,
     takes,
     weighted_rows,
@@ -27,10 +28,16 @@ def cache_values(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 def attention_reference(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, window: int = 0
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    start: int,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> np.ndarray:
     """q [n, Hq, hd]; k, v [Hkv, L, hd] with L >= start + n. Query i sits at start + i.
-    k and v may be f16 bits (uint16), as an f16 cache stores them."""
+    k and v may be f16 bits (uint16), as an f16 cache stores them. softcap > 0: the
+    scaled scores s -> softcap * tanh(s / softcap) before the softmax."""
     if k.dtype == np.uint16:
         k, v = k.view(np.float16), v.view(np.float16)
     n, hq, hd = q.shape
@@ -43,6 +50,8 @@ def attention_reference(
         for h in range(hq):
             kh = h // group
             s = k[kh, lo : pos + 1].astype(np.float64) @ q[i, h].astype(np.float64) / np.sqrt(hd)
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
             p = np.exp(s - s.max())
             p /= p.sum()
             out[i, h] = p @ v[kh, lo : pos + 1].astype(np.float64)
@@ -107,21 +116,27 @@ def _dot1(a, k, t, a0):
 
 
 @njit(inline="always")
-def _attend_row(qi, kh, vh, lo, hi, scale, sc, o):
-    """o = softmax(qi . kh[lo:hi] * scale) @ vh[lo:hi], scores in sc. The one body both
-    kernels inline, so a batched decode row equals the single-sequence one bit for bit.
-    qi, kh, vh, sc, o: C-contiguous (the vector loads index their flat elements)."""
+def _attend_row(qi, kh, vh, lo, hi, scale, softcap, sc, o):
+    """o = softmax(qi . kh[lo:hi] * scale) @ vh[lo:hi], scores in sc (capped first when
+    softcap > 0). The one body both kernels inline, so a batched decode row equals the
+    single-sequence one bit for bit. qi, kh, vh, sc, o: C-contiguous (the vector loads
+    index their flat elements)."""
     a0, a1, a2, a3 = stack16(), stack16(), stack16(), stack16()
     m = np.float32(-np.inf)
     t = lo
     while t + 4 <= hi:
         s0, s1, s2, s3 = _dot16x4(qi, kh, t, a0, a1, a2, a3)
         s0, s1, s2, s3 = s0 * scale, s1 * scale, s2 * scale, s3 * scale
+        if softcap > 0:
+            s0, s1 = capped_score(s0, softcap), capped_score(s1, softcap)
+            s2, s3 = capped_score(s2, softcap), capped_score(s3, softcap)
         sc[t], sc[t + 1], sc[t + 2], sc[t + 3] = s0, s1, s2, s3
         m = max(m, max(max(s0, s1), max(s2, s3)))
         t += 4
     for u in range(t, hi):
         s = _dot1(qi, kh, u, a0) * scale
+        if softcap > 0:
+            s = capped_score(s, softcap)
         sc[u] = s
         if s > m:
             m = s
@@ -134,7 +149,7 @@ def _attend_row(qi, kh, vh, lo, hi, scale, sc, o):
 
 
 @njit(cache=True, parallel=True, fastmath=True, nogil=True)
-def _attention(q, k, v, start, window, scale, scores, out):
+def _attention(q, k, v, start, window, scale, softcap, scores, out):
     n, hq, hd = q.shape
     hkv = k.shape[0]
     group = hq // hkv
@@ -144,12 +159,12 @@ def _attention(q, k, v, start, window, scale, scores, out):
         kh = h // group
         pos = start + i
         lo, hi = span(pos, window)
-        _attend_row(q[i, h], k[kh], v[kh], lo, hi, scale, scores[job], out[i, h])
+        _attend_row(q[i, h], k[kh], v[kh], lo, hi, scale, softcap, scores[job], out[i, h])
 
 
 @njit(cache=True, nogil=True)
 def _attention_batch(
-    q, k_new, v_new, kaddr, vaddr, nctx, layer, starts, window, scale, scores, out
+    q, k_new, v_new, kaddr, vaddr, nctx, layer, starts, window, scale, softcap, scores, out
 ):
     """Each sequence's cache is passed as the address of its [layers, kv_heads, n_ctx,
     head_dim] array (kaddr, vaddr; n_ctx per cache): one signature for any number of
@@ -170,14 +185,16 @@ def _attention_batch(
                 kc[h, pos, d] = k_new[b, h, d]
                 vc[h, pos, d] = v_new[b, h, d]
     if takes(hd):
-        attend_many(q, k_new, kaddr, vaddr, nctx, layer, starts, window, scale, out)
+        attend_many(q, k_new, kaddr, vaddr, nctx, layer, starts, window, scale, out, softcap)
     else:
         _attention_rows_batch(q, k_new, kaddr, vaddr, nctx, layer, starts, window, scale,
-                              scores, out)  # fmt: skip
+                              softcap, scores, out)  # fmt: skip
 
 
 @njit(cache=True, parallel=True, fastmath=True, nogil=True)
-def _attention_rows_batch(q, like, kaddr, vaddr, nctx, layer, starts, window, scale, scores, out):
+def _attention_rows_batch(
+    q, like, kaddr, vaddr, nctx, layer, starts, window, scale, softcap, scores, out
+):
     """_attention_batch's attention on the one-row kernel (head sizes attention_decode
     does not take)."""
     n, hq, hd = q.shape
@@ -193,7 +210,7 @@ def _attention_rows_batch(q, like, kaddr, vaddr, nctx, layer, starts, window, sc
         off = layer * hkv * nctx[b] * hd * item
         kc = numba.carray(cache_at(kaddr[b] + off, like), (hkv, nctx[b], hd))
         vc = numba.carray(cache_at(vaddr[b] + off, like), (hkv, nctx[b], hd))
-        _attend_row(q[b, h], kc[kh], vc[kh], lo, hi, scale, scores[job], out[b, h])
+        _attend_row(q[b, h], kc[kh], vc[kh], lo, hi, scale, softcap, scores[job], out[b, h])
 
 
 def attention(
@@ -203,8 +220,11 @@ def attention(
     start: int,
     window: int = 0,
     out: np.ndarray | None = None,
+    softcap: float = 0.0,
 ) -> np.ndarray:
-    """Softmax(q k^T / sqrt(hd)) v, causal, optional sliding window; returns [n, Hq*hd]."""
+    """Softmax(q k^T / sqrt(hd)) v, causal, optional sliding window; returns [n, Hq*hd].
+    softcap > 0: the scaled scores s are capped to softcap * tanh(s / softcap) before the
+    softmax (Gemma 2)."""
     n, hq, hd = q.shape
     length = start + n
     if out is None:
@@ -219,14 +239,14 @@ def attention(
         np.ascontiguousarray(v),
     )
     if attention_tiled.supports(n, hd):  # prefill: query rows in register tiles
-        attention_tiled.attention_tiled(q, k, v, start, window, out.reshape(n, hq, hd))
+        attention_tiled.attention_tiled(q, k, v, start, window, out.reshape(n, hq, hd), softcap)
         return out.reshape(n, hq * hd)
-    scale = np.float32(1.0 / np.sqrt(hd))
+    s32, cap = np.float32(1.0 / np.sqrt(hd)), np.float32(softcap)
     if n == 1 and attention_decode.supports(hd):  # decode: the split-position kernel
-        attend_one(q[0], k, v, np.int64(start), np.int64(window), scale, out.reshape(hq, hd))
+        attend_one(q[0], k, v, np.int64(start), np.int64(window), s32, out.reshape(hq, hd), cap)
         return out.reshape(n, hq * hd)
     scores = np.empty((n * hq, length), dtype=np.float32)
-    _attention(q, k, v, np.int64(start), np.int64(window), scale, scores, out.reshape(n, hq, hd))
+    _attention(q, k, v, np.int64(start), np.int64(window), s32, cap, scores, out.reshape(n, hq, hd))
     return out.reshape(n, hq * hd)
 
 
@@ -271,13 +291,20 @@ class BatchAttention:
         )
 
     def __call__(
-        self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int, out: np.ndarray
+        self,
+        layer: int,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        window: int,
+        out: np.ndarray,
+        softcap: float = 0.0,
     ) -> np.ndarray:
         """Store k, v [n, kv_heads, hd] at each sequence's position, then attend
-        q [n, Hq, hd]; fills and returns out [n, Hq*hd]."""
+        q [n, Hq, hd]; fills and returns out [n, Hq*hd]. softcap: as `attention`."""
         n, hq, hd = q.shape
         if not self.batched:
-            return self._one_by_one(layer, q, k, v, window, out)
+            return self._one_by_one(layer, q, k, v, window, out, softcap)
         if not 0 <= layer < self._layers:  # the kernel writes through raw addresses
             raise ValueError(f"BatchAttention: layer {layer} outside the caches")
         k, v = cache_values(k, self.dtype), cache_values(v, self.dtype)
@@ -293,16 +320,17 @@ class BatchAttention:
             self.starts,
             np.int64(window),
             np.float32(1.0 / np.sqrt(hd)),
+            np.float32(softcap),
             scores,
             out.reshape(n, hq, hd),
         )
         return out.reshape(n, hq * hd)
 
-    def _one_by_one(self, layer, q, k, v, window, out):
+    def _one_by_one(self, layer, q, k, v, window, out, softcap):
         out = out.reshape(q.shape[0], -1)
         for b, (kc, vc) in enumerate(zip(*self._each)):
             pos = int(self.starts[b])
             kc[layer, :, pos] = cache_values(k[b], kc.dtype)
             vc[layer, :, pos] = cache_values(v[b], vc.dtype)
-            out[b] = attention(q[b : b + 1], kc[layer], vc[layer], pos, window)[0]
+            out[b] = attention(q[b : b + 1], kc[layer], vc[layer], pos, window, softcap=softcap)[0]
         return out

@@ -216,10 +216,11 @@ def _weighted_rows2(o, oa, ob, p, pa, pb, v, vi, nk, hd):
 
 
 @njit(inline="always")
-def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, chunk, scale, po, pm, job):
+def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, chunk, scale, softcap, po, pm, job):
     """Heads qb / hd .. + group of flat q against positions t0 .. t0 + nk (nk <= chunk)
     of one KV head (its rows at kf / vf's flat element kvb): each head's chunk max and
-    exponential sum into pm[job, g], its unnormalised weighted values into po[job, g]."""
+    exponential sum into pm[job, g], its unnormalised weighted values into po[job, g].
+    softcap > 0: the scaled scores are capped (capped_score) before the softmax."""
     hd = HD
     sc = np.empty(group * chunk, np.float32)  # head g's scores at g * chunk
     kr = kvb + t0 * hd
@@ -227,6 +228,10 @@ def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, chunk, scale, po, pm, job)
         nv = min(16, nk - tb)
         for g in range(group):
             scores16(HD, q, qb + g * hd, kf, kr + tb * hd, nv, scale, sc, g * chunk + tb)
+    if softcap > 0:
+        for g in range(group):
+            for t in range(g * chunk, g * chunk + nk):
+                sc[t] = capped_score(sc[t], softcap)
     for g in range(group):
         m, total = _softmax_chunk(sc, g * chunk, nk)
         pm[job, g, 0] = m
@@ -262,6 +267,13 @@ def _merge(po, pm, job0, nch, group, g, hd, out, oi):
 
 
 @njit(inline="always")
+def capped_score(s, softcap):
+    """Attention logit softcapping (Gemma 2): softcap * tanh(s / softcap), on the scores
+    after their scale and before the softmax."""
+    return softcap * np.tanh(s / softcap)
+
+
+@njit(inline="always")
 def span(pos, window):
     """The positions a query at pos attends: [lo, pos + 1)."""
     lo = 0
@@ -283,7 +295,7 @@ def _chunking(length, hkv):
 
 
 @njit(inline="always")
-def _attend_one(HD, q, kc, vc, pos, window, scale, out):
+def _attend_one(HD, q, kc, vc, pos, window, scale, softcap, out):
     """q [hq, hd] of one token at pos against kc, vc [hkv, n_ctx, hd] -> out [hq, hd]."""
     hq, hd = q.shape
     hkv, nctx = kc.shape[0], kc.shape[1]
@@ -299,7 +311,7 @@ def _attend_one(HD, q, kc, vc, pos, window, scale, out):
         t0 = lo + (job - kh * nch) * chunk
         nk = min(chunk, hi - t0)
         _chunk_job(HD, qf, kh * group * hd, group, kf, vf, kh * nctx * hd, t0, nk, chunk,
-                   scale, po, pm, job)  # fmt: skip
+                   scale, softcap, po, pm, job)  # fmt: skip
     for h in range(hq):
         kh = h // group
         _merge(po, pm, kh * nch, nch, group, h - kh * group, hd, of, h * hd)
@@ -317,7 +329,7 @@ def cache_at(typingctx, addr, like):
 
 
 @njit(inline="always")
-def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out):
+def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, softcap, out):
     """q [n, hq, hd]: each sequence b's token at starts[b] against its own layer `layer`
     of the caches at kaddr[b], vaddr[b] ([layers, hkv, nctx[b], hd], of like's dtype)
     -> out [n, hq, hd]. The jobs are (sequence, KV head, chunk), each as _attend_one
@@ -349,8 +361,8 @@ def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, 
             vf = numba.carray(cache_at(vaddr[b] + layer * size * item, like), size)
             t0 = los[b] + c * chunks[b]
             _chunk_job(HD, qf, (b * hq + kh * group) * hd, group, kf, vf, kh * nctx[b] * hd,
-                       t0, min(chunks[b], starts[b] + 1 - t0), chunks[b], scale, po, pm,
-                       job)  # fmt: skip
+                       t0, min(chunks[b], starts[b] + 1 - t0), chunks[b], scale, softcap, po,
+                       pm, job)  # fmt: skip
     for b in range(n):
         for h in range(hq):
             kh = h // group
@@ -359,29 +371,32 @@ def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, 
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def attend_many(q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out):
+def attend_many(q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out, softcap=0.0):
     """Decode attention of n sequences' tokens, each against its own cache, in one
     parallel call (ops/attention.BatchAttention's addresses; like: an array of the
     caches' dtype shaped [n, hkv, hd]; new keys and values already stored) -> out
-    [n, hq, hd]. `supports(hd)` must hold."""
+    [n, hq, hd]. `supports(hd)` must hold. softcap > 0: Gemma 2's logit softcapping."""
     hd = q.shape[2]
+    cap = np.float32(softcap)
     if hd == 64:
-        _attend_many(64, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out)
+        _attend_many(64, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, cap, out)
     elif hd == 128:
-        _attend_many(128, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out)
+        _attend_many(128, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, cap, out)
     else:
-        _attend_many(256, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out)
+        _attend_many(256, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, cap, out)
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def attend_one(q, kc, vc, pos, window, scale, out):
+def attend_one(q, kc, vc, pos, window, scale, out, softcap=0.0):
     """Decode attention of one token: q [hq, hd] (C-contiguous float32) at position pos
     against the caches kc, vc [hkv, n_ctx, hd] (float32 or fp16 bits, position pos
-    already stored) -> out [hq, hd]. `supports(hd)` must hold."""
+    already stored) -> out [hq, hd]. `supports(hd)` must hold. softcap > 0: Gemma 2's
+    logit softcapping."""
     hd = q.shape[1]
+    cap = np.float32(softcap)
     if hd == 64:
-        _attend_one(64, q, kc, vc, pos, window, scale, out)
+        _attend_one(64, q, kc, vc, pos, window, scale, cap, out)
     elif hd == 128:
-        _attend_one(128, q, kc, vc, pos, window, scale, out)
+        _attend_one(128, q, kc, vc, pos, window, scale, cap, out)
     else:
-        _attend_one(256, q, kc, vc, pos, window, scale, out)
+        _attend_one(256, q, kc, vc, pos, window, scale, cap, out)

@@ -38,7 +38,7 @@ from edgerun.ops._simd import (
     widen,
     zero16,
 )
-from edgerun.ops.attention_decode import span
+from edgerun.ops.attention_decode import capped_score, span
 
 ROWS = 4  # query rows per tile
 KEYS = 64  # keys per score tile
@@ -175,10 +175,11 @@ def _weighted_values(vk, lo, hi, s0, s1, s2, s3, c, o0, o1, o2, o3, i0, i1, i2, 
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _attention_tiled(q, kt, v, start, window, scale, scores, out, spare):
+def _attention_tiled(q, kt, v, start, window, scale, softcap, scores, out, spare):
     """out[i, h] for all queries: jobs are (KV head, tile of ROWS query rows); the rows of
     a KV head run token-major, head-in-group minor. scores: [jobs, ROWS, lp] scratch;
-    spare: [jobs, hd] output rows for the padding rows of the last tile."""
+    spare: [jobs, hd] output rows for the padding rows of the last tile. softcap > 0:
+    the scaled scores are capped (capped_score) before the softmax."""
     n, hq, hd = q.shape
     hkv, _, lp = kt.shape
     group = hq // hkv
@@ -198,6 +199,10 @@ def _attention_tiled(q, kt, v, start, window, scale, scores, out, spare):
         s0, s1, s2, s3 = scores[job, 0], scores[job, 1], scores[job, 2], scores[job, 3]
         _scores(q[ia, ha], q[ib, hb], q[ic, hc], q[id_, hd_], kt[kh], lp, lo, hi, scale,
                 s0, s1, s2, s3)  # fmt: skip
+        if softcap > 0:
+            for r in range(ROWS):
+                for t in range(lo, hi):
+                    scores[job, r, t] = capped_score(scores[job, r, t], softcap)
         inv = np.empty(ROWS, np.float32)
         for r in range(ROWS):
             pos = start + min(r0 + r, last) // group
@@ -214,11 +219,17 @@ def _attention_tiled(q, kt, v, start, window, scale, scores, out, spare):
 
 
 def attention_tiled(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, window: int, out: np.ndarray
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    start: int,
+    window: int,
+    out: np.ndarray,
+    softcap: float = 0.0,
 ) -> np.ndarray:
     """q [n, Hq, hd] (C-contiguous float32) against k, v [Hkv, >= start + n, hd]
     (C-contiguous float32 or f16 bits); fills out [n, Hq, hd]. `supports(n, hd)` must
-    hold."""
+    hold. softcap > 0: the scores' tanh cap (Gemma 2)."""
     n, hq, hd = q.shape
     hkv = k.shape[0]
     length = start + n
@@ -230,6 +241,6 @@ def attention_tiled(
     spare = np.empty((hkv * ntile, hd), np.float32)
     _attention_tiled(
         q, kt, v, np.int64(start), np.int64(window), np.float32(1.0 / np.sqrt(hd)),
-        scores, out, spare,
+        np.float32(softcap), scores, out, spare,
     )  # fmt: skip
     return out

@@ -6,11 +6,28 @@ import numpy as np
 from numba import njit, prange
 
 
-def rope_tables(n_ctx: int, rope_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables [n_ctx, rope_dim // 2], computed in float64 then rounded once."""
+def rope_tables(
+    n_ctx: int,
+    rope_dim: int,
+    base: float | None,
+    freq_factors: np.ndarray | None = None,
+    mscale: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables [n_ctx, rope_dim // 2], computed in float64 then rounded once.
+
+    freq_factors [rope_dim // 2]: each frequency is divided by its factor (llama.cpp's
+    ggml_rope_ext freq_factors: Llama 3's rope scaling, LongRoPE's short / long factors).
+    mscale multiplies cos and sin, so q and k both carry it and the scores its square
+    (LongRoPE's attention factor, llama.cpp's attn_factor). base None: the tables of no
+    rotation (cos 1, sin 0), for a layer without RoPE."""
+    half = rope_dim // 2
+    if base is None:
+        return np.ones((n_ctx, half), np.float32), np.zeros((n_ctx, half), np.float32)
     inv_freq = 1.0 / (base ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim))
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, np.float64)
     ang = np.arange(n_ctx, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    return (np.cos(ang) * mscale).astype(np.float32), (np.sin(ang) * mscale).astype(np.float32)
 
 
 def rope_reference(

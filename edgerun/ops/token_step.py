@@ -16,10 +16,17 @@ from numba.extending import overload
 
 from edgerun.ops.attention import _attention, _attention_batch
 from edgerun.ops.attention_decode import attend_one, takes
-from edgerun.ops.norm import _rmsnorm_serial
+from edgerun.ops.norm import _layernorm_serial, _rmsnorm_serial
 from edgerun.ops.rope import _rope_inplace_serial
 
-__all__ = ["attend_token", "attend_rows", "add_normed", "half_bits"]
+__all__ = [
+    "attend_token",
+    "attend_rows",
+    "add_normed",
+    "add_layernormed",
+    "add_rows",
+    "half_bits",
+]
 
 
 @njit(cache=True, nogil=True)
@@ -84,12 +91,14 @@ def _put_impl(dst, src):
 @njit(cache=True, nogil=True)
 def attend_token(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin, neox,
-    kc, vc, window, scale, scores, ctx,
+    q_scale, kc, vc, window, scale, softcap, scores, ctx,
 ):  # fmt: skip
     """One token's attention block after its q, k, v projections (1-D, written in place):
-    biases (empty arrays: none), per-head q/k RMSNorm (empty: none), RoPE at
-    positions[0], k and v stored into the layer's cache kc, vc [kv_heads, n_ctx, head_dim]
-    (f32 or f16 bits), then attention into ctx [q_dim]. scores: [heads, >= position + 1]."""
+    biases (empty arrays: none), q/k RMSNorm in groups of the norm's width (a head, or
+    the whole projection; empty: none), RoPE at positions[0], q times q_scale (1: none),
+    k and v stored into the layer's cache kc, vc [kv_heads, n_ctx, head_dim] (f32 or f16
+    bits), then attention into ctx [q_dim] (scores capped by softcap when > 0).
+    scores: [heads, >= position + 1]."""
     hkv, _, hd = kc.shape
     hq = q.shape[0] // hd
     if q_bias.shape[0]:
@@ -102,19 +111,24 @@ def attend_token(
     k2 = k.reshape(hkv, hd)
     v2 = v.reshape(hkv, hd)
     if q_norm.shape[0]:
-        _rmsnorm_serial(q2, q_norm, eps, q2)
-        _rmsnorm_serial(k2, k_norm, eps, k2)
+        qg = q.reshape(-1, q_norm.shape[0])
+        kg = k.reshape(-1, k_norm.shape[0])
+        _rmsnorm_serial(qg, q_norm, eps, qg)
+        _rmsnorm_serial(kg, k_norm, eps, kg)
     q3 = q.reshape(1, hq, hd)
     _rope_inplace_serial(q3, positions, cos, sin, neox)
     _rope_inplace_serial(k.reshape(1, hkv, hd), positions, cos, sin, neox)
+    if q_scale != 1.0:
+        for j in range(q.shape[0]):
+            q[j] *= q_scale
     pos = positions[0]
     for h in range(hkv):
         _put(kc[h, pos], k2[h])
         _put(vc[h, pos], v2[h])
     if takes(hd):
-        attend_one(q2, kc, vc, pos, window, scale, ctx.reshape(hq, hd))
+        attend_one(q2, kc, vc, pos, window, scale, ctx.reshape(hq, hd), softcap)
     else:
-        _attention(q3, kc, vc, pos, window, scale, scores, ctx.reshape(1, hq, hd))
+        _attention(q3, kc, vc, pos, window, scale, softcap, scores, ctx.reshape(1, hq, hd))
 
 
 def _as_cache(src, dst):
@@ -142,7 +156,7 @@ def _as_cache_impl(src, dst):
 @njit(cache=True, nogil=True)
 def attend_rows(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin, neox,
-    k_new, v_new, kaddr, vaddr, nctx, layer, window, scale, scores, ctx,
+    q_scale, k_new, v_new, kaddr, vaddr, nctx, layer, window, scale, softcap, scores, ctx,
 ):  # fmt: skip
     """attend_token for n >= 2 sequences' decode rows q [n, q_dim], k, v [n, kv_dim], each
     against its own cache (kaddr, vaddr, nctx: ops/attention.BatchAttention's addresses):
@@ -159,29 +173,59 @@ def attend_rows(
                 k[i, j] += k_bias[j]
                 v[i, j] += v_bias[j]
     if q_norm.shape[0]:
-        q2 = q.reshape(n * hq, hd)
-        k2 = k.reshape(n * hkv, hd)
+        q2 = q.reshape(-1, q_norm.shape[0])
+        k2 = k.reshape(-1, k_norm.shape[0])
         _rmsnorm_serial(q2, q_norm, eps, q2)
         _rmsnorm_serial(k2, k_norm, eps, k2)
     q3 = q.reshape(n, hq, hd)
     _rope_inplace_serial(q3, positions, cos, sin, neox)
     _rope_inplace_serial(k.reshape(n, hkv, hd), positions, cos, sin, neox)
+    if q_scale != 1.0:
+        for i in range(n):
+            for j in range(q.shape[1]):
+                q[i, j] *= q_scale
     kn = _as_cache(k, k_new)
     vn = _as_cache(v, v_new)
     _attention_batch(
-        q3, kn, vn, kaddr, vaddr, nctx, layer, positions, window, scale, scores,
+        q3, kn, vn, kaddr, vaddr, nctx, layer, positions, window, scale, softcap, scores,
         ctx.reshape(n, hq, hd),
     )  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
-def add_normed(h, a, post_norm, eps, norm, x):
-    """h += a (first RMSNorm-ed by post_norm unless it is empty), then x = RMSNorm(h) by
-    norm: the residual add that ends a block and the norm that starts the next one.
-    h, a, x: [n, d_model]."""
+def add_normed(h, a, post_norm, eps, scale, norm, x):
+    """h += a * scale (a first RMSNorm-ed by post_norm unless it is empty), then
+    x = RMSNorm(h) by norm (empty: x = h): the residual add that ends a block and the
+    norm that starts the next one. h, a, x: [n, d_model]."""
     if post_norm.shape[0]:
         _rmsnorm_serial(a, post_norm, eps, a)
+    if scale != 1.0:
+        for i in range(h.shape[0]):
+            for j in range(h.shape[1]):
+                a[i, j] *= scale
     for i in range(h.shape[0]):
         for j in range(h.shape[1]):
             h[i, j] += a[i, j]
-    _rmsnorm_serial(h, norm, eps, x)
+    if norm.shape[0]:
+        _rmsnorm_serial(h, norm, eps, x)
+    else:
+        x[:] = h
+
+
+@njit(cache=True, nogil=True)
+def add_layernormed(h, a, eps, norm, x):
+    """h += a, then x = LayerNorm(h) by norm (Cohere's mean-centred norm, no bias): the
+    residual add that ends a layer and the norm that starts the next. [n, d_model]."""
+    for i in range(h.shape[0]):
+        for j in range(h.shape[1]):
+            h[i, j] += a[i, j]
+    _layernorm_serial(h, norm, eps, x)
+
+
+@njit(cache=True, nogil=True)
+def add_rows(h, a):
+    """h += a: a parallel block's attention output joins the residual stream while the
+    FFN reads the same normed input. [n, d_model]."""
+    for i in range(h.shape[0]):
+        for j in range(h.shape[1]):
+            h[i, j] += a[i, j]

@@ -54,6 +54,12 @@ def _save_checkpoint(path, arch: str, vocab: int, dtype, sp_bytes: bytes, tied: 
     if arch == "llama":
         cfg = transformers.LlamaConfig(**common, rope_theta=10000.0)
         model = transformers.LlamaForCausalLM(cfg)
+    elif arch == "llama3":  # Llama 3.1's rope scaling, with a short original context so
+        # that the 2-token..128-token wavelengths span all three of its bands
+        scaling = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                       high_freq_factor=4.0, original_max_position_embeddings=32)  # fmt: skip
+        cfg = transformers.LlamaConfig(**common, rope_parameters=scaling)
+        model = transformers.LlamaForCausalLM(cfg)
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common, rope_theta=1000000.0)
         model = transformers.Qwen2ForCausalLM(cfg)
@@ -80,7 +86,7 @@ def _hf_logits(model, ids):
     return out.logits[0].numpy()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "gemma3"])
 def test_hf_float_pack_matches_transformers(tmp_path, sp_model, arch):
     import edgerun
     from edgerun.tools.convert import convert
@@ -233,3 +239,24 @@ def test_convert_with_imatrix(tmp_path, sp_model):
         e1 = (((dequantize(t1.qtype, t1.data) - w) ** 2) * imat[name]).sum()
         e0 = (((dequantize(t0.qtype, t0.data) - w) ** 2) * imat[name]).sum()
         assert e1 < e0, name
+
+
+def test_llama3_freq_factors_are_transformers_scaling():
+    """The divisors a llama3-scaled checkpoint gets (rope_freqs.weight) turn the plain
+    inverse frequencies into transformers' _compute_llama3_parameters ones, in all three
+    bands (kept, blended, divided by factor)."""
+    from transformers.modeling_rope_utils import _compute_llama3_parameters
+
+    from edgerun.formats.safetensors_hf import llama3_freq_factors
+
+    scaling = dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=8192)  # fmt: skip
+    cfg = transformers.LlamaConfig(
+        hidden_size=2048, num_attention_heads=32, rope_parameters=scaling
+    )
+    scaled, _ = _compute_llama3_parameters(cfg)
+    plain = 1.0 / (500000.0 ** (np.arange(0, 64, 2, dtype=np.float64) / 64))
+    ours = llama3_freq_factors(scaling, 500000.0, 64)
+    assert ours.shape == (32,) and ours.dtype == np.float32
+    np.testing.assert_allclose(plain / ours, scaled.double().numpy(), rtol=1e-6)
+    assert ours.min() == 1.0 and ours.max() == 32.0 and ((ours > 1) & (ours < 32)).any()

@@ -278,6 +278,8 @@ _VALUES = st.one_of(
     st.lists(_SCALARS, max_size=4),
     st.builds(lambda n: np.arange(n, dtype=np.int32), st.integers(0, 5)),
     st.builds(lambda x: np.full(3, x, dtype=np.float32), st.floats(width=32)),
+    st.builds(lambda n, v: np.full(n, v, dtype=np.bool_), st.integers(0, 6), st.booleans()),
+    st.sampled_from(["none", "linear", "yarn", "longrope", "llama3"]),
 )
 
 
@@ -302,6 +304,43 @@ def test_spec_metadata_fuzz(name, data):
     meta = dict(_META[name])
     for _ in range(data.draw(st.integers(1, 3))):
         key = data.draw(st.sampled_from([*meta, "general.architecture", f"{name}.x"]))
+        if data.draw(st.integers(0, 5)) == 0:
+            meta.pop(key, None)
+        else:
+            meta[key] = data.draw(_VALUES)
+    _check(lambda: spec_from_gguf(meta, "fuzz"))
+
+
+# The families whose metadata keys none of the seed models carries: SmolLM2's numbers
+# under each family's prefix, plus that family's own keys (scales, sliding windows and
+# their per-layer pattern, RoPE scaling), then mutated as above.
+_FAMILY_KEYS = {
+    "llama": {"attention.sliding_window": 8, "rope.scaling.type": "linear",
+              "rope.scaling.factor": 2.0},
+    "qwen3": {"rope.scaling.type": "none"},
+    "smollm3": {},
+    "granite": {"embedding_scale": 12.0, "attention.scale": 0.015625,
+                "residual_scale": 0.22, "logit_scale": 8.0},
+    "olmo2": {"attention.sliding_window": 16, "rope.freq_base_swa": 10000.0,
+              "attention.sliding_window_pattern": np.array([1, 1, 1, 0] * 7 + [1, 1], bool)},
+    "exaone4": {"attention.sliding_window": 16, "attention.sliding_window_pattern": 4},
+}  # fmt: skip
+
+
+@_settings(150, 0.2)
+@given(family=st.sampled_from(sorted(_FAMILY_KEYS)), data=st.data())
+def test_family_metadata_fuzz(family, data):
+    from edgerun.arch import spec_from_gguf
+
+    if "smollm2-135m" not in _META:
+        _META["smollm2-135m"] = _scalar_meta("smollm2-135m")
+    meta = {k.replace("llama.", f"{family}.", 1): v for k, v in _META["smollm2-135m"].items()}
+    meta["general.architecture"] = family
+    meta |= {f"{family}.{k}": v for k, v in _FAMILY_KEYS[family].items()}
+    spec_from_gguf(dict(meta), "seed")  # the seed itself loads
+    own = [f"{family}.{k}" for k in _FAMILY_KEYS[family]]
+    for _ in range(data.draw(st.integers(1, 3))):
+        key = data.draw(st.sampled_from([*own, *own, *meta, f"{family}.rope.scaling.type"]))
         if data.draw(st.integers(0, 5)) == 0:
             meta.pop(key, None)
         else:
@@ -609,3 +648,85 @@ def test_regression_safetensors_dtype_not_a_string(tmp_path):
     h = json.dumps(head).encode()
     (d / "model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n :])
     assert_rejected(lambda: read_pack(d), "'dtype'", kind=ModelFormatError)
+
+
+# ---------------------------------------------------- the families without a registry model
+def _family_meta(arch: str) -> dict[str, Any]:
+    """Every metadata field the gemma2 / phi3 / glm4 / cohere2 readers look at, valid."""
+    a = arch
+    meta: dict[str, Any] = {
+        "general.architecture": a,
+        f"{a}.block_count": 4,
+        f"{a}.context_length": 128,
+        f"{a}.embedding_length": 64,
+        f"{a}.feed_forward_length": 128,
+        f"{a}.attention.head_count": 4,
+        f"{a}.attention.head_count_kv": 2,
+        f"{a}.attention.key_length": 32,
+        f"{a}.rope.freq_base": 10000.0,
+        f"{a}.rope.dimension_count": 16,
+        f"{a}.vocab_size": 300,
+        f"{a}.attention.sliding_window": 8,
+    }
+    eps = "layer_norm_epsilon" if a == "cohere2" else "layer_norm_rms_epsilon"
+    meta[f"{a}.attention.{eps}"] = 1e-6
+    meta.update(
+        {
+            "gemma2": {
+                f"{a}.attn_logit_softcapping": 50.0,
+                f"{a}.final_logit_softcapping": 30.0,
+            },
+            "phi3": {
+                f"{a}.rope.scaling.attn_factor": 1.2,
+                f"{a}.rope.scaling.original_context_length": 16,
+            },
+            "glm4": {f"{a}.nextn_predict_layers": 0},
+            "cohere2": {f"{a}.logit_scale": 0.5, f"{a}.attention.sliding_window_pattern": 4},
+        }[a]
+    )
+    return meta
+
+
+@_settings(150, 0.1)
+@given(arch=st.sampled_from(["gemma2", "phi3", "glm4", "cohere2"]), data=st.data())
+def test_new_family_metadata_fuzz(arch, data):
+    from edgerun.arch import spec_from_gguf
+
+    meta = _family_meta(arch)
+    spec_from_gguf(dict(meta), "valid")  # the unfuzzed fields make a spec
+    for _ in range(data.draw(st.integers(1, 3))):
+        key = data.draw(st.sampled_from(sorted(meta)))
+        if data.draw(st.integers(0, 5)) == 0:
+            meta.pop(key, None)
+        else:
+            meta[key] = data.draw(_VALUES)
+    _check(lambda: spec_from_gguf(meta, "fuzz"))
+
+
+@_settings(100, 0.05)
+@given(
+    arch=st.sampled_from(["phi3", "glm4"]),
+    rows=st.one_of(st.integers(0, 1 << 20), st.sampled_from([128, 256, 255, 257, 64])),
+    dims=st.integers(1, 4),
+    also_split=st.booleans(),
+)
+def test_fused_tensor_directory_fuzz(arch, rows, dims, also_split):
+    """A fused attn_qkv / ffn_up of any row count or rank, with or without its parts stored
+    beside it: split by rows, left as it is, or a ModelFormatError."""
+    from edgerun.formats.gguf import TensorInfo, split_fused
+
+    meta = _family_meta(arch)
+    infos = {
+        "blk.0.attn_qkv.weight": TensorInfo(
+            "blk.0.attn_qkv.weight", (64, rows, *(1,) * (dims - 2))[:dims], 0, 4096
+        ),
+        "blk.1.ffn_up.weight": TensorInfo("blk.1.ffn_up.weight", (64, rows)[:dims], 8, 8192),
+    }
+    if also_split:
+        infos["blk.1.ffn_gate.weight"] = TensorInfo("blk.1.ffn_gate.weight", (64, 128), 0, 64)
+    out: dict = {}
+    _check(lambda: out.update(split_fused(meta, infos, "fuzz")))
+    if not also_split and "blk.1.ffn_gate.weight" in out:  # gate's rows, then up's
+        gate, up = out["blk.1.ffn_gate.weight"], out["blk.1.ffn_up.weight"]
+        assert gate.dims == up.dims == (64, 128)
+        assert gate.offset == 8192 and up.offset == 8192 + 128 * 68  # Q8_0: 68 bytes a row

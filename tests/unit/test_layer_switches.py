@@ -45,17 +45,43 @@ SWITCHES = {
     "gelu": {"activation": "gelu_tanh"},
     "embed_scale": {"embed_scale": 8.0},
     "softcap": {"final_logit_softcap": 3.0},
+    "nope": {"layer_nope": (False, True, True)},
+    "no_pre_norms": {"pre_norms": False},
+    "qk_norm_full": {"qk_norm": True, "qk_norm_full": True},
+    "attention_scale": {"attention_scale": 0.05},
+    "residual_scale": {"residual_scale": 0.5},
+    "logit_scale": {"logit_scale": 4.0},
+    "rope_scale": {"rope_scale": 0.25},
+    # optional tensors a file may carry whatever its spec says (EXTRA_TENSORS)
+    "rope_freqs": {},
+    "output_bias": {},
+    "optional_qkv_bias": {},
+    "attn_softcap": {"attn_softcap": 1.0},
+    "partial_rope": {"rope_dim": 8},
+    "longrope": {"rope_orig_context": 16, "rope_attn_factor": 1.25},
+    "layer_norm": {"norm_kind": "layer"},
+    "parallel_blocks": {"parallel_blocks": True},
 }
+
+# switches that are tensors in the file rather than spec fields
+EXTRA_TENSORS = {
+    "rope_freqs": {"rope_freqs"},
+    "output_bias": {"attn_output_bias"},
+    "optional_qkv_bias": {"attn_q_bias", "attn_v_bias"},  # k's is missing: zeros
+}
+OPTIONAL_ROLES = {"attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_output_bias", "rope_freqs"}
 
 
 class _Reader:
     """Tensors of a random model in memory, as a file reader hands them out."""
 
-    def __init__(self, spec: ModelSpec, seed: int = 0) -> None:
+    def __init__(self, spec: ModelSpec, seed: int = 0, extra: frozenset = frozenset()) -> None:
         rng = np.random.default_rng(seed)
         s = spec
+        qn, kn = (s.q_dim, s.kv_dim) if s.qk_norm_full else (s.head_dim, s.head_dim)
         mats = {"token_embd": (s.vocab_size, s.d_model), "output": (s.vocab_size, s.d_model)}
         vecs = {"output_norm": s.d_model}
+        factors = {"rope_factors_short": s.rope_dim // 2, "rope_factors_long": s.rope_dim // 2}
         roles = {
             "attn_q": (s.q_dim, s.d_model),
             "attn_k": (s.kv_dim, s.d_model),
@@ -71,11 +97,17 @@ class _Reader:
             "attn_q_bias": s.q_dim,
             "attn_k_bias": s.kv_dim,
             "attn_v_bias": s.kv_dim,
-            "attn_q_norm": s.head_dim,
-            "attn_k_norm": s.head_dim,
+            "attn_q_norm": qn,
+            "attn_k_norm": kn,
             "post_attention_norm": s.d_model,
             "post_ffw_norm": s.d_model,
+            "attn_output_bias": s.d_model,
         }
+        # a file carries the optional tensors only where the switch (or spec) has them
+        wanted = set(extra) | (
+            {"attn_q_bias", "attn_k_bias", "attn_v_bias"} if s.attn_bias else set()
+        )
+        layer_vecs = {r: n for r, n in layer_vecs.items() if r not in OPTIONAL_ROLES or r in wanted}
         self._t = {}
         for role, shape in mats.items():
             name = s.global_tensors[role]
@@ -83,6 +115,12 @@ class _Reader:
         for role, n in vecs.items():
             name = s.global_tensors[role]
             self._t[name] = quantize_tensor(name, rng.uniform(0.5, 1.5, n), "f32")
+        for role, n in factors.items():  # LongRoPE's, read when the spec asks for them
+            name = s.global_tensors[role]
+            self._t[name] = quantize_tensor(name, rng.uniform(1.0, 8.0, n), "f32")
+        if "rope_freqs" in wanted:  # Llama 3-like divisors: 1 (fast) .. 32 (slow)
+            f = np.geomspace(1.0, 32.0, s.rope_dim // 2)
+            self._t["rope_freqs.weight"] = quantize_tensor("rope_freqs.weight", f, "f32")
         for i in range(s.n_layers):
             for role, shape in roles.items():
                 name = s.layer_tensor(role, i)
@@ -100,7 +138,8 @@ class _Reader:
 
 def _model(switch: str) -> Transformer:
     spec = dataclasses.replace(BASE, **SWITCHES[switch])
-    return Transformer(spec, ResidentStore(_Reader(spec), "tiny"), "tiny")
+    reader = _Reader(spec, extra=frozenset(EXTRA_TENSORS.get(switch, ())))
+    return Transformer(spec, ResidentStore(reader, "tiny"), "tiny")
 
 
 PROMPTS = [[1, 5, 9, 13, 40, 77, 2, 3], [4, 8], [150, 1, 2, 3, 5]]

@@ -1,0 +1,659 @@
+"""Build the tiny reference models of tests/data/families/ (run by hand, not by CI).
+
+For each variant: a tiny randomly initialised transformers model (fixed seed, float32)
+configured so that the family's features change the logits within the test tokens, a
+tiny tokenizer (byte-level BPE trained here, or a SentencePiece model for the families
+whose converter reads ``tokenizer.model``), converted to GGUF f32 / f16 / q8_0 by
+llama.cpp's own ``convert_hf_to_gguf.py``. Each folder holds:
+
+- ``f32.gguf``, ``f16.gguf``, ``q8_0.gguf``
+- ``reference.npz``: ``ids`` (int32 [n]) and ``logits`` (float32 [n, vocab], transformers'
+  float32 logits at every position)
+- ``reference.json``: the GGUF architecture, the transformers config, the features the
+  variant exercises, how much turning each feature off moves the logits, and llama.cpp's
+  own max |logits - reference| for the f32 file.
+
+The converter names BPE pre-tokenizers by a hash of a test string's tokens; a tokenizer
+trained here hashes to nothing it knows, so ``get_vocab_base_pre`` is patched to return
+the name llama.cpp writes for real files of that family.
+
+Usage (from the repository root)::
+
+    python tests/data/families/make_family_models.py            # every variant
+    python tests/data/families/make_family_models.py llama3 qwen3
+
+Needs torch, transformers (5.x), tokenizers, sentencepiece, llama_cpp (for the check) and
+the llama.cpp source tree (``--llama-cpp``, default the unpacked llama-cpp-python sdist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+LLAMA_CPP = Path("/work/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp")
+OUTTYPES = ("f32", "f16", "q8_0")
+N_TOKENS = 56
+SEED = 1234
+CANDIDATES = 48
+MIN_MARGIN = 0.06
+
+TEXT = """The quick brown fox jumps over the lazy dog. Python is a programming language
+that lets you work quickly and integrate systems more effectively. Numbers like 12345
+and symbols like {}[]() appear in code: def main(): return 0 if x else 1
+A tokenizer splits text into pieces; a model predicts the next piece of the text.
+Rotary position embeddings rotate pairs of query and key features by an angle that grows
+with the position, so attention scores depend on the distance between two tokens.
+Sliding window attention lets a token see only the most recent tokens of the sequence."""
+
+# Shared by every variant: d_model 64, two query heads of 32 over one KV head (GQA), d_ff 128.
+BASE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=128,
+    # Weights of std 0.2 make attention sharp and logits spread out, so that positions,
+    # windows and scales show in the logits (std 0.02 leaves attention nearly uniform).
+    initializer_range=0.2,
+)
+# Phi-3 vocabularies hold these; llama.cpp sets attributes on <|endoftext|> for phi3 models.
+PHI3_SYMBOLS = ("<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>")
+BPE_SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|user|>", "<|im_end|>"]
+
+
+@dataclass
+class Variant:
+    """One reference model: a transformers class and config, its tokenizer and features."""
+
+    name: str
+    model_class: str  # transformers class name
+    config_class: str
+    config: dict
+    tokenizer: str  # "bpe" or "spm"
+    pre: str | None  # tokenizer.ggml.pre that llama.cpp writes for real files of the family
+    add_bos: bool
+    features: list[str]
+    # feature name -> config overrides that turn it off (same weights): the logits must move
+    ablations: dict[str, dict] = field(default_factory=dict)
+    # extra pieces of a SentencePiece vocabulary (llama.cpp's vocab loader looks some up by name)
+    spm_symbols: tuple[str, ...] = ()
+
+
+def _rope(**kw) -> dict:
+    return {"rope_type": "default", "rope_theta": 10000.0, **kw}
+
+
+VARIANTS = [
+    Variant(
+        "qwen2",
+        "Qwen2ForCausalLM",
+        "Qwen2Config",
+        dict(rope_parameters=_rope(rope_theta=1000000.0), tie_word_embeddings=True),
+        "bpe",
+        "qwen2",
+        False,
+        ["q/k/v biases", "tied output"],
+    ),
+    Variant(
+        "llama3",
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        dict(
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+            tie_word_embeddings=False,
+        ),
+        "bpe",
+        "llama-bpe",
+        True,
+        ["llama3 rope scaling (rope_freqs.weight)", "untied output"],
+        {"llama3 rope scaling": {"rope_parameters": _rope()}},
+    ),
+    Variant(
+        "llama",
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        dict(rope_parameters=_rope(rope_theta=500000.0), tie_word_embeddings=False),
+        "bpe",
+        "llama-bpe",
+        True,
+        ["plain llama: no biases, no rope scaling", "untied output"],
+    ),
+    Variant(
+        "llama-bias",
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        dict(rope_parameters=_rope(), attention_bias=True, tie_word_embeddings=True),
+        "bpe",
+        "llama-bpe",
+        True,
+        ["q/k/v/o biases", "tied output", "no rope scaling"],
+    ),
+    Variant(
+        "qwen3",
+        "Qwen3ForCausalLM",
+        "Qwen3Config",
+        dict(head_dim=32, rope_parameters=_rope(rope_theta=1000000.0), tie_word_embeddings=False),
+        "bpe",
+        "qwen2",
+        False,
+        ["per-head q/k RMSNorm", "untied output"],
+    ),
+    Variant(
+        "gemma2",
+        "Gemma2ForCausalLM",
+        "Gemma2Config",
+        dict(
+            head_dim=32,
+            query_pre_attn_scalar=32,
+            sliding_window=8,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=5.0,
+            rope_parameters=_rope(),
+            tie_word_embeddings=True,
+        ),
+        "spm",
+        None,
+        True,
+        [
+            "sliding window 8 on even layers, global on odd",
+            "attention logit softcap 3",
+            "final logit softcap 5",
+            "(1 + w) RMSNorm, post-attention and post-FFN norms",
+            "embeddings scaled by sqrt(d_model)",
+            "gelu (tanh) gated FFN",
+        ],
+        {
+            "sliding window": {"sliding_window": 4096},
+            "attention softcap": {"attn_logit_softcapping": None},
+            "final softcap": {"final_logit_softcapping": None},
+        },
+    ),
+    Variant(
+        "phi3",
+        "Phi3ForCausalLM",
+        "Phi3Config",
+        dict(
+            rope_parameters=_rope(partial_rotary_factor=0.5),
+            original_max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+        "spm",
+        None,
+        True,
+        ["partial rotary (16 of 32 dims)", "fused qkv and gate_up", "untied output"],
+        {"partial rotary": {"rope_parameters": _rope()}},
+        spm_symbols=PHI3_SYMBOLS,
+    ),
+    Variant(
+        "phi3-longrope",
+        "Phi3ForCausalLM",
+        "Phi3Config",
+        dict(
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "original_max_position_embeddings": 16,
+                "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 3.0, 4.0, 5.0],
+                "long_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0],
+            },
+            original_max_position_embeddings=16,
+            tie_word_embeddings=False,
+        ),
+        "spm",
+        None,
+        True,
+        [
+            "LongRoPE: long factors (the sequence and n_ctx exceed original_max_position_embeddings"
+            " 16), attention factor sqrt(1 + ln(128/16) / ln(16))",
+            "partial rotary (16 of 32 dims)",
+        ],
+        {
+            "longrope": {
+                "rope_parameters": _rope(partial_rotary_factor=0.5),
+                "original_max_position_embeddings": 128,
+            }
+        },
+        spm_symbols=PHI3_SYMBOLS,
+    ),
+    Variant(
+        "granite",
+        "GraniteForCausalLM",
+        "GraniteConfig",
+        dict(
+            rope_parameters=_rope(),
+            embedding_multiplier=3.0,
+            residual_multiplier=0.5,
+            attention_multiplier=0.25,
+            logits_scaling=2.0,
+            tie_word_embeddings=True,
+        ),
+        "bpe",
+        "refact",
+        False,
+        [
+            "embedding_multiplier 3",
+            "residual_multiplier 0.5",
+            "attention_multiplier 0.25 (instead of 1/sqrt(32))",
+            "logits divided by logits_scaling 2",
+        ],
+        {
+            "embedding_multiplier": {"embedding_multiplier": 1.0},
+            "residual_multiplier": {"residual_multiplier": 1.0},
+            "attention_multiplier": {"attention_multiplier": 32**-0.5},
+        },
+    ),
+    Variant(
+        "olmo2",
+        "Olmo2ForCausalLM",
+        "Olmo2Config",
+        dict(rope_parameters=_rope(), tie_word_embeddings=False),
+        "bpe",
+        "dbrx",
+        False,
+        [
+            "RMSNorm after attention and after the FFN (no pre-norms)",
+            "q/k RMSNorm over the whole projection",
+            "untied output",
+        ],
+    ),
+    Variant(
+        "smollm3",
+        "SmolLM3ForCausalLM",
+        "SmolLM3Config",
+        dict(
+            rope_parameters=_rope(),
+            no_rope_layer_interval=4,
+            use_sliding_window=False,
+            tie_word_embeddings=True,
+        ),
+        "bpe",
+        "llama-bpe",
+        False,
+        ["no RoPE on every 4th layer (layer 3)", "tied output"],
+        {"no-rope layers": {"no_rope_layers": [1, 1, 1, 1]}},
+    ),
+    Variant(
+        "glm4",
+        "Glm4ForCausalLM",
+        "Glm4Config",
+        dict(
+            head_dim=32,
+            rope_parameters=_rope(partial_rotary_factor=0.5),
+            attention_bias=True,
+            tie_word_embeddings=False,
+        ),
+        "bpe",
+        "glm4",
+        False,
+        [
+            "partial rotary (16 of 32 dims), interleaved pairs",
+            "q/k/v biases",
+            "post-attention and post-FFN RMSNorm",
+            "fused gate_up",
+            "untied output",
+        ],
+        {"partial rotary": {"rope_parameters": _rope(partial_rotary_factor=1.0)}},
+    ),
+    Variant(
+        "exaone4",
+        "Exaone4ForCausalLM",
+        "Exaone4Config",
+        dict(
+            rope_parameters=_rope(),
+            sliding_window=8,
+            sliding_window_pattern=4,
+            tie_word_embeddings=False,
+        ),
+        "bpe",
+        "exaone4",
+        False,
+        [
+            "sliding window 8 on layers 0-2, global layer 3 without RoPE",
+            "q/k RMSNorm per head",
+            "post-attention and post-FFN RMSNorm (no pre-norms)",
+            "untied output",
+        ],
+        {"sliding window": {"sliding_window": 4096}},
+    ),
+    Variant(
+        "cohere2",
+        "Cohere2ForCausalLM",
+        "Cohere2Config",
+        dict(
+            rope_parameters=_rope(),
+            sliding_window=8,
+            logit_scale=0.5,
+            rotary_pct=1.0,  # the converter reads it (transformers 5 no longer writes it)
+            tie_word_embeddings=True,
+        ),
+        "bpe",
+        "command-r",
+        True,
+        [
+            "sliding window 8 on layers 0-2 (with RoPE), global layer 3 without RoPE",
+            "parallel attention + FFN from one LayerNorm (no bias)",
+            "logit_scale 0.5",
+            "interleaved rope pairs",
+            "tied output",
+        ],
+        {"sliding window": {"sliding_window": 4096}, "logit_scale": {"logit_scale": 1.0}},
+    ),
+    Variant(
+        "mistral3",
+        "Ministral3ForCausalLM",
+        "Ministral3Config",
+        dict(
+            head_dim=32,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            },
+            tie_word_embeddings=False,
+        ),
+        "bpe",
+        "tekken",
+        True,
+        [
+            "YaRN rope (factor 4, original context 16)",
+            "llama 4 attention temperature: q * (1 + 0.1 * ln(1 + floor(pos / 16)))",
+            "untied output",
+        ],
+    ),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizers
+
+
+def _train_bpe(folder: Path, add_bos: bool) -> None:
+    """A byte-level BPE (~384 ids) saved as tokenizer.json + tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=384,
+        special_tokens=BPE_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(TEXT.splitlines() * 20, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|endoftext|>",
+        "unk_token": None,
+        "add_bos_token": add_bos,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1024,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
+
+
+def _train_spm(folder: Path, add_bos: bool, symbols: tuple[str, ...]) -> None:
+    """A SentencePiece BPE (384 ids, byte fallback) saved as tokenizer.model."""
+    import sentencepiece as spm
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXT.splitlines() * 20),
+        model_writer=buf,
+        vocab_size=384,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=1.0,
+        minloglevel=2,
+        user_defined_symbols=list(symbols),
+    )
+    (folder / "tokenizer.model").write_bytes(buf.getvalue())
+    cfg = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": add_bos, "add_eos_token": False}
+    cfg.update(bos_token="<s>", eos_token="</s>")
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
+
+
+def _tokenize(folder: Path, kind: str) -> tuple[list[int], int, int, int]:
+    """(ids of TEXT without specials, vocab size, bos id, eos id) of the tokenizer in folder."""
+    if kind == "spm":
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+        return sp.encode(TEXT), sp.get_piece_size(), sp.bos_id(), sp.eos_id()
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    bos = tok.token_to_id("<|begin_of_text|>")
+    eos = tok.token_to_id("<|endoftext|>")
+    return tok.encode(TEXT, add_special_tokens=False).ids, tok.get_vocab_size(), bos, eos
+
+
+# ---------------------------------------------------------------------------------------------
+# model, reference logits, conversion, check
+
+
+def _build(variant: Variant, vocab: int, bos: int, eos: int, overrides: dict | None = None):
+    import torch
+    import transformers
+
+    kw = {**BASE, **copy.deepcopy(variant.config), **(overrides or {})}
+    kw.update(vocab_size=vocab, bos_token_id=bos, eos_token_id=eos, pad_token_id=eos)
+    cfg = getattr(transformers, variant.config_class)(**kw)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    return getattr(transformers, variant.model_class)(cfg).float().eval()
+
+
+def _perturb(model) -> None:
+    """Non-trivial norms and biases, so that a wrong mapping of either shows in the logits."""
+    import torch
+
+    gen = torch.Generator().manual_seed(SEED + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+
+
+def _logits(model, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def _margin(logits: np.ndarray) -> np.ndarray:
+    """Top-two gap of each row of logits, as a fraction of the row's max - min."""
+    top = np.sort(logits, axis=-1)
+    return (top[..., -1] - top[..., -2]) / (top[..., -1] - top[..., 0])
+
+
+def _decided_ids(model, first: list[int], pool: list[int]) -> list[int]:
+    """N_TOKENS ids from first, each next id drawn (seeded) from the text's ids so that the
+    logits after it have a clear winner (a top-two gap of MIN_MARGIN of the spread, or the
+    widest of the candidates): random models' logits are flat, and a near-tie would let
+    any rounding swap the argmax. The tests then check argmax at nearly every position."""
+    import torch
+
+    rng = np.random.default_rng(SEED)
+    ids = list(first)
+    while len(ids) < N_TOKENS:
+        cands = rng.permutation(pool)[:CANDIDATES]
+        with torch.no_grad():
+            batch = torch.tensor([ids + [int(c)] for c in cands])
+            last = model(batch).logits[:, -1].float().numpy()
+        margin = _margin(last)
+        good = np.flatnonzero(margin >= MIN_MARGIN)
+        ids.append(int(cands[good[0] if good.size else int(margin.argmax())]))
+    return ids
+
+
+_CONVERT = """
+import sys, runpy
+from conversion import base
+pre = {pre!r}
+if pre is not None:
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv = ["convert_hf_to_gguf.py", *{args!r}]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def _convert(llama_cpp: Path, hf_dir: Path, outtype: str, out: Path, pre: str | None) -> None:
+    code = _CONVERT.format(
+        pre=pre,
+        args=[str(hf_dir), "--outtype", outtype, "--outfile", str(out)],
+        script=str(llama_cpp / "convert_hf_to_gguf.py"),
+    )
+    env = dict(os.environ, PYTHONPATH=f"{llama_cpp / 'gguf-py'}{os.pathsep}{llama_cpp}")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"convert {hf_dir} -> {outtype} failed:\n{done.stderr[-4000:]}")
+
+
+def _llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        logits_all=True,
+        n_ctx=64,
+        n_batch=64,
+        n_threads=2,
+        type_k=0,  # float32 KV cache: the default f16 cache alone costs ~2e-3 of the spread
+        type_v=0,
+        flash_attn=False,
+        verbose=False,
+    )
+    llm.eval(ids)
+    out = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    llm.close()
+    return out
+
+
+def make(variant: Variant, llama_cpp: Path, check: bool) -> dict:
+    folder = HERE / variant.name
+    folder.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir = Path(tmp) / variant.name
+        hf_dir.mkdir()
+        if variant.tokenizer == "spm":
+            _train_spm(hf_dir, variant.add_bos, variant.spm_symbols)
+        else:
+            _train_bpe(hf_dir, variant.add_bos)
+        text_ids, vocab, bos, eos = _tokenize(hf_dir, variant.tokenizer)
+        model = _build(variant, vocab, bos, eos)
+        _perturb(model)
+        first = [bos] if variant.add_bos else text_ids[:1]
+        ids = _decided_ids(model, first, sorted(set(text_ids)))
+        ref = _logits(model, ids)
+        spread = ref.max(-1) - ref.min(-1)
+
+        effects = {}
+        for feature, overrides in variant.ablations.items():
+            other = _build(variant, vocab, bos, eos, overrides)
+            other.load_state_dict(model.state_dict())
+            effects[feature] = float((np.abs(_logits(other, ids) - ref).max(-1) / spread).max())
+
+        model.save_pretrained(hf_dir, safe_serialization=True)
+        for outtype in OUTTYPES:
+            _convert(llama_cpp, hf_dir, outtype, folder / f"{outtype}.gguf", variant.pre)
+
+        margin = _margin(ref)
+        info = {
+            "variant": variant.name,
+            "transformers_class": variant.model_class,
+            "features": variant.features,
+            "tokenizer": variant.tokenizer,
+            "tokenizer_ggml_pre": variant.pre or "default",
+            "add_bos": variant.add_bos,
+            "n_tokens": len(ids),
+            "vocab_size": vocab,
+            "spread": "per position: max - min of the reference logits",
+            "min_top2_margin_over_spread": float(margin.min()),
+            "feature_effect_max_diff_over_spread": effects,
+            "config": json.loads(model.config.to_json_string()),
+        }
+        for feature, effect in effects.items():
+            if effect < 1e-2:
+                raise AssertionError(f"{variant.name}: {feature} moves the logits {effect:.2e}")
+        if check:
+            errors = {}
+            for outtype in OUTTYPES:
+                got = _llama_cpp_logits(folder / f"{outtype}.gguf", ids)
+                err = np.abs(got - ref).max(-1) / spread
+                errors[outtype] = {
+                    "max_abs_diff": float(np.abs(got - ref).max()),
+                    "max_diff_over_spread": float(err.max()),
+                    "mean_diff_over_spread": float(err.mean()),
+                    "argmax_agreement": float((got.argmax(-1) == ref.argmax(-1)).mean()),
+                }
+            info["llama_cpp_vs_transformers"] = errors
+        info["arch"] = _gguf_arch(folder / "f32.gguf", llama_cpp)
+    np.savez_compressed(
+        folder / "reference.npz", ids=np.asarray(ids, np.int32), logits=ref.astype(np.float32)
+    )
+    (folder / "reference.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+    return info
+
+
+def _gguf_arch(path: Path, llama_cpp: Path) -> str:
+    sys.path.insert(0, str(llama_cpp / "gguf-py"))
+    import gguf
+
+    field_ = gguf.GGUFReader(path).get_field("general.architecture")
+    return field_.contents()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variants", nargs="*", help="variant names (default: all)")
+    parser.add_argument("--llama-cpp", type=Path, default=LLAMA_CPP)
+    parser.add_argument("--no-check", action="store_true", help="skip llama.cpp's own check")
+    args = parser.parse_args()
+    names = args.variants or [v.name for v in VARIANTS]
+    known = {v.name: v for v in VARIANTS}
+    for name in names:
+        if name not in known:
+            parser.error(f"unknown variant {name!r}; known: {', '.join(known)}")
+    for name in names:
+        info = make(known[name], args.llama_cpp, not args.no_check)
+        size = sum(p.stat().st_size for p in (HERE / name).iterdir()) / 1e6
+        print(f"{name} ({info['arch']}): {size:.2f} MB", flush=True)
+        print(f"  feature effects: {info['feature_effect_max_diff_over_spread']}", flush=True)
+        for outtype, err in info.get("llama_cpp_vs_transformers", {}).items():
+            print(f"  llama.cpp {outtype}: {err}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
