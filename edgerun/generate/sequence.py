@@ -30,10 +30,15 @@ class WarmUp:
 
     seconds: float
     compiled: int  # Numba compilations it triggered; 0 = every kernel came from the cache
+    processes: int = 0  # child processes that compiled them (0: this process did)
 
     def __str__(self) -> str:
         if self.compiled:
-            return f"warm-up: kernels compiled {self.seconds:.1f} s ({self.compiled} functions)"
+            where = f", {self.processes} processes" if self.processes else ""
+            return (
+                f"warm-up: kernels compiled {self.seconds:.1f} s "
+                f"({self.compiled} functions{where})"
+            )
         return f"warm-up: kernels loaded from cache {self.seconds:.1f} s"
 
 
