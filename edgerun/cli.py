@@ -402,11 +402,10 @@ def _start_first_run(args: argparse.Namespace, offload: dict):
     from edgerun.tools.first_run import FirstRun
 
     path = resolve_model(args.model)
-    # "prompt" and "decode" are every answer's; "gemm" joins them once the prompt's
-    # length is known (Engine.answer_parts)
-    run = FirstRun.start(
-        path, kv_type_for(args.kv_type, None), ["prompt", "decode"], offload.get("interleave")
-    )
+    # every answer's parts, the longest (decode) first; "gemm" joins them once the
+    # prompt's length is known (Engine.answer_parts)
+    parts = ["tokenizer", "decode", "prompt"]
+    run = FirstRun.start(path, kv_type_for(args.kv_type, None), parts, offload.get("interleave"))
     if run is not None:
         try:
             run.wait_loaded()
@@ -549,7 +548,11 @@ def _cmd_warm(args: argparse.Namespace) -> int:
     from edgerun.tools.first_run import FirstRun
 
     path = resolve_model(args.model)
-    parts = ("prompt", "decode") if args.answer else WARM_PARTS
+    # the longest first (SmolLM2's compile CPU: 51, 34, 18, 8, 2, 4 s), so that no core
+    # is left alone with a long one at the end
+    longest_first = ("batch", "decode", "prompt", "gemm", "rows", "tokenizer")
+    every = sorted(WARM_PARTS, key=longest_first.index)
+    parts = ("tokenizer", "decode", "prompt") if args.answer else every
     interleave = False if args.no_interleave else None
     t0 = time.perf_counter()
     run = FirstRun.start(path, kv_type_for(args.kv_type, None), parts, interleave)

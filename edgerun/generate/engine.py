@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 # The warm-up's parts (Engine.warm_part), in the order warm_up runs them.
-WARM_PARTS = ("prompt", "decode", "batch", "gemm", "rows")
+WARM_PARTS = ("tokenizer", "prompt", "decode", "batch", "gemm", "rows")
 PREFILL_CHUNK = 256  # tokens per forward call: bounds the attention score buffer
 # The fewest prompt tokens per forward call a RAM budget may choose.
 MIN_PREFILL_CHUNK = 16
@@ -190,8 +190,9 @@ class Engine:
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self.warmed: WarmUp | None = None
         # Set while other processes still compile the decode step's kernels (the CLI's
-        # first run, offload/warm_kernels.KernelPool): called once before the first decode
-        # step, so a prompt runs on its kernels as soon as they are cached.
+        # first run, offload/warm_kernels.KernelPool): called once before the first
+        # one-token step (a prompt's last token), so the rest of a prompt runs on its
+        # kernels as soon as they are cached.
         self.kernels_pending: Callable[[], object] | None = None
         self._identity: str | None = None
 
@@ -254,16 +255,19 @@ class Engine:
             or (w.interleaved is None and n > qmatvec.mvb_prefill_max(w.qtype))
             for w in _weight_matrices(self.transformer, layers_only=True)
         )
-        return ("prompt", "gemm", "decode") if gemm else ("prompt", "decode")
+        return (
+            ("tokenizer", "prompt", "gemm", "decode") if gemm else ("tokenizer", "prompt", "decode")
+        )
 
     def warm_part(self, part: str) -> None:
         """Run one warm-up part's kernels once (compiling or loading them), on scratch data:
 
+        - "tokenizer": the tokenizer's merge kernel (byte-level BPE, tokenizer/bpe_merges.py);
         - "prompt": a 2-token prompt (the batched decode kernels short prompts take, the
-          prefill attention), the parallel RMSNorm and GLU kernels longer prompts start,
-          and the tokenizer's merge kernel;
+          prefill attention) and the parallel RMSNorm and GLU kernels longer prompts start;
         - "gemm": the prefill GEMM of each weight format (prompts past its batched limit);
-        - "decode": one token through the bound decode step;
+        - "decode": one token through the bound decode step (which every prompt's last
+          token takes too, Generator.prefill);
         - "batch": one decode step of two sequences (serving/batching.py);
         - "rows": the row kernels' decode of every format and an offloaded head's sketch
           scores (parts held or moved after the warm-up under a RAM budget).
@@ -271,10 +275,11 @@ class Engine:
         model, spec = self.transformer, self.spec
         ids = [1 % spec.vocab_size, 2 % spec.vocab_size]
         with self.lock:
-            if part == "prompt":
+            if part == "tokenizer":
+                self.tokenizer.warm()
+            elif part == "prompt":
                 model.forward(ids, KVCache(spec, 2, self.kv_type))
                 compute_thread().call(self._warm_parallel_kernels)
-                self.tokenizer.warm()  # byte-level BPE's merge kernel (tokenizer/bpe_merges.py)
             elif part == "gemm":
                 compute_thread().call(qmatvec.warm_prefill, _weight_formats(model))
             elif part == "decode":
@@ -417,8 +422,15 @@ class Generator:
         # single-token kernels round differently, and a seed must give the same text.
         self._forward_chunks(ids[reuse:-1])
         self._pace(decode=True)
+        self._kernels_ready()
         with self.lock:
             return self.model.forward(ids[-1:], self.cache)
+
+    def _kernels_ready(self) -> None:
+        """Wait, once, for decode kernels other processes still compile (kernels_pending)."""
+        pending, self.engine.kernels_pending = self.engine.kernels_pending, None
+        if pending is not None:
+            pending()
 
     def _forward_chunks(self, ids: list[int]) -> None:
         """Append `ids` to the cache, prefill_chunk tokens per forward call."""
@@ -484,9 +496,7 @@ class Generator:
                         break
                     self._slide()
                 self._pace(decode=True)
-                pending, self.engine.kernels_pending = self.engine.kernels_pending, None
-                if pending is not None:
-                    pending()
+                self._kernels_ready()
                 with self.lock:
                     logits = self.model.forward([seq.token], self.cache)
                 stats.generate_seconds = time.perf_counter() - t1

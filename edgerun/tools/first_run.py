@@ -39,6 +39,11 @@ class FirstRun:
         self.loaded_at: float | None = None
         self.bar: Advance | None = None
         self._bar_cm = None
+        self.here: list[str] = []  # functions this process compiled itself (none, normally)
+        self._listener = _CompileNames(self.here)
+        from numba.core import event
+
+        event.register("numba:compile", self._listener)
 
     @classmethod
     def start(
@@ -105,28 +110,30 @@ class FirstRun:
 
     # -- the steps --------------------------------------------------------------------
     def wait_loaded(self) -> None:
-        """Wait until a child loaded the model, so this process's load finds the load's
-        kernels (the tokenizer's, the interleaved copies') in the cache."""
+        """Wait until a child loaded the model and compiled the tokenizer's kernel, so this
+        process's load and prompt encoding find theirs (the interleaved copies', the
+        merge kernel) in the cache."""
+        self.pool.submit(["tokenizer"], first=True)
         self.pool.wait_loaded(self._tick)
+        self.pool.wait(["tokenizer"], self._tick)
         self.loaded_at = time.perf_counter()
 
     def warm(self, model, parts: Sequence[str]) -> None:
-        """Have `parts` compiled, wait for all but "decode", load them into `model`, and
-        let the model's first decode step wait for the rest."""
+        """Have `parts` compiled; wait for all but "decode" and load them into `model`;
+        the model's first one-token step (the prompt's last token) waits for "decode",
+        so the rest of the prompt runs meanwhile. The display stays up until then."""
         self.pool.submit(parts, first=True)
         now = [p for p in parts if p != "decode"]
         self.pool.wait(now, self._tick)
+        if "decode" in parts and "decode" not in self.pool.state.done:
+            model.engine.kernels_pending = self._wait_decode
+        else:
+            self._close_bar()
+        model.warm_up(now)  # loads what the children cached
+
+    def _wait_decode(self) -> None:
+        self.pool.wait(["decode"], self._tick)
         self._close_bar()
-        left = [p for p in parts if p not in self.pool.state.done and p not in now]
-        if left and "decode" in self.pool.state.running + self.pool.queue:
-            print(
-                "edgerun: the prompt's kernels are ready; the decode step's are still "
-                "compiling, so the answer may pause after its first token",
-                file=self.stream,
-                flush=True,
-            )
-            model.engine.kernels_pending = lambda: self.pool.wait(["decode"])
-        self.own = model.warm_up(now)  # loads what the children cached
 
     def wait_all(self) -> None:
         """Wait for every part asked for (edgerun warm), showing the progress."""
@@ -136,12 +143,37 @@ class FirstRun:
     def finish(self) -> WarmUp:
         """Let the children exit; what the warm-up cost, all processes together."""
         self.pool.close()
+        self._unlisten()
         st = self.pool.state
         seconds = max(st.done.values()) if st.done else st.elapsed  # until the last part
-        own = getattr(self, "own", None)
-        compiled = self.pool.compiled() + (own.compiled if own is not None else 0)
-        return WarmUp(seconds, compiled, self.pool.processes)
+        return WarmUp(seconds, self.pool.compiled(), self.pool.processes, len(self.here))
 
     def abort(self) -> None:
         self._close_bar()
+        self._unlisten()
         self.pool.kill()
+
+    def _unlisten(self) -> None:
+        from numba.core import event
+
+        try:
+            event.unregister("numba:compile", self._listener)
+        except ValueError:  # already
+            pass
+
+
+class _CompileNames:
+    """A Numba event listener that notes the functions compiled in this process."""
+
+    def __new__(cls, names: list[str]):
+        from numba.core import event
+
+        class Listener(event.Listener):
+            def on_start(self, ev: event.Event) -> None:
+                func = getattr(ev.data.get("dispatcher"), "py_func", None)
+                names.append(getattr(func, "__qualname__", "?"))
+
+            def on_end(self, ev: event.Event) -> None:
+                pass
+
+        return Listener()

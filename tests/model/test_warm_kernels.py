@@ -163,7 +163,9 @@ def test_first_run_prints_whole_lines_off_a_terminal(fake_model):
     # what happens, and why only once
     assert "compiling this model's kernels" in lines[0] and "once" in lines[0]
     steps = [line for line in lines[1:] if line.startswith("compiling kernels")]
-    assert steps[0].endswith("0/3 steps (0%)") and "3/3 steps (100%), done in" in steps[-1]
+    # the load, the tokenizer (before this process encodes its prompt), the parts
+    assert steps[0].endswith("0/4 steps (0%)") and "4/4 steps (100%), done in" in steps[-1]
+    assert sorted(run.pool.state.done) == ["decode", "prompt", "tokenizer"]
     assert warm.processes == run.pool.processes and warm.compiled == run.pool.compiled()
     assert "processes" in str(warm)
 
