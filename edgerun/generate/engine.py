@@ -366,6 +366,7 @@ class Generator:
         self.context_policy = context_policy
         self.cache = engine.new_cache()
         self.stats = GenerationStats()
+        self.kernel_wait_s = 0.0  # time _kernels_ready waited, kept out of prompt timings
 
     # what the engine holds, by the names the generator's users read
     @property
@@ -430,7 +431,9 @@ class Generator:
         """Wait, once, for decode kernels other processes still compile (kernels_pending)."""
         pending, self.engine.kernels_pending = self.engine.kernels_pending, None
         if pending is not None:
+            t0 = time.perf_counter()
             pending()
+            self.kernel_wait_s += time.perf_counter() - t0
 
     def _forward_chunks(self, ids: list[int]) -> None:
         """Append `ids` to the cache, prefill_chunk tokens per forward call."""
@@ -476,7 +479,8 @@ class Generator:
         stats.cached_tokens = min(self.cache.common_prefix(list(prompt_ids)), len(prompt_ids) - 1)
         t0 = time.perf_counter()
         logits = self.prefill(prompt_ids)
-        stats.prompt_seconds = time.perf_counter() - t0
+        stats.prompt_seconds = time.perf_counter() - t0 - self.kernel_wait_s
+        self.kernel_wait_s = 0.0
         eos = self.tokenizer.eos_ids if stop_ids is None else stop_ids
         seq = Sequence(
             self.tokenizer, params, prompt_ids, max_tokens, stop, eos, stats, started=t_start
