@@ -372,6 +372,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         pieces.close()
         if first_run is not None:
             first_run.abort()
+    except BaseException:
+        if first_run is not None:  # no compile child outlives a failed command
+            first_run.abort()
+        raise
     if first_run is not None and not interrupted:
         warm = first_run.finish()
     sys.stdout.write("\n")

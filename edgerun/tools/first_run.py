@@ -93,8 +93,9 @@ class FirstRun:
     def _tick(self, st: PoolState) -> None:
         bar = self._open()
         done = (1 if self.loaded_at is not None or self._any_loaded() else 0) + len(st.done)
-        running = ", ".join(st.running) or ("loading the model" if not done else "")
-        what = f"compiling kernels [{running}] {st.functions} functions"
+        running = ", ".join(st.running) or ("loading the model" if not done else "-")
+        # no square brackets: rich reads them as markup
+        what = f"compiling kernels ({running}; {st.functions} functions done)"
         if not is_terminal(self.stream):  # whole lines carry the time themselves
             what += f", {st.elapsed:.0f} s"
         if (done, self._total(), what) != (bar.completed, bar.total, bar.description):
