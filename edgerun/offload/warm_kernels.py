@@ -206,6 +206,7 @@ class KernelPool:
             return None
         if workers is None:
             workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+            workers = min(workers, children_that_fit(path))
         from edgerun.runtime.numba_cache_lock import install
 
         install()  # this process may compile beside the children (a part that failed)
@@ -348,6 +349,21 @@ class KernelPool:
                 child.proc.kill()
         for child in self.children:
             child.proc.wait()
+
+
+# What one KernelPool child holds beyond the model file's size (its interleaved copies
+# are about that size): Numba and LLVM while compiling. Measured peaks: SmolLM2 (98 MB)
+# about 450 MiB a child.
+CHILD_COMPILE_BYTES = 384 << 20
+
+
+def children_that_fit(path: str | os.PathLike) -> int:
+    """How many KernelPool children the memory left holds at once (at least one: a lone
+    child needs no more than the serving process's own compile would)."""
+    from edgerun.runtime.sysinfo import memory_headroom_bytes
+
+    per_child = Path(path).stat().st_size + CHILD_COMPILE_BYTES
+    return max(1, memory_headroom_bytes() // per_child)
 
 
 def _marked(path: str | os.PathLike, kv_type: str, kernels: str, mode: str, part: str) -> bool:

@@ -27,8 +27,6 @@ from edgerun.runtime.progress import Advance, is_terminal, progress_bar
 
 __all__ = ["FirstRun"]
 
-LOAD_STEP = "load"  # the model load's own kernels (the tokenizer's, the copies')
-
 
 class FirstRun:
     """A KernelPool and its progress display, for one command."""
@@ -40,7 +38,7 @@ class FirstRun:
         self.bar: Advance | None = None
         self._bar_cm = None
         self.here: list[str] = []  # functions this process compiled itself (none, normally)
-        self._listener = _CompileNames(self.here)
+        self._listener = _compile_listener(self.here)
         from numba.core import event
 
         event.register("numba:compile", self._listener)
@@ -163,18 +161,16 @@ class FirstRun:
             pass
 
 
-class _CompileNames:
-    """A Numba event listener that notes the functions compiled in this process."""
+def _compile_listener(names: list[str]):
+    """A Numba event listener that notes in `names` each function this process compiles."""
+    from numba.core import event
 
-    def __new__(cls, names: list[str]):
-        from numba.core import event
+    class Listener(event.Listener):
+        def on_start(self, ev: event.Event) -> None:
+            func = getattr(ev.data.get("dispatcher"), "py_func", None)
+            names.append(getattr(func, "__qualname__", "?"))
 
-        class Listener(event.Listener):
-            def on_start(self, ev: event.Event) -> None:
-                func = getattr(ev.data.get("dispatcher"), "py_func", None)
-                names.append(getattr(func, "__qualname__", "?"))
+        def on_end(self, ev: event.Event) -> None:
+            pass
 
-            def on_end(self, ev: event.Event) -> None:
-                pass
-
-        return Listener()
+    return Listener()
