@@ -305,8 +305,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    import edgerun
-
     if args.prompt is not None and args.prompt_opt is not None:
         raise EdgerunError("two prompts given: pass the prompt as an argument or with -p, not both")
     prompt = args.prompt if args.prompt_opt is None else args.prompt_opt
@@ -317,18 +315,25 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     offload = _offload_kwargs(args)
     first_run = _start_first_run(args, offload)
     try:
-        model = edgerun.load(
-            args.model,
-            n_ctx=args.ctx,
-            threads=args.threads,
-            kv_type=args.kv_type,
-            context_policy=args.context_policy,
-            **offload,
-        )
+        return _answer(args, prompt, offload, first_run)
     except BaseException:
-        if first_run is not None:
+        if first_run is not None:  # no compile child outlives a failed command
             first_run.abort()
         raise
+
+
+def _answer(args: argparse.Namespace, prompt: str, offload: dict, first_run) -> int:
+    """generate's load and answer, once its first-run compile (if any) has started."""
+    import edgerun
+
+    model = edgerun.load(
+        args.model,
+        n_ctx=args.ctx,
+        threads=args.threads,
+        kv_type=args.kv_type,
+        context_policy=args.context_policy,
+        **offload,
+    )
     if model.loader.auto_budget_note:
         print(f"edgerun: {model.loader.auto_budget_note}", file=sys.stderr, flush=True)
     sampling = dict(
@@ -372,10 +377,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         pieces.close()
         if first_run is not None:
             first_run.abort()
-    except BaseException:
-        if first_run is not None:  # no compile child outlives a failed command
-            first_run.abort()
-        raise
     if first_run is not None and not interrupted:
         warm = first_run.finish()
     sys.stdout.write("\n")
