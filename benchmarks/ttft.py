@@ -1,19 +1,34 @@
-"""Time to first token in a fresh process (warm Numba cache), median of runs.
+"""Time to first token in a fresh process: warm Numba cache (median of runs), or
+--cold: the README's first command on an empty kernel cache, as a new user meets it.
 
-Each run starts a new Python process that imports edgerun, loads the model and
-streams the first piece of an answer to a short prompt; the wall time from
-process start to that piece is the figure a user waits for (interpreter exit
-is not counted).
+Warm: each run starts a new Python process that imports edgerun, loads the model and
+streams the first piece of an answer to a short prompt; the wall time from process
+start to that piece is the figure a user waits for (interpreter exit is not counted).
+
+--cold: runs `edgerun generate "What is the capital of France?"` (the README's first
+command's generate step) with NUMBA_CACHE_DIR pointing at a new temporary directory
+(no compiled kernel, no warm-up marker), then the same command again on that cache (a
+warm run, for comparison). For each it reports the first token (process start -> first
+byte on stdout), the total, the command's own peak RSS (its stats line), the peak of the
+process tree's summed RSS (sampled every 50 ms with psutil: children included, a page
+shared by two processes counted twice), the CPU time of the tree (user + sys: less
+sensitive to other load than wall time), the warm-up line and the load average.
 
 Usage: python benchmarks/ttft.py [-m MODEL] [-r 5]
+       python benchmarks/ttft.py --cold [-m MODEL] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 CHILD = """
@@ -25,18 +40,16 @@ next(it)
 print("first-token", flush=True)
 """
 
+README_PROMPT = "What is the capital of France?"
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-m", "--model", default="-")
-    ap.add_argument("-r", "--runs", type=int, default=5)
-    args = ap.parse_args(argv)
-    subprocess.run([sys.executable, "-c", CHILD, args.model], check=True, capture_output=True)
+
+def warm_ttft(model: str, runs: int) -> None:
+    subprocess.run([sys.executable, "-c", CHILD, model], check=True, capture_output=True)
     times = []
-    for _ in range(args.runs):
+    for _ in range(runs):
         t0 = time.perf_counter()
         child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, args.model],
+            [sys.executable, "-c", CHILD, model],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -48,8 +61,104 @@ def main(argv=None) -> int:
             raise RuntimeError(f"the child printed {line!r} instead of its first token")
     print(
         f"time to first token (fresh process, warm cache): median {statistics.median(times):.2f} s"
-        f" (min {min(times):.2f}, max {max(times):.2f}, {args.runs} runs)"
+        f" (min {min(times):.2f}, max {max(times):.2f}, {runs} runs)"
     )
+
+
+def _tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for q in procs:
+        try:
+            total += q.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def generate_run(model: str | None, env: dict, extra: list[str]) -> dict:
+    """One `edgerun generate` of the README prompt; its figures."""
+    cmd = [sys.executable, "-m", "edgerun", "generate", README_PROMPT, *extra]
+    if model is not None:
+        cmd += ["-m", model]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load = os.getloadavg()
+    t0 = time.perf_counter()
+    child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _tree_rss(child.pid))
+            done.wait(0.05)
+
+    threading.Thread(target=sample, daemon=True).start()
+    err: list[bytes] = []
+    reader = threading.Thread(target=lambda: err.append(child.stderr.read()), daemon=True)
+    reader.start()
+    first = child.stdout.read(1)  # the first byte of the answer
+    t_first = time.perf_counter() - t0
+    out = first + child.stdout.read()
+    rc = child.wait()
+    total = time.perf_counter() - t0
+    done.set()
+    reader.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    stderr = err[0].decode(errors="replace")
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {rc}:\n{stderr[-3000:]}")
+    own = re.search(r"peak RSS: (\d+) MiB", stderr)
+    warm = re.search(r"\[(warm-up: [^\]]*)\]", stderr)
+    return dict(
+        first_token_s=t_first,
+        total_s=total,
+        own_peak_mib=int(own.group(1)) if own else None,
+        tree_peak_mib=peak[0] / 2**20,
+        cpu_s=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        warmup=warm.group(1) if warm else "",
+        answer=out.decode(errors="replace").strip(),
+        load=load,
+        stderr=stderr,
+    )
+
+
+def cold_ttft(model: str | None, extra: list[str], show: bool) -> None:
+    with tempfile.TemporaryDirectory(prefix="edgerun-cold-") as tmp:
+        env = dict(os.environ, NUMBA_CACHE_DIR=os.path.join(tmp, "numba"))
+        for label in ("cold", "warm"):
+            r = generate_run(model, env, extra)
+            print(
+                f"{label}: first token {r['first_token_s']:.1f} s, total {r['total_s']:.1f} s, "
+                f"CPU (user+sys, all processes) {r['cpu_s']:.1f} s, "
+                f"peak RSS {r['own_peak_mib']} MiB (the command), "
+                f"{r['tree_peak_mib']:.0f} MiB (process tree, summed) | {r['warmup']} | "
+                f"load average {r['load'][0]:.1f} on {os.cpu_count()} CPUs"
+            )
+            print(f"  answer: {r['answer'][:100]!r}")
+            if show:
+                print("  stderr:\n    " + "\n    ".join(r["stderr"].strip().splitlines()))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", default=None)
+    ap.add_argument("-r", "--runs", type=int, default=5)
+    ap.add_argument("--cold", action="store_true", help="empty kernel cache, then warm")
+    ap.add_argument("-t", "--threads", default=None, help="--cold: generate's -t")
+    ap.add_argument("--show", action="store_true", help="--cold: print generate's stderr")
+    args = ap.parse_args(argv)
+    if args.cold:
+        extra = [] if args.threads is None else ["-t", str(args.threads)]
+        cold_ttft(args.model, extra, args.show)
+    else:
+        warm_ttft(args.model or "-", args.runs)
     return 0
 
 

@@ -390,10 +390,13 @@ class Model:
     def chat_template(self) -> str | None:
         return self.tokenizer.chat_template
 
-    def warm_up(self) -> WarmUp:
-        """Compile or load the kernels now (once), so no prompt's timing includes it."""
+    def warm_up(self, parts: Sequence[str] | None = None) -> WarmUp:
+        """Compile or load the kernels now (once), so no prompt's timing includes it.
+
+        parts: the warm-up parts to run (engine.WARM_PARTS; None: all, what a server
+        needs); `engine.answer_parts(n)` names those one answer to an n-token prompt uses."""
         set_threads(self.engine.governor.threads)
-        return self.engine.warm_up()
+        return self.engine.warm_up(parts)
 
     def tensor_summary(self) -> list[tuple[str, str, tuple[int, int], int]]:
         out = []

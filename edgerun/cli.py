@@ -7,7 +7,6 @@ import sys
 from collections.abc import Sequence
 
 from edgerun.errors import EdgerunError
-from edgerun.runtime import numba_env
 from edgerun.runtime.sysinfo import peak_rss_bytes, reset_peak_rss
 
 
@@ -298,12 +297,25 @@ def _build_parser() -> argparse.ArgumentParser:
         "model", nargs="?", default=None, help="registry name (default model if omitted)"
     )
     p.add_argument("--all", action="store_true", help="install every model in the registry")
+
+    w = sub.add_parser(
+        "warm",
+        help="compile a model's kernels into the cache now (what a first run would do)",
+    )
+    w.add_argument(
+        "model", nargs="?", default=None, help="registry name or path (default model if omitted)"
+    )
+    w.add_argument(
+        "--answer",
+        action="store_true",
+        help="only the kernels one short answer runs (edgerun generate), not a server's",
+    )
+    w.add_argument("--kv-type", default=None, choices=("f32", "f16"), help="KV cache type")
+    w.add_argument("--no-interleave", action="store_true", help="as with generate")
     return parser
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    import edgerun
-
     if args.prompt is not None and args.prompt_opt is not None:
         raise EdgerunError("two prompts given: pass the prompt as an argument or with -p, not both")
     prompt = args.prompt if args.prompt_opt is None else args.prompt_opt
@@ -311,22 +323,30 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if sys.stdin is None or sys.stdin.isatty():
             raise EdgerunError("no prompt given: pass it as an argument or on standard input")
         prompt = sys.stdin.read()
+    offload = _offload_kwargs(args)
+    first_run = _start_first_run(args, offload)
+    try:
+        return _answer(args, prompt, offload, first_run)
+    except BaseException:
+        if first_run is not None:  # no compile child outlives a failed command
+            first_run.abort()
+        raise
+
+
+def _answer(args: argparse.Namespace, prompt: str, offload: dict, first_run) -> int:
+    """generate's load and answer, once its first-run compile (if any) has started."""
+    import edgerun
+
     model = edgerun.load(
         args.model,
         n_ctx=args.ctx,
         threads=args.threads,
         kv_type=args.kv_type,
         context_policy=args.context_policy,
-        **_offload_kwargs(args),
+        **offload,
     )
     if model.loader.auto_budget_note:
         print(f"edgerun: {model.loader.auto_budget_note}", file=sys.stderr, flush=True)
-    if numba_env.kernel_cache_is_cold():
-        print(
-            "edgerun: first run: compiling kernels (a minute or so; cached afterwards)",
-            file=sys.stderr,
-            flush=True,
-        )
     sampling = dict(
         max_tokens=args.max_tokens,
         temperature=args.temp,
@@ -343,23 +363,37 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                 f"edgerun: {model.path.name} has no chat template; completing the raw prompt",
                 file=sys.stderr,
             )
+        prompt_ids = model.tokenizer.encode(prompt)
         pieces = model.generate(prompt, **sampling)
     else:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": prompt})
+        prompt_ids = model.encode_chat(messages)
         pieces = model.chat(messages, stream=True, **sampling)
+    # One answer warms only the kernels it runs (engine.answer_parts), compiled by the
+    # children where they are not cached yet.
+    parts = model.engine.answer_parts(len(prompt_ids))
+    warm = None
     interrupted = False
     try:
+        if first_run is not None:
+            first_run.warm(model, parts)
+        else:
+            warm = model.warm_up(parts)
         for piece in pieces:
             sys.stdout.write(piece)
             sys.stdout.flush()
     except KeyboardInterrupt:  # Ctrl+C: stop cleanly, report what was done, exit 130
         interrupted = True
         pieces.close()
+        if first_run is not None:
+            first_run.abort()
+    if first_run is not None and not interrupted:
+        warm = first_run.finish()
     sys.stdout.write("\n")
     st = model.stats
     # The first run's kernel compile / cache load has a line of its own (engine.WarmUp).
-    lines = [f"[{st.warmup}]"] if st.warmup is not None else []
+    lines = [f"[{warm}]"] if warm is not None else []
     lines.append(
         f"[prompt: {st.prompt_tokens} tokens, {st.prompt_tps:.1f} tok/s | "
         f"generated: {st.generated_tokens} tokens, {st.generate_tps:.1f} tok/s "
@@ -371,6 +405,30 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print("edgerun: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _start_first_run(args: argparse.Namespace, offload: dict):
+    """Compile the kernels one answer needs in child processes, where they are not cached
+    yet (tools/first_run.py); None where they are, or where the load is offloaded (a RAM
+    budget's loader compiles in children of its own, within the budget)."""
+    if offload.get("ram_budget") is not None or offload.get("gpu_budget") is not None:
+        return None
+    from edgerun.api import resolve_model
+    from edgerun.offload.loader import kv_type_for
+    from edgerun.tools.first_run import FirstRun
+
+    path = resolve_model(args.model)
+    # every answer's parts, the longest (decode) first; "gemm" joins them once the
+    # prompt's length is known (Engine.answer_parts)
+    parts = ["tokenizer", "decode", "prompt"]
+    run = FirstRun.start(path, kv_type_for(args.kv_type, None), parts, offload.get("interleave"))
+    if run is not None:
+        try:
+            run.wait_loaded()
+        except BaseException:
+            run.abort()
+            raise
+    return run
 
 
 def _check_runtime_args(args: argparse.Namespace) -> None:
@@ -603,6 +661,43 @@ def _cmd_pull(args: argparse.Namespace) -> int:
         path = registry.resolve_path(m, progress=True)
         print(f"{m.name}: {path}")
     return 0
+
+
+def _cmd_warm(args: argparse.Namespace) -> int:
+    """Compile a model's kernels into Numba's cache in child processes, one a core, so its
+    first answer (or a server's first request) only loads them."""
+    import time
+
+    from edgerun.api import resolve_model
+    from edgerun.generate.engine import WARM_PARTS
+    from edgerun.offload.loader import kv_type_for
+    from edgerun.tools.first_run import FirstRun
+
+    path = resolve_model(args.model)
+    # the longest first (SmolLM2's compile CPU: 51, 34, 18, 8, 2, 4 s), so that no core
+    # is left alone with a long one at the end
+    longest_first = ("batch", "decode", "prompt", "gemm", "rows", "tokenizer")
+    every = sorted(WARM_PARTS, key=longest_first.index)
+    parts = ("tokenizer", "decode", "prompt") if args.answer else every
+    interleave = False if args.no_interleave else None
+    t0 = time.perf_counter()
+    run = FirstRun.start(path, kv_type_for(args.kv_type, None), parts, interleave)
+    if run is None:
+        print(f"{path.name}: kernels already cached")
+        return 0
+    try:
+        run.wait_all()
+    except KeyboardInterrupt:
+        run.abort()
+        raise
+    warm = run.finish()
+    failed = sorted(run.pool.state.failed)
+    print(
+        f"{path.name}: {warm.compiled} functions compiled in {warm.processes} processes, "
+        f"{time.perf_counter() - t0:.1f} s"
+        + (f"; not compiled (a child failed): {', '.join(failed)}" if failed else "")
+    )
+    return 1 if failed else 0
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -882,6 +977,7 @@ COMMANDS = {
     "plan": _cmd_plan,
     "sysinfo": _cmd_sysinfo,
     "pull": _cmd_pull,
+    "warm": _cmd_warm,
 }
 
 

@@ -42,12 +42,15 @@ __all__ = [
     "PREFILL_CHUNK",
     "ResponseStats",
     "StopMatcher",
+    "WARM_PARTS",
     "WarmUp",
     "check_prompt",
     "check_token_ids",
     "prefill_chunk_within",
 ]
 
+# The warm-up's parts (Engine.warm_part), in the order warm_up runs them.
+WARM_PARTS = ("tokenizer", "prompt", "decode", "batch", "gemm", "rows")
 PREFILL_CHUNK = 256  # tokens per forward call: bounds the attention score buffer
 # The fewest prompt tokens per forward call a RAM budget may choose.
 MIN_PREFILL_CHUNK = 16
@@ -103,24 +106,33 @@ def check_token_ids(ids: Seq[int], vocab_size: int) -> None:
         raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
 
 
-def _weight_formats(model, rows_only: bool = False) -> set:
-    """The formats of a Transformer's weight matrices, resident or streamed (a streamed
-    matrix's rows keep its file's format); rows_only: of those whose decode reads their
-    rows (no interleaved copy, qmatvec.interleave)."""
-    parts: list = [getattr(model, "output", None), getattr(model, "head", None)]
+def _weight_matrices(model, layers_only: bool = False) -> list[QuantTensor]:
+    """A Transformer's weight matrices, resident or streamed (a streamed matrix's rows
+    keep its file's format; a split matrix counts as its template); layers_only: without
+    the head."""
+    parts: list = (
+        [] if layers_only else [getattr(model, "output", None), getattr(model, "head", None)]
+    )
     for layer in model.layers:
         parts += [getattr(layer, s, None) for s in type(layer).__slots__]
         ffn = getattr(layer, "ffn", None)
         parts += [getattr(ffn, s, None) for s in getattr(type(ffn), "__slots__", ())]
         parts += list(getattr(ffn, "__dict__", {}).values())
-    formats = set()
+    found = []
     for p in parts:
         p = getattr(p, "matrix", p)  # a streamed head
         p = getattr(p, "template", p)  # a split matrix
         if isinstance(p, QuantTensor) and p.rows > 1:
-            if not (rows_only and p.interleaved is not None):
-                formats.add(p.qtype)
-    return formats
+            found.append(p)
+    return found
+
+
+def _weight_formats(model, rows_only: bool = False) -> set:
+    """The formats of a Transformer's weight matrices; rows_only: of those whose decode
+    reads their rows (no interleaved copy, qmatvec.interleave)."""
+    return {
+        w.qtype for w in _weight_matrices(model) if not (rows_only and w.interleaved is not None)
+    }
 
 
 @dataclass
@@ -177,6 +189,11 @@ class Engine:
         self.path = Path(path) if path is not None else None
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
         self.warmed: WarmUp | None = None
+        # Set while other processes still compile the decode step's kernels (the CLI's
+        # first run, offload/warm_kernels.KernelPool): called once before the first
+        # one-token step (a prompt's last token), so the rest of a prompt runs on its
+        # kernels as soon as they are cached.
+        self.kernels_pending: Callable[[], object] | None = None
         self._identity: str | None = None
 
     @property
@@ -202,45 +219,86 @@ class Engine:
                 grow([cache], [end], 0)
 
     # -- warm-up ----------------------------------------------------------------------
-    def warm_up(self) -> WarmUp:
-        """Run every kernel a prompt and a decode step use once, on a scratch cache.
+    def warm_up(self, parts: Seq[str] | None = None) -> WarmUp:
+        """Run every kernel the warm-up `parts` (WARM_PARTS; None: all of them) use once.
 
         Numba compiles (or loads from its cache) each kernel on first call; doing that
-        here keeps it out of the prompt's and the decode's timings. A 2-token prompt
-        takes the prefill kernels; the parallel norm and GLU kernels, which start at a
-        size, run on scratch rows (a prompt that long costs a second on a 1.5B model).
-        Runs once per Engine; later calls return the first result.
+        here keeps it out of the prompt's and the decode's timings. Runs once per Engine;
+        later calls return the first result (a kernel a later part would have warmed then
+        compiles or loads on its first call). `edgerun generate` passes answer_parts():
+        one answer needs under half of the kernels a server does.
         """
         if self.warmed is not None:
             return self.warmed
         from numba.core import event
 
-        model, spec = self.transformer, self.spec
-        ids = [1 % spec.vocab_size, 2 % spec.vocab_size]
-        scratch = KVCache(spec, 3, self.kv_type)
         t0 = time.perf_counter()
         with self.lock, event.install_recorder("numba:compile") as rec:
-            model.forward(ids, scratch)
-            model.forward(ids[-1:], scratch)
-            pair = [KVCache(spec, 1, scratch.kv_type) for _ in range(2)]
-            model.forward_batch(ids, pair)  # batched decode (serving/batching.py)
-            compute_thread().call(self._warm_parallel_kernels)
-            compute_thread().call(self._warm_every_format)
-            self.tokenizer.warm()  # byte-level BPE's merge kernel (tokenizer/bpe_merges.py)
+            for part in WARM_PARTS if parts is None else parts:
+                self.warm_part(part)
         compiled = sum(1 for e in rec.buffer if e[1].is_start)
         self.warmed = WarmUp(time.perf_counter() - t0, compiled)
         if self.hooks.after_warm_up is not None:
             self.hooks.after_warm_up()
         return self.warmed
 
-    def _warm_every_format(self) -> None:
-        """The prefill GEMMs (AMX tiles where the CPU has them) and the decode kernels of
-        every weight format in the model: the warm-up's 2-token prompt takes the batched
-        decode kernels, and parts held or moved after the warm-up (offloading) would
-        otherwise load theirs on the first token or prompt."""
-        qmatvec.warm_prefill(_weight_formats(self.transformer))  # long prompts take the rows
-        # the row kernels' decode, for the matrices without copies (the copies' kernels
-        # ran in the warm-up's forward passes): Numba keeps what each compile allocated
+    def answer_parts(self, prompt_tokens: int) -> tuple[str, ...]:
+        """The warm-up parts one answer to a prompt of `prompt_tokens` tokens runs: the
+        prompt's kernels (with the GEMMs when some layer matrix takes one at that length:
+        past its interleaved copy's batched limit, qmatvec.reads_rows, or its format's,
+        qmatvec.mvb_prefill_max) and the decode step's; not the
+        batched decode of concurrent requests ("batch", 51 of SmolLM2's 118 s of compile
+        CPU) nor the row kernels of offloaded weights ("rows")."""
+        n = min(prompt_tokens, self.prefill_chunk)
+        gemm = n > 1 and any(
+            qmatvec.reads_rows(w, n)  # past its interleaved copy's batched limit
+            or (w.interleaved is None and n > qmatvec.mvb_prefill_max(w.qtype))
+            for w in _weight_matrices(self.transformer, layers_only=True)
+        )
+        return (
+            ("tokenizer", "prompt", "gemm", "decode") if gemm else ("tokenizer", "prompt", "decode")
+        )
+
+    def warm_part(self, part: str) -> None:
+        """Run one warm-up part's kernels once (compiling or loading them), on scratch data:
+
+        - "tokenizer": the tokenizer's merge kernel (byte-level BPE, tokenizer/bpe_merges.py);
+        - "prompt": a 2-token prompt (the batched decode kernels short prompts take, the
+          prefill attention) and the parallel RMSNorm and GLU kernels longer prompts start;
+        - "gemm": the prefill GEMM of each weight format (prompts past its batched limit);
+        - "decode": one token through the bound decode step (which every prompt's last
+          token takes too, Generator.prefill);
+        - "batch": one decode step of two sequences (serving/batching.py);
+        - "rows": the row kernels' decode of every format and an offloaded head's sketch
+          scores (parts held or moved after the warm-up under a RAM budget).
+        """
+        model, spec = self.transformer, self.spec
+        ids = [1 % spec.vocab_size, 2 % spec.vocab_size]
+        with self.lock:
+            if part == "tokenizer":
+                self.tokenizer.warm()
+            elif part == "prompt":
+                model.forward(ids, KVCache(spec, 2, self.kv_type))
+                compute_thread().call(self._warm_parallel_kernels)
+            elif part == "gemm":
+                compute_thread().call(qmatvec.warm_prefill, _weight_formats(model))
+            elif part == "decode":
+                model.forward(ids[-1:], KVCache(spec, 1, self.kv_type))
+            elif part == "batch":
+                pair = [KVCache(spec, 1, self.kv_type) for _ in range(2)]
+                model.forward_batch(ids, pair)
+            elif part == "rows":
+                compute_thread().call(self._warm_rows)
+            else:
+                raise InvalidArgumentError(
+                    f"unknown warm-up part {part!r}; expected one of {', '.join(WARM_PARTS)}"
+                )
+
+    def _warm_rows(self) -> None:
+        """The row kernels' decode for the matrices without interleaved copies (the copies'
+        kernels run in the forward passes), and an offloaded head's sketch scores: parts
+        held or moved after the warm-up (offloading) would otherwise load theirs on the
+        first token or prompt. Numba keeps what each compile allocated."""
         qmatvec.warm_decode(_weight_formats(self.transformer, rows_only=True))
         lowrank.warm()  # an offloaded head's sketch scores (offload/head.py)
 
@@ -310,6 +368,7 @@ class Generator:
         self.context_policy = context_policy
         self.cache = engine.new_cache()
         self.stats = GenerationStats()
+        self.kernel_wait_s = 0.0  # time _kernels_ready waited, kept out of prompt timings
 
     # what the engine holds, by the names the generator's users read
     @property
@@ -366,8 +425,17 @@ class Generator:
         # single-token kernels round differently, and a seed must give the same text.
         self._forward_chunks(ids[reuse:-1])
         self._pace(decode=True)
+        self._kernels_ready()
         with self.lock:
             return self.model.forward(ids[-1:], self.cache)
+
+    def _kernels_ready(self) -> None:
+        """Wait, once, for decode kernels other processes still compile (kernels_pending)."""
+        pending, self.engine.kernels_pending = self.engine.kernels_pending, None
+        if pending is not None:
+            t0 = time.perf_counter()
+            pending()
+            self.kernel_wait_s += time.perf_counter() - t0
 
     def _forward_chunks(self, ids: list[int]) -> None:
         """Append `ids` to the cache, prefill_chunk tokens per forward call."""
@@ -413,7 +481,8 @@ class Generator:
         stats.cached_tokens = min(self.cache.common_prefix(list(prompt_ids)), len(prompt_ids) - 1)
         t0 = time.perf_counter()
         logits = self.prefill(prompt_ids)
-        stats.prompt_seconds = time.perf_counter() - t0
+        stats.prompt_seconds = time.perf_counter() - t0 - self.kernel_wait_s
+        self.kernel_wait_s = 0.0
         eos = self.tokenizer.eos_ids if stop_ids is None else stop_ids
         seq = Sequence(
             self.tokenizer, params, prompt_ids, max_tokens, stop, eos, stats, started=t_start
@@ -433,6 +502,7 @@ class Generator:
                         break
                     self._slide()
                 self._pace(decode=True)
+                self._kernels_ready()
                 with self.lock:
                     logits = self.model.forward([seq.token], self.cache)
                 stats.generate_seconds = time.perf_counter() - t1

@@ -30,11 +30,16 @@ class WarmUp:
 
     seconds: float
     compiled: int  # Numba compilations it triggered; 0 = every kernel came from the cache
+    processes: int = 0  # child processes that compiled them (0: this process did)
+    here: int = 0  # with processes: compilations this process made beside them
 
     def __str__(self) -> str:
-        if self.compiled:
-            return f"warm-up: kernels compiled {self.seconds:.1f} s ({self.compiled} functions)"
-        return f"warm-up: kernels loaded from cache {self.seconds:.1f} s"
+        if not (self.compiled or self.here):
+            return f"warm-up: kernels loaded from cache {self.seconds:.1f} s"
+        where = f", {self.processes} processes" if self.processes else ""
+        if self.here:
+            where += f", {self.here} more in this one"
+        return f"warm-up: kernels compiled {self.seconds:.1f} s ({self.compiled} functions{where})"
 
 
 @dataclass

@@ -1,6 +1,19 @@
-"""The child process of offload/warm_kernels.py: load a model resident, run every kernel
-it uses once (compiling each into Numba's cache), and exit; with a memory ceiling, stop
-before the next compile once anonymous memory passed it (exit status PARTIAL)."""
+"""The child process of offload/warm_kernels.py: load a model, run the kernels of the
+warm-up (compiling each into Numba's cache), and exit.
+
+Two modes:
+- whole warm-up (budgeted loads, `ensure_kernels_compiled`): load the model resident
+  with its row kernels and run every warm-up part; with a memory ceiling, stop before
+  the next compile once anonymous memory passed it (exit status PARTIAL);
+- `--serve` (KernelPool, the first run of `edgerun generate` and `edgerun warm`): load the
+  model as the parent will, then read warm-up part names (engine.WARM_PARTS) on stdin,
+  one a line, and run each; until stdin closes. It writes one line per event to stdout:
+  `loaded N S`, `fn NAME` after each function it compiled, `done PART N S`, and
+  `compiled N S` at the end (N: Numba compilations so far, nested ones included, as
+  engine.WarmUp counts them; S: seconds since its start).
+  Its compiles hold runtime/numba_cache_lock's per-function lock: its siblings write
+  the same cache.
+"""
 
 from __future__ import annotations
 
@@ -18,11 +31,14 @@ def _anonymous_bytes() -> int:
     return proc_status_bytes("RssAnon") or 0
 
 
-def _watch_compiles(ceiling: int | None, started: float, counts: list[int]) -> None:
-    """Count Numba's top-level compiles into counts[0]. With a ceiling: before each one
-    after the first, exit with PARTIAL once anonymous memory passed it (what was compiled
-    is cached by then: Numba saves a function as its compile ends, before the next
-    starts)."""
+def _watch_compiles(
+    ceiling: int | None, started: float, counts: list[int], announce: bool = False
+) -> None:
+    """Count Numba's top-level compiles into counts[0] and all of them, the nested ones
+    included (what engine.WarmUp counts), into counts[1] (announce: print `fn NAME` after
+    each top-level one). With a ceiling: before each one after the first, exit with PARTIAL once
+    anonymous memory passed it (what was compiled is cached by then: Numba saves a
+    function as its compile ends, before the next starts)."""
     from numba.core import event
 
     class Ceiling(event.Listener):
@@ -34,13 +50,34 @@ def _watch_compiles(ceiling: int | None, started: float, counts: list[int]) -> N
                 print(f"compiled {counts[0]} {time.perf_counter() - started:.1f}", flush=True)
                 os._exit(PARTIAL)
             self.depth += 1
+            counts[1] += 1
 
         def on_end(self, ev: event.Event) -> None:
             self.depth -= 1
             if self.depth == 0:
                 counts[0] += 1
+                if announce:
+                    func = getattr(ev.data.get("dispatcher"), "py_func", None)
+                    print(f"fn {getattr(func, '__qualname__', '?')}", flush=True)
 
     event.register("numba:compile", Ceiling())
+
+
+def _serve(a: argparse.Namespace, started: float, counts: list[int]) -> int:
+    import edgerun
+    from edgerun.runtime.numba_cache_lock import install
+
+    install()  # before the first compile: the load's own kernels are shared too
+    interleave = {"on": True, "off": False}.get(a.interleave)
+    m = edgerun.load(a.path, n_ctx=16, threads=1, kv_type=a.kv_type, interleave=interleave)
+    print(f"loaded {counts[1]} {time.perf_counter() - started:.1f}", flush=True)
+    for line in sys.stdin:
+        part = line.strip()
+        if part:
+            m.engine.warm_part(part)
+            print(f"done {part} {counts[1]} {time.perf_counter() - started:.1f}", flush=True)
+    print(f"compiled {counts[1]} {time.perf_counter() - started:.1f}", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,10 +91,23 @@ def main(argv: list[str] | None = None) -> int:
         help="anonymous bytes past which the child stops before its next compile "
         f"(exit status {PARTIAL}: run it again to go on)",
     )
+    ap.add_argument(
+        "--serve",
+        action="store_true",
+        help="run the warm-up parts named on stdin, one a line (see the module doc)",
+    )
+    ap.add_argument(
+        "--interleave",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="--serve: the interleaved decode copies, as the parent loads them",
+    )
     a = ap.parse_args(argv)
     started = time.perf_counter()
-    counts = [0]
-    _watch_compiles(a.stop_above, started, counts)
+    counts = [0, 0]
+    _watch_compiles(a.stop_above, started, counts, announce=a.serve)
+    if a.serve:
+        return _serve(a, started, counts)
     from edgerun.api import load
 
     # the budgeted parent runs the row kernels (interleaved copies are resident-only)

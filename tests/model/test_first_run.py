@@ -147,3 +147,47 @@ def test_bad_manifest_field_names_expected_and_found(tmp_path):
     path.write_text(_GOOD + "[parameters]\ntemperature = 0.2\n")
     assert registry._parse(path).parameters.temperature == 0.2
     assert registry._parse(path).parameters.source == os.fspath(path)
+
+
+_ANSWER_PARTS = """
+import json, sys, edgerun
+from numba.core.registry import CPUDispatcher
+
+def signatures():
+    n = 0
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("edgerun"):
+            n += sum(len(v.signatures) for v in vars(mod).values()
+                     if isinstance(v, CPUDispatcher))
+    return n
+
+m = edgerun.load({path!r}, threads=1, n_ctx=512)
+prompt = {prompt!r}
+ids = m.encode_chat([dict(role="user", content=prompt)])
+parts = m.engine.answer_parts(len(ids))
+m.warm_up(parts)
+warm = signatures()
+"".join(m.chat([dict(role="user", content=prompt)], stream=True, max_tokens=2))
+print(json.dumps(dict(parts=parts, n=len(ids), warm=warm, after=signatures())))
+"""
+
+
+@pytest.mark.parametrize("words", [6, 180])  # the README's prompt; one past the batched limits
+def test_the_answer_parts_load_every_kernel_an_answer_runs(smollm2_path, words):
+    """`edgerun generate` warms only Engine.answer_parts (not a server's batched decode nor
+    the row kernels): those parts must still load every kernel its answer runs, or the
+    serving process would compile one itself (LLVM's memory, beside the weights)."""
+    import json
+    import subprocess
+    import sys
+
+    prompt = README_PROMPT if words == 6 else " ".join(["word"] * words)
+    code = _ANSWER_PARTS.format(path=str(smollm2_path), prompt=prompt)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["parts"][:2] == ["tokenizer", "prompt"] and res["parts"][-1] == "decode"
+    if words > 64:  # past every format's batched limit on each kernel path: its GEMMs
+        assert "gemm" in res["parts"], res
+    assert "batch" not in res["parts"] and "rows" not in res["parts"]
+    assert res["after"] == res["warm"] > 0

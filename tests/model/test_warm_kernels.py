@@ -82,3 +82,159 @@ print(json.dumps(dict(warm=warm, after=signatures(), held=m.store.held_neurons))
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["held"] > 0 and res["warm"] > 0
     assert res["after"] == res["warm"]
+
+
+# -- the first run's KernelPool (offload/warm_kernels.py) and its display (tools/first_run.py)
+
+# A stand-in child speaking tools/warm_kernels.py --serve's lines (no Numba: fast), which
+# exits with status 3 when handed the part "die".
+_FAKE_CHILD = """
+import sys
+print("loaded 2 0.1", flush=True)
+n = 2
+for line in sys.stdin:
+    part = line.strip()
+    if part == "die":
+        sys.exit(3)
+    print(f"fn kernel_{part}", flush=True)
+    n += 3
+    print(f"done {part} {n} 0.2", flush=True)
+print(f"compiled {n} 0.3", flush=True)
+"""
+
+
+@pytest.fixture
+def fake_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF")
+    return path
+
+
+def test_the_pool_compiles_each_part_once_and_marks_it(fake_model):
+    from edgerun.offload.warm_kernels import KernelPool, part_marker
+
+    parts = ["prompt", "decode", "batch"]
+    cmd = [sys.executable, "-c", _FAKE_CHILD]
+    pool = KernelPool.start(fake_model, "f32", "vnni", parts, workers=2, command=cmd)
+    assert pool is not None and pool.processes == 2
+    assert pool.wait(parts)
+    pool.close()
+    st = pool.state
+    assert sorted(st.done) == sorted(parts) and not st.failed and st.functions == 3
+    # each child counted its load's 2 compilations, then 3 a part it ran
+    assert pool.compiled() == 2 * 2 + 3 * 3
+    assert all(c.proc.returncode == 0 for c in pool.children)
+    for p in parts:
+        assert part_marker(fake_model, "f32", "vnni", "auto", p).exists()
+    # marked parts are not compiled again; another kernel path or KV type is
+    assert KernelPool.start(fake_model, "f32", "vnni", parts, command=cmd) is None
+    again = KernelPool.start(fake_model, "f16", "vnni", ["decode"], workers=1, command=cmd)
+    assert again is not None
+    again.close()
+
+
+def test_a_child_that_dies_leaves_its_part_to_the_caller(fake_model):
+    from edgerun.offload.warm_kernels import KernelPool, part_marker
+
+    cmd = [sys.executable, "-c", _FAKE_CHILD]
+    pool = KernelPool.start(fake_model, "f32", "vnni", ["die", "prompt"], workers=1, command=cmd)
+    assert pool is not None
+    assert not pool.wait(["die", "prompt"])  # its only child died in "die"
+    pool.close()
+    assert pool.state.failed == {"die", "prompt"} and not pool.state.done
+    assert not part_marker(fake_model, "f32", "vnni", "auto", "die").exists()
+
+
+def test_first_run_prints_whole_lines_off_a_terminal(fake_model):
+    import io
+
+    from edgerun.tools.first_run import FirstRun
+
+    out = io.StringIO()
+    cmd = [sys.executable, "-c", _FAKE_CHILD]
+    run = FirstRun.start(fake_model, "f32", ["prompt", "decode"], stream=out, command=cmd)
+    assert run is not None
+    run.wait_loaded()
+    run.wait_all()
+    warm = run.finish()
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    # what happens, and why only once
+    assert "compiling this model's kernels" in lines[0] and "once" in lines[0]
+    steps = [line for line in lines[1:] if line.startswith("compiling kernels")]
+    # the load, the tokenizer (before this process encodes its prompt), the parts
+    assert steps[0].endswith("0/4 steps (0%)") and "4/4 steps (100%), done in" in steps[-1]
+    assert sorted(run.pool.state.done) == ["decode", "prompt", "tokenizer"]
+    assert warm.processes == run.pool.processes and warm.compiled == run.pool.compiled()
+    assert "processes" in str(warm)
+
+
+# -- Numba's cache written by several processes (runtime/numba_cache_lock.py)
+
+_TINY = "from numba import njit\n\n@njit(cache=True)\ndef add(a, b):\n    return a + b\n"
+
+_COMPILER = """
+import sys
+from numba.core import event
+from edgerun.runtime.numba_cache_lock import _function_lock, install, lock_path
+install()
+import tiny
+compiles = []
+class Count(event.Listener):
+    def on_start(self, ev):
+        compiles.append(1)
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Count())
+mode = sys.argv[1]
+if mode == "hold":  # hold add's lock until told to go on, then compile under it
+    with _function_lock(lock_path(tiny.add)):
+        print("held", flush=True)
+        sys.stdin.readline()
+        tiny.add(1, 2)
+    print(len(compiles), flush=True)
+else:
+    args = (1, 2) if mode == "int" else (1.5, 2.0) if mode == "float" else None
+    results = [tiny.add(*args)] if args else [tiny.add(1, 2), tiny.add(1.5, 2.0)]
+    print(len(compiles), *results, flush=True)
+"""
+
+
+def _tiny_env(tmp_path):
+    (tmp_path / "tiny.py").write_text(_TINY)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_a_process_that_waited_for_a_compile_loads_it_from_the_cache(tmp_path):
+    env = _tiny_env(tmp_path)
+    run = [sys.executable, "-c", _COMPILER]
+    kw = dict(env=env, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([*run, "hold"], stdin=subprocess.PIPE, **kw)
+    assert holder.stdout.readline().strip() == "held"
+    waiter = subprocess.Popen([*run, "int"], **kw)
+    try:
+        waiter.wait(timeout=3)  # it blocks on the lock
+        pytest.fail("the second process compiled while the first held the function's lock")
+    except subprocess.TimeoutExpired:
+        pass
+    holder.stdin.write("go\n")
+    holder.stdin.close()
+    assert holder.stdout.read().split() == ["1"] and holder.wait() == 0
+    out, _ = waiter.communicate(timeout=120)
+    assert out.split() == ["0", "3"]  # no compile of its own: loaded the holder's
+
+
+def test_two_processes_caching_signatures_of_one_function_keep_both(tmp_path):
+    env = _tiny_env(tmp_path)
+    run = [sys.executable, "-c", _COMPILER]
+    kw = dict(env=env, stdout=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([*run, mode], **kw) for mode in ("int", "float")]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert outs == [["1", "3"], ["1", "3.5"]]
+    # a third process loads both from the cache: its index kept both entries, each
+    # naming its own machine code
+    out = subprocess.run([*run, "both"], check=True, **kw).stdout.split()
+    assert out == ["0", "3", "3.5"]

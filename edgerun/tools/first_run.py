@@ -1,0 +1,176 @@
+"""The first run's kernel compile, as a user meets it: in child processes, with progress.
+
+On a fresh install Numba compiles every kernel a model runs before its first answer
+(SmolLM2 on 2 cores: 76 s, 83 functions, in the serving process, which printed nothing
+meanwhile and peaked at 640 MiB for a 98 MB model). Here `edgerun generate` and
+`edgerun warm` hand the warm-up's parts to a KernelPool (offload/warm_kernels.py): one
+child a core compiles into Numba's disk cache while this process shows what happens and
+then only loads the kernels. `generate` asks only for what one answer runs
+(Engine.answer_parts) and starts its prompt as soon as the prompt's kernels are cached;
+the decode step's may still be compiling then, and the first decode step waits for them.
+
+On a terminal the progress is a bar (steps done of all, the functions compiled, the time);
+elsewhere (a log, a pipe) one whole line per step.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from edgerun.generate.sequence import WarmUp
+from edgerun.offload.warm_kernels import KernelPool, PoolState
+from edgerun.runtime.progress import Advance, is_terminal, progress_bar
+
+__all__ = ["FirstRun"]
+
+
+class FirstRun:
+    """A KernelPool and its progress display, for one command."""
+
+    def __init__(self, pool: KernelPool, kernels: str, stream: TextIO) -> None:
+        self.pool, self.kernels, self.stream = pool, kernels, stream
+        self.started = time.perf_counter()
+        self.loaded_at: float | None = None
+        self.bar: Advance | None = None
+        self._bar_cm = None
+        self.here: list[str] = []  # functions this process compiled itself (none, normally)
+        self._listener = _compile_listener(self.here)
+        from numba.core import event
+
+        event.register("numba:compile", self._listener)
+
+    @classmethod
+    def start(
+        cls,
+        path: str | os.PathLike,
+        kv_type: str,
+        parts: Sequence[str],
+        interleave: bool | None = None,
+        stream: TextIO | None = None,
+        workers: int | None = None,
+        command: list[str] | None = None,
+    ) -> FirstRun | None:
+        """Start compiling `parts` of `path`'s warm-up in children (None: all are cached;
+        workers, command: as KernelPool.start)."""
+        from edgerun.ops import qmatvec
+
+        kernels = qmatvec.kernel_path()
+        pool = KernelPool.start(path, kv_type, kernels, parts, interleave, workers, command)
+        if pool is None:
+            return None
+        run = cls(pool, kernels, sys.stderr if stream is None else stream)
+        run._announce()
+        return run
+
+    # -- the display ------------------------------------------------------------------
+    def _announce(self) -> None:
+        cache = os.environ.get("NUMBA_CACHE_DIR", "Numba's cache")
+        print(
+            f"edgerun: compiling this model's kernels for this CPU ({self.kernels} path) in "
+            f"{self.pool.processes} processes. This happens once: they are cached in "
+            f"{cache} and later runs load them in about a second.",
+            file=self.stream,
+            flush=True,
+        )
+
+    def _open(self) -> Advance:
+        if self.bar is None:
+            self._bar_cm = progress_bar(
+                "compiling kernels", total=self._total(), unit="steps", stream=self.stream
+            )
+            self.bar = self._bar_cm.__enter__()
+        return self.bar
+
+    def _total(self) -> int:
+        return 1 + len(self.pool.state.parts)
+
+    def _tick(self, st: PoolState) -> None:
+        bar = self._open()
+        done = (1 if self.loaded_at is not None or self._any_loaded() else 0) + len(st.done)
+        running = ", ".join(st.running) or ("loading the model" if not done else "-")
+        # no square brackets: rich reads them as markup
+        what = f"compiling kernels ({running}; {st.functions} functions done)"
+        if not is_terminal(self.stream):  # whole lines carry the time themselves
+            what += f", {st.elapsed:.0f} s"
+        if (done, self._total(), what) != (bar.completed, bar.total, bar.description):
+            bar.update(done, total=self._total(), description=what)
+
+    def _any_loaded(self) -> bool:
+        return any(c.loaded for c in self.pool.children)
+
+    def _close_bar(self) -> None:
+        if self._bar_cm is not None:
+            self._bar_cm.__exit__(None, None, None)
+            self._bar_cm, self.bar = None, None
+
+    # -- the steps --------------------------------------------------------------------
+    def wait_loaded(self) -> None:
+        """Wait until a child loaded the model and compiled the tokenizer's kernel, so this
+        process's load and prompt encoding find theirs (the interleaved copies', the
+        merge kernel) in the cache."""
+        self.pool.submit(["tokenizer"], first=True)
+        self.pool.wait_loaded(self._tick)
+        self.pool.wait(["tokenizer"], self._tick)
+        self.loaded_at = time.perf_counter()
+
+    def warm(self, model, parts: Sequence[str]) -> None:
+        """Have `parts` compiled; wait for all but "decode" and load them into `model`;
+        the model's first one-token step (the prompt's last token) waits for "decode",
+        so the rest of the prompt runs meanwhile. The display stays up until then."""
+        self.pool.submit(parts, first=True)
+        now = [p for p in parts if p != "decode"]
+        self.pool.wait(now, self._tick)
+        if "decode" in parts and "decode" not in self.pool.state.done:
+            model.engine.kernels_pending = self._wait_decode
+        else:
+            self._close_bar()
+        model.warm_up(now)  # loads what the children cached
+
+    def _wait_decode(self) -> None:
+        self.pool.wait(["decode"], self._tick)
+        self._close_bar()
+
+    def wait_all(self) -> None:
+        """Wait for every part asked for (edgerun warm), showing the progress."""
+        self.pool.wait(self.pool.state.parts, self._tick)
+        self._close_bar()
+
+    def finish(self) -> WarmUp:
+        """Let the children exit; what the warm-up cost, all processes together."""
+        self.pool.close()
+        self._unlisten()
+        st = self.pool.state
+        seconds = max(st.done.values()) if st.done else st.elapsed  # until the last part
+        return WarmUp(seconds, self.pool.compiled(), self.pool.processes, len(self.here))
+
+    def abort(self) -> None:
+        self._close_bar()
+        self._unlisten()
+        self.pool.kill()
+
+    def _unlisten(self) -> None:
+        from numba.core import event
+
+        try:
+            event.unregister("numba:compile", self._listener)
+        except ValueError:  # already
+            pass
+
+
+def _compile_listener(names: list[str]):
+    """A Numba event listener that notes in `names` each function this process compiles."""
+    from numba.core import event
+
+    class Listener(event.Listener):
+        def on_start(self, ev: event.Event) -> None:
+            func = getattr(ev.data.get("dispatcher"), "py_func", None)
+            names.append(getattr(func, "__qualname__", "?"))
+
+        def on_end(self, ev: event.Event) -> None:
+            pass
+
+    return Listener()
