@@ -1,13 +1,20 @@
 """edgerun vs llama.cpp (llama-cpp-python) on the same GGUF, same threads.
 
-Runs alternate (edgerun pp, llama.cpp pp, edgerun tg, llama.cpp tg, ...) so
+Speed: runs alternate (edgerun pp, llama.cpp pp, edgerun tg, llama.cpp tg, ...) so
 both engines see the same machine noise; the ratio is the median of per-pair
 ratios. llama-cpp-python is a benchmark-only dependency:
 
     CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36
 
+Agreement (--agreement N): teacher-forced next-token argmax agreement with llama.cpp on
+the same file, over N positions of code (argparse.py's source) and N of prose (pydoc's
+topic texts), both shipped with Python. edgerun prefills --agreement-prompt tokens, then
+decodes the rest one token at a time (the kernels a chat runs); llama.cpp evaluates the
+whole text with logits for every position. Checks a new weight format end to end.
+
 Usage: python benchmarks/vs_llamacpp.py [-m MODEL] [-p 128] [-n 128] [-t 1,2] [-r 5]
                                        [-d DEPTH] [--kv-type f32|f16] [--json]
+                                       [--agreement N [--agreement-prompt 16]]
 """
 
 from __future__ import annotations
@@ -58,6 +65,43 @@ def _llama_tg(llm, first, n, context=()):
     return n / (time.perf_counter() - t0)
 
 
+def _texts() -> dict[str, str]:
+    """Code and prose that ship with Python: argparse's source, pydoc's topic texts."""
+    import argparse as code
+    from pydoc_data.topics import topics
+
+    prose = "\n\n".join(topics[k] for k in ("assert", "assignment", "exceptions", "import"))
+    return {"code": Path(code.__file__).read_text()[5000:40000], "prose": prose}
+
+
+def agreement(model, n: int, prompt: int = 16) -> dict[str, float]:
+    """Per text of _texts(): the share of n teacher-forced positions where edgerun's
+    decode argmax equals llama.cpp's on the same file (one thread each)."""
+    from llama_cpp import Llama
+
+    from edgerun.model.kvcache import KVCache
+
+    out = {}
+    for name, text in _texts().items():
+        ids = model.tokenize(text)[: n + prompt + 1]
+        if len(ids) < n + prompt + 1:
+            raise SystemExit(f"{name}: {len(ids)} tokens, fewer than {n + prompt + 1}")
+        cache = KVCache(model.spec, len(ids), "f32")
+        tr = model.transformer
+        mine = [int(np.argmax(tr.forward(ids[:prompt], cache)))]
+        mine += [int(np.argmax(tr.forward([t], cache))) for t in ids[prompt:-2]]
+        _hand_over()
+        llm = Llama(
+            str(model.path), n_ctx=len(ids) + 8, n_threads=1, n_threads_batch=1,
+            n_batch=512, logits_all=True, verbose=False,
+        )  # fmt: skip
+        llm.eval(ids[:-1])
+        ref = np.asarray(llm.scores[prompt - 1 : len(ids) - 2]).argmax(axis=1)
+        del llm
+        out[name] = float(np.mean(np.asarray(mine) == ref))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", default=None)
@@ -70,6 +114,11 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--kv-type", choices=("f32", "f16"), default="f32", help="edgerun's KV cache")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--agreement", type=int, default=0, metavar="N",
+        help="teacher-forced argmax agreement over N positions of code and N of prose",
+    )  # fmt: skip
+    ap.add_argument("--agreement-prompt", type=int, default=16)
     args = ap.parse_args(argv)
     import edgerun
     from edgerun.runtime.cpu_share import set_threads
@@ -83,6 +132,17 @@ def main(argv=None) -> int:
         print(f"no comparison: {why_not}")
         return 0
     from llama_cpp import Llama
+
+    if args.agreement:
+        set_threads(1)
+        agree = agreement(model, args.agreement, args.agreement_prompt)
+        if args.json:
+            print(json.dumps({"model": model.path.name, "agreement": agree}))
+        else:
+            parts = ", ".join(f"{k} {v * 100:.1f}%" for k, v in agree.items())
+            print(f"{model.path.name}: argmax agreement with llama.cpp over {args.agreement}")
+            print(f"teacher-forced positions each: {parts}")
+        return 0
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, model.spec.vocab_size, args.n_prompt).tolist()

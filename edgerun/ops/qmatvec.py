@@ -319,7 +319,10 @@ def quantizes_activations(qtype: QuantType, ntokens: int = 1, cols: int = 0) -> 
     `ntokens` rows of `cols` columns meet it (the AMX bf16 GEMM of a prefill does not)."""
     if ntokens > 1 and _amx_bf16(qtype, ntokens, cols):
         return False
-    return _path in INT8_PATHS and qtype in _MV3_INT8
+    if _path not in INT8_PATHS:
+        return False
+    # the formats with only the int8 GEMM (no int8 matvec) quantize x for prompts only
+    return qtype in _MV3_INT8 or (ntokens > 1 and qtype in _MM_INT8)
 
 
 _env = numba_env.requested_kernels()
@@ -504,9 +507,16 @@ def bound_matvecs_batch(
 
 def _bound_one_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray) -> list:
     """matvec_batch(w, x, out)'s calls for n >= 2 vectors off the int8 3-slot kernels."""
-    if _path == "portable" and w.qtype in _MVB:
+    if _portable_batch(w.qtype):
         return [(_MVB[w.qtype], (_data(w), x, out))]
     return [c for i in range(x.shape[0]) for c in bound_matvecs((w,), x[i], (out[i],))]
+
+
+def _portable_batch(qtype: QuantType) -> bool:
+    """Whether a batch of decode vectors takes the portable batched kernel: on the
+    portable path, and on the int8 paths for the formats whose decode is portable there
+    (no int8 matvec: its rows equal the portable matvec's bit for bit)."""
+    return qtype in _MVB and (_path == "portable" or qtype not in _mv3)
 
 
 def _format_runs(ws: Sequence[QuantTensor], kernels: dict, kernels16: dict):
@@ -623,7 +633,7 @@ def matvec_batch(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -
     out = _out(out, (n, rows), w.name)
     if n > 1 and _path in INT8_PATHS and w.qtype in _MVB_INT8:
         _call3(_mvb_kernel(w), [w], x, [out], _NO_OUT2)
-    elif n > 1 and _path == "portable" and w.qtype in _MVB:
+    elif n > 1 and _portable_batch(w.qtype):
         _MVB[w.qtype](_data(w), x, out)
     else:
         for i in range(n):

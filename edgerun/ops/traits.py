@@ -113,6 +113,35 @@ def _mvb_q5_0(d, x, o):
     _pb.mvb_q5_0(d, x, o, _p.Q5_HBITS)
 
 
+def _mv_deq(kind: int) -> Callable:
+    def mv(d, x, o):
+        _p.mv_deq(kind, d, x, o)
+
+    return mv
+
+
+def _mvb_deq(kind: int) -> Callable:
+    def mvb(d, X, o):
+        _pb.mvb_deq(kind, d, X, o)
+
+    return mvb
+
+
+def _deq_kernels(kind: int, gemm_kind: int, mv3: Callable) -> dict:
+    """A row of a format without batched int8 kernels (Q2_K, Q3_K): portable decode
+    through dequantized rows (portable.kernels.mv_deq), batch, GEMM and embedding rows;
+    on the int8 paths the matvec mv3 (a batch runs it once per vector) and the GEMM
+    (gemm_kind) for every prompt (prefill_max 1)."""
+    return {
+        "matvec": _mv_deq(kind),
+        **_portable(kind),
+        "matvec_batch": _mvb_deq(kind),
+        "mv3": mv3,
+        "gemm_kind": gemm_kind,
+        "prefill_max": _xover(amx=1, vnni=1, avx2=1),
+    }
+
+
 def _gemm(kind: int) -> Callable:
     def gemm(data, X, out):
         _p.mm_kernel(kind, data, X, out, _MM_ROW_BLOCK)
@@ -169,6 +198,28 @@ TRAITS: dict[QuantType, Traits] = {
         superblock_kind=_sb.KIND_Q6_K, mv16=_r16.mv16_q6_k, mvb16=_r16.mvb16_q6_k,
         sb8_decode=_ik.Q6K_SB8, sparse_rows=True, prefill_max=_xover(amx=10, vnni=14, avx2=6),
     ),
+    QuantType.Q5_1: Traits(
+        _mv_deq(_p.KIND_Q5_1), **_portable(_p.KIND_Q5_1), matvec_batch=_mvb_deq(_p.KIND_Q5_1),
+        mv3=_im.mv_q5_1, mvb3=_ib.mvb_q5_1, gemm_kind=_ik.KIND_Q5_1,
+    ),
+    QuantType.IQ4_NL: Traits(
+        _mv_deq(_p.KIND_IQ4_NL), **_portable(_p.KIND_IQ4_NL),
+        matvec_batch=_mvb_deq(_p.KIND_IQ4_NL),
+        mv3=_im.mv_iq4_nl, mvb3=_ib.mvb_iq4_nl, gemm_kind=_ik.KIND_IQ4_NL,
+    ),
+    QuantType.Q5_K: Traits(
+        _mv_deq(_p.KIND_Q5_K), **_portable(_p.KIND_Q5_K), matvec_batch=_mvb_deq(_p.KIND_Q5_K),
+        mv3=_im.mv_q5_k, mvb3=_ib.mvb_q5_k, gemm_kind=_ik.KIND_Q5_K,
+        prefill_max=_xover(amx=10, vnni=14, avx2=14),
+    ),
+    QuantType.IQ4_XS: Traits(
+        _mv_deq(_p.KIND_IQ4_XS), **_portable(_p.KIND_IQ4_XS),
+        matvec_batch=_mvb_deq(_p.KIND_IQ4_XS),
+        mv3=_im.mv_iq4_xs, mvb3=_ib.mvb_iq4_xs, gemm_kind=_ik.KIND_IQ4_XS,
+        prefill_max=_xover(amx=10, vnni=14, avx2=14),
+    ),
+    QuantType.Q2_K: Traits(**_deq_kernels(_p.KIND_Q2_K, _ik.KIND_Q2_K, _im.mv_q2_k)),
+    QuantType.Q3_K: Traits(**_deq_kernels(_p.KIND_Q3_K, _ik.KIND_Q3_K, _im.mv_q3_k)),
     QuantType.Q3_G64: Traits(
         _pl.mv_q3_g64, _pl.mm_q3_g64, _pl.emb_q3_g64,
         mv3=_im.mv_q3_g64, mvb3=_ib.mvb_q3_g64, gemm_kind=_ik.KIND_Q3_G64,

@@ -2,8 +2,9 @@
 
 FORMATS maps each QuantType to its class (layout, quantize_blocks, dequantize_blocks) in
 one module per family: floats (F32, F16, BF16), legacy (GGML's 32-element blocks), kquants
-(GGML's 256-element super-blocks), lowbit (edgerun's own G64 formats). A new format is an
-enum member and a row here plus its class; its kernels are one row of ops/traits.py.
+(GGML's 256-element super-blocks), iquants (GGML's non-linear IQ4 formats), lowbit
+(edgerun's own G64 formats). A new format is an enum member and a row here plus its class;
+its kernels are one row of ops/traits.py.
 
 A QuantTensor never owns a float copy of a quantized matrix: `data` is a
 uint8 view of the raw blocks (usually over an mmap), one row per output row.
@@ -16,7 +17,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from edgerun.quant import floats, kquants, legacy, lowbit
+from edgerun.quant import floats, iquants, kquants, legacy, lowbit
 from edgerun.quant.block import BlockFormat
 
 
@@ -28,9 +29,15 @@ class QuantType(IntEnum):
     Q4_0 = 2
     Q4_1 = 3
     Q5_0 = 6
+    Q5_1 = 7
     Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
     Q4_K = 12
+    Q5_K = 13
     Q6_K = 14
+    IQ4_NL = 20
+    IQ4_XS = 23
     BF16 = 30
     # edgerun's own low-bit formats (not GGML ids): see edgerun.quant.lowbit
     Q3_G64 = 200
@@ -46,8 +53,14 @@ FORMATS: dict[QuantType, type[BlockFormat]] = {
     QuantType.Q4_0: legacy.Q4_0,
     QuantType.Q4_1: legacy.Q4_1,
     QuantType.Q5_0: legacy.Q5_0,
+    QuantType.Q5_1: legacy.Q5_1,
+    QuantType.Q2_K: kquants.Q2_K,
+    QuantType.Q3_K: kquants.Q3_K,
     QuantType.Q4_K: kquants.Q4_K,
+    QuantType.Q5_K: kquants.Q5_K,
     QuantType.Q6_K: kquants.Q6_K,
+    QuantType.IQ4_NL: iquants.IQ4_NL,
+    QuantType.IQ4_XS: iquants.IQ4_XS,
     QuantType.Q3_G64: lowbit.Q3_G64,
     QuantType.Q2_G64: lowbit.Q2_G64,
 }

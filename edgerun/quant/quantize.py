@@ -18,13 +18,19 @@ from __future__ import annotations
 import numpy as np
 
 from edgerun.errors import InvalidArgumentError
+from edgerun.quant.block import BlockFormat
 from edgerun.quant.formats import BLOCK_LAYOUT, FORMATS, QuantTensor, QuantType
 from edgerun.quant.scale_search import make_qkx2_quants, make_qx_quants
 
 __all__ = ["quantize", "quantize_tensor", "make_qkx2_quants", "make_qx_quants", "QUANTIZABLE"]
 
 _CHUNK_ELEMS = 1 << 21  # rows are quantized in chunks of about this many elements
-QUANTIZABLE = frozenset(FORMATS)
+# the formats with a quantizer (Q2_K, Q3_K and the IQ4 formats only load from files)
+QUANTIZABLE = frozenset(
+    q
+    for q, f in FORMATS.items()
+    if f.quantize_blocks.__func__ is not BlockFormat.quantize_blocks.__func__
+)
 
 
 def quantize(

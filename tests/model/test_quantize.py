@@ -26,7 +26,9 @@ REL_RMSE = {
     Q.BF16: 5e-3,
     Q.Q8_0: 0.01,
     Q.Q6_K: 0.03,
+    Q.Q5_K: 0.05,
     Q.Q5_0: 0.06,
+    Q.Q5_1: 0.06,
     Q.Q4_K: 0.1,
     Q.Q4_1: 0.12,
     Q.Q4_0: 0.13,
@@ -46,7 +48,7 @@ def _rel_rmse(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.sqrt(((a - b) ** 2).mean()) / np.sqrt((b**2).mean()))
 
 
-@pytest.mark.parametrize("q", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.F16, Q.BF16])
+@pytest.mark.parametrize("q", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.F16, Q.BF16])
 def test_bit_exact_with_gguf(q):
     x = _weights(24, 512)
     ours = quantize(x, q)
@@ -66,7 +68,7 @@ def test_round_trip_error_bounds(q):
     assert np.all(back[2] == 0)
 
 
-@pytest.mark.parametrize("q", [Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("q", [Q.Q4_K, Q.Q5_K, Q.Q6_K])
 def test_kquants_decode_with_gguf(q):
     """Our K-quant bytes are valid GGML blocks: gguf-py decodes them as our reference does."""
     x = _weights(8, 512, seed=2)
@@ -74,6 +76,21 @@ def test_kquants_decode_with_gguf(q):
     ours = dequantize(q, raw)
     theirs = gguf.quants.dequantize(raw, G[q.name]).reshape(ours.shape)
     np.testing.assert_array_equal(ours, theirs)
+
+
+def test_formats_without_a_quantizer_say_so():
+    """Q2_K, Q3_K and the IQ4 formats load from llama.cpp's files; asking to quantize to
+    one is a clear error, not a NotImplementedError from inside numpy code."""
+    for q in (Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS):
+        with pytest.raises(InvalidArgumentError, match=q.name):
+            quantize(_weights(4, 256), q)
+
+
+def test_q5k_has_half_the_error_of_q4k():
+    x = _weights(32, 768, seed=4)
+    e4 = _rel_rmse(dequantize(Q.Q4_K, quantize(x, Q.Q4_K)), x)
+    e5 = _rel_rmse(dequantize(Q.Q5_K, quantize(x, Q.Q5_K)), x)
+    assert e5 < 0.6 * e4
 
 
 def test_q4k_scale_search_beats_minmax():

@@ -23,14 +23,19 @@ from edgerun.ops.int8.activations import (  # noqa: E402
     quantize_xn,
 )
 from edgerun.ops.int8.blocks import (  # noqa: E402
+    _K4_KINDS,
     _K_KINDS,
     _X1_KINDS,
+    KIND_IQ4_NL,
+    KIND_IQ4_XS,
     KIND_Q2_G64,
     KIND_Q3_G64,
     KIND_Q4_0,
     KIND_Q4_1,
     KIND_Q4_K,
     KIND_Q5_0,
+    KIND_Q5_1,
+    KIND_Q5_K,
     KIND_Q6_K,
     KIND_Q8_0,
     Q6K_DX_ORDER,
@@ -41,18 +46,24 @@ from edgerun.ops.int8.blocks import (  # noqa: E402
     _fold16,
     _folds,
     _prefetch_ahead,
-    _q4k_chunk,
-    _q4k_scales,
     _q6k_chunk,
     _unit_bytes,
+    iq4_nl_pair,
+    iq4_nl_single,
+    iq4_xs_block,
+    k4_kind,
     q2_g64_block,
     q3_g64_block,
     q4_0_pair,
     q4_0_single,
     q4_1_pair,
     q4_1_single,
+    q4_k_block,
     q5_0_pair,
     q5_0_single,
+    q5_1_pair,
+    q5_1_single,
+    q5_k_block,
     q6k_chunks,
     q6k_group_sums,
     q6k_scales,
@@ -116,6 +127,8 @@ def _block_of(kind, part):
         KIND_Q4_0: (q4_0_pair, q4_0_single),
         KIND_Q5_0: (q5_0_pair, q5_0_single),
         KIND_Q8_0: (q8_0_pair, q8_0_single),
+        KIND_Q5_1: (q5_1_pair, q5_1_single),
+        KIND_IQ4_NL: (iq4_nl_pair, iq4_nl_single),
         KIND_Q2_G64: (q2_g64_block, q2_g64_block),
         KIND_Q3_G64: (q3_g64_block, q3_g64_block),
     }
@@ -127,6 +140,8 @@ _PAIR_UNPACK = {  # the pair intrinsics, whose unpack and nbytes _pair_batch use
     KIND_Q4_0: q4_0_pair,
     KIND_Q5_0: q5_0_pair,
     KIND_Q8_0: q8_0_pair,
+    KIND_Q5_1: q5_1_pair,
+    KIND_IQ4_NL: iq4_nl_pair,
     KIND_Q2_G64: q2_g64_block,
     KIND_Q3_G64: q3_g64_block,
 }
@@ -139,8 +154,8 @@ def _pairs_batched(kind: int, g: int) -> bool:
 
 
 def _bias_lanes(kind: int) -> int:
-    """Bias lanes per vector after a batch's accumulators (Q4_K: its 8 mins terms)."""
-    return 8 if kind == KIND_Q4_K else 4
+    """Bias lanes per vector after a batch's accumulators (_K4_KINDS: 8 bias terms)."""
+    return 8 if kind in _K4_KINDS else 4
 
 
 def _bias_add(r, g, vals):
@@ -164,22 +179,31 @@ def _x_at(r, xstride, v, extra):
     return b.add(r.args[5], b.add(b.mul(xstride, ir.Constant(I64, v)), ir.Constant(I64, extra)))
 
 
-def _q4k_batch(r, g, xstride):
-    """One Q4_K super-block for g vectors (args as _pair_batch; aux at soi: the g
-    vectors' 8 dx, then at soi + 32 their 8 sx, _mvb). Scales and mins are unpacked
-    once; d sc dx of all vectors is one 8g-lane multiply and their mins terms one
+def _k4_batch(blk):
+    """The batched run of a _K4_KINDS block intrinsic `blk` (blocks._k4_block)."""
+
+    def batch(r, g, xstride):
+        _k4_batch_run(r, g, xstride, blk.scales, blk.chunk, blk.nbytes)
+
+    return batch
+
+
+def _k4_batch_run(r, g, xstride, scales, chunk, nbytes):
+    """One Q4_K (Q5_K, IQ4_XS) super-block for g vectors (args as _pair_batch; aux at
+    soi: the g vectors' 8 dx, then at soi + 32 their 8 sx, _mvb). Scales and biases are
+    unpacked once; s dx of all vectors is one 8g-lane multiply and their bias terms one
     multiply and add into the bias lanes. Per vector: the 4 dots, conversions, lane
-    shuffles and FMAs. The same products and sums per lane as q4_k_block."""
+    shuffles and FMAs. The same products and sums per lane as the single block."""
     b = r.b
     off = r.args[3]
-    _prefetch_ahead(r, off, 144)
-    dsc, dmn = _q4k_scales(r, off)
+    _prefetch_ahead(r, off, nbytes)
+    dsc, dmn = scales(r, off)
     n = 8 * g
     lanes = list(range(8)) * g
     ds = b.fmul(r.shuf(dsc, dsc, lanes), r.load(8, r.args[9], _v(F32, n)))
     _bias_add(r, g, b.fmul(r.shuf(dmn, dmn, lanes), r.load(8, r.args[9], _v(F32, n), 32)))
     for c in range(4):
-        w = _q4k_chunk(r, off, c)
+        w = chunk(r, off, c)
         for v in range(g):
             df = b.sitofp(r.dpx(w, 4, _x_at(r, xstride, v, 128 * c), 64), V16F)
             _acc_fma(r, v, df, r.shuf(ds, ds, [8 * v + 2 * c] * 8 + [8 * v + 2 * c + 1] * 8))
@@ -264,7 +288,12 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
         return None
     i64, fp = types.int64, types.CPointer(types.float32)
     k = kind.literal_value
-    batch_fn = {KIND_Q4_K: _q4k_batch, KIND_Q6_K: _q6k_batch}.get(k)
+    batch_fn = {
+        KIND_Q4_K: _k4_batch(q4_k_block),
+        KIND_Q5_K: _k4_batch(q5_k_block),
+        KIND_IQ4_XS: _k4_batch(iq4_xs_block),
+        KIND_Q6_K: _q6k_batch,
+    }.get(k)
     rest = (row, i64, xq, i64, xds, i64)
     if batch_fn is not None:  # every K pass is batched (their part 1 is typed, never run)
         batched = True
@@ -340,12 +369,13 @@ def vector_results(typingctx, g, kind, acc, res):
                 tail = b.fadd(both(1), both(3))
             else:
                 tail = b.fadd(lane(1), lane(3))  # the pair accumulator's bias lanes
-            plus = (KIND_Q4_1, KIND_Q3_G64, KIND_Q2_G64)  # x = d q + m: + m sum(x)
+            plus = (KIND_Q4_1, KIND_Q5_1, KIND_Q3_G64, KIND_Q2_G64)  # x = d q + m: + m sum(x)
             c = {k_: None for k_ in plus} | {KIND_Q4_0: 8.0, KIND_Q5_0: 16.0, KIND_Q8_0: 128.0}
-            c = c.get(k, 1.0 if k == KIND_Q4_K else 32.0)
+            c = c | {KIND_IQ4_NL: 128.0}
+            c = c.get(k, 1.0 if k in _K4_KINDS else 32.0)
             if c is None:
                 r = b.fadd(h, tail)
-            elif k == KIND_Q4_K:
+            elif k in _K4_KINDS:
                 r = b.fsub(h, tail)
             else:
                 r = b.fsub(h, b.fmul(ir.Constant(F32, c), tail))
@@ -368,8 +398,8 @@ def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
     group's interleaved scales (_mvb; _pair_batch, _q4k_batch, _q6k_batch)."""
     acc = acc_vectors(g)
     ub = _unit_bytes(kind)
-    if kind == KIND_Q4_K or kind == KIND_Q6_K:  # xs16: the group's K scales (_mvb)
-        ka = 1 if kind == KIND_Q4_K else 2
+    if k4_kind(kind) or kind == KIND_Q6_K:  # xs16: the group's K scales (_mvb)
+        ka = 1 if k4_kind(kind) else 2
         for b in range(nunit):
             o, w = so + b * 16, base + b * ub
             a = ka * (so + 64 * b)
@@ -422,7 +452,7 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
     # each group of GROUP vectors' scales side by side, so that a block's scale products
     # for all of them are one vector multiply (_pair_batch, _q4k_batch, _q6k_batch)
     ng = (npad + GROUP - 1) // GROUP
-    if kind == KIND_Q4_K:  # per super-block b at xs * v0 + 64 b: 8 dx per vector, then 8 sx
+    if k4_kind(kind):  # per super-block b at xs * v0 + 64 b: 8 dx per vector, then 8 sx
         aux = np.zeros(ng * GROUP * xs, np.float32)
         for v in range(npad):
             at, x0 = (v - v % GROUP) * xs + (v % GROUP) * 8, v * xs
@@ -611,3 +641,23 @@ def mvb_q3_g64(d0, d1, d2, X, o0, o1, o2):
 @njit(parallel=True, cache=True, nogil=True)
 def mvb_q2_g64(d0, d1, d2, X, o0, o1, o2):
     _mvb(KIND_Q2_G64, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q5_1(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q5_1, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_iq4_nl(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_IQ4_NL, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q5_k(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q5_K, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_iq4_xs(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_IQ4_XS, d0, d1, d2, X, o0, o1, o2)

@@ -35,6 +35,7 @@ from edgerun.ops.int8.ir import (  # noqa: E402
     _acc_add,
     _v,
 )
+from edgerun.quant.iquants import KVALUES  # noqa: E402
 
 # ----------------------------------------------------------------- block intrinsics
 # Conventions: (a16, a4) are acc16()/acc4() pointers; row is the uint8 row of W; off a
@@ -261,32 +262,152 @@ def _unpack1_q8_0(r, off):
 q8_0_single = _single_intrinsic(_unpack1_q8_0, "q8_0_single")
 
 
-@intrinsic
-def q4_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so):
-    """One 256-element Q4_K super-block; a8 (an acc16 pointer, lanes 0..7 used) collects
-    dmin * m_j * sx_j, which the caller subtracts."""
+def _unpack_q5_1(r, off):
+    """A Q5_1 block pair: Q4_1's nibbles and (d, m) lanes, bit 4 from each block's qh
+    in the nib2 order (as _unpack_q5_0)."""
+    b = r.b
+    q = r.concat(r.load(2, off, V16I8, 8), r.load(2, off, V16I8, 32))
+    h4 = b.bitcast(r.pack2(_hbits(r, off, 4), _hbits(r, off, 28)), _v(I16, 4))
+    hv = _bit_bytes(r, b.bitcast(r.shuf(h4, h4, [0, 2, 1, 3]), I64), 64, 16)
+    w2 = r.pack2(r.load(2, off, I32), r.load(2, off, I32, 24))
+    dm = b.fpext(b.bitcast(w2, _v(HALF, 4)), V4F)
+    return b.or_(_nib_pair(r, q), hv), dm, _SV_NIB2
 
-    def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        b = builder
-        off = args[3]
-        _prefetch_ahead(r, off, 144)
-        dsc, dmn = _q4k_scales(r, off)
-        xs16 = r.load(6, args[7], V16F)  # [dx_0, sx_0, ..., dx_7, sx_7]
-        dx8 = r.shuf(xs16, xs16, range(0, 16, 2))
-        sx8 = r.shuf(xs16, xs16, range(1, 16, 2))
-        ds = b.fmul(dsc, dx8)  # d * sc_j * dx_j
-        mterm = b.fmul(dmn, sx8)
-        _acc_add(r, 1, V8F, lambda a: b.fadd(a, mterm))
-        for g in range(4):
-            xo = b.add(args[5], ir.Constant(args[5].type, 128 * g))
-            dot = r.dpx(_q4k_chunk(r, off, g), 4, xo, 64)
-            sv = r.shuf(ds, ds, [2 * g] * 8 + [2 * g + 1] * 8)
-            df = b.sitofp(dot, V16F)
-            _acc_add(r, 0, V16F, lambda a, df=df, sv=sv: r.fma(df, sv, a))
-        return context.get_dummy_value()
 
-    return _sig(a16, a8, row, off, xq, xo, xds, so), codegen
+q5_1_pair = _pair_intrinsic(_unpack_q5_1, "q5_1_pair", 48)
+
+
+def _unpack1_q5_1(r, off):
+    w = _nib_single(r, r.load(2, off, V16I8, 8))
+    return r.b.or_(w, _bit_bytes(r, _hbits(r, off, 4), 32, 16)), r.f16x(2, off, 2)
+
+
+q5_1_single = _single_intrinsic(_unpack1_q5_1, "q5_1_single")
+
+# IQ4's 16 levels + 128 as unsigned bytes (1..241): the dots' bias lanes take the 128 off
+_IQ4_U8 = [int(v) + 128 for v in KVALUES]
+
+
+def iq4_lookup(r, idx):
+    """<n x i8> nibble indices (0..15) -> their IQ4 levels + 128 as <n x u8>: one byte
+    shuffle per 16 bytes (vpshufb of the 16-entry table; AVX-512BW's for 64 bytes) on
+    x86; elsewhere 16 compares and selects."""
+    b = r.b
+    n = idx.type.count
+    if DOT in ("vnni", "avx2"):
+        w = 64 if DOT == "vnni" and n == 64 else 32
+        name = "llvm.x86.avx512.pshuf.b.512" if w == 64 else "llvm.x86.avx2.pshuf.b"
+        f = r.fn(name, _v(I8, w), [_v(I8, w), _v(I8, w)])
+        table = r.const(_v(I8, w), _IQ4_U8 * (w // 16))
+        if n == 16:  # an odd last block's half
+            idx32 = r.shuf(idx, idx, list(range(16)) * 2)
+            out = b.call(f, [table, idx32])
+            return r.shuf(out, out, range(16))
+        parts = [
+            b.call(f, [table, idx if n == w else r.shuf(idx, idx, range(k, k + w))])
+            for k in range(0, n, w)
+        ]
+        while len(parts) > 1:
+            parts = [r.concat(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
+        return parts[0]
+    out = r.splat_i8(n, 0)
+    for v, level in enumerate(_IQ4_U8):
+        hit = b.icmp_unsigned("==", idx, r.splat_i8(n, v))
+        out = b.select(hit, r.splat_i8(n, level), out)
+    return out
+
+
+def _unpack_iq4_nl(r, off):
+    q = r.concat(r.load(2, off, V16I8, 2), r.load(2, off, V16I8, 20))
+    return iq4_lookup(r, _nib_pair(r, q)), _dd2(r, off, 18), _SV_NIB2
+
+
+iq4_nl_pair = _pair_intrinsic(_unpack_iq4_nl, "iq4_nl_pair", 36)
+
+
+def _unpack1_iq4_nl(r, off):
+    return iq4_lookup(r, _nib_single(r, r.load(2, off, V16I8, 2))), _dd(r, off, 0)
+
+
+iq4_nl_single = _single_intrinsic(_unpack1_iq4_nl, "iq4_nl_single")
+
+
+def _k4_block(scales, chunk, nbytes, name):
+    """The block intrinsic of a super-block format with 8 sub-blocks of 32 that each have
+    a scale and a bias (x = s_j u - b_j, u the unsigned weight bytes): scales(r, off) ->
+    (s_j, b_j) <8 x float>, chunk(r, off, g) -> weights 64 g .. 64 g + 63 as <64 x u8>.
+    a8 (an acc16 pointer, lanes 0..7 used) collects b_j sx_j, which the caller
+    subtracts. Q4_K (b_j = dmin m_j), Q5_K (the same), IQ4_XS (b_j = 128 s_j)."""
+
+    def block(typingctx, a16, a8, row, off, xq, xo, xds, so):
+        def codegen(context, builder, sig, args):
+            r = _IR(context, builder, sig, args)
+            b = builder
+            off = args[3]
+            _prefetch_ahead(r, off, nbytes)
+            dsc, dmn = scales(r, off)
+            xs16 = r.load(6, args[7], V16F)  # [dx_0, sx_0, ..., dx_7, sx_7]
+            dx8 = r.shuf(xs16, xs16, range(0, 16, 2))
+            sx8 = r.shuf(xs16, xs16, range(1, 16, 2))
+            ds = b.fmul(dsc, dx8)  # s_j * dx_j
+            mterm = b.fmul(dmn, sx8)
+            _acc_add(r, 1, V8F, lambda a: b.fadd(a, mterm))
+            for g in range(4):
+                xo = b.add(args[5], ir.Constant(args[5].type, 128 * g))
+                dot = r.dpx(chunk(r, off, g), 4, xo, 64)
+                sv = r.shuf(ds, ds, [2 * g] * 8 + [2 * g + 1] * 8)
+                df = b.sitofp(dot, V16F)
+                _acc_add(r, 0, V16F, lambda a, df=df, sv=sv: r.fma(df, sv, a))
+            return context.get_dummy_value()
+
+        return _sig(a16, a8, row, off, xq, xo, xds, so), codegen
+
+    block.__name__ = name
+    fn = intrinsic(block)
+    fn.scales, fn.chunk, fn.nbytes = scales, chunk, nbytes  # for the batched blocks
+    return fn
+
+
+def _q5k_chunk(r, off, g):
+    """Weights 64 g .. 64 g + 63 of a Q5_K super-block (arg 2) as <64 x u8>: Q4_K's
+    nibbles of qs[32 g ..] | bits 2g (low half) and 2g + 1 (high half) of qh as bit 4."""
+    b = r.b
+    q = r.load(2, off, V32I8, 48 + 32 * g)
+    qh = r.load(2, off, V32I8, 16)
+    lo = b.and_(q, r.splat_i8(32, 15))
+    hi = b.lshr(q, r.splat_i8(32, 4))
+    h = b.lshr(qh, r.splat_i8(32, 2 * g)) if g else qh
+    one = r.splat_i8(32, 1)
+    lo = b.or_(lo, b.shl(b.and_(h, one), r.splat_i8(32, 4)))
+    hi = b.or_(hi, b.shl(b.and_(b.lshr(h, one), one), r.splat_i8(32, 4)))
+    return r.concat(lo, hi)
+
+
+def _iq4xs_scales(r, off):
+    """An IQ4_XS super-block's 8 scales times d, and 128 times that (the bias of the
+    +128 levels), <8 x float> each."""
+    b = r.b
+    V8I16 = _v(I16, 8)
+    d = r.f16(2, off)
+    sl = r.load(2, off, _v(I8, 4), 4)
+    lo = b.lshr(r.shuf(sl, sl, [0, 0, 1, 1, 2, 2, 3, 3]), r.const(_v(I8, 8), [0, 4] * 4))
+    lo = b.zext(b.and_(lo, r.splat_i8(8, 15)), V8I16)
+    sh = r.splat(r.load(2, off, I16, 2), 8)
+    hi = b.and_(b.lshr(sh, r.const(V8I16, list(range(0, 16, 2)))), r.const(V8I16, [3] * 8))
+    sc = b.sub(b.or_(lo, b.shl(hi, r.const(V8I16, [4] * 8))), r.const(V8I16, [32] * 8))
+    dsc = b.fmul(r.splat(d, 8), b.sitofp(sc, V8F))
+    return dsc, b.fmul(dsc, ir.Constant(V8F, [128.0] * 8))
+
+
+def _iq4xs_chunk(r, off, g):
+    """Weights 64 g .. 64 g + 63 of an IQ4_XS super-block (arg 2), levels + 128: sub-block
+    j's 16 bytes at 8 + 16 j, low nibbles its elements 0..15, high nibbles 16..31."""
+    b = r.b
+    q = r.load(2, off, V32I8, 8 + 32 * g)
+    lo = b.and_(q, r.splat_i8(32, 15))
+    hi = b.lshr(q, r.splat_i8(32, 4))
+    idx = r.shuf(lo, hi, [*range(16), *range(32, 48), *range(16, 32), *range(48, 64)])
+    return iq4_lookup(r, idx)
 
 
 @intrinsic
@@ -423,6 +544,100 @@ def q4k_nibbles(r, i, off, g):
 def _q4k_chunk(r, off, g):
     """Weights 64 g .. 64 g + 63 of a Q4_K super-block (arg 2) as <64 x u8>."""
     return r.concat(*q4k_nibbles(r, 2, off, g))
+
+
+def _k16_block(unpack, nbytes, name):
+    """The block intrinsic of a super-block format with 16 groups of 16 that each have a
+    scale and a bias (x = s_k u - b_k): unpack(r, off, c) -> (weights 64 c .. 64 c + 63
+    as <64 x u8>, their 4 groups' s_k and b_k as <4 x float>). xs16[so16 + k] = dx *
+    sum(q_x) over the k-th 16 elements; a8 (an acc16 pointer, lanes 0..3 used) collects
+    b_k xs16_k, which the caller subtracts. Q6_K's vnni layout, for Q3_K and Q2_K."""
+
+    def block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
+        def codegen(context, builder, sig, args):
+            r = _IR(context, builder, sig, args)
+            b = builder
+            off, xo, so = args[3], args[5], args[7]
+            _prefetch_ahead(r, off, nbytes)
+            for c in range(4):
+                w, dsc, bias4 = unpack(r, off, c)
+                dot = r.dpx(w, 4, b.add(xo, ir.Constant(xo.type, 128 * c)), 64)
+                # dx of the two 32-blocks: xds[so + 4 c], xds[so + 4 c + 2]
+                xd4 = r.load(6, b.add(so, ir.Constant(so.type, 4 * c)), V4F)
+                sv4 = b.fmul(dsc, r.shuf(xd4, xd4, [0, 0, 2, 2]))
+                sv = r.shuf(sv4, sv4, [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4)
+                df = b.sitofp(dot, V16F)
+                _acc_add(r, 0, V16F, lambda a, df=df, sv=sv: r.fma(df, sv, a))
+                x16 = r.load(8, b.add(args[9], ir.Constant(args[9].type, 4 * c)), V4F)
+                bias8 = r.shuf(b.fmul(bias4, x16), ir.Constant(V4F, [0.0] * 4), range(8))
+                _acc_add(r, 1, V8F, lambda a, bias8=bias8: b.fadd(a, bias8))
+            return context.get_dummy_value()
+
+        return types.void(a16, a8, row, off, xq, xo, xds, so, xs16, so16), codegen
+
+    block.__name__ = name
+    return intrinsic(block)
+
+
+def _crumb_pair(r, ql, c):
+    """The 2-bit fields of chunk c (64 elements) of a K-quant super-block half: shifts
+    2 s and 2 s + 2 (s = 2 (c & 1)) of its 32 qs bytes ql, as two <32 x u8>."""
+    b = r.b
+    s0 = 4 * (c & 1)
+    three = r.splat_i8(32, 3)
+    qa = b.and_(b.lshr(ql, r.splat_i8(32, s0)) if s0 else ql, three)
+    qb = b.and_(b.lshr(ql, r.splat_i8(32, s0 + 2)), three)
+    return qa, qb
+
+
+def _unpack_q3k(r, off, c):
+    """Chunk c of a Q3_K super-block: weights q2 + 4 hbit (0..7), scales d (sc - 32), bias
+    4 d (sc - 32) (a clear hmask bit is -4)."""
+    b = r.b
+    h = c >> 1
+    qa, qb = _crumb_pair(r, r.load(2, off, V32I8, 32 + 32 * h), c)
+    hm = r.load(2, off, V32I8)
+    one, two = r.splat_i8(32, 1), r.splat_i8(32, 2)
+    ja = 4 * h + 2 * (c & 1)  # hmask bit of the chunk's first 32 elements
+    ha = b.and_(b.lshr(hm, r.splat_i8(32, ja)) if ja else hm, one)
+    hb = b.and_(b.lshr(hm, r.splat_i8(32, ja + 1)), one)
+    w = r.concat(b.or_(qa, b.shl(ha, two)), b.or_(qb, b.shl(hb, two)))
+    V4I8 = _v(I8, 4)
+    lo = r.load(2, off, V4I8, 96 + 4 * (c & 1))
+    if c >> 1:
+        lo = b.lshr(lo, ir.Constant(V4I8, [4] * 4))
+    lo = b.and_(lo, ir.Constant(V4I8, [15] * 4))
+    hi = r.load(2, off, V4I8, 104)
+    if c:
+        hi = b.lshr(hi, ir.Constant(V4I8, [2 * c] * 4))
+    hi = b.shl(b.and_(hi, ir.Constant(V4I8, [3] * 4)), ir.Constant(V4I8, [4] * 4))
+    sc = b.sub(b.or_(lo, hi), ir.Constant(V4I8, [32] * 4))
+    dsc = b.fmul(r.splat(r.f16(2, off, 108), 4), b.sitofp(sc, V4F))
+    return w, dsc, b.fmul(dsc, ir.Constant(V4F, [4.0] * 4))
+
+
+def _unpack_q2k(r, off, c):
+    """Chunk c of a Q2_K super-block: weights 0..3, scales d (sc & 15), bias
+    dmin (sc >> 4)."""
+    b = r.b
+    qa, qb = _crumb_pair(r, r.load(2, off, V32I8, 16 + 32 * (c >> 1)), c)
+    V4I8 = _v(I8, 4)
+    sc = r.load(2, off, V4I8, 4 * c)
+    dm = r.f16x(2, off, 2, 80)  # [d, dmin]
+    d4 = r.shuf(dm, dm, [0] * 4)
+    m4 = r.shuf(dm, dm, [1] * 4)
+    s4 = b.uitofp(b.and_(sc, ir.Constant(V4I8, [15] * 4)), V4F)
+    mn4 = b.uitofp(b.lshr(sc, ir.Constant(V4I8, [4] * 4)), V4F)
+    return r.concat(qa, qb), b.fmul(d4, s4), b.fmul(m4, mn4)
+
+
+q3_k_block = _k16_block(_unpack_q3k, 110, "q3_k_block")
+q2_k_block = _k16_block(_unpack_q2k, 84, "q2_k_block")
+
+# One 256-element Q4_K super-block: d sc_j per 32 weights, dmin m_j sx_j into a8.
+q4_k_block = _k4_block(_q4k_scales, _q4k_chunk, 144, "q4_k_block")
+q5_k_block = _k4_block(_q4k_scales, _q5k_chunk, 176, "q5_k_block")
+iq4_xs_block = _k4_block(_iq4xs_scales, _iq4xs_chunk, 136, "iq4_xs_block")
 
 
 def _q6k_super_scale(r, off):
@@ -621,9 +836,18 @@ KIND_Q8_0, KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K = 3, 4, 5, 6, 7
 
 
 KIND_Q3_G64, KIND_Q2_G64 = 9, 10  # edgerun's own formats (edgerun.quant.lowbit)
+KIND_Q5_1, KIND_Q2_K, KIND_Q3_K, KIND_Q5_K, KIND_IQ4_NL, KIND_IQ4_XS = 11, 12, 13, 14, 15, 16
 
 
-_K_KINDS = (KIND_Q4_K, KIND_Q6_K)
+# the super-block formats of _k4_block (scale and bias per 32): Q4_K's decode layout
+_K4_KINDS = (KIND_Q4_K, KIND_Q5_K, KIND_IQ4_XS)
+_K_KINDS = (*_K4_KINDS, KIND_Q6_K)
+
+
+@njit(inline="always")
+def k4_kind(kind):
+    """Whether a format decodes as _k4_block's super-blocks (_K4_KINDS)."""
+    return kind == KIND_Q4_K or kind == KIND_Q5_K or kind == KIND_IQ4_XS
 
 
 _X1_KINDS = (KIND_Q5_0, KIND_Q3_G64, KIND_Q2_G64)  # X1's formats
@@ -653,7 +877,7 @@ def x_bytes(kind):
 @njit(inline="always")
 def row_layout(kind):
     """(elements per block, nib2 x layout) of a block format's rows."""
-    if kind == KIND_Q4_K or kind == KIND_Q6_K:
+    if k4_kind(kind) or kind == KIND_Q6_K or kind == KIND_Q3_K or kind == KIND_Q2_K:
         return 256, False
     if kind == KIND_Q3_G64 or kind == KIND_Q2_G64:
         return 64, False
@@ -664,8 +888,18 @@ def row_layout(kind):
 def _unit_bytes(kind):
     if kind == KIND_Q4_K:
         return 144
+    if kind == KIND_Q5_K:
+        return 176
+    if kind == KIND_IQ4_XS:
+        return 136
     if kind == KIND_Q6_K:
         return 210
+    if kind == KIND_Q5_1:
+        return 24
+    if kind == KIND_Q3_K:
+        return 110
+    if kind == KIND_Q2_K:
+        return 84
     if kind == KIND_Q8_0:
         return 34
     if kind == KIND_Q5_0:

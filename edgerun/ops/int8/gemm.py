@@ -19,12 +19,18 @@ from edgerun.ops.int8.activations import (  # noqa: E402
     quantize_x,
 )
 from edgerun.ops.int8.blocks import (  # noqa: E402
+    KIND_IQ4_NL,
+    KIND_IQ4_XS,
     KIND_Q2_G64,
+    KIND_Q2_K,
     KIND_Q3_G64,
+    KIND_Q3_K,
     KIND_Q4_0,
     KIND_Q4_1,
     KIND_Q4_K,
     KIND_Q5_0,
+    KIND_Q5_1,
+    KIND_Q5_K,
     KIND_Q6_K,
     KIND_Q8_0,
     _bit_bytes,
@@ -44,7 +50,11 @@ from edgerun.ops.int8.ir import (  # noqa: E402
     acc4,
     acc16,
 )
-from edgerun.ops.portable.kernels import _f16at, _q4k_sm  # noqa: E402
+from edgerun.ops.portable.kernels import _f16at, _q4k_sm, iq4xs_scale, q3k_scale  # noqa: E402
+from edgerun.quant.iquants import KVALUES  # noqa: E402
+
+# IQ4 levels + 128 as the unsigned bytes U holds (1..241; the bias b16 takes the 128 off)
+_IQ4_U8 = (KVALUES.astype(np.int32) + 128).astype(np.uint8)
 
 # --------------------------------------------------------------------------- matmul
 # Prefill: each weight row is unpacked once (to unsigned bytes U [cols], a float scale
@@ -256,6 +266,106 @@ def _prep_nib32(flat, base, nb, bs, qo, U, wsl, b16, kind):
         b16[2 * b + 1] = bias
 
 
+@njit(inline="always")
+def _lanes(wsl, at, v, n):
+    for k in range(n):
+        wsl[at + k] = v
+
+
+@njit(inline="always")
+def _prep_scalar(kind, flat, base, cols, U, wsl, b16):
+    """prep_row of the formats whose int8 kernels are this GEMM only (Q5_1, Q2_K, Q3_K,
+    Q5_K, IQ4_NL, IQ4_XS): the same U / wsl / b16, unpacked in scalar code (a row is
+    unpacked once per call, its cost spread over every token)."""
+    if kind == KIND_Q5_1:
+        for b in range(cols // 32):
+            o = base + b * 24
+            d = _f16at(flat, o)
+            m = _f16at(flat, o + 2)
+            qh = (
+                np.uint32(flat[o + 4])
+                | (np.uint32(flat[o + 5]) << np.uint32(8))
+                | (np.uint32(flat[o + 6]) << np.uint32(16))
+                | (np.uint32(flat[o + 7]) << np.uint32(24))
+            )
+            for j in range(16):
+                q = flat[o + 8 + j]
+                U[b * 32 + j] = (q & 15) | (((qh >> np.uint32(j)) & 1) << 4)
+                U[b * 32 + 16 + j] = (q >> 4) | (((qh >> np.uint32(j + 16)) & 1) << 4)
+            _lanes(wsl, b * 8, d, 8)
+            b16[2 * b] = m
+            b16[2 * b + 1] = m
+    elif kind == KIND_IQ4_NL:
+        for b in range(cols // 32):
+            o = base + b * 18
+            d = _f16at(flat, o)
+            for j in range(16):
+                q = flat[o + 2 + j]
+                U[b * 32 + j] = _IQ4_U8[q & 15]
+                U[b * 32 + 16 + j] = _IQ4_U8[q >> 4]
+            _lanes(wsl, b * 8, d, 8)
+            b16[2 * b] = np.float32(-128.0) * d
+            b16[2 * b + 1] = np.float32(-128.0) * d
+    elif kind == KIND_IQ4_XS:
+        for b in range(cols // 256):
+            o = base + b * 136
+            d = _f16at(flat, o)
+            for sb in range(8):
+                dl = d * np.float32(iq4xs_scale(flat[o : o + 8], sb))
+                e = b * 256 + 32 * sb
+                for j in range(16):
+                    q = flat[o + 8 + 16 * sb + j]
+                    U[e + j] = _IQ4_U8[q & 15]
+                    U[e + 16 + j] = _IQ4_U8[q >> 4]
+                _lanes(wsl, e // 4, dl, 8)
+                b16[e // 16] = np.float32(-128.0) * dl
+                b16[e // 16 + 1] = np.float32(-128.0) * dl
+    elif kind == KIND_Q5_K:
+        for b in range(cols // 256):
+            o = base + b * 176
+            d = _f16at(flat, o)
+            dmin = _f16at(flat, o + 2)
+            sm = flat[o + 4 : o + 16]
+            for j in range(8):
+                s_, m_ = _q4k_sm(sm, j)
+                _lanes(wsl, b * 64 + j * 8, d * np.float32(s_), 8)
+                bias = -(dmin * np.float32(m_))
+                b16[b * 16 + 2 * j] = bias
+                b16[b * 16 + 2 * j + 1] = bias
+            for g in range(4):
+                for l in range(32):
+                    q = flat[o + 48 + 32 * g + l]
+                    h = flat[o + 16 + l] >> (2 * g)
+                    U[b * 256 + 64 * g + l] = (q & 15) | ((h & 1) << 4)
+                    U[b * 256 + 64 * g + 32 + l] = (q >> 4) | ((h & 2) << 3)
+    elif kind == KIND_Q3_K:
+        for b in range(cols // 256):
+            o = base + b * 110
+            d = _f16at(flat, o + 108)
+            s = flat[o + 96 : o + 108]
+            for k in range(16):
+                dl = d * np.float32(q3k_scale(s, k))
+                _lanes(wsl, b * 64 + 4 * k, dl, 4)
+                b16[b * 16 + k] = np.float32(-4.0) * dl
+                h, s2, l0 = k >> 3, 2 * ((k >> 1) & 3), 16 * (k & 1)
+                for j in range(16):
+                    q = (flat[o + 32 + 32 * h + l0 + j] >> s2) & 3
+                    hb = (flat[o + l0 + j] >> (k >> 1)) & 1
+                    U[b * 256 + 16 * k + j] = q | (hb << 2)
+    elif kind == KIND_Q2_K:
+        for b in range(cols // 256):
+            o = base + b * 84
+            d = _f16at(flat, o + 80)
+            dmin = _f16at(flat, o + 82)
+            for k in range(16):
+                sc = flat[o + k]
+                _lanes(wsl, b * 64 + 4 * k, d * np.float32(sc & 15), 4)
+                b16[b * 16 + k] = -(dmin * np.float32(sc >> 4))
+                h, s2, l0 = k >> 3, 2 * ((k >> 1) & 3), 16 * (k & 1)
+                for j in range(16):
+                    U[b * 256 + 16 * k + j] = (flat[o + 16 + 32 * h + l0 + j] >> s2) & 3
+
+
 @njit(cache=True, nogil=True)
 def prep_row(kind, flat, base, cols, U, wsl, b16):
     """Unpack one weight row: U[j] unsigned bytes, wsl[j // 4] the scale of the int32
@@ -299,6 +409,8 @@ def prep_row(kind, flat, base, cols, U, wsl, b16):
                 b16[b * 16 + k] = np.float32(-32.0) * ds
             for h in range(2):
                 st_q6(U, b * 256 + 128 * h, flat, o + 64 * h, o + 128 + 32 * h)
+    elif kind >= KIND_Q5_1:
+        _prep_scalar(kind, flat, base, cols, U, wsl, b16)
     elif kind == KIND_Q3_G64 or kind == KIND_Q2_G64:
         bs = 28 if kind == KIND_Q3_G64 else 20
         for b in range(cols // 64):

@@ -20,18 +20,29 @@ from edgerun.ops.int8.activations import (  # noqa: E402
     x_k8,
 )
 from edgerun.ops.int8.blocks import (  # noqa: E402
+    KIND_IQ4_NL,
+    KIND_IQ4_XS,
     KIND_Q2_G64,
+    KIND_Q2_K,
     KIND_Q3_G64,
+    KIND_Q3_K,
     KIND_Q4_0,
     KIND_Q4_1,
     KIND_Q4_K,
     KIND_Q5_0,
+    KIND_Q5_1,
+    KIND_Q5_K,
     KIND_Q6_K,
     KIND_Q8_0,
     Q6K_GROUP_SUMS,
     Q6K_SB8,
+    iq4_nl_pair,
+    iq4_nl_single,
+    iq4_xs_block,
     q2_g64_block,
+    q2_k_block,
     q3_g64_block,
+    q3_k_block,
     q4_0_pair,
     q4_0_single,
     q4_1_pair,
@@ -40,6 +51,9 @@ from edgerun.ops.int8.blocks import (  # noqa: E402
     q4_k_block8,
     q5_0_pair,
     q5_0_single,
+    q5_1_pair,
+    q5_1_single,
+    q5_k_block,
     q6_k_block,
     q6_k_block8,
     q8_0_pair,
@@ -95,6 +109,32 @@ def _row_q5_0(row, base, nb, xq, xds, xs16):
 
 
 @njit(inline="always")
+def _row_q5_1(row, base, nb, xq, xds, xs16):
+    a16 = acc16()
+    a4 = acc4()
+    for p in range(nb // 2):
+        q5_1_pair(a16, a4, row, base + p * 48, xq, p * 128, xds, p * 4)
+    if nb & 1:
+        b = nb - 1
+        q5_1_single(a16, a4, row, base + b * 24, xq, b * 64, xds, b * 2)
+    s = numba.carray(a4, 4)
+    return _hsum(a16, 16) + (s[1] + s[3])
+
+
+@njit(inline="always")
+def _row_iq4_nl(row, base, nb, xq, xds, xs16):
+    a16 = acc16()
+    a4 = acc4()
+    for p in range(nb // 2):
+        iq4_nl_pair(a16, a4, row, base + p * 36, xq, p * 128, xds, p * 4)
+    if nb & 1:
+        b = nb - 1
+        iq4_nl_single(a16, a4, row, base + b * 18, xq, b * 64, xds, b * 2)
+    s = numba.carray(a4, 4)
+    return _hsum(a16, 16) - np.float32(128.0) * (s[1] + s[3])
+
+
+@njit(inline="always")
 def _row_q8_0(row, base, nb, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
@@ -114,6 +154,42 @@ def _row_q4_k(row, base, nsb, xq, xds, xs16):
     for b in range(nsb):
         q4_k_block(a16, am, row, base + b * 144, xq, b * 512, xds, b * 16)
     return _hsum(a16, 16) - _hsum(am, 8)
+
+
+@njit(inline="always")
+def _row_q5_k(row, base, nsb, xq, xds, xs16):
+    a16 = acc16()
+    am = acc16()
+    for b in range(nsb):
+        q5_k_block(a16, am, row, base + b * 176, xq, b * 512, xds, b * 16)
+    return _hsum(a16, 16) - _hsum(am, 8)
+
+
+@njit(inline="always")
+def _row_iq4_xs(row, base, nsb, xq, xds, xs16):
+    a16 = acc16()
+    am = acc16()
+    for b in range(nsb):
+        iq4_xs_block(a16, am, row, base + b * 136, xq, b * 512, xds, b * 16)
+    return _hsum(a16, 16) - _hsum(am, 8)
+
+
+@njit(inline="always")
+def _row_q3_k(row, base, nsb, xq, xds, xs16):
+    a16 = acc16()
+    ab = acc16()
+    for b in range(nsb):
+        q3_k_block(a16, ab, row, base + b * 110, xq, b * 512, xds, b * 16, xs16, b * 16)
+    return _hsum(a16, 16) - _hsum(ab, 4)
+
+
+@njit(inline="always")
+def _row_q2_k(row, base, nsb, xq, xds, xs16):
+    a16 = acc16()
+    ab = acc16()
+    for b in range(nsb):
+        q2_k_block(a16, ab, row, base + b * 84, xq, b * 512, xds, b * 16, xs16, b * 16)
+    return _hsum(a16, 16) - _hsum(ab, 4)
 
 
 @njit(inline="always")
@@ -192,6 +268,18 @@ def _row_of(kind, row, base, n, xq, xds, xs16):
         return _row_q6_k(row, base, n, xq, xds, xs16)
     if kind == KIND_Q2_G64:
         return _row_q2_g64(row, base, n, xq, xds, xs16)
+    if kind == KIND_Q5_1:
+        return _row_q5_1(row, base, n, xq, xds, xs16)
+    if kind == KIND_IQ4_NL:
+        return _row_iq4_nl(row, base, n, xq, xds, xs16)
+    if kind == KIND_Q5_K:
+        return _row_q5_k(row, base, n, xq, xds, xs16)
+    if kind == KIND_IQ4_XS:
+        return _row_iq4_xs(row, base, n, xq, xds, xs16)
+    if kind == KIND_Q3_K:
+        return _row_q3_k(row, base, n, xq, xds, xs16)
+    if kind == KIND_Q2_K:
+        return _row_q2_k(row, base, n, xq, xds, xs16)
     return _row_q3_g64(row, base, n, xq, xds, xs16)
 
 
@@ -270,6 +358,36 @@ def mv_q6_k(d0, d1, d2, x, o0, o1, o2):
         _mv_k8(KIND_Q6_K, d0, d1, d2, x, o0, o1, o2)
         return
     _mv(KIND_Q6_K, d0, d1, d2, x, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv_q5_1(d0, d1, d2, x, o0, o1, o2):
+    _mv(KIND_Q5_1, d0, d1, d2, x, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv_iq4_nl(d0, d1, d2, x, o0, o1, o2):
+    _mv(KIND_IQ4_NL, d0, d1, d2, x, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv_q5_k(d0, d1, d2, x, o0, o1, o2):
+    _mv(KIND_Q5_K, d0, d1, d2, x, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv_iq4_xs(d0, d1, d2, x, o0, o1, o2):
+    _mv(KIND_IQ4_XS, d0, d1, d2, x, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv_q3_k(d0, d1, d2, x, o0, o1, o2):
+    _mv(KIND_Q3_K, d0, d1, d2, x, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv_q2_k(d0, d1, d2, x, o0, o1, o2):
+    _mv(KIND_Q2_K, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -25,7 +25,8 @@ from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from edgerun.ops.portable.kernels import _f16at, _q4k_sm, block_sums, q6_value  # noqa: E402
+from edgerun.ops._simd import dot16  # noqa: E402
+from edgerun.ops.portable.kernels import _f16at, _q4k_sm, block_sums, deq_row, q6_value  # noqa: E402
 
 GROUP = 4  # vectors per pass over a row: 4 x 16 lane accumulators stay in registers
 F0 = np.float32(0.0)
@@ -325,3 +326,16 @@ def mvb_q6_k(data, X, out):
                             acc[o + l] += dj * (wq[wo + l] * xb[l])
             for v in range(g):
                 out[v0 + v, r] = _hsum_at(acc, v * 16)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_deq(kind, data, X, out):
+    """Batched decode of kernels.DEQ_KINDS: each row dequantized once, then dot16 with
+    every vector (the float operations of kernels.mv_deq: rows equal it bit for bit)."""
+    rows = data.shape[0]
+    n, cols = X.shape
+    for r in prange(rows):
+        buf = np.empty(cols, np.float32)
+        deq_row(kind, data[r], buf)
+        for v in range(n):
+            out[v, r] = dot16(buf, X[v])

@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from edgerun.ops._simd import bf2f, dot16, h2f, hsum16, stack16, u2f  # noqa: E402
+from edgerun.quant.iquants import KVALUES  # noqa: E402
 
 F0 = np.float32(0.0)
 
@@ -298,13 +299,142 @@ KIND_Q4_1 = 5
 KIND_Q5_0 = 6
 KIND_Q4_K = 7
 KIND_Q6_K = 8
+KIND_Q5_1 = 9
+KIND_Q2_K = 10
+KIND_Q3_K = 11
+KIND_Q5_K = 12
+KIND_IQ4_NL = 13
+KIND_IQ4_XS = 14
+# the formats whose decode dequantizes a row and dots it (mv_deq, batch.mvb_deq)
+DEQ_KINDS = (KIND_Q5_1, KIND_Q2_K, KIND_Q3_K, KIND_Q5_K, KIND_IQ4_NL, KIND_IQ4_XS)
+
+# IQ4's 16 levels as float32 (the reference's KVALUES[q].astype(float32))
+IQ4_LEVELS = KVALUES.astype(np.float32)
+
+
+@njit(inline="always")
+def q3k_scale(s, k):
+    """Signed 6-bit scale k (0..15) of a Q3_K super-block; s = its 12 scale bytes."""
+    lo = (s[k & 7] >> (4 * (k >> 3))) & 15
+    hi = (s[8 + (k & 3)] >> (2 * (k >> 2))) & 3
+    return np.int32(lo | (hi << 4)) - 32
+
+
+@njit(inline="always")
+def iq4xs_scale(blk, j):
+    """Signed 6-bit scale of sub-block j (0..7) of an IQ4_XS super-block at blk."""
+    sh = np.int32(blk[2]) | (np.int32(blk[3]) << 8)
+    lo = (np.int32(blk[4 + (j >> 1)]) >> (4 * (j & 1))) & 15
+    return (lo | (((sh >> (2 * j)) & 3) << 4)) - 32
+
+
+@njit(inline="always")
+def _deq_new(kind, row, dst):
+    """deq_row for DEQ_KINDS (the formats read through a dequantized row)."""
+    cols = dst.shape[0]
+    if kind == KIND_Q5_1:
+        for b in range(cols // 32):
+            blk = row[b * 24 : b * 24 + 24]
+            o = dst[b * 32 : b * 32 + 32]
+            d = _f16at(blk, 0)
+            m = _f16at(blk, 2)
+            qh = (
+                np.uint32(blk[4])
+                | (np.uint32(blk[5]) << np.uint32(8))
+                | (np.uint32(blk[6]) << np.uint32(16))
+                | (np.uint32(blk[7]) << np.uint32(24))
+            )
+            for j in range(16):
+                lo = np.int32(blk[8 + j] & 15) | np.int32(((qh >> np.uint32(j)) & 1) << 4)
+                hi = np.int32(blk[8 + j] >> 4) | np.int32(((qh >> np.uint32(j + 16)) & 1) << 4)
+                o[j] = d * np.float32(lo) + m
+                o[16 + j] = d * np.float32(hi) + m
+    elif kind == KIND_Q2_K:
+        for b in range(cols // 256):
+            blk = row[b * 84 : b * 84 + 84]
+            d = _f16at(blk, 80)
+            dmin = _f16at(blk, 82)
+            for k in range(16):
+                dl = d * np.float32(blk[k] & 15)
+                ml = dmin * np.float32(blk[k] >> 4)
+                h, s_, l0 = k >> 3, (k >> 1) & 3, 16 * (k & 1)
+                o = dst[b * 256 + 16 * k : b * 256 + 16 * k + 16]
+                for j in range(16):
+                    q = (blk[16 + 32 * h + l0 + j] >> (2 * s_)) & 3
+                    o[j] = dl * np.float32(q) - ml
+    elif kind == KIND_Q3_K:
+        for b in range(cols // 256):
+            blk = row[b * 110 : b * 110 + 110]
+            d = _f16at(blk, 108)
+            s = blk[96:108]
+            for k in range(16):
+                dl = d * np.float32(q3k_scale(s, k))
+                h, s_, l0 = k >> 3, (k >> 1) & 3, 16 * (k & 1)
+                jb = k >> 1  # hmask bit of elements 32 jb .. 32 jb + 31
+                o = dst[b * 256 + 16 * k : b * 256 + 16 * k + 16]
+                for j in range(16):
+                    q = np.int32((blk[32 + 32 * h + l0 + j] >> (2 * s_)) & 3)
+                    hb = np.int32((blk[l0 + j] >> jb) & 1)
+                    o[j] = dl * np.float32(q - 4 * (1 - hb))
+    elif kind == KIND_Q5_K:
+        for b in range(cols // 256):
+            blk = row[b * 176 : b * 176 + 176]
+            d = _f16at(blk, 0)
+            dmin = _f16at(blk, 2)
+            s = blk[4:16]
+            for g in range(4):
+                sc1, m1 = _q4k_sm(s, 2 * g)
+                sc2, m2 = _q4k_sm(s, 2 * g + 1)
+                d1 = d * np.float32(sc1)
+                d2 = d * np.float32(sc2)
+                dm1 = dmin * np.float32(m1)
+                dm2 = dmin * np.float32(m2)
+                o = dst[b * 256 + 64 * g : b * 256 + 64 * g + 64]
+                for j in range(32):
+                    q = blk[48 + 32 * g + j]
+                    h = blk[16 + j] >> (2 * g)
+                    o[j] = d1 * np.float32((q & 15) | ((h & 1) << 4)) - dm1
+                    o[32 + j] = d2 * np.float32((q >> 4) | ((h & 2) << 3)) - dm2
+    elif kind == KIND_IQ4_NL:
+        for b in range(cols // 32):
+            blk = row[b * 18 : b * 18 + 18]
+            o = dst[b * 32 : b * 32 + 32]
+            d = _f16at(blk, 0)
+            for j in range(16):
+                o[j] = d * IQ4_LEVELS[blk[2 + j] & 15]
+                o[16 + j] = d * IQ4_LEVELS[blk[2 + j] >> 4]
+    elif kind == KIND_IQ4_XS:
+        for b in range(cols // 256):
+            blk = row[b * 136 : b * 136 + 136]
+            d = _f16at(blk, 0)
+            for sb in range(8):
+                dl = d * np.float32(iq4xs_scale(blk, sb))
+                o = dst[b * 256 + 32 * sb : b * 256 + 32 * sb + 32]
+                for j in range(16):
+                    q = blk[8 + 16 * sb + j]
+                    o[j] = dl * IQ4_LEVELS[q & 15]
+                    o[16 + j] = dl * IQ4_LEVELS[q >> 4]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv_deq(kind, data, x, out):
+    """Decode matvec of DEQ_KINDS: each row dequantized (deq_row, bit-exact with the
+    reference) into a buffer, then dot16 with x. Two passes over a row held in L1/L2,
+    where the other formats' kernels unpack blocks in registers."""
+    rows, cols = data.shape[0], x.shape[0]
+    for r in prange(rows):
+        buf = np.empty(cols, np.float32)
+        deq_row(kind, data[r], buf)
+        out[r] = dot16(buf, x)
 
 
 @njit(cache=True, nogil=True)
 def deq_row(kind, row, dst):
     """Dequantize one row of raw bytes into dst (float32 [cols]), same float ops as reference."""
     cols = dst.shape[0]
-    if kind == KIND_F32:
+    if kind >= KIND_Q5_1:
+        _deq_new(kind, row, dst)
+    elif kind == KIND_F32:
         for j in range(cols):
             dst[j] = _bitsf32(row, 4 * j)
     elif kind == KIND_F16:
