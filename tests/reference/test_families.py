@@ -56,6 +56,8 @@ NOT_YET = {
     "smollm3": "architecture 'smollm3' not implemented",
     "mistral3": "architecture 'mistral3' not implemented",
     "glm4": "architecture 'glm4' not implemented",
+    "cohere2": "architecture 'cohere2' not implemented",
+    "exaone4-swa": "architecture 'exaone4' not implemented",
 }
 
 # Per float outtype: the largest error at any position and the largest mean error, as

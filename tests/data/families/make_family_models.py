@@ -334,7 +334,12 @@ VARIANTS = [
         "exaone4",
         "Exaone4ForCausalLM",
         "Exaone4Config",
-        dict(rope_parameters=_rope(), sliding_window=None, tie_word_embeddings=False),
+        dict(
+            rope_parameters=_rope(),
+            sliding_window=None,
+            layer_types=["full_attention"] * 4,
+            tie_word_embeddings=False,
+        ),
         "bpe",
         "exaone4",
         False,
