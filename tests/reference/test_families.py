@@ -57,6 +57,7 @@ NOT_YET = {
     "mistral3": "architecture 'mistral3' not implemented",
     "glm4": "architecture 'glm4' not implemented",
     "cohere2": "architecture 'cohere2' not implemented",
+    "exaone4": "architecture 'exaone4' not implemented",
     "exaone4-swa": "architecture 'exaone4' not implemented",
 }
 
