@@ -77,6 +77,7 @@ _PRE_TOKENIZERS = {
     "command-r": "digits",
     "codeshell": "digits",
     "exaone": "digits",
+    "exaone4": "gpt2",  # llama.cpp's llama-vocab.cpp maps EXAONE 4 to the GPT-2 regex
     "minerva-7b": "digits",
     "qwen2": "qwen2",
     "deepseek-r1-qwen": "qwen2",
