@@ -18,7 +18,8 @@ Errors are measured against the spread of the reference logits at each position
   average (make_family_models.py records both in reference.json: ~0.06 and ~0.03 of the
   spread). Weights carry 8-bit blocks (llama.cpp also rounds activations to 8 bits), and
   the sharp attention of these random models (weights of std 0.2) amplifies the rounding.
-  Argmax agreement >= 0.9.
+  Argmax agreement >= 0.9. Where llama.cpp cannot run a variant as transformers does
+  (reference.json's llama_cpp_differs), fixed bounds a little above the worst of the others.
 - Argmax: f32 and f16 pick the reference's token at every position whose top-two margin
   exceeds twice the bound (where an error within the bound cannot swap them), and those
   positions are at least 90% of the sequence, so the check cannot quietly vanish.
@@ -52,6 +53,10 @@ FAMILIES_TESTED = [
     "olmo2",
     "phi3-longrope",
     "smollm3",
+    "exaone4",
+    "exaone4-swa",
+    "glm4",
+    "cohere2",
 ]
 
 # Data folders that exist but edgerun does not run yet, each with the reason.
@@ -64,6 +69,10 @@ NOT_YET = {
 MAX_ERR = {"f32": 1e-3, "f16": 2e-2}
 MEAN_ERR = {"f32": 1e-3, "f16": 2e-2}
 Q8_SLACK = 2.0
+# q8_0 bounds where llama.cpp cannot run the variant as transformers does (reference.json's
+# llama_cpp_differs says why): ~1.3x the worst llama.cpp figures over the other variants
+# (0.19 at the worst position, 0.05 on average).
+Q8_UNCHECKED = (0.25, 0.08)
 MIN_ARGMAX = {"f32": 1.0, "f16": 1.0, "q8_0": 0.9}
 
 
@@ -96,6 +105,8 @@ def _bounds(name: str, outtype: str, info: dict) -> tuple[float, float]:
     """(max, mean) error bounds as fractions of the spread for name's outtype file."""
     if outtype != "q8_0":
         return MAX_ERR[outtype], MEAN_ERR[outtype]
+    if info.get("llama_cpp_differs"):
+        return Q8_UNCHECKED
     measured = info.get("llama_cpp_vs_transformers", {}).get("q8_0")
     assert measured, (
         f"{name}: reference.json has no llama.cpp q8_0 measurement; rebuild it with "
