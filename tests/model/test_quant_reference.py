@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
+from test_qmatvec import _check as check_kernel
 
-from edgerun.quant.formats import BLOCK_LAYOUT, QuantType, row_bytes
+from edgerun.ops import qmatvec as qm
+from edgerun.quant.formats import BLOCK_LAYOUT, QuantTensor, QuantType, row_bytes
 from edgerun.quant.reference import dequantize, q4k_scale_min, random_blocks
 
 # the GGML formats (edgerun's own low-bit formats have no gguf decoder to compare with)
@@ -88,38 +91,62 @@ def test_random_blocks_bit_exact(q, shape):
     assert _same_bits(ours, _gguf_deq(raw, q))
 
 
-# Files llama.cpp's quantizer wrote (llama_cpp.llama_model_quantize of the registry's
-# Qwen2.5-Coder models; see benchmarks/vs_llamacpp.py --agreement): real blocks of the
-# formats edgerun has no file of otherwise. The 0.5B's 896-column matrices fall back to
-# Q5_1 / IQ4_NL there; the 1.5B's (1536 columns) take the K and IQ4_XS types. Not in git:
-# the tests skip where absent.
-QUANT_MODELS = os.environ.get("EDGERUN_QUANT_MODELS", "/work/quant_models")
-REQUANT = {
-    QuantType.Q5_K: "qwen1.5b-q5_k_m.gguf",
-    QuantType.Q5_1: "qwen0.5b-q5_1.gguf",
-    QuantType.Q3_K: "qwen1.5b-q3_k_m.gguf",
-    QuantType.Q2_K: "qwen1.5b-q2_k.gguf",
-    QuantType.IQ4_XS: "qwen1.5b-iq4_xs.gguf",
-    QuantType.IQ4_NL: "qwen0.5b-iq4_nl.gguf",
-}
+# Rows of real blocks llama.cpp's quantizer wrote (its requantisations of the registry's
+# Qwen2.5-Coder models), the only files of these formats edgerun has: 8 rows of two tensors
+# per format, the extremes of max|w| among them. tests/data/quant_blocks/make_quant_blocks.py
+# writes them from the full files.
+LLAMA_CPP_BLOCKS = Path(__file__).parents[1] / "data" / "quant_blocks" / "llama_cpp_blocks.npz"
+LLAMA_CPP_FORMATS = [
+    QuantType.Q5_K,
+    QuantType.Q3_K,
+    QuantType.Q2_K,
+    QuantType.IQ4_XS,
+    QuantType.Q5_1,
+    QuantType.IQ4_NL,
+]
 
 
-@pytest.mark.parametrize("q", list(REQUANT), ids=lambda q: q.name)
+def _llama_cpp_tensors(q: QuantType) -> list[QuantTensor]:
+    """The committed rows of format q, one QuantTensor per source tensor."""
+    with np.load(LLAMA_CPP_BLOCKS) as z:
+        entries = sorted({k.rsplit("/", 1)[0] for k in z.files if k.startswith(f"{q.name}/")})
+        out = []
+        for e in entries:
+            assert QuantType(int(z[f"{e}/ggml_type"])) == q, e
+            raw, cols = z[f"{e}/raw"], int(z[f"{e}/cols"])
+            assert raw.dtype == np.uint8 and raw.shape == (len(z[f"{e}/rows"]), row_bytes(q, cols))
+            out.append(QuantTensor(e, q, (raw.shape[0], cols), raw))
+    assert len(out) == 2, f"{LLAMA_CPP_BLOCKS} holds {len(out)} {q.name} tensors"
+    return out
+
+
+@pytest.mark.parametrize("q", LLAMA_CPP_FORMATS, ids=lambda q: q.name)
 def test_real_llama_cpp_blocks_bit_exact(q):
-    from edgerun.formats.gguf import read_gguf
-
-    path = os.path.join(QUANT_MODELS, REQUANT[q])
-    if not os.path.exists(path):
-        pytest.skip(f"{path} not here (llama.cpp's requantisation of the registry model)")
-    f = read_gguf(path)
-    tensors = [f.tensor(n) for n in f.tensor_names()]
-    tensors = [t for t in tensors if t.qtype == q]
-    assert tensors, f"{path} has no {q.name} tensor"
-    for t in tensors[:3]:
-        raw = np.asarray(t.data[:64])
-        ours = dequantize(q, raw)
+    for t in _llama_cpp_tensors(q):
+        ours = dequantize(q, t.data)
+        assert ours.shape == t.shape
         assert np.isfinite(ours).all() and np.abs(ours).max() > 0
-        assert _same_bits(ours, _gguf_deq(raw, q).reshape(ours.shape)), t.name
+        assert _same_bits(ours, _gguf_deq(t.data, q).reshape(ours.shape)), t.name
+
+
+@pytest.fixture(params=qm.available_paths())
+def kernel_path(request):
+    old = qm.kernel_path()
+    qm.set_kernel_path(request.param)
+    yield request.param
+    qm.set_kernel_path(old)
+
+
+@pytest.mark.parametrize("q", LLAMA_CPP_FORMATS, ids=lambda q: q.name)
+def test_real_llama_cpp_blocks_kernels(kernel_path, q):
+    """The matvec and matmul kernels of each path (portable, int8) on llama.cpp's rows,
+    within test_qmatvec's tolerances of the numpy reference."""
+    for i, t in enumerate(_llama_cpp_tensors(q)):
+        rng = np.random.default_rng(int(q) * 10 + i)
+        x = rng.standard_normal(t.shape[1]).astype(np.float32)
+        check_kernel(qm.matvec(t, x), t, x, kernel_path)
+        X = rng.standard_normal((5, t.shape[1])).astype(np.float32)
+        check_kernel(qm.matmul(t, X), t, X, kernel_path)
 
 
 @pytest.mark.parametrize(
