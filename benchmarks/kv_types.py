@@ -44,7 +44,7 @@ def _texts() -> dict[str, str]:
 
 
 def _logits(model, ids: list[int], kv_type: str, step: int, decode: int) -> np.ndarray:
-    """float64 [len(ids) - 1, vocab]: the next-token logits after each of ids[:-1]: the
+    """float32 [len(ids) - 1, vocab]: the next-token logits after each of ids[:-1]: the
     first len(ids) - decode positions `step` at a time, the rest one at a time."""
     tr = model.transformer
     cache = KVCache(model.spec, len(ids), kv_type)
@@ -54,41 +54,51 @@ def _logits(model, ids: list[int], kv_type: str, step: int, decode: int) -> np.n
         rows.append(np.asarray(tr.forward(ids[i : min(i + step, split)], cache, all_logits=True)))
     for t in ids[split:-1]:
         rows.append(np.asarray(tr.forward([t], cache)).reshape(1, -1))
-    return np.concatenate(rows).astype(np.float64)
+    return np.concatenate(rows).astype(np.float32)
 
 
 def _log_softmax(a: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
     a = a - a.max(axis=1, keepdims=True)
     return a - np.log(np.exp(a).sum(axis=1, keepdims=True))
+
+
+def _compare(ref: np.ndarray, other: np.ndarray, targets: np.ndarray, rows: int = 64) -> tuple:
+    """Per position (float64, `rows` positions at a time: a vocabulary of 150k makes
+    whole arrays gigabytes): top-1 agreement, KL(ref || other), other's NLL, ref's NLL."""
+    top1, kl, nll, nll_ref = [], [], [], []
+    for i in range(0, len(targets), rows):
+        r, o = _log_softmax(ref[i : i + rows]), _log_softmax(other[i : i + rows])
+        t = targets[i : i + rows]
+        top1.append(r.argmax(1) == o.argmax(1))
+        kl.append((np.exp(r) * (r - o)).sum(axis=1))
+        nll.append(-o[np.arange(len(t)), t])
+        nll_ref.append(-r[np.arange(len(t)), t])
+    return tuple(np.concatenate(x) for x in (top1, kl, nll, nll_ref))
 
 
 def quality(model, types: list[str], n_tokens: int, step: int, decode: int) -> None:
     tok = model.tokenizer
     per: dict[str, list] = {t: [] for t in types}
-    base: list = []
-    targets: list = []
     for name, text in _texts().items():
         ids = tok.encode(text, add_bos=False, parse_special=False)[:n_tokens]
         if getattr(tok, "add_bos", False):
             ids = [tok.bos_id] + ids[:-1]
-        targets.append(np.asarray(ids[1:]))
+        targets = np.asarray(ids[1:])
         t0 = time.perf_counter()
-        base.append(_log_softmax(_logits(model, ids, "f16", step, decode)))
+        ref = _logits(model, ids, "f16", step, decode)
         for t in types:
-            per[t].append(_log_softmax(_logits(model, ids, t, step, decode)))
+            per[t].append(_compare(ref, _logits(model, ids, t, step, decode), targets))
         print(f"  {name}: {len(ids)} tokens, {time.perf_counter() - t0:.0f} s", flush=True)
-    ref = np.concatenate(base)
-    tgt = np.concatenate(targets)
-    nll_ref = -ref[np.arange(len(tgt)), tgt].mean()
-    print(f"  {len(tgt)} positions scored ({decode} a text by one-token decode)")
+    n = sum(len(x[0]) for x in per[types[0]])
+    nll_ref = np.concatenate([x[3] for x in per[types[0]]]).mean()
+    print(f"  {n} positions scored ({decode} a text by one-token decode)")
     print(f"  {'type':<6} {'top-1':>7} {'mean KL':>10} {'max KL':>9} {'NLL':>8}  (f16 NLL "
           f"{nll_ref:.4f})")  # fmt: skip
     for t in types:
-        lp = np.concatenate(per[t])
-        top1 = float((lp.argmax(1) == ref.argmax(1)).mean())
-        kl = (np.exp(ref) * (ref - lp)).sum(axis=1)
-        nll = -lp[np.arange(len(tgt)), tgt].mean()
-        print(f"  {t:<6} {top1:7.4f} {kl.mean():10.6f} {kl.max():9.5f} {nll:8.4f}")
+        top1, kl, nll, _ = (np.concatenate(x) for x in zip(*per[t]))
+        print(f"  {t:<6} {top1.mean():7.4f} {kl.mean():10.6f} {kl.max():9.5f} {nll.mean():8.4f}",
+              flush=True)  # fmt: skip
 
 
 def speed(model, types: list[str], depth: int, n: int, rounds: int) -> None:
@@ -121,7 +131,7 @@ def speed(model, types: list[str], depth: int, n: int, rounds: int) -> None:
         s = times[t]
         kib = KVCache.bytes_for(spec, 1, t) / 1024
         print(f"  {t:<6} {statistics.median(s):7.2f} [{min(s):.2f}..{max(s):.2f}]"
-              f"  KV {kib:g} KiB/token")  # fmt: skip
+              f"  KV {kib:g} KiB/token", flush=True)  # fmt: skip
 
 
 def main() -> None:

@@ -152,6 +152,7 @@ class KVCache:
     @staticmethod
     def bytes_for(spec: ModelSpec, n_ctx: int, kv_type: str = "f32") -> int:
         """Bytes a cache of n_ctx positions reserves (K and V)."""
+        check_head_dim(kv_type, spec.head_dim)
         row = sum(row_bytes(t, spec.head_dim) for t in kv_types(kv_type))
         return spec.n_layers * spec.n_kv_heads * n_ctx * row
 

@@ -192,7 +192,11 @@ def _attend_row(qi, kh, vh, lo, hi, scale, sc, o):
     _weighted_sum(o, sc, vh, lo, hi, np.float32(1.0) / total)
 
 
-@njit(cache=True, parallel=True, fastmath=True, nogil=True)
+# The one-row kernels run without fastmath: a reassociated sum (the softmax's total, a
+# vectorised tail) rounds as the surrounding compiled code lets LLVM reorder it, and
+# token_step.attend_token compiles _attention into itself, so the bound decode step's
+# rows would stop equalling the general path's bit for bit.
+@njit(cache=True, parallel=True, nogil=True)
 def _attention(q, k, v, start, window, scale, scores, out):
     n, hq, hd = q.shape
     hkv = k.shape[0]
@@ -238,7 +242,7 @@ def _attention_batch(
                               scale, scores, out)  # fmt: skip
 
 
-@njit(cache=True, parallel=True, fastmath=True, nogil=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _attention_rows_batch(
     q, klike, vlike, kaddr, vaddr, nctx, layer, starts, window, scale, scores, out
 ):
