@@ -310,9 +310,9 @@ class BatchAttention:
     """
 
     def __init__(self, ks: list[np.ndarray], vs: list[np.ndarray], starts: list[int]) -> None:
-        if len({a.shape[1] for a in ks + vs}) != 1 or any(
-            len({a.shape[3] for a in arrays}) != 1 for arrays in (ks, vs)
-        ):
+        # one head count, and one row width for each element type (of one head_dim)
+        widths = {(a.dtype, a.shape[3]) for a in ks + vs}
+        if len({a.shape[1] for a in ks + vs}) != 1 or len(widths) != len(dict(widths)):
             raise ValueError("BatchAttention: the caches differ in head layout")
         self.starts = np.asarray(starts, dtype=np.int64)
         self._each = (ks, vs)
