@@ -28,7 +28,7 @@ from edgerun.generate.engine import (
 )
 from edgerun.generate.sequence import GenerationStats, WarmUp
 from edgerun.generate.settings import ModelSettings
-from edgerun.model.kvcache import KVCache, check_kv_type
+from edgerun.model.kvcache import KVCache, kv_type_asked
 from edgerun.model.transformer import Transformer
 from edgerun.offload.budget import KV_LOAN_MARGIN, trim_heap_after_prompt_chunk
 from edgerun.offload.loader import (
@@ -540,6 +540,8 @@ def load(
     threads: int | None = None,
     auto_pull: bool | None = None,
     kv_type: str | None = None,
+    kv_type_k: str | None = None,
+    kv_type_v: str | None = None,
     ram_budget: int | str | None = None,
     offload: str | None = None,
     offload_options: dict | None = None,
@@ -554,7 +556,10 @@ def load(
     n_ctx None takes the model's recommended context size (2048 outside the registry).
 
     kv_type "f16" halves the KV cache's memory (llama.cpp's default); "f32" keeps
-    the attention inputs exact. None: f32, or f16 under a ram_budget.
+    the attention inputs exact; "q8_0" (34/64 of f16's bytes) and "q4_0" (18/64) hold
+    ggml's 32-value blocks, which attention reads in place (head_dim a multiple of 32).
+    None: f32, or f16 under a ram_budget. kv_type_k / kv_type_v set the keys' and the
+    values' types apart (llama.cpp's -ctk / -ctv; the side not given: kv_type, else f16).
 
     ram_budget ("800M", "60%", bytes) keeps the whole process, page cache included,
     within that much memory: the FFNs are computed from a bundled flash layout
@@ -581,8 +586,7 @@ def load(
     results a budgeted (offloaded) run of the same model equals bit for bit; the copies
     round differently (README: "Interleaved decode copies").
     """
-    if kv_type is not None:
-        check_kv_type(kv_type)
+    kv_type = kv_type_asked(kv_type, kv_type_k, kv_type_v)
     return Model(
         resolve_model(model, auto_pull),
         n_ctx=n_ctx,

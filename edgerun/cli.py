@@ -32,13 +32,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="context size in tokens (0 = the model's maximum; default: the model's "
         "recommended, see `edgerun info`)",
     )
-    p.add_argument(
-        "--kv-type",
-        choices=("f32", "f16"),
-        default=None,
-        help="KV cache element type: f16 halves its memory (default: f32, or f16 with "
-        "--ram-budget)",
-    )
+    _add_kv_args(p)
     p.add_argument(
         "--context-policy",
         choices=("error", "slide"),
@@ -47,6 +41,33 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "the window) or slide (attention sinks + sliding window)",
     )
     _add_offload_args(p)
+
+
+KV_TYPE_CHOICES = ("f32", "f16", "q8_0", "q4_0")
+
+
+def _add_kv_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kv-type",
+        choices=KV_TYPE_CHOICES,
+        default=None,
+        help="KV cache type of keys and values: f16 halves its memory, q8_0 / q4_0 "
+        "(ggml blocks) take 34/64 / 18/64 of f16's (default: f32, or f16 with --ram-budget)",
+    )
+    p.add_argument(
+        "-ctk",
+        "--cache-type-k",
+        choices=KV_TYPE_CHOICES,
+        default=None,
+        help="KV cache type of the keys (as llama.cpp's; the other side: --kv-type, else f16)",
+    )
+    p.add_argument(
+        "-ctv",
+        "--cache-type-v",
+        choices=KV_TYPE_CHOICES,
+        default=None,
+        help="KV cache type of the values (as llama.cpp's)",
+    )
 
 
 def _add_offload_args(p: argparse.ArgumentParser) -> None:
@@ -233,9 +254,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--sparsity", type=float, default=None)
     pl.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens")
-    pl.add_argument(
-        "--kv-type", choices=("f32", "f16"), default=None, help="default: f16 with --ram-budget"
-    )
+    _add_kv_args(pl)
 
     cv = sub.add_parser(
         "convert", help="convert a GGUF / registry model / Hugging Face checkpoint to a pack"
@@ -557,6 +576,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from collections import Counter
 
     import edgerun
+    from edgerun.model.kvcache import QUANTISED_KV_TYPES, KVCache
 
     if args.supported:
         print(supported_text(args.markdown))
@@ -593,6 +613,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
     tied = model.transformer.output.name == model.transformer.token_embd.name
     print(f"{'tied output:':<15}{tied}")
     print(f"{'chat template:':<15}{'yes' if model.chat_template else 'no'}")
+    kv = []  # bytes a token takes in the KV cache of each type (K and V, every layer)
+    for t in KV_TYPE_CHOICES:
+        if t in QUANTISED_KV_TYPES and s.head_dim % 32:
+            kv.append(f"{t} n/a (head_dim {s.head_dim})")
+        else:
+            kv.append(f"{t} {KVCache.bytes_for(s, 1, t) / 1024:g} KiB")
+    print(f"{'KV per token:':<15}{', '.join(kv)}")
     rows = model.tensor_summary()
     n_params = sum(r * c for _, _, (r, c), _ in rows)
     print(f"{'parameters:':<15}{n_params / 1e6:.1f} M")
@@ -811,7 +838,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     p, _ = model.loader.plan_for(
         args.ram_budget, args.offload, opts, args.gpu_budget, gpu_device, figs
     )
-    print(f"{model.path.name}: {model.spec.n_layers} layers, context {model.n_ctx} tokens")
+    from edgerun.model.kvcache import KVCache
+
+    per_token = KVCache.bytes_for(model.spec, 1, model.kv_type) / 1024
+    print(
+        f"{model.path.name}: {model.spec.n_layers} layers, context {model.n_ctx} tokens, "
+        f"KV cache {model.kv_type} ({per_token:g} KiB a token)"
+    )
     print(p.describe())
     if args.ram_budget is not None:
         from edgerun.generate.engine import prefill_bytes_per_token, prefill_chunk_within
@@ -984,6 +1017,10 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     try:
+        if hasattr(args, "cache_type_k"):  # one KV type string for every consumer
+            from edgerun.model.kvcache import kv_type_asked
+
+            args.kv_type = kv_type_asked(args.kv_type, args.cache_type_k, args.cache_type_v)
         _check_runtime_args(args)
         return COMMANDS[args.command](args)
     except EdgerunError as e:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgerun.errors import ContextOverflowError
+from edgerun.errors import ContextOverflowError, InvalidArgumentError
 from edgerun.model.kvcache import KVCache
 
 
@@ -32,6 +32,11 @@ class SharedPrefix:
         cache.check_fits(0)
         if n > cache.n_ctx:
             raise ContextOverflowError(f"a shared prefix of {n} tokens exceeds the context")
+        if (self.k.dtype, self.v.dtype) != (cache.k.dtype, cache.v.dtype):
+            raise InvalidArgumentError(
+                f"a shared prefix of KV types {self.k.dtype}/{self.v.dtype} cannot seed a "
+                f"cache of {cache.kv_type}; one PrefixCache serves caches of one KV type"
+            )
         cache.k[:, :, :n] = self.k
         cache.v[:, :, :n] = self.v
         cache.mark_written(n)

@@ -14,8 +14,9 @@ import threading
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec
-from edgerun.errors import ContextOverflowError, InvalidArgumentError
+from edgerun.errors import ContextOverflowError, InvalidArgumentError, UnsupportedError
 from edgerun.ops.attention import cache_values
+from edgerun.ops.kv_blocks import row_width
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -52,28 +53,93 @@ PAGE_BYTES = 4096
 
 # Element types a cache can hold. f16 halves the memory (llama.cpp's default cache
 # type); it is stored as raw uint16 bits because Numba has no float16 on the CPU, and
-# the attention kernel widens each value as it reads it.
-KV_TYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.uint16)}
+# the attention kernel widens each value as it reads it. q8_0 and q4_0 hold ggml's
+# 32-value blocks (ops/kv_blocks.py: int8 elements for q8_0, uint8 for q4_0), a row of
+# head_dim / 32 blocks per position, which the kernels dequantise as they read them.
+KV_TYPES = {
+    "f32": np.dtype(np.float32),
+    "f16": np.dtype(np.uint16),
+    "q8_0": np.dtype(np.int8),
+    "q4_0": np.dtype(np.uint8),
+}
+QUANTISED_KV_TYPES = ("q8_0", "q4_0")
 
 
 def check_kv_type(kv_type: str) -> str:
-    if kv_type not in KV_TYPES:
-        raise InvalidArgumentError(
-            f"unknown KV cache type {kv_type!r}; expected one of {', '.join(KV_TYPES)}"
-        )
+    """A KV type as given: one type for keys and values ("q8_0"), or the keys' and the
+    values' types apart, "K/V" ("q8_0/f16", llama.cpp's -ctk q8_0 -ctv f16)."""
+    if not isinstance(kv_type, str):
+        raise InvalidArgumentError(f"KV cache type must be a string, got {kv_type!r}")
+    for t in kv_type.split("/", 1):
+        if t not in KV_TYPES:
+            raise InvalidArgumentError(
+                f"unknown KV cache type {t!r}; expected one of {', '.join(KV_TYPES)} "
+                "(or K/V types apart as 'K/V', e.g. 'q8_0/f16')"
+            )
     return kv_type
 
 
+def kv_types(kv_type: str) -> tuple[str, str]:
+    """(keys' type, values' type) of a KV type (check_kv_type's spelling)."""
+    parts = check_kv_type(kv_type).split("/", 1)
+    return parts[0], parts[-1]
+
+
+def kv_type_name(k_type: str, v_type: str | None = None) -> str:
+    """The one KV type string for keys of k_type and values of v_type (default: the same)."""
+    v_type = k_type if v_type is None else v_type
+    return check_kv_type(k_type if k_type == v_type else f"{k_type}/{v_type}")
+
+
+def kv_type_asked(
+    kv_type: str | None, k_type: str | None = None, v_type: str | None = None
+) -> str | None:
+    """The KV type a caller asks for: kv_type for both (None: the runtime's default),
+    k_type / v_type (llama.cpp's -ctk / -ctv) for one side; a side given alone leaves
+    the other at kv_type, else at f16 (llama.cpp's default cache type)."""
+    if k_type is None and v_type is None:
+        return None if kv_type is None else check_kv_type(kv_type)
+    k_def, v_def = kv_types(kv_type) if kv_type is not None else ("f16", "f16")
+    return kv_type_name(k_type or k_def, v_type or v_def)
+
+
+def row_bytes(kv_type: str, head_dim: int) -> int:
+    """Bytes one (layer, KV head, position) row of keys or values of one type takes:
+    head_dim elements of f32 / f16, head_dim / 32 blocks of q8_0 (34 bytes) / q4_0 (18)."""
+    dtype = KV_TYPES[check_kv_type(kv_type)]
+    return row_width(dtype, head_dim) * dtype.itemsize
+
+
+def check_head_dim(kv_type: str, head_dim: int) -> None:
+    """Quantised rows are whole 32-value blocks: refuse a head_dim they do not divide (as
+    llama.cpp refuses a quantised cache type whose block size does not divide
+    n_embd_head)."""
+    for which, t in zip(("K", "V"), kv_types(kv_type)):
+        if t in QUANTISED_KV_TYPES and head_dim % 32:
+            raise UnsupportedError(
+                f"{which} cache type {t} with block size 32 does not divide the model's "
+                f"head_dim={head_dim}; use --cache-type-{which.lower()} f16 or f32"
+            )
+
+
 class KVCache:
-    """Keys and values for every layer: [layers, kv_heads, n_ctx, head_dim] of f32 or f16."""
+    """Keys and values for every layer: [layers, kv_heads, n_ctx, row] of f32 or f16
+    (row: head_dim values) or of q8_0 / q4_0 blocks (row: head_dim / 32 blocks' bytes).
+    kv_type: one type for both, or "K/V" (check_kv_type)."""
 
     def __init__(self, spec: ModelSpec, n_ctx: int, kv_type: str = "f32") -> None:
         if n_ctx <= 0:
             raise ContextOverflowError(f"context size must be positive, got {n_ctx}")
         self.kv_type = check_kv_type(kv_type)
-        shape = (spec.n_layers, spec.n_kv_heads, n_ctx, spec.head_dim)
-        self.k = lazy_zeros(shape, KV_TYPES[kv_type])
-        self.v = lazy_zeros(shape, KV_TYPES[kv_type])
+        self.k_type, self.v_type = kv_types(kv_type)
+        check_head_dim(kv_type, spec.head_dim)
+        self.spec = spec
+        arrays = []
+        for t in (self.k_type, self.v_type):
+            dtype = KV_TYPES[t]
+            shape = (spec.n_layers, spec.n_kv_heads, n_ctx, row_width(dtype, spec.head_dim))
+            arrays.append(lazy_zeros(shape, dtype))
+        self.k, self.v = arrays
         self.n_ctx = n_ctx
         self.tokens: list[int] = []  # ids whose keys/values are stored, in order
         self.written = 0  # positions written since the pages were last given back
@@ -86,8 +152,9 @@ class KVCache:
     @staticmethod
     def bytes_for(spec: ModelSpec, n_ctx: int, kv_type: str = "f32") -> int:
         """Bytes a cache of n_ctx positions reserves (K and V)."""
-        item = KV_TYPES[check_kv_type(kv_type)].itemsize
-        return 2 * spec.n_layers * spec.n_kv_heads * n_ctx * spec.head_dim * item
+        check_head_dim(kv_type, spec.head_dim)
+        row = sum(row_bytes(t, spec.head_dim) for t in kv_types(kv_type))
+        return spec.n_layers * spec.n_kv_heads * n_ctx * row
 
     @property
     def length(self) -> int:
@@ -102,10 +169,16 @@ class KVCache:
         """Bytes one position takes (keys and values of every layer and head)."""
         return self.nbytes // self.n_ctx
 
+    @staticmethod
+    def positions_per_page(spec: ModelSpec, kv_type: str) -> int:
+        """Positions a 4 KiB page of one (layer, head)'s rows holds: 4096 / row bytes, of
+        the wider of the keys' and the values' rows where their types differ."""
+        row = max(row_bytes(t, spec.head_dim) for t in kv_types(kv_type))
+        return max(1, PAGE_BYTES // row)
+
     def pages_for(self, positions: int) -> int:
-        """positions rounded up to whole 4 KiB pages of the [layer, head, position] rows
-        (a page holds 4096 / (head_dim * item) positions of one layer and head)."""
-        per_page = max(1, PAGE_BYTES // (self.k.shape[-1] * self.k.dtype.itemsize))
+        """positions rounded up to whole 4 KiB pages of the [layer, head, position] rows."""
+        per_page = self.positions_per_page(self.spec, self.kv_type)
         return -(-positions // per_page) * per_page
 
     @property
@@ -142,7 +215,7 @@ class KVCache:
             )
 
     def store(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
-        """k, v [n, kv_heads, head_dim] for positions start .. start + n - 1."""
+        """k, v [n, kv_heads, head_dim] (float32) for positions start .. start + n - 1."""
         n = k.shape[0]
         k, v = cache_values(k, self.k.dtype), cache_values(v, self.v.dtype)
         self.k[layer, :, start : start + n] = k.transpose(1, 0, 2)

@@ -264,9 +264,10 @@ class Attention:
         if batch is None:
             c = caches[0]
             return attend_token, (*head, c.k[li], c.v[li], window, scale, softcap, scores, ctx)
-        shape = (rows.n, s.n_kv_heads, s.head_dim)
-        dtype = caches[0].k.dtype
-        kv_new = (np.zeros(shape, dtype), np.zeros(shape, dtype))
+        kv_new = tuple(  # each new row as the caches store it (a row: their last axis)
+            np.zeros((rows.n, s.n_kv_heads, a.shape[-1]), a.dtype)
+            for a in (caches[0].k, caches[0].v)
+        )
         tail = (*kv_new, batch._kaddr, batch._vaddr, batch._nctx, np.int64(li), window, scale,
                 softcap, scores, ctx)  # fmt: skip
         return attend_rows, (*head, *tail)

@@ -156,7 +156,6 @@ class BudgetKeeper:
         process does not use yet (the KV cache's unwritten pages, the prompt step's
         temporaries, the plan's margins), given back before it is needed
         (offload/kv_loan.py)."""
-        from edgerun.model.kvcache import KV_TYPES
         from edgerun.offload.kv_loan import PAGE_BYTES, KVLoan
         from edgerun.offload.plan import STEP_MARGIN_BYTES
 
@@ -166,8 +165,6 @@ class BudgetKeeper:
             return
         if store.held_neurons >= spec.d_ff:
             return
-        item = KV_TYPES[self.kv_type].itemsize
-        row = spec.head_dim * item  # one position of one (layer, kv head)
         budget = p.budget
 
         def free_bytes() -> int:
@@ -183,8 +180,8 @@ class BudgetKeeper:
             loan = KVLoan(
                 store,
                 free_bytes,
-                2 * spec.n_layers * spec.n_kv_heads * row,
-                max(1, PAGE_BYTES // row),
+                KVCache.bytes_for(spec, 1, self.kv_type),
+                KVCache.positions_per_page(spec, self.kv_type),
                 tier_bytes=free // tiers,
                 tiers=tiers,
                 step_bytes=STEP_MARGIN_BYTES,

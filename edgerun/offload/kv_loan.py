@@ -22,7 +22,7 @@ the loan.
 
 Every cache the model computes with counts (weakly referenced: a cache that is dropped
 gives its pages back), each at its high-water mark rounded to its pages: a page of the
-[layer, kv_head, position, head_dim] layout holds PAGE // (head_dim * item) positions.
+[layer, kv_head, position, row] layout holds PAGE // (row bytes) positions.
 """
 
 from __future__ import annotations

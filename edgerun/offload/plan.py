@@ -858,6 +858,7 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
     The bundled record of a neuron is its up row in the file's format plus its
     down column requantized row-wise as `down_format`.
     """
+    from edgerun.model.kvcache import KVCache
     from edgerun.quant.formats import QuantType, row_bytes
 
     names = set(reader.tensor_names())
@@ -897,7 +898,6 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
     gate = reader.tensor(spec.layer_tensor("ffn_gate", 0))
     up = reader.tensor(spec.layer_tensor("ffn_up", 0))
     record = row_bytes(up.qtype, spec.d_model) + row_bytes(QuantType[down_format], spec.d_model)
-    kv_item = 2 if kv_type == "f16" else 4
     return Footprint(
         n_layers=spec.n_layers,
         d_model=spec.d_model,
@@ -909,7 +909,7 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
         gate_row_bytes=row_bytes(gate.qtype, spec.d_model),
         record_bytes=record,
         dense_ffn_bytes=dense_ffn,
-        kv_bytes_per_token=spec.n_layers * 2 * spec.kv_dim * kv_item,
+        kv_bytes_per_token=KVCache.bytes_for(spec, 1, kv_type),
         attn_weights=attn_weights,
         attention_by_format=tuple(sorted(att_fmt.items())),
         ffn_by_format=tuple(sorted(ffn_fmt.items())),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from edgerun.ops import attention_decode, attention_tiled
 from edgerun.ops._simd import madd16, stack16, vsum16, widen, zero16
@@ -17,14 +18,42 @@ from edgerun.ops.attention_decode import (
     takes,
     weighted_rows,
 )
+from edgerun.ops.kv_blocks import (
+    BLOCK_BYTES,
+    dequantize_rows,
+    quantize_rows,
+    row_width,
+    scratch,
+    values,
+)
 
 
 def cache_values(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """x (float32) as a KV cache of element type `dtype` stores it: f16 caches hold the
-    bits of x rounded to nearest even (uint16, Numba has no float16 on the CPU)."""
+    """x [..., head_dim] (float32) as a KV cache of element type `dtype` stores it: f16
+    caches hold the bits of x rounded to nearest even (uint16, Numba has no float16 on
+    the CPU); q8_0 (int8) and q4_0 (uint8) caches rows of blocks [..., row width]."""
     if dtype == np.uint16:
         return x.astype(np.float16).view(np.uint16)
+    if np.dtype(dtype) in BLOCK_BYTES:
+        hd = x.shape[-1]
+        rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, hd)
+        out = np.empty((rows.shape[0], row_width(dtype, hd)), dtype)
+        quantize_rows(rows, out)
+        return out.reshape(x.shape[:-1] + out.shape[-1:])
     return x
+
+
+def cache_floats(rows: np.ndarray, head_dim: int) -> np.ndarray:
+    """A cache's rows [..., row width] as float32 [..., head_dim] (a reference's and a
+    session conversion's view; the kernels never make it)."""
+    if rows.dtype == np.uint16:
+        return rows.view(np.float16).astype(np.float32)
+    if rows.dtype in BLOCK_BYTES:
+        flat = np.ascontiguousarray(rows).reshape(-1, rows.shape[-1])
+        out = np.empty((flat.shape[0], head_dim), np.float32)
+        dequantize_rows(flat, out)
+        return out.reshape(rows.shape[:-1] + (head_dim,))
+    return rows.astype(np.float32, copy=False)
 
 
 def attention_reference(
@@ -35,12 +64,11 @@ def attention_reference(
     window: int = 0,
     softcap: float = 0.0,
 ) -> np.ndarray:
-    """q [n, Hq, hd]; k, v [Hkv, L, hd] with L >= start + n. Query i sits at start + i.
-    k and v may be f16 bits (uint16), as an f16 cache stores them. softcap > 0: the
-    scaled scores s -> softcap * tanh(s / softcap) before the softmax."""
-    if k.dtype == np.uint16:
-        k, v = k.view(np.float16), v.view(np.float16)
+    """q [n, Hq, hd]; k, v [Hkv, L, row] with L >= start + n. Query i sits at start + i.
+    k and v may be f16 bits (uint16) or q8_0 / q4_0 rows, as such caches store them.
+    softcap > 0: the scaled scores s -> softcap * tanh(s / softcap) before the softmax."""
     n, hq, hd = q.shape
+    k, v = cache_floats(k, hd), cache_floats(v, hd)
     hkv = k.shape[0]
     group = hq // hkv
     out = np.zeros((n, hq, hd), dtype=np.float64)
@@ -58,34 +86,60 @@ def attention_reference(
     return out.reshape(n, hq * hd).astype(np.float32)
 
 
-@njit(inline="always")
 def _weighted_sum(o, p, v, lo, hi, inv):
-    """o[:hd] = inv * sum_t p[t] * v[t, :hd] for t in lo..hi-1: whole 16-column vectors
-    in registers (attention_decode.weighted_rows: o does not round-trip through memory
-    once per position, and four FMA chains hide each other's latency), then the columns
-    past them. Every column still sums over t in order."""
-    hd = o.shape[0]
-    n16 = hd // 16
-    weighted_rows(o, 0, p, lo, v, lo * hd, hi - lo, hd, n16 * 16, inv)
-    for d in range(n16 * 16, hd):
-        x = np.float32(0.0)
-        for t in range(lo, hi):
-            x += p[t] * widen(v[t, d])
-        o[d] = x * inv
+    """o[:hd] = inv * sum_t p[t] * (value row t of v) for t in lo..hi-1; v: one KV
+    head's rows, flat (row t at value t * hd)."""
+
+
+@overload(_weighted_sum, inline="always")
+def _weighted_sum_impl(o, p, v, lo, hi, inv):
+    if v.dtype in (types.int8, types.uint8):
+
+        def blocks(o, p, v, lo, hi, inv):
+            # q8_0 / q4_0 rows, dequantised 16 at a time; every column sums over t in order
+            hd = o.shape[0]
+            buf = np.empty(16 * hd, np.float32)
+            for d in range(hd):
+                o[d] = np.float32(0.0)
+            for t0 in range(lo, hi, 16):
+                nt = min(16, hi - t0)
+                va, vo = values(v, t0 * hd, nt * hd, buf)
+                for t in range(nt):
+                    w = p[t0 + t]
+                    for d in range(hd):
+                        o[d] += w * va[vo + t * hd + d]
+            for d in range(hd):
+                o[d] *= inv
+
+        return blocks
+
+    def rows(o, p, v, lo, hi, inv):
+        # whole 16-column vectors in registers (attention_decode.weighted_rows: o does
+        # not round-trip through memory once per position, and four FMA chains hide each
+        # other's latency), then the columns past them. Every column sums over t in order.
+        hd = o.shape[0]
+        n16 = hd // 16
+        weighted_rows(o, 0, p, lo, v, lo * hd, hi - lo, hd, n16 * 16, inv)
+        for d in range(n16 * 16, hd):
+            x = np.float32(0.0)
+            for t in range(lo, hi):
+                x += p[t] * widen(v[t * hd + d])
+            o[d] = x * inv
+
+    return rows
 
 
 @njit(inline="always")
-def _dot16x4(a, k, t, a0, a1, a2, a3):
-    """a . k[t + j] for j = 0..3, in four independent 16-lane vector sums (a0..a3:
-    stack16 scratch), so the horizontal sums of four positions overlap instead of
-    each waiting on the one before."""
+def _dot16x4(a, k, base, a0, a1, a2, a3):
+    """a . (the 4 rows of k from flat element base), in four independent 16-lane vector
+    sums (a0..a3: stack16 scratch), so the horizontal sums of four positions overlap
+    instead of each waiting on the one before."""
     n = a.shape[0]
     n16 = n // 16
     zero16(a0)
     zero16(a1)
     zero16(a2)
     zero16(a3)
-    base = t * n
     for c in range(n16):
         madd16(a0, a, c * 16, k, base + c * 16)
         madd16(a1, a, c * 16, k, base + n + c * 16)
@@ -94,24 +148,24 @@ def _dot16x4(a, k, t, a0, a1, a2, a3):
     s0, s1, s2, s3 = vsum16(a0), vsum16(a1), vsum16(a2), vsum16(a3)
     for j in range(n16 * 16, n):
         x = a[j]
-        s0 += x * widen(k[t, j])
-        s1 += x * widen(k[t + 1, j])
-        s2 += x * widen(k[t + 2, j])
-        s3 += x * widen(k[t + 3, j])
+        s0 += x * widen(k[base + j])
+        s1 += x * widen(k[base + n + j])
+        s2 += x * widen(k[base + 2 * n + j])
+        s3 += x * widen(k[base + 3 * n + j])
     return s0, s1, s2, s3
 
 
 @njit(inline="always")
-def _dot1(a, k, t, a0):
-    """a . k[t], as one lane of _dot16x4 computes it."""
+def _dot1(a, k, base, a0):
+    """a . (the row of k from flat element base), as one lane of _dot16x4 computes it."""
     n = a.shape[0]
     n16 = n // 16
     zero16(a0)
     for c in range(n16):
-        madd16(a0, a, c * 16, k, t * n + c * 16)
+        madd16(a0, a, c * 16, k, base + c * 16)
     s = vsum16(a0)
     for j in range(n16 * 16, n):
-        s += a[j] * widen(k[t, j])
+        s += a[j] * widen(k[base + j])
     return s
 
 
@@ -119,13 +173,17 @@ def _dot1(a, k, t, a0):
 def _attend_row(qi, kh, vh, lo, hi, scale, softcap, sc, o):
     """o = softmax(qi . kh[lo:hi] * scale) @ vh[lo:hi], scores in sc (capped first when
     softcap > 0). The one body both kernels inline, so a batched decode row equals the
-    single-sequence one bit for bit. qi, kh, vh, sc, o: C-contiguous (the vector loads
-    index their flat elements)."""
+    single-sequence one bit for bit. kh, vh: one KV head's cache rows, flat (row t at
+    value t * hd; f32, f16 bits, or q8_0 / q4_0 blocks dequantised a few rows at a time);
+    qi, sc, o: C-contiguous."""
+    hd = qi.shape[0]
+    kbuf = scratch(kh, 4 * hd)
     a0, a1, a2, a3 = stack16(), stack16(), stack16(), stack16()
     m = np.float32(-np.inf)
     t = lo
     while t + 4 <= hi:
-        s0, s1, s2, s3 = _dot16x4(qi, kh, t, a0, a1, a2, a3)
+        ka, ko = values(kh, t * hd, 4 * hd, kbuf)
+        s0, s1, s2, s3 = _dot16x4(qi, ka, ko, a0, a1, a2, a3)
         s0, s1, s2, s3 = s0 * scale, s1 * scale, s2 * scale, s3 * scale
         if softcap > 0:
             s0, s1 = capped_score(s0, softcap), capped_score(s1, softcap)
@@ -134,7 +192,8 @@ def _attend_row(qi, kh, vh, lo, hi, scale, softcap, sc, o):
         m = max(m, max(max(s0, s1), max(s2, s3)))
         t += 4
     for u in range(t, hi):
-        s = _dot1(qi, kh, u, a0) * scale
+        ka, ko = values(kh, u * hd, hd, kbuf)
+        s = _dot1(qi, ka, ko, a0) * scale
         if softcap > 0:
             s = capped_score(s, softcap)
         sc[u] = s
@@ -148,7 +207,11 @@ def _attend_row(qi, kh, vh, lo, hi, scale, softcap, sc, o):
     _weighted_sum(o, sc, vh, lo, hi, np.float32(1.0) / total)
 
 
-@njit(cache=True, parallel=True, fastmath=True, nogil=True)
+# The one-row kernels run without fastmath: a reassociated sum (the softmax's total, a
+# vectorised tail) rounds as the surrounding compiled code lets LLVM reorder it, and
+# token_step.attend_token compiles _attention into itself, so the bound decode step's
+# rows would stop equalling the general path's bit for bit.
+@njit(cache=True, parallel=True, nogil=True)
 def _attention(q, k, v, start, window, scale, softcap, scores, out):
     n, hq, hd = q.shape
     hkv = k.shape[0]
@@ -159,7 +222,8 @@ def _attention(q, k, v, start, window, scale, softcap, scores, out):
         kh = h // group
         pos = start + i
         lo, hi = span(pos, window)
-        _attend_row(q[i, h], k[kh], v[kh], lo, hi, scale, softcap, scores[job], out[i, h])
+        _attend_row(q[i, h], k[kh].reshape(-1), v[kh].reshape(-1), lo, hi, scale, softcap,
+                    scores[job], out[i, h])  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
@@ -174,32 +238,35 @@ def _attention_batch(
     one token, so a batched row equals a single one)."""
     n, hq, hd = q.shape
     hkv = k_new.shape[1]
-    item = k_new.itemsize
+    kw, vw = k_new.shape[2], v_new.shape[2]  # a cache row's elements (hd, or block bytes)
     for b in range(n):  # store first: each query attends to its own new key too
-        off = layer * hkv * nctx[b] * hd * item
-        kc = numba.carray(cache_at(kaddr[b] + off, k_new), (hkv, nctx[b], hd))
-        vc = numba.carray(cache_at(vaddr[b] + off, k_new), (hkv, nctx[b], hd))
+        koff = layer * hkv * nctx[b] * kw * k_new.itemsize
+        voff = layer * hkv * nctx[b] * vw * v_new.itemsize
+        kc = numba.carray(cache_at(kaddr[b] + koff, k_new), (hkv, nctx[b], kw))
+        vc = numba.carray(cache_at(vaddr[b] + voff, v_new), (hkv, nctx[b], vw))
         pos = starts[b]
         for h in range(hkv):
-            for d in range(hd):
+            for d in range(kw):
                 kc[h, pos, d] = k_new[b, h, d]
+            for d in range(vw):
                 vc[h, pos, d] = v_new[b, h, d]
     if takes(hd):
-        attend_many(q, k_new, kaddr, vaddr, nctx, layer, starts, window, scale, out, softcap)
+        attend_many(q, k_new, v_new, kaddr, vaddr, nctx, layer, starts, window, scale, out,
+                    softcap)  # fmt: skip
     else:
-        _attention_rows_batch(q, k_new, kaddr, vaddr, nctx, layer, starts, window, scale,
-                              softcap, scores, out)  # fmt: skip
+        _attention_rows_batch(q, k_new, v_new, kaddr, vaddr, nctx, layer, starts, window,
+                              scale, softcap, scores, out)  # fmt: skip
 
 
-@njit(cache=True, parallel=True, fastmath=True, nogil=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _attention_rows_batch(
-    q, like, kaddr, vaddr, nctx, layer, starts, window, scale, softcap, scores, out
+    q, klike, vlike, kaddr, vaddr, nctx, layer, starts, window, scale, softcap, scores, out
 ):
     """_attention_batch's attention on the one-row kernel (head sizes attention_decode
     does not take)."""
     n, hq, hd = q.shape
-    hkv = like.shape[1]
-    item = like.itemsize
+    hkv = klike.shape[1]
+    kw, vw = klike.shape[2], vlike.shape[2]
     group = hq // hkv
     for job in prange(n * hq):
         b = job // hq
@@ -207,10 +274,11 @@ def _attention_rows_batch(
         kh = h // group
         pos = starts[b]
         lo, hi = span(pos, window)
-        off = layer * hkv * nctx[b] * hd * item
-        kc = numba.carray(cache_at(kaddr[b] + off, like), (hkv, nctx[b], hd))
-        vc = numba.carray(cache_at(vaddr[b] + off, like), (hkv, nctx[b], hd))
-        _attend_row(q[b, h], kc[kh], vc[kh], lo, hi, scale, softcap, scores[job], out[b, h])
+        head = layer * hkv + kh  # the head's rows, flat
+        ks, vs = nctx[b] * kw, nctx[b] * vw
+        kh_ = numba.carray(cache_at(kaddr[b] + head * ks * klike.itemsize, klike), ks)
+        vh_ = numba.carray(cache_at(vaddr[b] + head * vs * vlike.itemsize, vlike), vs)
+        _attend_row(q[b, h], kh_, vh_, lo, hi, scale, softcap, scores[job], out[b, h])
 
 
 def attention(
@@ -255,18 +323,20 @@ class BatchAttention:
     parallel kernel call per layer (not n calls of a few heads each, which left most of
     the threads idle and paid the call overhead n times).
 
-    ks, vs: each cache's [layers, kv_heads, n_ctx, head_dim] arrays, one dtype for all
-    (f32, or f16 bits as uint16); starts: the position each new token takes. Built once
-    per step, called once per layer.
+    ks, vs: each cache's [layers, kv_heads, n_ctx, row] arrays (f32, f16 bits as uint16,
+    or q8_0 / q4_0 blocks; the keys of every cache of one type, the values of one type);
+    starts: the position each new token takes. Built once per step, called once per layer.
     """
 
     def __init__(self, ks: list[np.ndarray], vs: list[np.ndarray], starts: list[int]) -> None:
-        if len({a.shape[1:2] + a.shape[3:] for a in ks + vs}) != 1:
+        # one head count, and one row width for each element type (of one head_dim)
+        widths = {(a.dtype, a.shape[3]) for a in ks + vs}
+        if len({a.shape[1] for a in ks + vs}) != 1 or len(widths) != len(dict(widths)):
             raise ValueError("BatchAttention: the caches differ in head layout")
         self.starts = np.asarray(starts, dtype=np.int64)
         self._each = (ks, vs)
-        self.dtype = ks[0].dtype
-        # One sequence: the single kernel. Mixed f32 / f16 caches, or an array that is
+        self.dtype, self.v_dtype = ks[0].dtype, vs[0].dtype
+        # One sequence: the single kernel. Caches of mixed types, or an array that is
         # not one C-contiguous block: one call per sequence.
         self.batched = len(ks) > 1 and self.one_kernel(ks, vs)
         if not self.batched:
@@ -281,13 +351,14 @@ class BatchAttention:
 
     @staticmethod
     def one_kernel(ks: list[np.ndarray], vs: list[np.ndarray]) -> bool:
-        """Whether these caches can share the batched kernel: one element type, each K
-        and V the same shape, every array one writeable C-contiguous block."""
-        dtype = ks[0].dtype
+        """Whether these caches can share the batched kernel: one element type for the
+        keys and one for the values, each K and V the same positions, every array one
+        writeable C-contiguous block."""
         return not (
-            any(a.dtype != dtype for a in ks + vs)
+            any(a.dtype != ks[0].dtype for a in ks)
+            or any(a.dtype != vs[0].dtype for a in vs)
             or not all(a.flags.c_contiguous and a.flags.writeable for a in ks + vs)
-            or any(k.shape != v.shape for k, v in zip(ks, vs))
+            or any(k.shape[:3] != v.shape[:3] for k, v in zip(ks, vs))
         )
 
     def __call__(
@@ -307,12 +378,12 @@ class BatchAttention:
             return self._one_by_one(layer, q, k, v, window, out, softcap)
         if not 0 <= layer < self._layers:  # the kernel writes through raw addresses
             raise ValueError(f"BatchAttention: layer {layer} outside the caches")
-        k, v = cache_values(k, self.dtype), cache_values(v, self.dtype)
+        k, v = cache_values(k, self.dtype), cache_values(v, self.v_dtype)
         scores = np.empty((n * hq, int(self.starts.max()) + 1), dtype=np.float32)
         _attention_batch(
             np.ascontiguousarray(q, dtype=np.float32),
             np.ascontiguousarray(k, dtype=self.dtype),
-            np.ascontiguousarray(v, dtype=self.dtype),
+            np.ascontiguousarray(v, dtype=self.v_dtype),
             self._kaddr,
             self._vaddr,
             self._nctx,

@@ -20,6 +20,11 @@ Here a job is (sequence, KV head, chunk of CHUNK positions):
 Chunks are cut from each sequence's own attended range, so a sequence's result does not
 depend on which others share the step: batched decode equals single decode bit for bit.
 Head sizes 64, 128 and 256 take it (`supports`).
+
+Keys and values are addressed in values (position * head_dim + column) whatever the
+cache holds: f32 and f16 rows are read in place; q8_0 / q4_0 blocks (ops/kv_blocks.py)
+are dequantised as a job reaches them, 16 key rows at a time into an L1 buffer that
+every head of the group scores, and the chunk's value rows into a buffer of the job's.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from edgerun.ops._simd import (
     vsum16,
     zero16,
 )
+from edgerun.ops.kv_blocks import scratch, values
 
 CHUNK = 256  # most positions a job scores (a multiple of 16)
 JOBS = 8  # fewest jobs a sequence is cut into, where each gets MIN_CHUNK positions
@@ -218,16 +224,18 @@ def _weighted_rows2(o, oa, ob, p, pa, pb, v, vi, nk, hd):
 @njit(inline="always")
 def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, chunk, scale, softcap, po, pm, job):
     """Heads qb / hd .. + group of flat q against positions t0 .. t0 + nk (nk <= chunk)
-    of one KV head (its rows at kf / vf's flat element kvb): each head's chunk max and
+    of one KV head (its rows from value kvb of kf / vf): each head's chunk max and
     exponential sum into pm[job, g], its unnormalised weighted values into po[job, g].
     softcap > 0: the scaled scores are capped (capped_score) before the softmax."""
     hd = HD
     sc = np.empty(group * chunk, np.float32)  # head g's scores at g * chunk
+    kbuf, vbuf = scratch(kf, 16 * hd), scratch(vf, chunk * hd)  # empty unless blocks
     kr = kvb + t0 * hd
     for tb in range(0, nk, 16):
         nv = min(16, nk - tb)
+        ka, ko = values(kf, kr + tb * hd, nv * hd, kbuf)
         for g in range(group):
-            scores16(HD, q, qb + g * hd, kf, kr + tb * hd, nv, scale, sc, g * chunk + tb)
+            scores16(HD, q, qb + g * hd, ka, ko, nv, scale, sc, g * chunk + tb)
     if softcap > 0:
         for g in range(group):
             for t in range(g * chunk, g * chunk + nk):
@@ -237,12 +245,13 @@ def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, chunk, scale, softcap, po,
         pm[job, g, 0] = m
         pm[job, g, 1] = total
     o0 = job * group * hd
+    va, vo = values(vf, kr, nk * hd, vbuf)
     for g in range(0, group - 1, 2):
         _weighted_rows2(po, o0 + g * hd, o0 + (g + 1) * hd, sc, g * chunk, (g + 1) * chunk,
-                        vf, kr, nk, hd)  # fmt: skip
+                        va, vo, nk, hd)  # fmt: skip
     if group & 1:
         g = group - 1
-        weighted_rows(po, o0 + g * hd, sc, g * chunk, vf, kr, nk, hd, hd, np.float32(1.0))
+        weighted_rows(po, o0 + g * hd, sc, g * chunk, va, vo, nk, hd, hd, np.float32(1.0))
 
 
 @njit(inline="always")
@@ -329,13 +338,15 @@ def cache_at(typingctx, addr, like):
 
 
 @njit(inline="always")
-def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, softcap, out):
+def _attend_many(HD, q, klike, vlike, kaddr, vaddr, nctx, layer, starts, window, scale, softcap,
+                 out):  # fmt: skip
     """q [n, hq, hd]: each sequence b's token at starts[b] against its own layer `layer`
-    of the caches at kaddr[b], vaddr[b] ([layers, hkv, nctx[b], hd], of like's dtype)
-    -> out [n, hq, hd]. The jobs are (sequence, KV head, chunk), each as _attend_one
-    cuts them for that sequence alone."""
+    of the caches at kaddr[b], vaddr[b] ([layers, hkv, nctx[b], row], of klike's and
+    vlike's dtype and row width) -> out [n, hq, hd]. The jobs are (sequence, KV head,
+    chunk), each as _attend_one cuts them for that sequence alone."""
     n, hq, hd = q.shape
-    hkv = like.shape[1]
+    hkv = klike.shape[1]
+    kw, vw = klike.shape[2], vlike.shape[2]
     group = hq // hkv
     nch = np.empty(n, np.int64)
     chunks = np.empty(n, np.int64)
@@ -349,16 +360,16 @@ def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, 
     po = np.empty(njobs * group * hd, np.float32)
     pm = np.empty((njobs, group, 2), np.float32)
     qf, of = q.reshape(-1), out.reshape(-1)
-    item = like.itemsize
+    kitem, vitem = klike.itemsize, vlike.itemsize
     for job in prange(njobs):
         b = job // per
         r = job - b * per
         kh = r // most
         c = r - kh * most
         if c < nch[b]:
-            size = hkv * nctx[b] * hd
-            kf = numba.carray(cache_at(kaddr[b] + layer * size * item, like), size)
-            vf = numba.carray(cache_at(vaddr[b] + layer * size * item, like), size)
+            ks, vs = hkv * nctx[b] * kw, hkv * nctx[b] * vw
+            kf = numba.carray(cache_at(kaddr[b] + layer * ks * kitem, klike), ks)
+            vf = numba.carray(cache_at(vaddr[b] + layer * vs * vitem, vlike), vs)
             t0 = los[b] + c * chunks[b]
             _chunk_job(HD, qf, (b * hq + kh * group) * hd, group, kf, vf, kh * nctx[b] * hd,
                        t0, min(chunks[b], starts[b] + 1 - t0), chunks[b], scale, softcap, po,
@@ -371,27 +382,32 @@ def _attend_many(HD, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, 
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def attend_many(q, like, kaddr, vaddr, nctx, layer, starts, window, scale, out, softcap=0.0):
+def attend_many(q, klike, vlike, kaddr, vaddr, nctx, layer, starts, window, scale, out,
+                softcap=0.0):  # fmt: skip
     """Decode attention of n sequences' tokens, each against its own cache, in one
-    parallel call (ops/attention.BatchAttention's addresses; like: an array of the
-    caches' dtype shaped [n, hkv, hd]; new keys and values already stored) -> out
-    [n, hq, hd]. `supports(hd)` must hold. softcap > 0: Gemma 2's logit softcapping."""
+    parallel call (ops/attention.BatchAttention's addresses; klike, vlike: arrays of the
+    caches' key and value dtypes shaped [n, hkv, row]; new keys and values already
+    stored) -> out [n, hq, hd]. `supports(hd)` must hold. softcap > 0: Gemma 2's logit
+    softcapping."""
     hd = q.shape[2]
     cap = np.float32(softcap)
     if hd == 64:
-        _attend_many(64, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, cap, out)
+        _attend_many(64, q, klike, vlike, kaddr, vaddr, nctx, layer, starts, window, scale,
+                     cap, out)  # fmt: skip
     elif hd == 128:
-        _attend_many(128, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, cap, out)
+        _attend_many(128, q, klike, vlike, kaddr, vaddr, nctx, layer, starts, window, scale,
+                     cap, out)  # fmt: skip
     else:
-        _attend_many(256, q, like, kaddr, vaddr, nctx, layer, starts, window, scale, cap, out)
+        _attend_many(256, q, klike, vlike, kaddr, vaddr, nctx, layer, starts, window, scale,
+                     cap, out)  # fmt: skip
 
 
 @njit(cache=True, parallel=True, nogil=True)
 def attend_one(q, kc, vc, pos, window, scale, out, softcap=0.0):
     """Decode attention of one token: q [hq, hd] (C-contiguous float32) at position pos
-    against the caches kc, vc [hkv, n_ctx, hd] (float32 or fp16 bits, position pos
-    already stored) -> out [hq, hd]. `supports(hd)` must hold. softcap > 0: Gemma 2's
-    logit softcapping."""
+    against the caches kc, vc [hkv, n_ctx, row] (float32, fp16 bits or q8_0 / q4_0
+    blocks, position pos already stored) -> out [hq, hd]. `supports(hd)` must hold.
+    softcap > 0: Gemma 2's logit softcapping."""
     hd = q.shape[1]
     cap = np.float32(softcap)
     if hd == 64:

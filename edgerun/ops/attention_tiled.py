@@ -20,6 +20,10 @@ weights cover only its own causal (and sliding-window) range; the other weights 
 The sums run in another order than the one-row kernel's (float32 throughout), so results
 agree with it to rounding, not bit for bit. Decode keeps the one-row kernel, which
 batched decoding matches bit for bit.
+
+A q8_0 / q4_0 cache (ops/kv_blocks.py) is read in place: its key blocks are dequantised
+into K^T as f16 keys are widened there, and each job dequantises the two value blocks
+of a position's 64 columns into an L1 buffer as its P V tile reaches them.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from edgerun.ops._simd import (
     zero16,
 )
 from edgerun.ops.attention_decode import capped_score, span
+from edgerun.ops.kv_blocks import scratch, values
 
 ROWS = 4  # query rows per tile
 KEYS = 64  # keys per score tile
@@ -54,17 +59,21 @@ def supports(n: int, head_dim: int) -> bool:
 
 @njit(cache=True, parallel=True, nogil=True)
 def _transpose_keys(k, length, kt):
-    """kt[h, d, t] = k[h, t, d] as float32 for t < length, 0 after (the score tiles read
-    up to KEYS - 1 positions past the last key; they must be finite)."""
+    """kt[h, d, t] = key value d of k[h, t] as float32 for t < length, 0 after (the score
+    tiles read up to KEYS - 1 positions past the last key; they must be finite)."""
     hkv, hd, lp = kt.shape
+    rows = k.shape[1]
+    kf = k.reshape(-1)
     nblk = (lp + 15) // 16
     for job in prange(hkv * nblk):
         h = job // nblk
         t0 = (job - h * nblk) * 16
         t1 = min(t0 + 16, lp)
+        nk = max(0, min(t1, length) - t0)
+        ka, ko = values(kf, (h * rows + t0) * hd, nk * hd, scratch(kf, 16 * hd))
         for d in range(hd):
             for t in range(t0, t1):
-                kt[h, d, t] = widen(k[h, t, d]) if t < length else np.float32(0.0)
+                kt[h, d, t] = widen(ka[ko + (t - t0) * hd + d]) if t < length else np.float32(0.0)
 
 
 @njit(inline="always")
@@ -150,9 +159,9 @@ def _softmax_weights(s, lo, hi, rlo, rhi):
 
 
 @njit(inline="always")
-def _weighted_values(vk, lo, hi, s0, s1, s2, s3, c, o0, o1, o2, o3, i0, i1, i2, i3):
-    """o_r[c:c+64] = i_r * sum_t s_r[t] v_t[c:c+64] over t in [lo, hi)."""
-    hd = vk.shape[1]
+def _weighted_values(vk, hd, buf, lo, hi, s0, s1, s2, s3, c, o0, o1, o2, o3, i0, i1, i2, i3):
+    """o_r[c:c+64] = i_r * sum_t s_r[t] v_t[c:c+64] over t in [lo, hi); vk: one KV head's
+    value rows, flat (buf: scratch for 64 values of them)."""
     b00, b01, b02, b03 = stack16(), stack16(), stack16(), stack16()
     b10, b11, b12, b13 = stack16(), stack16(), stack16(), stack16()
     b20, b21, b22, b23 = stack16(), stack16(), stack16(), stack16()
@@ -162,12 +171,12 @@ def _weighted_values(vk, lo, hi, s0, s1, s2, s3, c, o0, o1, o2, o3, i0, i1, i2, 
     for a in (b20, b21, b22, b23, b30, b31, b32, b33):
         zero16(a)
     for t in range(lo, hi):
-        vb = t * hd + c
+        va, vb = values(vk, t * hd + c, COLS, buf)
         p0, p1, p2, p3 = s0[t], s1[t], s2[t], s3[t]
-        _axpy64(b00, b01, b02, b03, p0, vk, vb)
-        _axpy64(b10, b11, b12, b13, p1, vk, vb)
-        _axpy64(b20, b21, b22, b23, p2, vk, vb)
-        _axpy64(b30, b31, b32, b33, p3, vk, vb)
+        _axpy64(b00, b01, b02, b03, p0, va, vb)
+        _axpy64(b10, b11, b12, b13, p1, va, vb)
+        _axpy64(b20, b21, b22, b23, p2, va, vb)
+        _axpy64(b30, b31, b32, b33, p3, va, vb)
     _store64(o0, c, b00, b01, b02, b03, i0)
     _store64(o1, c, b10, b11, b12, b13, i1)
     _store64(o2, c, b20, b21, b22, b23, i2)
@@ -213,8 +222,10 @@ def _attention_tiled(q, kt, v, start, window, scale, softcap, scores, out, spare
         o1 = out[ib, hb] if r0 + 1 <= last else spare[job]
         o2 = out[ic, hc] if r0 + 2 <= last else spare[job]
         o3 = out[id_, hd_] if r0 + 3 <= last else spare[job]
+        vh = v[kh].reshape(-1)
+        buf = scratch(vh, COLS)
         for c in range(0, hd, COLS):
-            _weighted_values(v[kh], lo, hi, s0, s1, s2, s3, c, o0, o1, o2, o3,
+            _weighted_values(vh, hd, buf, lo, hi, s0, s1, s2, s3, c, o0, o1, o2, o3,
                              inv[0], inv[1], inv[2], inv[3])  # fmt: skip
 
 
@@ -227,9 +238,9 @@ def attention_tiled(
     out: np.ndarray,
     softcap: float = 0.0,
 ) -> np.ndarray:
-    """q [n, Hq, hd] (C-contiguous float32) against k, v [Hkv, >= start + n, hd]
-    (C-contiguous float32 or f16 bits); fills out [n, Hq, hd]. `supports(n, hd)` must
-    hold. softcap > 0: the scores' tanh cap (Gemma 2)."""
+    """q [n, Hq, hd] (C-contiguous float32) against k, v [Hkv, >= start + n, row]
+    (C-contiguous float32, f16 bits or q8_0 / q4_0 blocks); fills out [n, Hq, hd].
+    `supports(n, hd)` must hold. softcap > 0: the scores' tanh cap (Gemma 2)."""
     n, hq, hd = q.shape
     hkv = k.shape[0]
     length = start + n

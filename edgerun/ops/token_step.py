@@ -16,6 +16,7 @@ from numba.extending import overload
 
 from edgerun.ops.attention import _attention, _attention_batch
 from edgerun.ops.attention_decode import attend_one, takes
+from edgerun.ops.kv_blocks import put_row
 from edgerun.ops.norm import _layernorm_serial, _rmsnorm_serial
 from edgerun.ops.rope import _rope_inplace_serial
 
@@ -67,11 +68,13 @@ def _half(b):
 
 
 def _put(dst, src):
-    """dst[:] = src as the cache stores it (f32, or f16 bits in uint16)."""
+    """dst[:] = src as the cache stores it (f32, f16 bits in uint16, q8_0 / q4_0 blocks)."""
 
 
 @overload(_put)
 def _put_impl(dst, src):
+    if dst.dtype in (types.int8, types.uint8):
+        return lambda dst, src: put_row(dst, src)
     if dst.dtype == types.uint16:
 
         def impl(dst, src):
@@ -96,10 +99,11 @@ def attend_token(
     """One token's attention block after its q, k, v projections (1-D, written in place):
     biases (empty arrays: none), q/k RMSNorm in groups of the norm's width (a head, or
     the whole projection; empty: none), RoPE at positions[0], q times q_scale (1: none),
-    k and v stored into the layer's cache kc, vc [kv_heads, n_ctx, head_dim] (f32 or f16
-    bits), then attention into ctx [q_dim] (scores capped by softcap when > 0).
-    scores: [heads, >= position + 1]."""
-    hkv, _, hd = kc.shape
+    k and v stored into the layer's cache kc, vc [kv_heads, n_ctx, row] (f32, f16 bits or
+    q8_0 / q4_0 blocks), then attention into ctx [q_dim] (scores capped by softcap when
+    > 0). scores: [heads, >= position + 1]."""
+    hkv = kc.shape[0]
+    hd = k.shape[0] // hkv
     hq = q.shape[0] // hd
     if q_bias.shape[0]:
         for j in range(q.shape[0]):
@@ -132,12 +136,23 @@ def attend_token(
 
 
 def _as_cache(src, dst):
-    """src [n, kv_dim] as the cache's element type, shaped as dst [n, kv_heads, hd]:
-    src itself (f32) or its f16 bits written into dst (uint16)."""
+    """src [n, kv_dim] as the cache's element type, shaped as dst [n, kv_heads, row]:
+    src itself (f32), or its f16 bits (uint16) or q8_0 / q4_0 blocks written into dst."""
 
 
 @overload(_as_cache)
 def _as_cache_impl(src, dst):
+    if dst.dtype in (types.int8, types.uint8):
+
+        def blocks(src, dst):
+            n, hkv = dst.shape[0], dst.shape[1]
+            rows = src.reshape(n * hkv, src.shape[1] // hkv)
+            out = dst.reshape(n * hkv, dst.shape[2])
+            for r in range(n * hkv):
+                put_row(out[r], rows[r])
+            return dst
+
+        return blocks
     if dst.dtype == types.uint16:
 
         def impl(src, dst):
@@ -161,9 +176,11 @@ def attend_rows(
     """attend_token for n >= 2 sequences' decode rows q [n, q_dim], k, v [n, kv_dim], each
     against its own cache (kaddr, vaddr, nctx: ops/attention.BatchAttention's addresses):
     the general path's batched steps (parallel RoPE, _attention_batch). k_new, v_new:
-    [n, kv_heads, hd] of the caches' element type (f16 bits are written there)."""
+    [n, kv_heads, row] of the caches' key and value types (f16 bits and q8_0 / q4_0 blocks
+    are written there)."""
     n = q.shape[0]
-    hkv, hd = k_new.shape[1], k_new.shape[2]
+    hkv = k_new.shape[1]
+    hd = k.shape[1] // hkv
     hq = q.shape[1] // hd
     if q_bias.shape[0]:
         for i in range(n):

@@ -33,7 +33,8 @@ __all__ = ["SpillFile", "restore", "spill", "write_rows"]
 
 class SpillFile:
     """The rows [0, positions) of a spilled cache: per (layer, head) its keys, then its
-    values, each `positions * head_dim` elements, in an unlinked file."""
+    values, each `positions` rows of the cache's own (keys' or values') row bytes, in
+    an unlinked file."""
 
     def __init__(self, directory: Path, positions: int) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -55,13 +56,14 @@ def _pieces(k: np.ndarray, v: np.ndarray, positions: int) -> Iterator:
 def _read_pieces(sf: SpillFile, pieces: Iterator) -> None:
     """Fill each piece (rows [0, n) of one layer and head) from its place in the file,
     where every piece holds sf.positions rows; OSError on a short read."""
-    for i, piece in enumerate(pieces):
-        _read_piece(sf, i, piece)
+    at = 0
+    for piece in pieces:
+        _read_piece(sf, at, piece)
+        at += sf.positions * piece.shape[-1] * piece.itemsize
 
 
-def _read_piece(sf: SpillFile, i: int, piece: np.ndarray) -> None:
-    """Rows [0, len(piece)) of the file's i-th piece into piece (contiguous)."""
-    at = i * sf.positions * piece.shape[-1] * piece.itemsize
+def _read_piece(sf: SpillFile, at: int, piece: np.ndarray) -> None:
+    """Rows [0, len(piece)) of the piece at byte `at` of the file into piece (contiguous)."""
     got = os.preadv(sf.file.fileno(), [memoryview(piece).cast("B")], at)
     if got != piece.nbytes:
         raise OSError(f"short read ({got} of {piece.nbytes} bytes)")
@@ -129,7 +131,7 @@ def restore(cache: KVCache, positions: int | None = None) -> int:
 
 def write_rows(cache: KVCache, out) -> int:
     """Write the cache's rows [0, length) to the binary file `out` as k then v, each in
-    C order [layers, kv_heads, length, head_dim] and the cache's own dtype: a piece (one
+    C order [layers, kv_heads, length, row] and the cache's own dtype: a piece (one
     layer and head) at a time, so that saving a session holds no copy of its KV cache. A
     spilled cache's pieces are copied from its file and it stays spilled. Call with
     cache.lock held (rows and tokens of one moment); returns the bytes written."""
@@ -140,13 +142,15 @@ def write_rows(cache: KVCache, out) -> int:
             written += out.write(memoryview(piece).cast("B"))
         return written
     sf = cache.spilled
-    buf = np.empty((n, cache.k.shape[-1]), cache.k.dtype)
+    at = 0
     try:
-        for i in range(2 * cache.k.shape[0] * cache.k.shape[1]):
+        for piece in _pieces(cache.k, cache.v, n):
+            buf = np.empty(piece.shape, piece.dtype)
             try:
-                _read_piece(sf, i, buf)
+                _read_piece(sf, at, buf)
             except OSError as e:
                 raise EdgerunError(f"cannot read an idle KV cache back from disk: {e}") from None
+            at += sf.positions * buf.shape[-1] * buf.itemsize
             written += out.write(memoryview(buf).cast("B"))
     finally:
         _drop_cached_pages(sf.file.fileno())

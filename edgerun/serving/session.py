@@ -19,8 +19,10 @@ import numpy as np
 
 from edgerun.errors import EdgerunError, InvalidArgumentError
 from edgerun.generate.engine import Engine
-from edgerun.model.kvcache import KV_TYPES, KVCache
+from edgerun.model.kvcache import KV_TYPES, KVCache, kv_types
 from edgerun.offload.io import drop_page_cache
+from edgerun.ops.attention import cache_floats, cache_values
+from edgerun.ops.kv_blocks import row_width
 from edgerun.runtime.atomic import write_atomic
 from edgerun.serving import kv_spill
 from edgerun.serving.batching import Request, ResponseStats, Serving
@@ -236,16 +238,17 @@ class Session:
                 "messages": json.dumps(self.messages, ensure_ascii=False),
                 "system": json.dumps(self.system),
             }
-            layers, heads, _, dim = c.k.shape
-            nbytes = layers * heads * n * dim * c.k.itemsize
-            dtype = "F16" if c.kv_type == "f16" else "F32"
             header = {"__metadata__": meta}
-            for i, name in enumerate(("k", "v")):
+            at = 0
+            for name, rows, t in (("k", c.k, c.k_type), ("v", c.v, c.v_type)):
+                layers, heads, _, width = rows.shape
+                nbytes = layers * heads * n * width * rows.itemsize
                 header[name] = {
-                    "dtype": dtype,
-                    "shape": [layers, heads, n, dim],
-                    "data_offsets": [i * nbytes, (i + 1) * nbytes],
+                    "dtype": _SAVED_DTYPES[t],
+                    "shape": [layers, heads, n, width],
+                    "data_offsets": [at, at + nbytes],
                 }
+                at += nbytes
             head = json.dumps(header, separators=(",", ":")).encode()
             head += b" " * (-len(head) % 8)  # the data 8-byte aligned (spec: space padding)
 
@@ -286,15 +289,23 @@ class Session:
         except ValueError:
             raise SessionFileError(f"{where}: field 'n_ctx' is not an integer") from None
         kv_type = meta.get("kv_type")
-        if kv_type not in KV_TYPES:
-            raise SessionFileError(f"{where}: field 'kv_type' is {kv_type!r}")
+        try:
+            saved_types = dict(zip(("k", "v"), kv_types(kv_type)))
+        except InvalidArgumentError:
+            raise SessionFileError(
+                f"{where}: field 'kv_type' is {kv_type!r}, expected one of "
+                f"{', '.join(KV_TYPES)} or 'K/V'"
+            ) from None
         s = engine.spec
         n = len(tokens)
-        want = (s.n_layers, s.n_kv_heads, n, s.head_dim)
-        for name, (_, shape, _) in tensors.items():
-            if shape != want:
+        for name, (dtype, shape, _) in tensors.items():
+            t = saved_types[name]
+            want = (s.n_layers, s.n_kv_heads, n, row_width(KV_TYPES[t], s.head_dim))
+            if shape != want or _SAVED_DTYPES[t] != _DTYPE_NAMES[dtype]:
                 raise SessionFileError(
-                    f"{where}: tensor '{name}' has shape {shape}, expected {want} ({n} tokens)"
+                    f"{where}: tensor '{name}' has shape {shape} and dtype "
+                    f"{_DTYPE_NAMES[dtype]}, expected {want} and {_SAVED_DTYPES[t]} "
+                    f"({n} tokens of a {t} cache)"
                 )
         if not all(isinstance(t, int) and 0 <= t < s.vocab_size for t in tokens):
             raise SessionFileError(f"{where}: field 'tokens' holds ids outside the vocabulary")
@@ -311,7 +322,7 @@ class Session:
         sess.system = system
         c = sess.cache
         engine.before_kv_write(c, n)
-        _read_rows_into(path, tensors, c, n)
+        _read_rows_into(path, tensors, saved_types, c, n)
         c.mark_written(n)
         c.tokens[:] = tokens
         sess.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
@@ -336,7 +347,11 @@ def _json_field(meta: dict, key: str, kind: Any, where: str) -> Any:
     return val
 
 
-_DTYPES = {"F16": np.float16, "F32": np.float32}
+# A cache type's rows in the file: f16 as F16 (its bits), q8_0 / q4_0 blocks as the raw
+# bytes of their rows (I8 / U8 [layers, heads, tokens, row bytes]); "kv_type" says which.
+_SAVED_DTYPES = {"f32": "F32", "f16": "F16", "q8_0": "I8", "q4_0": "U8"}
+_DTYPES = {"F16": np.float16, "F32": np.float32, "I8": np.int8, "U8": np.uint8}
+_DTYPE_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
 def _read_session_header(path: Path) -> tuple[dict, dict[str, tuple[np.dtype, tuple, int]]]:
@@ -374,8 +389,8 @@ def _read_session_header(path: Path) -> tuple[dict, dict[str, tuple[np.dtype, tu
             begin, stop = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise SessionFileError(
-                f"{where}: tensor '{name}' has dtype {info.get('dtype')!r} (expected F16 or "
-                f"F32), or a malformed shape / data_offsets"
+                f"{where}: tensor '{name}' has dtype {info.get('dtype')!r} (expected "
+                f"{', '.join(_DTYPES)}), or a malformed shape / data_offsets"
             ) from None
         want = int(np.prod(shape)) * dtype.itemsize
         if len(shape) != 4 or stop - begin != want or begin < 0 or 8 + hlen + stop > size:
@@ -388,21 +403,29 @@ def _read_session_header(path: Path) -> tuple[dict, dict[str, tuple[np.dtype, tu
 
 
 def _read_rows_into(
-    path: Path, tensors: dict[str, tuple[np.dtype, tuple, int]], cache: KVCache, n: int
+    path: Path,
+    tensors: dict[str, tuple[np.dtype, tuple, int]],
+    saved_types: dict[str, str],
+    cache: KVCache,
+    n: int,
 ) -> None:
-    """Rows [0, n) of the session file's k and v (`tensors`, _read_session_header's) into
-    the cache, a layer at a time in the cache's own type, read with plain reads (not
-    mapped: mapped pages would count in the process's RSS beside the cache) and dropped
-    from the page cache as they are used: loading holds one layer's rows beyond the cache."""
+    """Rows [0, n) of the session file's k and v (`tensors`, _read_session_header's, of
+    the KV types `saved_types`) into the cache, a layer at a time, converted to the
+    cache's own type where it differs (through float32: a session saved with q8_0 keys
+    resumes on an f16 cache and back, its values rounded as that type rounds), read with
+    plain reads (not mapped: mapped pages would count in the process's RSS beside the
+    cache) and dropped from the page cache as they are used: loading holds one layer's
+    rows beyond the cache."""
     where = f"session file {path}"
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as e:
         raise SessionFileError(f"cannot read {where}: {e.strerror or e}") from None
     try:
-        for name, dst in (("k", cache.k), ("v", cache.v)):
-            dtype, shape, at = tensors[name]
-            layer_rows = np.empty(shape[1:], dtype)
+        for name, dst, cache_type in (("k", cache.k, cache.k_type), ("v", cache.v, cache.v_type)):
+            _, shape, at = tensors[name]
+            saved = saved_types[name]
+            layer_rows = np.empty(shape[1:], KV_TYPES[saved])  # as a cache of it holds them
             for layer in range(dst.shape[0]):
                 got = os.preadv(fd, [memoryview(layer_rows).cast("B")], at)
                 if got != layer_rows.nbytes:
@@ -410,10 +433,11 @@ def _read_rows_into(
                 if hasattr(os, "posix_fadvise"):  # the rows just read, on this descriptor
                     os.posix_fadvise(fd, at, layer_rows.nbytes, os.POSIX_FADV_DONTNEED)
                 at += layer_rows.nbytes
-                if cache.kv_type == "f16":
-                    dst[layer, :, :n] = layer_rows.astype(np.float16, copy=False).view(np.uint16)
+                if saved == cache_type:
+                    dst[layer, :, :n] = layer_rows
                 else:
-                    dst[layer, :, :n] = layer_rows.astype(np.float32, copy=False)
+                    floats = cache_floats(layer_rows, cache.spec.head_dim)
+                    dst[layer, :, :n] = cache_values(floats, dst.dtype)
     except OSError as e:
         raise SessionFileError(f"{where} cannot be read: {e.strerror or e}") from None
     finally:

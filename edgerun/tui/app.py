@@ -644,7 +644,7 @@ def main() -> None:  # python -m edgerun.tui
     p.add_argument("-m", "--model", default=None)
     p.add_argument("-c", "--ctx", type=int, default=None)
     p.add_argument("-t", "--threads", type=int, default=None)
-    p.add_argument("--kv-type", choices=("f32", "f16"), default="f32")
+    p.add_argument("--kv-type", choices=("f32", "f16", "q8_0", "q4_0"), default="f32")
     p.add_argument("--system", default=None)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--conversations-dir", default=None)

@@ -69,7 +69,7 @@ def _several(n: int) -> tuple:
     ]
 
 
-@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0", "q4_0"])
 def test_bound_decode_equals_general_path_smollm2(smollm2, kv_type):
     tr = smollm2.transformer
     assert DecodeStep.supports(tr)
@@ -84,11 +84,11 @@ def test_bound_decode_equals_general_path_other_families(name):
     model = edgerun.load(registry.resolve_path(registry.find(name)), n_ctx=64, threads=2)
     tr = model.transformer
     assert DecodeStep.supports(tr)
-    for kv_type in ("f32", "f16"):
+    for kv_type in ("f32", "f16", "q8_0", "q4_0"):
         _assert_same(*_both(tr, kv_type, *_one([2, 100, 2000, 31], [9, 404, 17, 3])))
 
 
-@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0", "q4_0/q8_0"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_bound_batch_equals_general_path_smollm2(smollm2, kv_type, n):
     _assert_same(*_both(smollm2.transformer, kv_type, *_several(n)))
@@ -98,7 +98,7 @@ def test_bound_batch_equals_general_path_smollm2(smollm2, kv_type, n):
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "gemma3-270m"])
 def test_bound_batch_equals_general_path_other_families(name):
     model = edgerun.load(registry.resolve_path(registry.find(name)), n_ctx=64, threads=2)
-    for kv_type in ("f32", "f16"):
+    for kv_type in ("f32", "f16", "q8_0", "q4_0"):
         _assert_same(*_both(model.transformer, kv_type, *_several(3)))
 
 

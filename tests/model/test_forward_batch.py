@@ -81,7 +81,10 @@ def test_batch_attention_never_writes_outside_the_caches():
     assert ks[0][1, :, 3].all() and ks[1][1, :, 7].all() and ks[0][0].sum() == 0
 
 
-@pytest.mark.parametrize("kv_types", [("f32",) * 3, ("f16",) * 3, ("f16", "f32", "f16")])
+@pytest.mark.parametrize(
+    "kv_types",
+    [("f32",) * 3, ("f16",) * 3, ("f16", "f32", "f16"), ("q8_0",) * 3, ("q4_0", "q8_0", "q4_0")],
+)
 def test_forward_batch_rows_equal_forward_on_the_real_model(smollm2, kv_types):
     tr = smollm2.transformer
     text = "The lighthouse keeper climbed the stairs every evening and watched the boats."

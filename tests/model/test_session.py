@@ -37,7 +37,7 @@ def test_second_turn_reuses_the_cache(model):
     assert s.stats.ttft_seconds > 0 and s.stats.generate_tps > 0 and s.stats.peak_rss_bytes > 0
 
 
-@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0", "q4_0/q8_0"])
 def test_resume_gives_the_same_tokens_as_uninterrupted(smollm2_path, kv_type, tmp_path):
     import edgerun
 
@@ -50,10 +50,70 @@ def test_resume_gives_the_same_tokens_as_uninterrupted(smollm2_path, kv_type, tm
         assert resumed.messages == s.messages and resumed.cache.tokens == s.cache.tokens
         n = s.cache.length
         np.testing.assert_array_equal(resumed.cache.k[:, :, :n], s.cache.k[:, :, :n])
+        np.testing.assert_array_equal(resumed.cache.v[:, :, :n], s.cache.v[:, :, :n])
         a = s.send("Which one is red?", max_tokens=24, **GREEDY)
         b = resumed.send("Which one is red?", max_tokens=24, **GREEDY)
         assert a == b
         assert resumed.stats.cached_tokens >= n - 2  # the history was not recomputed
+    finally:
+        m.close()
+
+
+def test_a_session_resumes_on_a_cache_of_another_kv_type(smollm2_path, tmp_path):
+    """Saved from q8_0 keys and f16 values, resumed on an f16 / f32 model: the rows are
+    converted through float32 (the file says which types it holds), and back."""
+    import edgerun
+    from edgerun.ops.attention import cache_floats, cache_values
+
+    hd = None
+    files = {}
+    for kv_type in ("q8_0/f16", "f32"):
+        m = edgerun.load(smollm2_path, n_ctx=256, threads=2, kv_type=kv_type)
+        try:
+            hd = m.spec.head_dim
+            s = m.session()
+            s.send("Name a fruit.", max_tokens=8, **GREEDY)
+            c = s.cache
+            rows = (c.k[:, :, : c.length].copy(), c.v[:, :, : c.length].copy())
+            files[kv_type] = (s.save(tmp_path / f"{kv_type[:2]}.safetensors"), rows, c.tokens)
+        finally:
+            m.close()
+    m = edgerun.load(smollm2_path, n_ctx=256, threads=2, kv_type="f16/q8_0")
+    try:
+        for path, saved, tokens in files.values():
+            resumed = Session.load(m, path)
+            n = len(tokens)
+            assert resumed.cache.tokens == tokens
+            for got, rows in zip((resumed.cache.k, resumed.cache.v), saved):
+                want = cache_values(cache_floats(rows, hd), got.dtype)
+                np.testing.assert_array_equal(got[:, :, :n], want)
+            assert resumed.send("And a colour?", max_tokens=8, **GREEDY)
+    finally:
+        m.close()
+
+
+def test_quantised_cache_sessions_batched_match_sequential(smollm2_path):
+    import edgerun
+
+    m = edgerun.load(smollm2_path, n_ctx=512, threads=2, kv_type="q8_0")
+    try:
+        prompts = ["Tell me a joke.", "What is 2+2?", "Name a colour."]
+        seq = [m.session().send(p, max_tokens=16, **GREEDY) for p in prompts]
+        out: list = [None] * len(prompts)
+        sizes: list = [None] * len(prompts)
+
+        def run(i: int) -> None:
+            s = m.session()
+            out[i] = s.send(prompts[i], max_tokens=16, **GREEDY)
+            sizes[i] = max(s.stats.batch_sizes)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert out == seq
+        assert max(sizes) > 1
     finally:
         m.close()
 

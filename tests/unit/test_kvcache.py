@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from types import SimpleNamespace
 
 import numpy as np
@@ -77,3 +78,58 @@ def test_resident_memory_follows_tokens_not_window(kv_type) -> None:
     grown = proc.memory_info().rss - before
     # 16 tokens x 2 x 32 layers x 8 heads x 512 B = 4 MiB of data; allow page rounding.
     assert grown < 64 * 2**20, f"RSS grew {grown / 2**20:.0f} MiB for 16 cached tokens"
+
+
+@pytest.mark.parametrize("kv_type, ratio", [("q8_0", Fraction(34, 64)), ("q4_0", Fraction(18, 64))])
+def test_quantised_cache_bytes_are_exact_fractions_of_f16(kv_type, ratio) -> None:
+    """q8_0 stores 34 bytes per 32 values, q4_0 18, f16 64: 0.53x and 0.28x of f16's."""
+    for head_dim in (64, 128, 256):
+        spec = _spec(n_layers=3, n_kv_heads=2, head_dim=head_dim)
+        f16, q = KVCache(spec, 40, "f16"), KVCache(spec, 40, kv_type)
+        assert Fraction(q.nbytes, f16.nbytes) == ratio
+        assert q.nbytes == KVCache.bytes_for(spec, 40, kv_type)
+        assert Fraction(q.position_bytes, f16.position_bytes) == ratio
+    mixed = KVCache(_spec(), 40, f"{kv_type}/f16")
+    assert mixed.k_type == kv_type and mixed.v_type == "f16"
+    half = KVCache.bytes_for(_spec(), 40, "f16") // 2
+    assert mixed.nbytes == KVCache.bytes_for(_spec(), 40, mixed.kv_type) == half * (1 + ratio)
+
+
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+def test_quantised_cache_stores_ggml_blocks(kv_type) -> None:
+    """Rows are ggml's blocks of the values (quant/legacy's reference quantiser)."""
+    from edgerun.quant.legacy import Q4_0, Q8_0
+
+    fmt = {"q8_0": Q8_0, "q4_0": Q4_0}[kv_type]
+    cache = KVCache(_spec(), 16, kv_type)
+    rng = np.random.default_rng(3)
+    k = (rng.standard_normal((3, 2, 64)) * 10).astype(np.float32)
+    v = rng.standard_normal((3, 2, 64)).astype(np.float32)
+    v[1, 0, :32] = 0  # an all-zero block: scale 0
+    cache.store(2, 5, k, v)
+    for got, x in ((cache.k, k), (cache.v, v)):
+        want = fmt.quantize_blocks(x.transpose(1, 0, 2).reshape(-1, 32)).reshape(2, 3, -1)
+        assert np.array_equal(got[2, :, 5:8].view(np.uint8), want)
+        assert not got[2, :, :5].any() and not got[1].any()
+
+
+def test_quantised_types_refuse_head_dims_their_blocks_do_not_divide() -> None:
+    from edgerun.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="K cache type q8_0.*head_dim=48"):
+        KVCache(_spec(head_dim=48), 16, "q8_0")
+    with pytest.raises(UnsupportedError, match="V cache type q4_0.*head_dim=80"):
+        KVCache(_spec(head_dim=80), 16, "f16/q4_0")
+    KVCache(_spec(head_dim=48), 16, "f16")  # f16 / f32 take any head_dim
+
+
+def test_kv_type_asked_spells_keys_and_values_apart() -> None:
+    from edgerun.model.kvcache import kv_type_asked
+
+    assert kv_type_asked(None) is None
+    assert kv_type_asked("q8_0") == "q8_0"
+    assert kv_type_asked(None, "q8_0") == "q8_0/f16"  # llama.cpp's default for the other
+    assert kv_type_asked("f32", None, "q4_0") == "f32/q4_0"
+    assert kv_type_asked("f16", "q8_0", "q8_0") == "q8_0"
+    with pytest.raises(InvalidArgumentError, match="'q5_0'"):
+        kv_type_asked(None, "q5_0")

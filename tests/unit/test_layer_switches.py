@@ -136,8 +136,9 @@ class _Reader:
         return list(self._t)
 
 
-def _model(switch: str) -> Transformer:
-    spec = dataclasses.replace(BASE, **SWITCHES[switch])
+def _model(switch: str, head_dim: int = HD) -> Transformer:
+    fields = {"head_dim": head_dim, "rope_dim": head_dim, **SWITCHES[switch]}
+    spec = dataclasses.replace(BASE, **fields)
     reader = _Reader(spec, extra=frozenset(EXTRA_TENSORS.get(switch, ())))
     return Transformer(spec, ResidentStore(reader, "tiny"), "tiny")
 
@@ -165,10 +166,16 @@ def _run(tr: Transformer, bound: bool, batched: bool, kv_type: str):
     return out, caches
 
 
-@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+# (KV type, head_dim): q8_0 / q4_0 rows are whole 32-value blocks, so those run at
+# head_dim 64 (the decode and tiled prefill kernels) and 32 (the one-row kernel), keys
+# and values of different types at 32.
+KV_CASES = [("f32", HD), ("f16", HD), ("q8_0", 64), ("q4_0", 64), ("q4_0/q8_0", 32)]
+
+
+@pytest.mark.parametrize("kv_type, head_dim", KV_CASES)
 @pytest.mark.parametrize("switch", sorted(SWITCHES))
-def test_every_path_of_the_layer_is_bit_identical(switch, kv_type):
-    tr = _model(switch)
+def test_every_path_of_the_layer_is_bit_identical(switch, kv_type, head_dim):
+    tr = _model(switch, head_dim)
     assert DecodeStep.supports(tr)
     ref_logits, ref_caches = _run(tr, bound=False, batched=False, kv_type=kv_type)
     for bound, batched in ((True, False), (False, True), (True, True)):

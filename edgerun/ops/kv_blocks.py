@@ -1,0 +1,214 @@
+"""KV cache rows in ggml's 32-value block formats, q8_0 and q4_0 (llama.cpp's -ctk / -ctv).
+
+A quantised cache holds, per (layer, KV head, position), head_dim / 32 blocks laid out
+as ggml lays them out:
+
+- q8_0 (34 bytes): f16 scale d, 32 int8 q;                       value = d * q
+- q4_0 (18 bytes): f16 scale d, 16 bytes of nibbles (byte j holds value j in its low
+  nibble, value j + 16 in its high one);                          value = d * (nibble - 8)
+
+The array's element type tells the two apart, so Numba compiles each kernel for the
+cache it reads: int8 for q8_0, uint8 for q4_0 (f32 caches are float32, f16 caches
+uint16 bits). The attention kernels address every cache in values (row * head_dim +
+column), as they address f32 and f16 ones; `values` hands them a span of values as
+float32: the cache itself where it is f32 or f16 (their vector loads widen f16), the
+span's blocks dequantised into a small buffer of the caller's otherwise. A quantised
+cache is read in place, a few rows at a time, and never copied whole.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
+
+from edgerun.ops._simd import h2f
+
+BLOCK = 32  # values a block holds
+BLOCK_BYTES = {np.dtype(np.int8): 34, np.dtype(np.uint8): 18}  # q8_0, q4_0
+
+
+def row_width(dtype: np.dtype, head_dim: int) -> int:
+    """Elements of `dtype` one cache row (one position of one KV head) takes."""
+    bb = BLOCK_BYTES.get(np.dtype(dtype))
+    return head_dim if bb is None else head_dim // BLOCK * bb
+
+
+@intrinsic
+def f2h(typingctx, x):
+    """float32 -> IEEE half bits (uint16), rounded to nearest even as numpy rounds."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        h = builder.fptrunc(args[0], ir.HalfType())
+        return builder.bitcast(h, ir.IntType(16))
+
+    return types.uint16(x), codegen
+
+
+@njit(inline="always")
+def _scale(src, o):
+    """The f16 scale at bytes o, o + 1 of a block stream (int8 or uint8 elements)."""
+    lo = np.int64(src[o]) & 0xFF
+    hi = np.int64(src[o + 1]) & 0xFF
+    return h2f(np.uint16(lo | (hi << 8)))
+
+
+@njit(inline="always")
+def _put_scale(dst, o, d):
+    h = np.int64(f2h(d))
+    dst[o] = h & 0xFF
+    dst[o + 1] = (h >> 8) & 0xFF
+
+
+@njit(inline="always")
+def _roundf(v):
+    """Round half away from zero, as ggml-quants.c's roundf (quant/scale_search.roundf)."""
+    a = abs(v)
+    f = np.floor(a)
+    b = f + np.floor(np.float32(2.0) * (a - f))
+    return -b if v < 0 else b
+
+
+@njit(inline="always")
+def _quantize_q8_0(x, xo, dst, o):
+    """The 32 values x[xo:xo + 32] -> a q8_0 block at dst[o:o + 34]
+    (ggml's quantize_row_q8_0_ref; quant/legacy.Q8_0)."""
+    amax = np.float32(0.0)
+    for j in range(BLOCK):
+        amax = max(amax, abs(x[xo + j]))
+    d = amax / np.float32(127.0)
+    inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+    _put_scale(dst, o, d)
+    for j in range(BLOCK):
+        dst[o + 2 + j] = np.int64(_roundf(x[xo + j] * inv))
+
+
+@njit(inline="always")
+def _quantize_q4_0(x, xo, dst, o):
+    """The 32 values x[xo:xo + 32] -> a q4_0 block at dst[o:o + 18]
+    (ggml's quantize_row_q4_0_ref; quant/legacy.Q4_0)."""
+    amax = np.float32(0.0)
+    mx = np.float32(0.0)
+    for j in range(BLOCK):
+        a = abs(x[xo + j])
+        if a > amax:
+            amax = a
+            mx = x[xo + j]
+    d = mx / np.float32(-8.0)
+    inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+    _put_scale(dst, o, d)
+    for j in range(BLOCK // 2):
+        q0 = min(15, np.int64(x[xo + j] * inv + np.float32(8.5)))
+        q1 = min(15, np.int64(x[xo + j + 16] * inv + np.float32(8.5)))
+        dst[o + 2 + j] = q0 | (q1 << 4)
+
+
+@njit(inline="always")
+def _dequantize_q8_0(src, o, dst, do):
+    d = _scale(src, o)
+    for j in range(BLOCK):
+        dst[do + j] = d * np.float32(src[o + 2 + j])
+
+
+@njit(inline="always")
+def _dequantize_q4_0(src, o, dst, do):
+    d = _scale(src, o)
+    for j in range(BLOCK // 2):
+        b = np.int64(src[o + 2 + j])
+        dst[do + j] = d * np.float32((b & 15) - 8)
+        dst[do + j + 16] = d * np.float32((b >> 4) - 8)
+
+
+def put_row(dst, src):
+    """dst[:] = the float32 values src as a cache row of dst's element type stores them
+    (f32 as is; q8_0 / q4_0 blocks). f16 rows are token_step's (its rounding)."""
+
+
+@overload(put_row, inline="always")
+def _put_row_impl(dst, src):
+    if dst.dtype == types.int8:
+
+        def impl(dst, src):
+            for b in range(src.shape[0] // BLOCK):
+                _quantize_q8_0(src, b * BLOCK, dst, b * 34)
+
+        return impl
+    if dst.dtype == types.uint8:
+
+        def impl(dst, src):
+            for b in range(src.shape[0] // BLOCK):
+                _quantize_q4_0(src, b * BLOCK, dst, b * 18)
+
+        return impl
+    if dst.dtype == types.float32:
+
+        def impl(dst, src):
+            for j in range(src.shape[0]):
+                dst[j] = src[j]
+
+        return impl
+    return None
+
+
+@njit(cache=True, nogil=True)
+def quantize_rows(src: np.ndarray, dst: np.ndarray) -> None:
+    """src [m, head_dim] float32 -> dst [m, row width] of q8_0 (int8) or q4_0 (uint8)."""
+    for i in range(src.shape[0]):
+        put_row(dst[i], src[i])
+
+
+def values(src, v0, n, buf):
+    """Values v0 .. v0 + n of a cache's flat elements as float32 (or f16 bits) ->
+    (array, index of value v0 in it): (src, v0) for f32 and f16, else the blocks holding
+    them dequantised into buf[:n] and (buf, 0). v0 and n: multiples of 32 for blocks."""
+
+
+@overload(values, inline="always")
+def _values_impl(src, v0, n, buf):
+    if src.dtype == types.int8:
+
+        def impl(src, v0, n, buf):
+            b0 = v0 // BLOCK
+            for b in range(n // BLOCK):
+                _dequantize_q8_0(src, (b0 + b) * 34, buf, b * BLOCK)
+            return buf, np.int64(0)
+
+        return impl
+    if src.dtype == types.uint8:
+
+        def impl(src, v0, n, buf):
+            b0 = v0 // BLOCK
+            for b in range(n // BLOCK):
+                _dequantize_q4_0(src, (b0 + b) * 18, buf, b * BLOCK)
+            return buf, np.int64(0)
+
+        return impl
+
+    def impl(src, v0, n, buf):
+        return src, np.int64(v0)
+
+    return impl
+
+
+def scratch(src, n):
+    """A float32 buffer for `values` of n values of src: empty unless src holds blocks."""
+
+
+@overload(scratch, inline="always")
+def _scratch_impl(src, n):
+    if src.dtype in (types.int8, types.uint8):
+        return lambda src, n: np.empty(n, np.float32)
+    return lambda src, n: np.empty(0, np.float32)
+
+
+@njit(cache=True, nogil=True)
+def dequantize_rows(src: np.ndarray, dst: np.ndarray) -> None:
+    """src [m, row width] of q8_0 (int8) or q4_0 (uint8) blocks -> dst [m, head_dim]."""
+    hd = dst.shape[1]
+    for i in range(src.shape[0]):
+        row, at = values(src[i], 0, hd, dst[i])
+        for j in range(hd):
+            dst[i, j] = row[at + j]

@@ -1,0 +1,96 @@
+"""KV caches of q8_0 / q4_0 blocks (ops/kv_blocks.py): rows as ggml quantises them, and
+every attention kernel reading them in place against the float64 reference on the same
+dequantised values; batched decode rows equal single ones bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgerun.ops import attention as A
+from edgerun.ops import attention_decode as D
+from edgerun.ops import attention_tiled as T
+from edgerun.ops.attention import cache_floats, cache_values
+from edgerun.ops.kv_blocks import dequantize_rows, quantize_rows, row_width
+from edgerun.quant.legacy import Q4_0, Q8_0
+
+TYPES = {"q8_0": np.dtype(np.int8), "q4_0": np.dtype(np.uint8)}
+
+
+@pytest.mark.parametrize("kind", sorted(TYPES))
+def test_rows_are_ggml_blocks_and_dequantise_as_ggml(kind):
+    fmt = {"q8_0": Q8_0, "q4_0": Q4_0}[kind]
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((40, 128)) * 5).astype(np.float32)
+    x[2, :32] = 0  # scale 0
+    x[3, 32:64] = 1e-30  # a scale below f16's range
+    rows = np.empty((40, row_width(TYPES[kind], 128)), TYPES[kind])
+    quantize_rows(x, rows)
+    want = fmt.quantize_blocks(x.reshape(-1, 32)).reshape(40, -1)
+    assert np.array_equal(rows.view(np.uint8), want)
+    back = np.empty((40, 128), np.float32)
+    dequantize_rows(rows, back)
+    assert np.array_equal(
+        back, fmt.dequantize_blocks(want.reshape(-1, want.shape[1] // 4)).reshape(40, 128)
+    )
+    err = np.abs(back - x).max(axis=1) / np.abs(x).max(axis=1).clip(1e-30)
+    assert err.max() < {"q8_0": 0.01, "q4_0": 0.15}[kind]
+
+
+def _cache(rng, hkv, nctx, hd, kv):
+    x = rng.standard_normal((hkv, nctx, hd)).astype(np.float32)
+    return cache_values(x, TYPES[kv]) if kv in TYPES else x
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0", "q8_0/q4_0"])
+@pytest.mark.parametrize(
+    "n,hq,hkv,hd,start,window",
+    [
+        (1, 9, 3, 64, 0, 0),  # decode: one key
+        (1, 14, 2, 64, 3 * D.CHUNK + 17, 0),  # decode: several chunks, a partial block
+        (1, 4, 1, 256, 700, 512),  # decode: sliding window
+        (1, 4, 2, 32, 50, 0),  # the one-row kernel (no split-kernel copy of 32)
+        (37, 6, 2, 128, 60, 0),  # tiled prefill
+        (9, 4, 1, 64, 100, 16),  # tiled prefill, sliding window
+        (5, 4, 2, 96, 20, 0),  # prefill on the one-row kernel
+    ],
+)
+def test_attention_on_quantised_caches_matches_reference(kv, n, hq, hkv, hd, start, window):
+    k_type, v_type = (kv.split("/") * 2)[:2]
+    rng = np.random.default_rng(start + hd + n)
+    k = _cache(rng, hkv, start + n + 5, hd, k_type)
+    v = _cache(rng, hkv, start + n + 5, hd, v_type)
+    q = (2 * rng.standard_normal((n, hq, hd))).astype(np.float32)
+    assert T.supports(n, hd) == (n > 1 and hd % 64 == 0)
+    got = A.attention(q, k, v, start, window)
+    ref = A.attention_reference(q, cache_floats(k, hd), cache_floats(v, hd), start, window)
+    np.testing.assert_allclose(got, ref, rtol=3e-5, atol=3e-5)
+
+
+@pytest.mark.parametrize("hd", [64, 32])
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0/f16"])
+def test_batched_rows_equal_single_rows_bit_for_bit(kv, hd):
+    """The batched call stores each sequence's new row and attends; each row equals the
+    single-sequence kernel on that cache afterwards (hd 32: the one-row kernels)."""
+    k_type, v_type = (kv.split("/") * 2)[:2]
+    dtypes = {**TYPES, "f16": np.dtype(np.uint16)}
+    rng = np.random.default_rng(4)
+    hq, hkv, layers = 6, 2, 2
+    starts = [5, 3 * D.CHUNK + 17, D.CHUNK, 100]
+    nctx = max(starts) + 8
+    ks, vs = [], []
+    for _ in starts:
+        x = rng.standard_normal((2, layers, hkv, nctx, hd)).astype(np.float32)
+        ks.append(cache_values(x[0], dtypes[k_type]))
+        vs.append(cache_values(x[1], dtypes[v_type]))
+    q = rng.standard_normal((len(starts), hq, hd)).astype(np.float32)
+    kn, vn = rng.standard_normal((2, len(starts), hkv, hd)).astype(np.float32)
+    out = np.empty((len(starts), hq * hd), np.float32)
+    batch = A.BatchAttention(ks, vs, starts)
+    assert batch.batched
+    batch(1, q, kn, vn, 0, out)
+    for b, s in enumerate(starts):
+        assert np.array_equal(ks[b][1, :, s], cache_values(kn[b], ks[b].dtype))
+        assert np.array_equal(vs[b][1, :, s], cache_values(vn[b], vs[b].dtype))
+        one = A.attention(q[b : b + 1], ks[b][1], vs[b][1], s, 0)
+        assert np.array_equal(out[b], one[0]), b
