@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgerun.arch.olmo2 import layer_windows
-from edgerun.arch.spec import ModelSpec, common_fields, rope_scaling
+from edgerun.arch.spec import ModelSpec, common_fields, rope_scaling, sliding_windows
+
+SWA_PERIOD = 4  # without a pattern: every 4th layer global
 
 
 def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     a = "exaone4"
     fields = common_fields(meta, a, source)
-    windows = layer_windows(meta, a, source, fields["n_layers"])
+    windows = sliding_windows(meta, a, source, fields["n_layers"], SWA_PERIOD)
     return ModelSpec(
         **fields,
         rope_scale=rope_scaling(meta, a, source),

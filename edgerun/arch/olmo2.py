@@ -16,28 +16,17 @@ from edgerun.arch.spec import (
     ModelSpec,
     common_fields,
     meta_float,
-    meta_int,
-    meta_layer_pattern,
     rope_scaling,
+    sliding_windows,
 )
 
 SWA_PERIOD = 4
 
 
-def layer_windows(meta: dict[str, Any], a: str, source: str, n: int) -> tuple[int, ...]:
-    window = meta_int(meta, f"{a}.attention.sliding_window", source, 0, lo=0, hi=1 << 24)
-    if not window:
-        return ()
-    pattern = meta_layer_pattern(
-        meta, f"{a}.attention.sliding_window_pattern", source, n, SWA_PERIOD
-    )
-    return tuple(window if sliding else 0 for sliding in pattern)
-
-
 def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     a = "olmo2"
     fields = common_fields(meta, a, source)
-    windows = layer_windows(meta, a, source, fields["n_layers"])
+    windows = sliding_windows(meta, a, source, fields["n_layers"], SWA_PERIOD)
     bases: tuple[float, ...] = ()
     if windows and f"{a}.rope.freq_base_swa" in meta:
         local = meta_float(meta, f"{a}.rope.freq_base_swa", source)

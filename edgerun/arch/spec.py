@@ -261,6 +261,21 @@ def meta_layer_pattern(
     return tuple(flags)
 
 
+def sliding_windows(
+    meta: dict[str, Any], a: str, source: str, n_layers: int, period: int
+) -> tuple[int, ...]:
+    """Each layer's window from '<a>.attention.sliding_window' on the layers
+    '<a>.attention.sliding_window_pattern' marks (meta_layer_pattern, default `period`);
+    () when the file sets no window."""
+    window = meta_int(meta, f"{a}.attention.sliding_window", source, 0, lo=0, hi=_MAX_CONTEXT)
+    if not window:
+        return ()
+    pattern = meta_layer_pattern(
+        meta, f"{a}.attention.sliding_window_pattern", source, n_layers, period
+    )
+    return tuple(window if sliding else 0 for sliding in pattern)
+
+
 def rope_scaling(meta: dict[str, Any], a: str, source: str) -> float:
     """The RoPE frequency multiplier of '<a>.rope.scaling.type' / '.factor' (llama.cpp's
     rope_freq_scale: 1 / factor for linear scaling, 1 without). YaRN and LongRoPE with a
