@@ -567,6 +567,17 @@ def _print_layer_switches(s, transformer) -> None:
             f"{'rope factors:':<15}LongRoPE short / long (long past {s.rope_orig_context} "
             f"positions), attention factor {s.rope_attn_factor:g}"
         )
+    if s.yarn_orig_context:
+        print(
+            f"{'rope scaling:':<15}YaRN factor {1 / s.rope_scale:g} over "
+            f"{s.yarn_orig_context} positions (beta_fast {s.yarn_beta_fast:g}, beta_slow "
+            f"{s.yarn_beta_slow:g}), attention factor {s.rope_attn_factor:g}"
+        )
+    if s.attn_temp_scale:
+        print(
+            f"{'temperature:':<15}q times 1 + {s.attn_temp_scale:g} * ln(1 + floor(position"
+            f" / {s.attn_temp_floor}))"
+        )
     f = transformer.rope_freq_factors
     if f is not None:
         print(f"{'rope factors:':<15}rope_freqs ({f.size} divisors, {f.min():g} to {f.max():g})")

@@ -16,6 +16,7 @@ from edgerun.arch import (
     glm4,
     granite,
     llama,
+    mistral3,
     olmo2,
     phi3,
     qwen2,
@@ -38,6 +39,7 @@ FAMILIES = {
     "phi3": phi3,
     "glm4": glm4,
     "cohere2": cohere2,
+    "mistral3": mistral3,
 }
 
 

@@ -97,8 +97,19 @@ class ModelSpec:
     # the long factors, else the short ones; rope_attn_factor scales cos and sin
     rope_orig_context: int = 0
     rope_attn_factor: float = 1.0
-    # every RoPE frequency is multiplied by this: linear rope scaling (1 / factor)
+    # every RoPE frequency is multiplied by this: linear rope scaling (1 / factor); with
+    # YaRN, only the slow frequencies, through YaRN's ramp
     rope_scale: float = 1.0
+    # YaRN (rope.scaling.type yarn): > 0 is the original context its ramp's correction
+    # dims are computed from, with beta_fast / beta_slow; rope_attn_factor is then YaRN's
+    # attention factor (ops/rope.rope_tables)
+    yarn_orig_context: int = 0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    # Llama 4 / Mistral 3 attention temperature, when attn_temp_scale > 0: q after RoPE
+    # times 1 + attn_temp_scale * ln(1 + floor(position / attn_temp_floor))
+    attn_temp_scale: float = 0.0
+    attn_temp_floor: int = 0
     # FUSED_TENSORS kinds this family's files may store (split when the GGUF is read)
     fused_tensors: tuple[str, ...] = ()
     # the blocks' input norms and the output norm: "rms" (RMSNorm) or "layer" (LayerNorm
@@ -129,6 +140,12 @@ class ModelSpec:
         if self.attention_scale == 0.0:
             return 1.0
         return self.attention_scale * math.sqrt(self.head_dim)
+
+    def attn_temperatures(self, positions: np.ndarray) -> np.ndarray:
+        """The attention temperature q is multiplied by at each position, float32 (as
+        llama.cpp's llm_graph_input_attn_temp: computed in double, stored as float)."""
+        floors = np.floor(np.asarray(positions, np.float64) / self.attn_temp_floor)
+        return (np.log(floors + 1.0) * self.attn_temp_scale + 1.0).astype(np.float32)
 
     @property
     def q_dim(self) -> int:
@@ -300,6 +317,43 @@ def rope_scaling(meta: dict[str, Any], a: str, source: str) -> float:
     )
 
 
+def rope_scaling_yarn(meta: dict[str, Any], a: str, source: str) -> dict[str, Any]:
+    """The spec fields of '<a>.rope.scaling.*' for a family whose RoPE takes YaRN as
+    llama.cpp's ggml_rope_ext does: rope_scale alone for none / linear (rope_scaling),
+    else rope_scale 1 / factor, the original context and betas, and the attention factor
+    llama.cpp ends with (llama_context's yarn_attn_factor times rope_yarn's own
+    1 + 0.1 ln(factor), which cancel but for the yarn_log_multiplier ratio, times
+    '.rope.scaling.attn_factor')."""
+    kind = meta_str(meta, f"{a}.rope.scaling.type", source, "linear")
+    if kind != "yarn":
+        return {"rope_scale": rope_scaling(meta, a, source)}
+    factor = meta_float(meta, f"{a}.rope.scaling.factor", source, 0.0, lo_open=False)
+    if factor == 0.0:  # llama.cpp: freq_scale 1, where YaRN's ramp and factor are no-ops
+        return {"rope_scale": 1.0}
+    context = meta_int(meta, f"{a}.context_length", source, 2048, hi=_MAX_CONTEXT)
+    orig = meta_int(
+        meta, f"{a}.rope.scaling.original_context_length", source, context, hi=_MAX_CONTEXT
+    )
+    log_mul = meta_float(
+        meta, f"{a}.rope.scaling.yarn_log_multiplier", source, 0.0, lo_open=False, hi=1e3
+    )
+
+    def mscale(m: float) -> float:  # llama.cpp's get_mscale
+        return 1.0 if factor <= 1.0 else 0.1 * m * math.log(factor) + 1.0
+
+    attn = mscale(1.0) / mscale(log_mul) if log_mul else mscale(1.0)
+    attn *= meta_float(meta, f"{a}.rope.scaling.attn_factor", source, 1.0, hi=1e3)
+    return {
+        "rope_scale": 1.0 / factor,
+        "rope_attn_factor": attn,
+        "yarn_orig_context": orig,
+        "yarn_beta_fast": meta_float(
+            meta, f"{a}.rope.scaling.yarn_beta_fast", source, 32.0, hi=1e6
+        ),
+        "yarn_beta_slow": meta_float(meta, f"{a}.rope.scaling.yarn_beta_slow", source, 1.0, hi=1e6),
+    }
+
+
 def common_fields(
     meta: dict[str, Any], a: str, source: str, norm_eps_key: str = "layer_norm_rms_epsilon"
 ) -> dict[str, Any]:
@@ -391,15 +445,25 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         ("attn_softcap", 0.0, False, math.inf),
         ("rope_attn_factor", 0.0, True, 1e3),
         ("rope_scale", 0.0, True, math.inf),
+        ("yarn_beta_fast", 0.0, True, math.inf),
+        ("yarn_beta_slow", 0.0, True, math.inf),
+        ("attn_temp_scale", 0.0, False, math.inf),
     ):
         v = getattr(spec, name)
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise bad(name, "a number", v)
         if not (math.isfinite(v) and (v > lo if lo_open else v >= lo) and v < hi):
             raise bad(name, f"finite and {'>' if lo_open else '>='} {lo}", v)
-    v = spec.rope_orig_context
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_CONTEXT:
-        raise bad("rope_orig_context", f"an integer in 0..{_MAX_CONTEXT}", v)
+    for name in ("rope_orig_context", "yarn_orig_context", "attn_temp_floor"):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_CONTEXT:
+            raise bad(name, f"an integer in 0..{_MAX_CONTEXT}", v)
+    if spec.yarn_orig_context and spec.rope_orig_context:
+        raise bad(
+            "yarn_orig_context", "0 with LongRoPE (rope_orig_context > 0)", spec.yarn_orig_context
+        )
+    if spec.attn_temp_scale and not spec.attn_temp_floor:
+        raise bad("attn_temp_floor", "> 0 with an attention temperature", spec.attn_temp_floor)
     if not isinstance(spec.fused_tensors, tuple) or any(
         k not in FUSED_TENSORS for k in spec.fused_tensors
     ):

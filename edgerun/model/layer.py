@@ -187,7 +187,8 @@ class Attention:
     Its switches: q/k/v/o biases, q/k RMSNorm (per head, or over the whole projection),
     the layer's window, RoPE base or no RoPE, the attention scale (q is multiplied by
     query_scale after RoPE, so the kernels' 1/sqrt(head_dim) gives it) and the scores'
-    softcap (Gemma 2: cap * tanh(s / cap) before the softmax, inside the kernels)."""
+    softcap (Gemma 2: cap * tanh(s / cap) before the softmax, inside the kernels), and the
+    attention temperature (q then times the spec's attn_temperatures at its position)."""
 
     def __init__(self, spec: ModelSpec, layer: Layer, index: int) -> None:
         self.spec, self.layer, self.index = spec, layer, index
@@ -198,6 +199,7 @@ class Attention:
         self.neox = spec.rope_style == "neox"
         self.q_scale = np.float32(spec.query_scale())
         self.softcap = spec.attn_softcap
+        self.temperature = spec.attn_temp_scale != 0.0
 
     def heads(
         self, qkv: list[np.ndarray], positions: np.ndarray, cos: np.ndarray, sin: np.ndarray
@@ -220,6 +222,8 @@ class Attention:
         rope_inplace(k, positions, cos, sin, self.neox)
         if self.q_scale != 1.0:
             q *= self.q_scale
+        if self.temperature:
+            q *= s.attn_temperatures(positions)[:, None, None]
         return q, k, v
 
     def run(self, rows: Rows) -> None:
@@ -259,7 +263,11 @@ class Attention:
         scale = np.float32(1.0 / np.sqrt(s.head_dim))
         softcap = np.float32(self.softcap)
         q, k, v, ctx = rows.row("q"), rows.row("k"), rows.row("v"), rows.row("ctx")
-        head = (q, k, v, *vectors, self.eps, rows.positions, cos, sin, self.neox, self.q_scale)
+        temps = NONE  # the temperature of every position the caches hold (n_ctx: cos's)
+        if self.temperature:
+            temps = s.attn_temperatures(np.arange(cos.shape[0]))
+        head = (q, k, v, *vectors, self.eps, rows.positions, cos, sin, self.neox, self.q_scale,
+                temps)  # fmt: skip
         window = np.int64(self.window)
         if batch is None:
             c = caches[0]

@@ -254,10 +254,13 @@ class Transformer:
         cached = self._rope_cache.get(key)
         if cached is None or cached[0] < n_ctx:
             s = self.spec
-            if s.rope_scale != 1.0:  # linear scaling: every frequency times rope_scale
+            yarn = None
+            if s.yarn_orig_context:  # YaRN: rope_scale through its ramp
+                yarn = (s.rope_scale, s.yarn_orig_context, s.yarn_beta_fast, s.yarn_beta_slow)
+            elif s.rope_scale != 1.0:  # linear scaling: every frequency times rope_scale
                 ones = np.ones(s.rope_dim // 2)
                 factors = (ones if factors is None else factors) / s.rope_scale
-            cos, sin = rope_tables(n_ctx, s.rope_dim, base, factors, s.rope_attn_factor)
+            cos, sin = rope_tables(n_ctx, s.rope_dim, base, factors, s.rope_attn_factor, yarn)
             cached = self._rope_cache[key] = (n_ctx, cos, sin)
         return cached[1], cached[2]
 

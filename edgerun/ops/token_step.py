@@ -94,11 +94,12 @@ def _put_impl(dst, src):
 @njit(cache=True, nogil=True)
 def attend_token(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin, neox,
-    q_scale, kc, vc, window, scale, softcap, scores, ctx,
+    q_scale, q_temps, kc, vc, window, scale, softcap, scores, ctx,
 ):  # fmt: skip
     """One token's attention block after its q, k, v projections (1-D, written in place):
     biases (empty arrays: none), q/k RMSNorm in groups of the norm's width (a head, or
-    the whole projection; empty: none), RoPE at positions[0], q times q_scale (1: none),
+    the whole projection; empty: none), RoPE at positions[0], q times q_scale (1: none)
+    then times q_temps[position] (the attention temperature per position; empty: none),
     k and v stored into the layer's cache kc, vc [kv_heads, n_ctx, row] (f32, f16 bits or
     q8_0 / q4_0 blocks), then attention into ctx [q_dim] (scores capped by softcap when
     > 0). scores: [heads, >= position + 1]."""
@@ -126,6 +127,10 @@ def attend_token(
         for j in range(q.shape[0]):
             q[j] *= q_scale
     pos = positions[0]
+    if q_temps.shape[0]:
+        t = q_temps[pos]
+        for j in range(q.shape[0]):
+            q[j] *= t
     for h in range(hkv):
         _put(kc[h, pos], k2[h])
         _put(vc[h, pos], v2[h])
@@ -171,7 +176,8 @@ def _as_cache_impl(src, dst):
 @njit(cache=True, nogil=True)
 def attend_rows(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin, neox,
-    q_scale, k_new, v_new, kaddr, vaddr, nctx, layer, window, scale, softcap, scores, ctx,
+    q_scale, q_temps, k_new, v_new, kaddr, vaddr, nctx, layer, window, scale, softcap, scores,
+    ctx,
 ):  # fmt: skip
     """attend_token for n >= 2 sequences' decode rows q [n, q_dim], k, v [n, kv_dim], each
     against its own cache (kaddr, vaddr, nctx: ops/attention.BatchAttention's addresses):
@@ -201,6 +207,11 @@ def attend_rows(
         for i in range(n):
             for j in range(q.shape[1]):
                 q[i, j] *= q_scale
+    if q_temps.shape[0]:
+        for i in range(n):
+            t = q_temps[positions[i]]
+            for j in range(q.shape[1]):
+                q[i, j] *= t
     kn = _as_cache(k, k_new)
     vn = _as_cache(v, v_new)
     _attention_batch(

@@ -652,7 +652,8 @@ def test_regression_safetensors_dtype_not_a_string(tmp_path):
 
 # ---------------------------------------------------- the families without a registry model
 def _family_meta(arch: str) -> dict[str, Any]:
-    """Every metadata field the gemma2 / phi3 / glm4 / cohere2 readers look at, valid."""
+    """Every metadata field the gemma2 / phi3 / glm4 / cohere2 / mistral3 readers look at,
+    valid."""
     a = arch
     meta: dict[str, Any] = {
         "general.architecture": a,
@@ -682,13 +683,22 @@ def _family_meta(arch: str) -> dict[str, Any]:
             },
             "glm4": {f"{a}.nextn_predict_layers": 0},
             "cohere2": {f"{a}.logit_scale": 0.5, f"{a}.attention.sliding_window_pattern": 4},
+            "mistral3": {
+                f"{a}.rope.scaling.type": "yarn",
+                f"{a}.rope.scaling.factor": 4.0,
+                f"{a}.rope.scaling.original_context_length": 16,
+                f"{a}.rope.scaling.yarn_beta_fast": 32.0,
+                f"{a}.rope.scaling.yarn_beta_slow": 1.0,
+                f"{a}.rope.scaling.yarn_log_multiplier": 1.0,
+                f"{a}.attention.temperature_scale": 0.1,
+            },
         }[a]
     )
     return meta
 
 
 @_settings(150, 0.1)
-@given(arch=st.sampled_from(["gemma2", "phi3", "glm4", "cohere2"]), data=st.data())
+@given(arch=st.sampled_from(["gemma2", "phi3", "glm4", "cohere2", "mistral3"]), data=st.data())
 def test_new_family_metadata_fuzz(arch, data):
     from edgerun.arch import spec_from_gguf
 

@@ -61,6 +61,9 @@ SWITCHES = {
     "longrope": {"rope_orig_context": 16, "rope_attn_factor": 1.25},
     "layer_norm": {"norm_kind": "layer"},
     "parallel_blocks": {"parallel_blocks": True},
+    "yarn": {"rope_scale": 0.25, "yarn_orig_context": 8, "rope_attn_factor": 1.1},
+    # floor 4: the prompts' and steps' positions (0..20) take five temperatures
+    "attn_temperature": {"attn_temp_scale": 0.5, "attn_temp_floor": 4},
 }
 
 # switches that are tensors in the file rather than spec fields
