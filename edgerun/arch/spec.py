@@ -447,7 +447,7 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         ("rope_scale", 0.0, True, math.inf),
         ("yarn_beta_fast", 0.0, True, math.inf),
         ("yarn_beta_slow", 0.0, True, math.inf),
-        ("attn_temp_scale", 0.0, False, math.inf),
+        ("attn_temp_scale", 0.0, False, 1e3),
     ):
         v = getattr(spec, name)
         if isinstance(v, bool) or not isinstance(v, int | float):
