@@ -13,6 +13,7 @@ import threading
 import numpy as np
 import pytest
 from tiny_families import FAMILIES, family_gguf
+from together import send_together
 
 import edgerun
 from edgerun.model.kvcache import KVCache
@@ -51,21 +52,9 @@ def test_generate_sessions_and_batches(paths, family, tmp_path):
         assert resumed.send("Which one is red?", max_tokens=10, **GREEDY) == a
         # sessions decoded together by the scheduler give the sequential answers
         seq = [m.session().send(p, max_tokens=10, **GREEDY) for p in PROMPTS]
-        out: list = [None] * len(PROMPTS)
-        sizes: list = [0] * len(PROMPTS)
-
-        def run(i: int) -> None:
-            s = m.session()
-            out[i] = s.send(PROMPTS[i], max_tokens=10, **GREEDY)
-            sizes[i] = max(s.stats.batch_sizes)
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        out, most = send_together(m, PROMPTS, max_tokens=10, **GREEDY)
         assert out == seq
-        assert max(sizes) > 1  # they really were decoded together
+        assert most > 1  # they really were decoded together
     finally:
         m.close()
 

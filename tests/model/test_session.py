@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from together import send_together
 
 from edgerun.model.kvcache import KVCache
 from edgerun.serving.session import Session, SessionFileError
@@ -99,21 +100,9 @@ def test_quantised_cache_sessions_batched_match_sequential(smollm2_path):
     try:
         prompts = ["Tell me a joke.", "What is 2+2?", "Name a colour."]
         seq = [m.session().send(p, max_tokens=16, **GREEDY) for p in prompts]
-        out: list = [None] * len(prompts)
-        sizes: list = [None] * len(prompts)
-
-        def run(i: int) -> None:
-            s = m.session()
-            out[i] = s.send(prompts[i], max_tokens=16, **GREEDY)
-            sizes[i] = max(s.stats.batch_sizes)
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        out, most = send_together(m, prompts, max_tokens=16, **GREEDY)
         assert out == seq
-        assert max(sizes) > 1
+        assert most > 1
     finally:
         m.close()
 
@@ -202,21 +191,9 @@ def test_shared_system_prefix_is_computed_once(model):
 def test_concurrent_sessions_match_sequential_and_batch(model):
     prompts = ["Tell me a joke.", "What is 2+2?", "Name a colour.", "Write a haiku about rain."]
     seq = [model.session().send(p, max_tokens=20, **GREEDY) for p in prompts]
-    out: list = [None] * len(prompts)
-    sizes: list = [None] * len(prompts)
-
-    def run(i: int) -> None:
-        s = model.session()
-        out[i] = s.send(prompts[i], max_tokens=20, **GREEDY)
-        sizes[i] = max(s.stats.batch_sizes)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out, most = send_together(model, prompts, max_tokens=20, **GREEDY)
     assert out == seq
-    assert max(sizes) > 1  # they really were decoded together
+    assert most > 1  # they really were decoded together
 
 
 def _first_step_alone(sched, params):
