@@ -520,7 +520,7 @@ def copies_fit(need: int, headroom: int | None = None) -> tuple[bool, str]:
     not. A copy is anonymous memory, which nothing pages out, where the mapped rows it
     replaces are page cache that a tight limit reclaims and reads again (with copies,
     Qwen2.5-1.5B was OOM-killed in an 881 MB cgroup; a model that does not fit at all
-    now gets a planned budget first, offload/loader.Loader.auto_budget)."""
+    gets a planned budget first, offload/loader.Loader.auto_budget)."""
     if need <= 0:
         return False, ""
     if headroom is None:
