@@ -462,6 +462,9 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         raise bad(
             "yarn_orig_context", "0 with LongRoPE (rope_orig_context > 0)", spec.yarn_orig_context
         )
+    if spec.yarn_orig_context and 1.0 in (spec.rope_base, *spec.layer_rope_bases):
+        # the ramp's correction dimensions divide by ln(base)
+        raise bad("rope_base", "other than 1 with YaRN", 1.0)
     if spec.attn_temp_scale and not spec.attn_temp_floor:
         raise bad("attn_temp_floor", "> 0 with an attention temperature", spec.attn_temp_floor)
     if not isinstance(spec.fused_tensors, tuple) or any(

@@ -93,6 +93,11 @@ def test_hostile_mistral3_values_are_refused_by_name(key, value):
         spec_from_gguf(_meta(**{"attention.temperature_scale": 0.1, key: value}))
 
 
+def test_yarn_with_rope_base_1_is_refused_by_name():
+    with pytest.raises(ModelFormatError, match="rope_base"):
+        spec_from_gguf(_meta(**{"rope.freq_base": 1.0}))
+
+
 def test_families_without_yarn_still_refuse_it():
     with pytest.raises(UnsupportedError, match="yarn"):
         spec_from_gguf(_meta("llama"))
