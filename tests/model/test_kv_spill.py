@@ -32,7 +32,7 @@ def _filled(kv_type: str, n: int) -> KVCache:
     return c
 
 
-@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0", "q4_0/f16"])
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q4_0", "q8_0/f16"])
 def test_spill_and_restore_round_trip(tmp_path, kv_type):
     c = _filled(kv_type, 100)
     k, v = c.k[:, :, :100].copy(), c.v[:, :, :100].copy()
