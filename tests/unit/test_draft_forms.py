@@ -167,3 +167,14 @@ def test_first_layers_equal_the_full_models_first_layers(
     assert np.array_equal(got.argmax(1), ref.argmax(1))
     # and it is not the full model's output
     assert not np.allclose(got, full.logits(IDS), atol=1e-3)
+
+
+def test_api_resolves_a_draft_to_its_cached_form(source: Path, tmp_path: Path, monkeypatch) -> None:
+    from edgerun.api import resolve_draft
+
+    monkeypatch.setenv("EDGERUN_HOME", str(tmp_path / "home"))
+    out = resolve_draft(str(source), "q8_0")
+    assert out.parent == tmp_path / "home" / "drafts"
+    assert read_pack(out).metadata["draft"]["form"] == "q8_0"
+    assert resolve_draft(str(source), "source") == source
+    assert resolve_draft(str(out)) == out  # a pack is taken as it is
