@@ -86,6 +86,21 @@ def resolve_model(model: str | os.PathLike | None, auto_pull: bool | None = None
     return registry.resolve_path(m, progress=True)
 
 
+def resolve_draft(
+    model: str | os.PathLike, form: str = "auto", auto_pull: bool | None = None
+) -> Path:
+    """A draft model (registry name, alias or path) -> the path to load for drafting: its
+    cheap form (generate/draft_forms.py; "auto": the measured fastest that still agrees,
+    "source": the file as it is), made once under the cache's drafts/ and reused. A pack
+    directory is taken as it is."""
+    from edgerun.generate.draft_forms import cheap_draft
+
+    path = resolve_model(model, auto_pull)
+    if path.is_dir():
+        return path
+    return cheap_draft(path, form, cache_dir=registry.cache_dir() / "drafts", progress=True)
+
+
 def settings_for(path: str | os.PathLike) -> ModelSettings:
     """The recommended settings of the registry model whose file `path` is, else the defaults."""
     m = registry.find_by_file(path)

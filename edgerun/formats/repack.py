@@ -69,11 +69,14 @@ def write_pack(
     pure: bool = False,
     imatrix_info: dict | None = None,
     on_tensor: Callable[[str], None] | None = None,
+    extra_meta: dict | None = None,
 ) -> Path:
     """Quantize every tensor of `source` as `plan` says and write the pack `out`.
 
     imatrix: name -> column importances [cols] (missing names: unweighted).
     on_tensor(name) is called after each tensor is written.
+    extra_meta: more top-level sections for edgerun.json (written with the pack, so a
+    reader never sees the pack without them).
     """
     from edgerun._version import __version__ as ver
     from edgerun.formats.pack import PackWriter, spec_to_json
@@ -120,6 +123,7 @@ def write_pack(
                 "format": source.kind,
                 "sha256": source.sha256(),
             },
+            **(extra_meta or {}),
         }
         return writer.close(meta)
     except BaseException:  # Ctrl+C or an error: nothing half-written is left at `out`
