@@ -118,3 +118,27 @@ def test_smollm2_matches_llama_cpp(smollm2_path):
             assert cos.min() >= 0.999, (pooling, cos)
     finally:
         m.close()
+
+
+@pytest.mark.parametrize("value, want", [(None, "last"), (0, "last"), (1, "mean"), (2, "cls")])
+def test_pooling_type_metadata(value, want):
+    from edgerun.arch import spec_from_gguf
+    from edgerun.formats.gguf import read_gguf
+
+    meta = dict(read_gguf(DATA / "f32.gguf").metadata)
+    meta.pop("qwen3.pooling_type")
+    if value is not None:
+        meta["qwen3.pooling_type"] = value
+    assert spec_from_gguf(meta, "f.gguf").pooling == want
+
+
+@pytest.mark.parametrize("value", [9, -1, "last", 1.0])
+def test_bad_pooling_type_is_named(value):
+    from edgerun.arch import spec_from_gguf
+    from edgerun.errors import ModelFormatError
+    from edgerun.formats.gguf import read_gguf
+
+    meta = dict(read_gguf(DATA / "f32.gguf").metadata)
+    meta["qwen3.pooling_type"] = value
+    with pytest.raises(ModelFormatError, match=r"f\.gguf: metadata field 'qwen3\.pooling_type'"):
+        spec_from_gguf(meta, "f.gguf")
