@@ -3,9 +3,15 @@ pools) pooled into one vector, L2-normalised unless asked not to.
 
 Short texts share passes: their rows go through the layers together
 (Transformer.final_hidden_batch, each text attending only to itself), so the weights are
-read once per pass and not once per text (as many rows as the interleaved decode copies
-serve, rows_per_pass). A longer text runs alone; one longer than the engine's prompt
-chunk (which a RAM budget sizes) chunk by chunk, on a float32 KV cache.
+read once per pass and not once per text. A text longer than a pass (the engine's prompt
+chunk, which a RAM budget sizes) runs alone, chunk by chunk, on a float32 KV cache.
+
+A pass's row count picks the kernels as for any prompt: up to the interleaved decode
+copies' batched limit (64 rows on this host's vnni path) the copies' int8 kernels, past it
+the prompt GEMM. Passes are not capped at that limit, though the copies are faster for many
+short texts: on an AMX host the GEMM's vectors equal transformers' dequantized float32
+ones (cosine 1.000000 on Qwen2.5-Coder-0.5B Q8_0), the copies' only to 0.9984, below
+llama.cpp's 0.9989 (benchmarks/embeddings_llamacpp.py).
 """
 
 from __future__ import annotations
@@ -17,8 +23,6 @@ import numpy as np
 from edgerun.errors import ContextOverflowError, InvalidArgumentError, UnsupportedError
 from edgerun.generate.engine import Engine
 from edgerun.model.kvcache import KVCache
-from edgerun.model.transformer import Transformer, layer_matrices
-from edgerun.ops import qmatvec
 from edgerun.runtime.cpu_share import set_threads
 from edgerun.tokenizer import Tokenizer
 
@@ -83,23 +87,6 @@ def _passes(lengths: list[int], per_pass: int) -> list[list[int]]:
     return out
 
 
-def rows_per_pass(transformer: Transformer, most: int) -> int:
-    """The most rows (<= most) a shared pass takes while every matrix with an interleaved
-    decode copy still reads its copy (qmatvec.reads_rows): past that, a pass's GEMM reads
-    the mapped rows whose pages the copies let go, and many short texts run slower together
-    than one by one."""
-    ts = [t for layer in transformer.layers for t in layer_matrices(layer)]
-    ts.append(transformer.output)
-    lo, hi = 1, most
-    while lo < hi:  # the largest n with no matrix reading its rows
-        mid = (lo + hi + 1) // 2
-        if any(qmatvec.reads_rows(t, mid) for t in ts):
-            hi = mid - 1
-        else:
-            lo = mid
-    return lo
-
-
 def embed_ids(
     engine: Engine,
     sequences: Sequence[Sequence[int]],
@@ -131,7 +118,7 @@ def embed_ids(
     if engine.governor is not None:
         set_threads(engine.governor.threads)
     step = engine.prefill_chunk
-    for group in _passes([len(s) for s in seqs], rows_per_pass(transformer, step)):
+    for group in _passes([len(s) for s in seqs], step):
         if len(seqs[group[0]]) > step:
             hidden = [_long_hidden(engine, seqs[group[0]])]
         else:
