@@ -527,6 +527,22 @@ class Model:
         it = self._stream(ids, params, max_tokens, stop)
         return it if stream else "".join(it)
 
+    # -- embeddings -----------------------------------------------------------
+    def embed(
+        self, texts: str | Sequence[str], pooling: str | None = None, normalize: bool = True
+    ) -> np.ndarray:
+        """Embeddings float32 [len(texts), d_model] (a str: one row): each text's final
+        hidden states pooled, "last" (token), "mean" or "cls" (first token); None: the
+        file's pooling_type, else the family's default (last). normalize: unit L2 norm.
+        Short texts share forward passes (generate/embedding.py)."""
+        from edgerun.generate.embedding import embed_ids, text_tokens
+
+        items = [texts] if isinstance(texts, str) else list(texts)
+        if not all(isinstance(t, str) for t in items):
+            raise InvalidArgumentError("embed() takes a string or a list of strings")
+        ids = [text_tokens(self.tokenizer, t) for t in items]
+        return embed_ids(self.engine, ids, pooling, normalize)
+
 
 def copies_fit(need: int, headroom: int | None = None) -> tuple[bool, str]:
     """Whether interleaved copies of `need` bytes fit the memory this process has left

@@ -118,6 +118,10 @@ class ModelSpec:
     # attention and FFN both read the layer's one normed input and both add to the
     # residual stream (Cohere): h += attn(x) + ffn(x), with no norm between
     parallel_blocks: bool = False
+    # how an embedding pools the final hidden states of a text's tokens (model/embedding.py):
+    # "last" (the token that saw the whole text: the default of every causal family here),
+    # "mean", "cls" (the first token), or "rank" (a reranker's file, which embeds nothing)
+    pooling: str = "last"
     layer_tensors: dict[str, str] = field(default_factory=lambda: dict(LAYER_TENSORS))
     global_tensors: dict[str, str] = field(default_factory=lambda: dict(GLOBAL_TENSORS))
 
@@ -167,6 +171,10 @@ _MAX_CONTEXT = 1 << 24
 _ROPE_STYLES = ("interleaved", "neox")
 _ACTIVATIONS = ("silu", "gelu_tanh")
 _NORM_KINDS = ("rms", "layer")
+# '<arch>.pooling_type' as llama.cpp writes it (gguf-py's PoolingType; convert_hf_to_gguf
+# reads it from a sentence-transformers Pooling module); 0 (none) leaves the family's default
+POOLING_TYPES = {1: "mean", 2: "cls", 3: "last", 4: "rank"}
+POOLINGS = ("last", "mean", "cls", "rank")
 
 
 def _kind(value: Any) -> str:
@@ -355,12 +363,17 @@ def rope_scaling_yarn(meta: dict[str, Any], a: str, source: str) -> dict[str, An
 
 
 def common_fields(
-    meta: dict[str, Any], a: str, source: str, norm_eps_key: str = "layer_norm_rms_epsilon"
+    meta: dict[str, Any],
+    a: str,
+    source: str,
+    norm_eps_key: str = "layer_norm_rms_epsilon",
+    pooling: str = "last",
 ) -> dict[str, Any]:
     """Hyperparameters every family stores under the same '<arch>.' keys, type- and
     range-checked (the file is untrusted; these size every allocation). norm_eps_key:
     the norm epsilon's key under '<arch>.attention.' (LayerNorm families:
-    'layer_norm_epsilon')."""
+    'layer_norm_epsilon'); pooling: the family's embedding pooling where the file names
+    none."""
     n_heads = meta_int(meta, f"{a}.attention.head_count", source, hi=_MAX_HEADS)
     d_model = meta_int(meta, f"{a}.embedding_length", source)
     n_kv = meta_int(meta, f"{a}.attention.head_count_kv", source, n_heads, hi=_MAX_HEADS)
@@ -393,7 +406,15 @@ def common_fields(
         norm_eps=meta_float(meta, f"{a}.attention.{norm_eps_key}", source, hi=1.0),
         rope_base=meta_float(meta, f"{a}.rope.freq_base", source, 10000.0),
         rope_dim=meta_int(meta, f"{a}.rope.dimension_count", source, head_dim, hi=head_dim),
+        pooling=meta_pooling(meta, a, source, pooling),
     )
+
+
+def meta_pooling(meta: dict[str, Any], a: str, source: str, default: str) -> str:
+    """The embedding pooling '<arch>.pooling_type' names (POOLING_TYPES); missing or 0
+    (none): default."""
+    code = meta_int(meta, f"{a}.pooling_type", source, 0, lo=0, hi=max(POOLING_TYPES))
+    return POOLING_TYPES.get(code, default)
 
 
 def require(meta: dict[str, Any], key: str, source: str, kind: type = int) -> Any:
@@ -487,6 +508,8 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
                 "used with pre-norms only (no post_norms, pre_norms true, residual_scale 1)",
                 getattr(spec, name),
             )
+    if spec.pooling not in POOLINGS:
+        raise bad("pooling", " or ".join(POOLINGS), spec.pooling)
     if spec.activation not in _ACTIVATIONS:
         raise bad("activation", " or ".join(_ACTIVATIONS), spec.activation)
     for name in (

@@ -351,6 +351,37 @@ class Transformer:
 
         return compute_thread().call(run)
 
+    def final_hidden_batch(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Several independent sequences, each from position 0, through the layers in one
+        pass: their rows are stacked so every projection reads its weights once for all of
+        them, and each sequence attends only to its own keys (held as float32 for the pass,
+        as an f32 KVCache holds them, so a sequence's states equal `final_hidden` of it
+        alone on such a cache). Returns each sequence's final hidden states [n_i, d_model],
+        normed as the head gets them. Nothing is cached."""
+        return compute_thread().call(self._final_hidden_batch, sequences)
+
+    def _final_hidden_batch(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        lengths = [len(s) for s in sequences]
+        if not lengths or min(lengths) == 0:
+            raise ValueError("final_hidden_batch: every sequence needs at least one token")
+        bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        ids = self.check_ids([int(t) for s in sequences for t in s])
+        positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])
+        n_ctx = max(lengths)
+
+        def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
+            ctx = np.empty((q.shape[0], self.spec.q_dim), np.float32)
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                ks = np.ascontiguousarray(k[a:b].transpose(1, 0, 2), dtype=np.float32)
+                vs = np.ascontiguousarray(v[a:b].transpose(1, 0, 2), dtype=np.float32)
+                ctx[a:b] = attention(q[a:b], ks, vs, 0, window, softcap=softcap)
+            return ctx
+
+        rope = lambda base: self._rope(n_ctx, base)  # noqa: E731
+        rows = Rows(self.embed(ids), positions, False, attend, rope)
+        x = self._run_layers(rows, release=bool(self._copied) and len(ids) > 1)
+        return [x[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
     def softcap(self, logits: np.ndarray) -> np.ndarray:
         """The logits' last touches where the spec has them: division by logit_scale
         (Granite), then final logit softcapping (Gemma 2/3)."""

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions, /health.
+"""The OpenAI-compatible API: /v1/models, /v1/completions, /v1/chat/completions,
+/v1/embeddings, /health.
 
 Requests are validated before any work (size cap, JSON, field types and ranges, prompt
 against the context) and answered with OpenAI-style error JSON and 4xx codes. Every
@@ -9,6 +10,7 @@ its batch slot at the next step.
 
 from __future__ import annotations
 
+import base64
 import hmac
 import json
 import time
@@ -26,7 +28,12 @@ if TYPE_CHECKING:
     from edgerun.api import Model
 
 MAX_BODY_BYTES = 4 << 20  # a request body larger than this gets 413
+# An oversized body is read and dropped up to this many bytes in all before the 413 goes
+# out: a client still sending when the server answers and closes sees "connection reset"
+# instead of the answer. A larger declared body is answered at once.
+MAX_DRAIN_BYTES = 64 << 20
 MAX_STOP = 4  # as OpenAI
+MAX_EMBED_INPUTS = 2048  # inputs in one embeddings request, as OpenAI
 MAX_STOP_CHARS = 256
 
 
@@ -160,6 +167,42 @@ def _sampling(body: dict) -> dict[str, Any]:
     }
 
 
+def _embedding_inputs(body: dict, model: Model) -> list[list[int]]:
+    """The token ids of an embeddings request's `input`: a string, a list of strings, a
+    list of token ids, or a list of such lists (OpenAI's four forms)."""
+    from edgerun.generate.embedding import text_tokens
+
+    v = body.get("input")
+    expected = "a string, a list of strings, or token ids (a list or a list of lists)"
+    if isinstance(v, str):
+        v = [v]
+    elif isinstance(v, list) and v and all(_is_int(t) for t in v):
+        v = [v]
+    if not isinstance(v, list) or not v:
+        raise APIError(400, f"'input' must be {expected}", "input")
+    if len(v) > MAX_EMBED_INPUTS:
+        raise APIError(400, f"'input' holds {len(v)} items; at most {MAX_EMBED_INPUTS}", "input")
+    seqs = []
+    vocab = model.spec.vocab_size
+    for i, item in enumerate(v):
+        if isinstance(item, str):
+            if not item:
+                raise APIError(400, f"input[{i}] is empty", "input")
+            seqs.append(text_tokens(model.tokenizer, item))
+        elif isinstance(item, list) and item and all(_is_int(t) for t in item):
+            if any(not 0 <= t < vocab for t in item):
+                raise APIError(400, f"input[{i}] holds token ids outside [0, {vocab})", "input")
+            seqs.append([int(t) for t in item])
+        else:
+            raise APIError(400, f"input[{i}] must be a non-empty string or token-id list", "input")
+        if len(seqs[-1]) > model.n_ctx:
+            raise APIError(
+                400, f"input[{i}] has {len(seqs[-1])} tokens but the context window is "
+                f"{model.n_ctx}", "input",
+            )  # fmt: skip
+    return seqs
+
+
 # -- the app ----------------------------------------------------------------------------
 def create_app(
     model: Model,
@@ -188,17 +231,24 @@ def create_app(
 
     async def _body(req: HTTPRequest) -> dict:
         length = req.headers.get("content-length")
+        too_big = APIError(413, f"request body over {max_body_bytes} bytes")
         if length is not None:
             try:
-                if int(length) > max_body_bytes:
-                    raise APIError(413, f"request body over {max_body_bytes} bytes")
+                declared = int(length)
             except ValueError:
                 raise APIError(400, "bad Content-Length header") from None
+            if declared > max(max_body_bytes, MAX_DRAIN_BYTES):
+                raise too_big
         raw = bytearray()
+        seen = 0
         async for chunk in req.stream():
-            raw += chunk
-            if len(raw) > max_body_bytes:
-                raise APIError(413, f"request body over {max_body_bytes} bytes")
+            seen += len(chunk)
+            if seen <= max_body_bytes:
+                raw += chunk
+            elif seen > MAX_DRAIN_BYTES:
+                break
+        if seen > max_body_bytes:  # the rest was read and dropped (MAX_DRAIN_BYTES)
+            raise too_big
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
@@ -369,6 +419,43 @@ def create_app(
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish_reason(r)}
         return JSONResponse({**base, "choices": [choice], "usage": _usage(r)})
 
+    async def embeddings(req: HTTPRequest):
+        from starlette.concurrency import run_in_threadpool
+
+        from edgerun.generate.embedding import embed_ids
+
+        try:
+            _auth(req)
+            body = await _body(req)
+            seqs = _embedding_inputs(body, model)
+            fmt = body.get("encoding_format", "float")
+            if fmt not in ("float", "base64"):
+                raise APIError(
+                    400, "'encoding_format' must be 'float' or 'base64'", "encoding_format"
+                )
+            dims = body.get("dimensions")
+            if dims is not None and dims != model.spec.d_model:
+                raise APIError(
+                    400, f"'dimensions' must be {model.spec.d_model} for this model "
+                    f"(its hidden size), got {json.dumps(dims)[:40]}", "dimensions",
+                )  # fmt: skip
+            pooling = body.get("pooling")  # an extension: "last", "mean" or "cls"
+            if pooling is not None and not isinstance(pooling, str):
+                raise APIError(400, "'pooling' must be a string", "pooling")
+            vectors = await run_in_threadpool(embed_ids, model.engine, seqs, pooling)
+        except Exception as e:  # noqa: BLE001
+            return _error(e)
+        data = []
+        for i, v in enumerate(vectors):
+            if fmt == "base64":
+                emb: Any = base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+            else:
+                emb = v.tolist()
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        n = sum(len(s) for s in seqs)
+        usage = {"prompt_tokens": n, "total_tokens": n}
+        return JSONResponse({"object": "list", "data": data, "model": mid, "usage": usage})
+
     async def not_found(req: HTTPRequest, exc: Exception) -> JSONResponse:
         return JSONResponse(APIError(404, f"no route {req.url.path}").body(), status_code=404)
 
@@ -384,6 +471,7 @@ def create_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
         ],
         exception_handlers={404: not_found, 405: bad_method},
     )

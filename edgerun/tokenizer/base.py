@@ -234,7 +234,9 @@ class Tokenizer:
     Attributes every tokenizer has: ``vocab_size``, ``bos_id``/``eos_id`` (``None`` when the model
     has none), ``eos_ids`` (eos plus end-of-turn tokens; generation stops on any of them),
     ``special_ids`` (control/unknown tokens; ``decode(skip_special=True)`` drops them),
-    ``add_bos`` (the model's rule for prepending BOS) and ``chat_template`` (or ``None``).
+    ``add_bos`` (the model's rule for prepending BOS), ``add_eos`` (its rule for appending EOS
+    to a text it encodes whole, as embedding models ask; ``encode`` leaves it to the caller)
+    and ``chat_template`` (or ``None``).
     """
 
     vocab_size: int
@@ -243,6 +245,7 @@ class Tokenizer:
     eos_ids: frozenset[int]
     special_ids: frozenset[int]
     add_bos: bool
+    add_eos: bool = False
     chat_template: str | None
 
     def __init__(self) -> None:
@@ -287,6 +290,7 @@ class Tokenizer:
         self.special_ids = frozenset(special)
         add_bos = _meta_bool(meta, "tokenizer.ggml.add_bos_token")
         self.add_bos = add_bos if add_bos is not None else default_add_bos
+        self.add_eos = bool(_meta_bool(meta, "tokenizer.ggml.add_eos_token"))
         template = _meta_str(meta, "tokenizer.chat_template")
         self.chat_template = template or None
 

@@ -8,7 +8,10 @@ import socket
 import threading
 import time
 
+import numpy as np
 import pytest
+
+from edgerun.generate.embedding import text_tokens
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -185,3 +188,82 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     while model.scheduler.active and time.time() < deadline:
         time.sleep(0.05)
     assert model.scheduler.active == 0
+
+
+def test_embeddings_with_the_openai_client(server, client):
+    model, _ = server
+    texts = ["The capital of France is Paris.", "def add(a, b): return a + b"]
+    want = model.embed(texts)
+    r = client.embeddings.create(model="x", input=texts)  # the client asks for base64
+    got = np.array([d.embedding for d in r.data], np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert [d.index for d in r.data] == [0, 1]
+    n = sum(len(text_tokens(model.tokenizer, t)) for t in texts)
+    assert r.usage.prompt_tokens == n == r.usage.total_tokens
+    f = client.embeddings.create(model="x", input=texts[0], encoding_format="float")
+    np.testing.assert_allclose(f.data[0].embedding, want[0], rtol=1e-6)
+    ids = text_tokens(model.tokenizer, texts[1])
+    t = client.embeddings.create(model="x", input=ids, encoding_format="float")
+    np.testing.assert_allclose(t.data[0].embedding, want[1], rtol=1e-6)
+    mean = client.embeddings.create(
+        model="x", input=texts[0], encoding_format="float", extra_body={"pooling": "mean"}
+    )
+    np.testing.assert_allclose(mean.data[0].embedding, model.embed(texts[0], "mean")[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({}, "input"),
+        ({"input": ""}, "input"),
+        ({"input": [[]]}, "input"),
+        ({"input": [1, -5]}, "input"),
+        ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "hi", "dimensions": 7}, "dimensions"),
+        ({"input": "word " * 600}, "input"),
+        ({"input": "hi", "pooling": "max"}, None),
+    ],
+)
+def test_bad_embedding_requests(server, body, param):
+    r = httpx.post(
+        server[1] + "/v1/embeddings", json=body, headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]
+
+
+def _post_whole_then_read(base: str, body: bytes) -> bytes:
+    """POST over a plain socket that sends the whole body, a slice at a time, before it
+    reads anything (what a client on a slow link does); the status line it gets."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}"
+            f"\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        s.sendall(head.encode())
+        for i in range(0, len(body), 256 << 10):
+            s.sendall(body[i : i + (256 << 10)])
+        return s.recv(4096).split(b"\r\n")[0]
+
+
+def test_an_8mb_body_gets_a_413_the_client_reads(server, client):
+    _, base = server
+    content = "x" * (8 << 20)
+    big = json.dumps({"messages": [{"role": "user", "content": content}]}).encode()
+    h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    r = httpx.post(base + "/v1/chat/completions", content=big, headers=h, timeout=60)
+    assert r.status_code == 413 and "request body over" in r.json()["error"]["message"]
+    chunks = (big[i : i + (1 << 20)] for i in range(0, len(big), 1 << 20))  # no length given
+    r = httpx.post(base + "/v1/chat/completions", content=chunks, headers=h, timeout=60)
+    assert r.status_code == 413
+    assert _post_whole_then_read(base, big) == b"HTTP/1.1 413 Request Entity Too Large"
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": content}])
+    assert e.value.status_code == 413
+    with pytest.raises(openai.APIStatusError) as e:
+        client.embeddings.create(model="x", input=content)
+    assert e.value.status_code == 413
+    # the connection pool is still good for the next request
+    assert client.embeddings.create(model="x", input="ok").data[0].embedding
