@@ -470,6 +470,10 @@ class Model:
         None / "none" for none. num_draft_tokens: the longest draft (the length adapts
         below it to the acceptance; default 8 for n-gram, 5 for a model)."""
         self.draft = self.speculation(draft_model, num_draft_tokens)
+        # sessions and the server draft too, for a request while it runs alone
+        self.serving.speculation = self.draft
+        if self.serving.running:
+            self.serving.scheduler.speculation = self.draft
 
     def speculation(
         self, draft_model: Any, num_draft_tokens: int | None = None

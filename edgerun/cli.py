@@ -260,6 +260,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "RAM capped, offloaded reads at its storage speed; compute is this machine's)",
     )
     _add_offload_args(b)
+    _add_draft_args(b)
 
     si = sub.add_parser("sysinfo", help="this machine: cores, SIMD, memory, bandwidth, storage")
     si.add_argument("--refresh", action="store_true", help="measure again (else cached)")
@@ -502,7 +503,7 @@ def _check_runtime_args(args: argparse.Namespace) -> None:
 def _cmd_chat(args: argparse.Namespace) -> int:
     from edgerun.tui.app import run
 
-    args.offload_kwargs = _offload_kwargs(args)
+    args.offload_kwargs = {**_offload_kwargs(args), **_draft_kwargs(args)}
     return run(args)
 
 
@@ -847,6 +848,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 args.repetitions,
                 bandwidth=not args.no_bandwidth,
                 runtime_rss=runtime_rss,
+                draft=args.draft_model,
             )
             reports.append(rep)
     if args.json:
@@ -1028,6 +1030,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         threads=args.threads,
         kv_type=args.kv_type,
         **_offload_kwargs(args),
+        **_draft_kwargs(args),
     )
     model.set_max_batch(args.max_batch)
     if model.loader.auto_budget_note:

@@ -313,28 +313,15 @@ class Speculation:
         """Generator.stream's decode loop with drafts: yields text pieces until the
         sequence ends (the context window full ends it "length" unless the generator's
         policy slides it). `logits`: the prompt's last position's."""
-        cache, model, stats = gen.cache, gen.model, seq.stats
-        length, drafter = self.length, self.drafter
-        vocab = model.spec.vocab_size
-        length.reset()
+        cache, stats = gen.cache, seq.stats
+        self.length.reset()
         rows: Sequence[np.ndarray] = [logits]
         drafts: list[int] = []
         base = cache.length - 1  # the cache position of rows[0]'s input
         stats.decode_passes += 1
         t_start = time.perf_counter()
         while True:
-            i = 0
-            for i, row in enumerate(rows):
-                text = seq.step(row)
-                if text:
-                    yield text
-                if seq.done or i == len(drafts) or seq.token != drafts[i]:
-                    break
-            # rows[0..i] were sampled from: their inputs (the verified token and the
-            # drafts d1..di the samples agreed with) stay, the rest goes
-            cache.truncate(base + i + 1)
-            stats.accepted_tokens += i
-            length.update(len(drafts), i)
+            yield from self.accept(seq, cache, rows, drafts, base)
             stats.generate_seconds = time.perf_counter() - t_start
             if seq.done:
                 return
@@ -345,21 +332,56 @@ class Speculation:
                 gen._slide()
             gen._pace(decode=True)
             gen._kernels_ready()
-            left = seq.max_tokens - stats.generated_tokens  # tokens the rows may give
-            k = min(length.next(), cache.room() - 1, left - 1)
-            t0 = time.perf_counter()
-            drafts = drafter.propose(seq.history, k)[:k] if k > 0 else []
-            for j, d in enumerate(drafts):
-                if not 0 <= d < vocab:
-                    drafts = drafts[:j]
-                    break
-            t1 = time.perf_counter()
-            base = cache.length
-            with gen.lock:
-                if drafts:
-                    rows = model.verify([seq.token, *drafts], cache)
-                else:
-                    rows = [model.forward([seq.token], cache)]
-            length.timed(len(drafts) + 1, time.perf_counter() - t1, t1 - t0, len(drafts))
-            stats.draft_tokens += len(drafts)
-            stats.decode_passes += 1
+            rows, drafts, base = self.verify(gen.model, seq, cache, seq.token, gen.lock)
+
+    def verify(
+        self, model, seq: GenSequence, cache, token: int, lock=None
+    ) -> tuple[np.ndarray, list[int], int]:
+        """Draft after seq's history (which ends with `token`, the next input) and run
+        [token, drafts...] through `model` (a Transformer) on `cache` in one pass.
+        Returns the logits rows, the drafts and the cache position of the first row's
+        input; `accept` then samples from them."""
+        length, stats = self.length, seq.stats
+        left = seq.max_tokens - stats.generated_tokens  # tokens the rows may give
+        k = min(length.next(), cache.room() - 1, left - 1)
+        t0 = time.perf_counter()
+        drafts = self.drafter.propose(seq.history, k)[:k] if k > 0 else []
+        vocab = model.spec.vocab_size
+        for j, d in enumerate(drafts):
+            if not 0 <= d < vocab:
+                drafts = drafts[:j]
+                break
+        t1 = time.perf_counter()
+        base = cache.length
+        if lock is None:
+            rows = self._run(model, cache, token, drafts)
+        else:
+            with lock:
+                rows = self._run(model, cache, token, drafts)
+        length.timed(len(drafts) + 1, time.perf_counter() - t1, t1 - t0, len(drafts))
+        stats.draft_tokens += len(drafts)
+        stats.decode_passes += 1
+        return rows, drafts, base
+
+    @staticmethod
+    def _run(model, cache, token: int, drafts: list[int]) -> np.ndarray:
+        if drafts:
+            return model.verify([token, *drafts], cache)
+        return model.forward([token], cache).reshape(1, -1)
+
+    def accept(
+        self, seq: GenSequence, cache, rows: Sequence[np.ndarray], drafts: list[int], base: int
+    ) -> Iterator[str]:
+        """Sample from rows[0], and from rows[i] while the sample before equals drafts[i-1];
+        yield the text pieces; truncate the cache back to the inputs that stand (the
+        verified token and the drafts the samples agreed with)."""
+        i = 0
+        for i, row in enumerate(rows):
+            text = seq.step(row)
+            if text:
+                yield text
+            if seq.done or i == len(drafts) or seq.token != drafts[i]:
+                break
+        cache.truncate(base + i + 1)
+        seq.stats.accepted_tokens += i
+        self.length.update(len(drafts), i)

@@ -213,3 +213,26 @@ def test_draft_length_backs_off_and_grows():
     for _ in range(30):
         length.update(8, 8)
     assert length.best() == 8
+
+
+def test_the_scheduler_drafts_for_a_lone_request_and_batches_several(smollm2):
+    from edgerun.serving.batching import Serving
+
+    params = SamplingParams(temperature=0.0)
+    prompts = [smollm2.tokenize(EDIT), smollm2.tokenize(STORY)]
+    out, stats = {}, {}
+    for name, spec in (("none", None), ("ngram", Speculation(NgramDrafter()))):
+        serving = Serving(smollm2.engine)
+        serving.speculation = spec
+        lone = serving.scheduler.submit(prompts[0], params, max_tokens=48)
+        lone.wait()
+        pair = [serving.scheduler.submit(ids, params, max_tokens=24) for ids in prompts]
+        for r in pair:
+            r.wait()
+        out[name] = [(r.text, r.stats.finish_reason) for r in (lone, *pair)]
+        stats[name] = (lone.stats, pair[0].stats)
+        serving.close()
+    assert out["ngram"] == out["none"]
+    lone, batched = stats["ngram"]
+    assert lone.accepted_tokens > 0 and lone.tokens_per_pass > 1.0
+    assert 2 in batched.batch_sizes  # decoded together while both ran
