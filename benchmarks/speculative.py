@@ -134,6 +134,7 @@ def speed(args) -> list[dict]:
         if model is None:
             model = loaded[target] = _load(target, args.threads, args.ram_budget, args.ctx)
         spec = model.speculation(draft, args.num_draft_tokens)
+        spec.length.adaptive = not args.fixed
         if hasattr(spec.drafter, "engine"):
             spec.drafter.engine.warm_up(("prompt", "decode"))
         llms = {}
@@ -176,6 +177,7 @@ def speed(args) -> list[dict]:
 
         res = dict(
             case=case,
+            fixed=args.fixed,
             tokens=args.tokens,
             rounds=args.rounds,
             threads=args.threads,
@@ -234,6 +236,7 @@ def main() -> int:
     ap.add_argument("-c", "--ctx", type=int, default=1024)
     ap.add_argument("--num-draft-tokens", type=int, default=None)
     ap.add_argument("--ram-budget", default=None)
+    ap.add_argument("--fixed", action="store_true", help="always draft the longest length")
     ap.add_argument("--llama", action="store_true", help="add llama.cpp (llama-cpp-python)")
     ap.add_argument("--equality", action="store_true", help="greedy equality on every model")
     ap.add_argument("--json", default=None)

@@ -173,6 +173,19 @@ class ModelDrafter:
             f"{self.name} (vocabulary {self.engine.tokenizer.vocab_size})",
         )
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Run the prompt (all but its last token) through the draft model now, with the
+        target's prompt, so the first proposal does not pay for it."""
+        cache = self.cache
+        prompt = list(prompt)[:-1]
+        if not prompt or len(prompt) >= cache.n_ctx:
+            return
+        cache.truncate(cache.common_prefix(prompt))
+        todo, chunk = prompt[cache.length :], self.engine.prefill_chunk
+        with self.engine.lock:
+            for i in range(0, len(todo), chunk):
+                self.engine.transformer.forward(todo[i : i + chunk], cache)
+
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         cache, model = self.cache, self.engine.transformer
         if k <= 0 or not history or len(history) + k > cache.n_ctx:
@@ -315,6 +328,11 @@ class Speculation:
         policy slides it). `logits`: the prompt's last position's."""
         cache, stats = gen.cache, seq.stats
         self.length.reset()
+        prefill = getattr(self.drafter, "prefill", None)
+        if prefill is not None:  # the draft's prompt, counted with the target's
+            t0 = time.perf_counter()
+            prefill(seq.history)
+            stats.prompt_seconds += time.perf_counter() - t0
         rows: Sequence[np.ndarray] = [logits]
         drafts: list[int] = []
         base = cache.length - 1  # the cache position of rows[0]'s input
