@@ -27,6 +27,7 @@ pass (the batched kernels read each weight once), each drafted token the drafter
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -90,6 +91,8 @@ class NgramDrafter:
         # token after it
         self._last: dict[int, dict[tuple[int, ...], int]] = {}
         self._indexed = 0  # end positions < this are in the dicts
+        # the Generator and the scheduler's thread may share one drafter
+        self._lock = threading.Lock()
 
     def _sync(self, history: Sequence[int]) -> None:
         h = self.tokens
@@ -108,13 +111,14 @@ class NgramDrafter:
     def propose(self, history: Sequence[int], k: int) -> list[int]:
         if k <= 0 or not history:
             return []
-        self._sync(history)
-        h = self.tokens
-        for size in range(min(self.max_ngram, len(h) - 1), self.min_ngram - 1, -1):
-            end = self._last.get(size, {}).get(tuple(h[-size:]))
-            if end is not None:
-                return h[end + 1 : end + 1 + k]
-        return []
+        with self._lock:
+            self._sync(history)
+            h = self.tokens
+            for size in range(min(self.max_ngram, len(h) - 1), self.min_ngram - 1, -1):
+                end = self._last.get(size, {}).get(tuple(h[-size:]))
+                if end is not None:
+                    return h[end + 1 : end + 1 + k]
+            return []
 
     def close(self) -> None:
         self.tokens, self._last, self._indexed = [], {}, 0
@@ -180,9 +184,9 @@ class ModelDrafter:
         prompt = list(prompt)[:-1]
         if not prompt or len(prompt) >= cache.n_ctx:
             return
-        cache.truncate(cache.common_prefix(prompt))
-        todo, chunk = prompt[cache.length :], self.engine.prefill_chunk
         with self.engine.lock:
+            cache.truncate(cache.common_prefix(prompt))
+            todo, chunk = prompt[cache.length :], self.engine.prefill_chunk
             for i in range(0, len(todo), chunk):
                 self.engine.transformer.forward(todo[i : i + chunk], cache)
 
@@ -192,11 +196,11 @@ class ModelDrafter:
             return []
         t0 = time.perf_counter()
         history = list(history)
-        reuse = min(cache.common_prefix(history), len(history) - 1)
-        cache.truncate(reuse)
         chunk = self.engine.prefill_chunk
         out: list[int] = []
-        with self.engine.lock:
+        with self.engine.lock:  # the cache too: one proposal at a time
+            reuse = min(cache.common_prefix(history), len(history) - 1)
+            cache.truncate(reuse)
             todo = history[reuse:]
             if len(todo) > ONE_BY_ONE:  # a prompt: in chunks, all but the last token
                 for i in range(0, len(todo) - 1, chunk):
