@@ -28,6 +28,7 @@ from edgerun.generate.engine import (
 )
 from edgerun.generate.sequence import GenerationStats, WarmUp
 from edgerun.generate.settings import ModelSettings
+from edgerun.generate.speculative import ModelDrafter, NgramDrafter, Speculation
 from edgerun.model.kvcache import KVCache, kv_type_asked
 from edgerun.model.transformer import Transformer
 from edgerun.offload.budget import KV_LOAN_MARGIN, trim_heap_after_prompt_chunk
@@ -454,8 +455,10 @@ class Model:
         repeat_penalty: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        draft: Any = None,
     ) -> Iterator[str]:
-        """Stream a plain completion of `prompt` (text or token ids)."""
+        """Stream a plain completion of `prompt` (text or token ids). draft: this call's
+        drafter (as load's draft_model; "none": no drafts), None: the model's."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         params = self.settings.sampling(
             seed,
@@ -465,11 +468,70 @@ class Model:
             min_p=min_p,
             repeat_penalty=repeat_penalty,
         )
-        return self._stream(ids, params, max_tokens, stop)
+        return self._stream(ids, params, max_tokens, stop, draft)
 
-    def _stream(self, ids, params, max_tokens, stop) -> Iterator[str]:
+    def _stream(self, ids, params, max_tokens, stop, draft=None) -> Iterator[str]:
         set_threads(self.engine.governor.threads)
+        self.generator.speculation = self.draft if draft is None else self.speculation(draft)
         return self.generator.stream(ids, params, max_tokens, stop)
+
+    # -- speculative decoding (generate/speculative.py) ---------------------------
+    draft: Speculation | None = None  # the drafter generate and chat use by default
+    _drafts: dict | None = None  # drafters built for a call's draft=, by what was asked
+
+    def set_draft(self, draft_model: Any = None, num_draft_tokens: int | None = None) -> None:
+        """Draft tokens for generate and chat from now on: "ngram" (prompt lookup), a
+        registry name or path of a model with the same vocabulary, a loaded Model, or
+        None / "none" for none. num_draft_tokens: the longest draft (the length adapts
+        below it to the acceptance; default 8 for n-gram, 5 for a model)."""
+        self.draft = self.speculation(draft_model, num_draft_tokens)
+        # sessions and the server draft too, for a request while it runs alone
+        self.serving.speculation = self.draft
+        if self.serving.running:
+            self.serving.scheduler.speculation = self.draft
+
+    def speculation(
+        self, draft_model: Any, num_draft_tokens: int | None = None
+    ) -> Speculation | None:
+        """The Speculation for a draft_model as set_draft takes it (made once per draft
+        and length, then reused: a draft model keeps its weights and KV cache)."""
+        if draft_model is None or draft_model is False or draft_model == "none":
+            return None
+        if isinstance(draft_model, Speculation):
+            return draft_model
+        key = (id(draft_model) if isinstance(draft_model, Model) else str(draft_model),
+               num_draft_tokens)  # fmt: skip
+        if self._drafts is None:
+            self._drafts = {}
+        made = self._drafts.get(key)
+        if made is None:
+            if draft_model == "ngram":
+                drafter = NgramDrafter()
+            else:
+                other = draft_model
+                if not isinstance(other, Model):
+                    other = Model(
+                        resolve_model(draft_model),
+                        n_ctx=self.n_ctx,
+                        threads=self.loader.threads,
+                        kv_type=self.kv_type,
+                    )
+                drafter = ModelDrafter(other.engine, other.path.name)
+                drafter.check_vocabulary(self.engine, self.path.name)
+                drafter.resident_bytes = other.memory_bytes()
+                drafter.owner = other  # keeps the draft Model (and its file) alive
+            made = self._drafts[key] = Speculation(drafter, num_draft_tokens)
+        return made
+
+    def memory_bytes(self) -> int:
+        """About the memory this model keeps resident: its file's bytes, or the planned
+        budget's, and its KV cache's."""
+        plan = self.loader.plan
+        if plan is not None and getattr(plan, "budget", None):
+            return int(plan.budget)
+        size = sum(f.stat().st_size for f in ([self.path] if self.path.is_file() else
+                                              self.path.iterdir()))  # fmt: skip
+        return size + self.generator.cache.nbytes
 
     def render_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
@@ -504,10 +566,13 @@ class Model:
         repeat_penalty: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        draft: Any = None,
     ) -> str | Iterator[str]:
         """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template.
 
         Without a system message, the model's recommended system prompt (if any) leads.
+        draft: this call's drafter (as load's draft_model; "none": no drafts), None: the
+        model's.
         """
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and "role" in m and "content" in m for m in messages
@@ -524,7 +589,7 @@ class Model:
             min_p=min_p,
             repeat_penalty=repeat_penalty,
         )
-        it = self._stream(ids, params, max_tokens, stop)
+        it = self._stream(ids, params, max_tokens, stop, draft)
         return it if stream else "".join(it)
 
     # -- embeddings -----------------------------------------------------------
@@ -581,6 +646,8 @@ def load(
     gpu_device: str = "cuda",
     device_profile=None,
     interleave: bool | None = None,
+    draft_model: Any = None,
+    num_draft_tokens: int | None = None,
 ) -> Model:
     """Load a model by registry name (default: the registry's default), alias or path.
 
@@ -616,9 +683,16 @@ def load(
     same memory (the mapped rows' pages are let go). False keeps the row kernels, whose
     results a budgeted (offloaded) run of the same model equals bit for bit; the copies
     round differently (README: "Interleaved decode copies").
+
+    draft_model (speculative decoding, exact: the output equals decoding without it,
+    token for token): "ngram" (prompt lookup: continuations already in the prompt and
+    the text so far), or a registry name, path or loaded Model of a smaller model with the
+    same vocabulary (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b); a draft model of
+    another vocabulary is refused. num_draft_tokens: the longest draft (adaptive below
+    it). Model.set_draft changes it later; generate / chat take draft= per call.
     """
     kv_type = kv_type_asked(kv_type, kv_type_k, kv_type_v)
-    return Model(
+    model = Model(
         resolve_model(model, auto_pull),
         n_ctx=n_ctx,
         threads=threads,
@@ -632,6 +706,9 @@ def load(
         device_profile=device_profile,
         interleave=interleave,
     )
+    if draft_model is not None:
+        model.set_draft(draft_model, num_draft_tokens)
+    return model
 
 
 def minimum_ram_budget(

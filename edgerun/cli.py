@@ -114,6 +114,32 @@ def _add_gpu_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_draft_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--draft-model",
+        default=None,
+        help="speculative decoding (exact: the same output, more tokens per pass): ngram "
+        "(prompt lookup) or a registry name / .gguf of a smaller model with the same "
+        "vocabulary (e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b)",
+    )
+    p.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=None,
+        help="longest draft; the length adapts below it to the acceptance (default: 8 for "
+        "ngram, 5 for a model)",
+    )
+
+
+def _draft_kwargs(args: argparse.Namespace) -> dict:
+    """load() keyword arguments for the draft flags (none when they are not given)."""
+    if getattr(args, "draft_model", None) is None:
+        if getattr(args, "num_draft_tokens", None) is not None:
+            raise EdgerunError("--num-draft-tokens applies to speculation: add --draft-model")
+        return {}
+    return dict(draft_model=args.draft_model, num_draft_tokens=args.num_draft_tokens)
+
+
 def _offload_kwargs(args: argparse.Namespace) -> dict:
     """load() keyword arguments for the offload flags (none when they are not given)."""
     kw: dict = {}
@@ -161,6 +187,7 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="plain completion of the prompt, without the chat template",
     )
+    _add_draft_args(g)
 
     sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (extra: edgerun[serve])")
     _add_model_args(sv)
@@ -172,6 +199,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="require `Authorization: Bearer KEY` (default: $EDGERUN_API_KEY, else none)",
     )
     sv.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
+    _add_draft_args(sv)
 
     i = sub.add_parser(
         "info",
@@ -195,6 +223,7 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("--system", default=None, help="system prompt")
     c.add_argument("--resume", action="store_true", help="reopen the last conversation")
     c.add_argument("--conversations-dir", default=None, help="where conversations are saved (JSON)")
+    _add_draft_args(c)
 
     b = sub.add_parser("bench", help="prefill / decode throughput, llama-bench style")
     b.add_argument("-m", "--model", default=None)
@@ -231,6 +260,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "RAM capped, offloaded reads at its storage speed; compute is this machine's)",
     )
     _add_offload_args(b)
+    _add_draft_args(b)
 
     si = sub.add_parser("sysinfo", help="this machine: cores, SIMD, memory, bandwidth, storage")
     si.add_argument("--refresh", action="store_true", help="measure again (else cached)")
@@ -363,6 +393,7 @@ def _answer(args: argparse.Namespace, prompt: str, offload: dict, first_run) -> 
         kv_type=args.kv_type,
         context_policy=args.context_policy,
         **offload,
+        **_draft_kwargs(args),
     )
     if model.loader.auto_budget_note:
         print(f"edgerun: {model.loader.auto_budget_note}", file=sys.stderr, flush=True)
@@ -392,6 +423,11 @@ def _answer(args: argparse.Namespace, prompt: str, offload: dict, first_run) -> 
     # One answer warms only the kernels it runs (engine.answer_parts), compiled by the
     # children where they are not cached yet.
     parts = model.engine.answer_parts(len(prompt_ids))
+    if model.draft is not None:  # verification passes take the batched decode kernels
+        parts = (*parts, "batch")
+        drafter = model.draft.drafter
+        if hasattr(drafter, "engine"):
+            drafter.engine.warm_up(("prompt", "decode"))
     warm = None
     interrupted = False
     try:
@@ -419,6 +455,8 @@ def _answer(args: argparse.Namespace, prompt: str, offload: dict, first_run) -> 
         f"({st.finish_reason}) | threads: {st.threads} | load: {model.load_seconds:.2f} s | "
         f"peak RSS: {peak_rss_bytes() / 2**20:.0f} MiB]"
     )
+    if st.draft_summary():
+        lines.append(f"[draft {model.draft.name}: {st.draft_summary()}]")
     print("\n" + "\n".join(lines), file=sys.stderr)
     if interrupted:
         print("edgerun: interrupted", file=sys.stderr)
@@ -465,7 +503,7 @@ def _check_runtime_args(args: argparse.Namespace) -> None:
 def _cmd_chat(args: argparse.Namespace) -> int:
     from edgerun.tui.app import run
 
-    args.offload_kwargs = _offload_kwargs(args)
+    args.offload_kwargs = {**_offload_kwargs(args), **_draft_kwargs(args)}
     return run(args)
 
 
@@ -810,6 +848,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 args.repetitions,
                 bandwidth=not args.no_bandwidth,
                 runtime_rss=runtime_rss,
+                draft=args.draft_model,
             )
             reports.append(rep)
     if args.json:
@@ -991,6 +1030,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         threads=args.threads,
         kv_type=args.kv_type,
         **_offload_kwargs(args),
+        **_draft_kwargs(args),
     )
     model.set_max_batch(args.max_batch)
     if model.loader.auto_budget_note:

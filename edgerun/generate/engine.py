@@ -19,6 +19,7 @@ from edgerun.generate.prefix_cache import PrefixCache
 from edgerun.generate.sampling import SamplingParams
 from edgerun.generate.sequence import GenerationStats, ResponseStats, Sequence, StopMatcher, WarmUp
 from edgerun.generate.settings import ModelSettings
+from edgerun.generate.speculative import Speculation
 from edgerun.model.kvcache import KVCache
 from edgerun.model.transformer import Transformer
 from edgerun.ops import lowrank, qmatvec
@@ -369,6 +370,8 @@ class Generator:
         self.cache = engine.new_cache()
         self.stats = GenerationStats()
         self.kernel_wait_s = 0.0  # time _kernels_ready waited, kept out of prompt timings
+        # drafts and their verification (generate/speculative.py); None: one token a pass
+        self.speculation: Speculation | None = None
 
     # what the engine holds, by the names the generator's users read
     @property
@@ -490,6 +493,8 @@ class Generator:
         t1 = time.perf_counter()
         stats.finish_reason = "length"
         try:
+            if max_tokens and self.speculation is not None:
+                yield from self.speculation.decode(self, seq, logits)
             while max_tokens and not seq.done:
                 text = seq.step(logits)
                 if text:

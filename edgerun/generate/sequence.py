@@ -60,6 +60,12 @@ class GenerationStats:
     queued_seconds: float = 0.0  # submit -> first compute for this request (scheduler)
     peak_rss_bytes: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # sequences per decode step
+    # speculative decoding (generate/speculative.py): tokens drafted, drafts the target's
+    # own sampling agreed with, and the target's passes that gave the sampled tokens
+    # (the prompt's last position's included); 0 passes: not counted (no drafter)
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    decode_passes: int = 0
 
     @property
     def prompt_tps(self) -> float:
@@ -69,6 +75,26 @@ class GenerationStats:
     @property
     def generate_tps(self) -> float:
         return self.generated_tokens / self.generate_seconds if self.generate_seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Tokens sampled per pass of the target over its weights (1 without drafts)."""
+        if not self.decode_passes:
+            return 1.0 if self.generated_tokens else 0.0
+        return self.generated_tokens / self.decode_passes
+
+    def draft_summary(self) -> str:
+        """The drafts' line of a stats display ("" without a drafter)."""
+        if not self.decode_passes:
+            return ""
+        return (
+            f"drafted {self.draft_tokens}, accepted {self.accepted_tokens} "
+            f"({100 * self.acceptance_rate:.0f}%), {self.tokens_per_pass:.2f} tokens/pass"
+        )
 
     @property
     def total_tokens(self) -> int:

@@ -124,9 +124,24 @@ class DecodeStep:
 
     def rows(self, tokens: list[int], caches: list[KVCache]) -> np.ndarray:
         """Logits [n, vocab] of tokens[b] after what caches[b] holds; appends them."""
+        ids, starts = self.model.begin_decode_step(tokens, caches)
+        return self._run(tokens, caches, ids, starts)
+
+    def verify(self, tokens: list[int], cache: KVCache) -> np.ndarray:
+        """Logits [n, vocab] of each of `tokens` after what `cache` holds and the tokens
+        before it; appends them (speculative decoding's verification pass). The n rows
+        are the batched step's rows with one cache at consecutive positions: the kernel
+        stores every row's key and value before any row attends, and each row attends up
+        to its own position, so row i equals a one-token step's logits bit for bit."""
+        ids, start = self.model.begin_verify(tokens, cache)
+        starts = list(range(start, start + len(tokens)))
+        return self._run(tokens, [cache] * len(tokens), ids, starts)
+
+    def _run(
+        self, tokens: list[int], caches: list[KVCache], ids: np.ndarray, starts: list[int]
+    ) -> np.ndarray:
         model = self.model
         n = len(tokens)
-        ids, starts = model.begin_decode_step(tokens, caches)
         r = self._bound(n, caches)
         r.positions[:] = starts
         if n > 1 and ((r.positions < 0) | (r.positions >= r.batch._nctx)).any():

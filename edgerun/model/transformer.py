@@ -449,6 +449,56 @@ class Transformer:
             self.kv_growth(caches, [p + 1 for p in starts], len(caches))
         return ids, starts
 
+    def verify(self, tokens: list[int], cache: KVCache) -> np.ndarray:
+        """Speculative decoding's verification pass: logits [n, vocab] of each of
+        `tokens` (the last sampled token, then the drafted ones) after what `cache` holds
+        and the tokens before it; appends them all (the caller truncates the rejected
+        ones). Each weight is read once for the n rows, and row i equals the one-token
+        step `forward([tokens[i]], cache)` would give at that point bit for bit: the rows
+        go through the batched decode kernels (the resident bound step, or the general
+        path's batched rows, streamed once under a budget) with one cache at
+        consecutive positions. Runs on the process's compute thread, as forward."""
+        return compute_thread().call(self._verify, tokens, cache)
+
+    def begin_verify(self, tokens: list[int], cache: KVCache) -> tuple[np.ndarray, int]:
+        """Check a verification pass (room for every token, ids in the vocabulary) and let
+        a budget make room for its KV rows; returns the ids and the first position."""
+        cache.check_fits(len(tokens))
+        ids = self.check_ids(tokens)
+        start = cache.length
+        if self.kv_growth is not None:
+            self.kv_growth([cache], [start + len(tokens)], len(tokens))
+        return ids, start
+
+    def _verify(self, tokens: list[int], cache: KVCache) -> np.ndarray:
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("verify: no tokens")
+        if n == 1:
+            return self._forward(tokens, cache, False).reshape(1, -1)
+        step = self._step()
+        if step is not None and step.takes([cache] * n):
+            return step.verify(tokens, cache)
+        ids, start = self.begin_verify(tokens, cache)
+        starts = list(range(start, start + n))
+        ctx = np.empty((n, self.spec.q_dim), np.float32)
+        batch = BatchAttention([cache.k] * n, [cache.v] * n, starts)
+
+        def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
+            batch(li, q, k, v, window, ctx, softcap)
+            return ctx
+
+        rope = lambda base: self._rope(cache.n_ctx, base)  # noqa: E731
+        rows = Rows(self.embed(ids), np.asarray(starts, dtype=np.int64), True, attend, rope)
+        x = self._run_layers(rows)
+        cache.tokens.extend(int(t) for t in tokens)
+        cache.mark_written(start + n)
+        if self.head is None:
+            logits = qmatvec.matvec_batch(self.output, x)
+        else:  # each row's own candidates, as a one-token step reads them
+            logits = np.concatenate([self.head.next_logits(x[i : i + 1]) for i in range(n)])
+        return self.softcap(logits)
+
     def _forward_batch(self, tokens: list[int], caches: list[KVCache]) -> np.ndarray:
         s = self.spec
         n = len(tokens)

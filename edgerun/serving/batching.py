@@ -37,6 +37,7 @@ from edgerun.generate.prefix_cache import PrefixCache, SharedPrefix
 from edgerun.generate.sampling import SamplingParams
 from edgerun.generate.sequence import GenerationStats, ResponseStats
 from edgerun.generate.sequence import Sequence as GenSequence
+from edgerun.generate.speculative import Speculation
 from edgerun.model.kvcache import KVCache
 from edgerun.runtime.cpu_share import set_threads
 from edgerun.runtime.sysinfo import peak_rss_bytes
@@ -206,7 +207,15 @@ def _kv_positions(r: Request) -> int:
 class BatchScheduler:
     """Schedules the requests of one Engine: continuous batching with chunked prefill."""
 
-    def __init__(self, engine: Engine, max_batch: int = 8, prefill_chunk: int = 64) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_batch: int = 8,
+        prefill_chunk: int = 64,
+        speculation: Speculation | None = None,
+    ) -> None:
+        """speculation: draft tokens for a request while it is the only one decoding
+        (generate/speculative.py); several decode batched, one token each, without."""
         if max_batch < 1:
             raise InvalidArgumentError(f"max_batch must be >= 1, got {max_batch}")
         if not 1 <= prefill_chunk <= PREFILL_CHUNK:
@@ -216,6 +225,7 @@ class BatchScheduler:
         self.engine = engine
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        self.speculation = speculation
         # Under a RAM budget, idle caches count in the KV window too, and the least
         # recently used are moved to disk when a request needs their room (kv_spill.py).
         # spill_dir None keeps them in memory (counted, never moved).
@@ -380,6 +390,9 @@ class BatchScheduler:
         for r in decoding:
             if not r.t_decode:
                 r.t_decode = now
+        if self.speculation is not None and len(self._active) == 1:
+            self._speculate(decoding[0], now)
+            return
         logits = self.engine.transformer.forward_batch(
             [r.next_input for r in decoding], [r.cache for r in decoding]
         )
@@ -444,6 +457,29 @@ class BatchScheduler:
                 r._finish("length")
         return ran
 
+    def _speculate(self, r: Request, now: float) -> None:
+        """One verification pass of the only running request: its next input and the
+        drafts, then the samples from the rows that stand."""
+        spec, seq = self.speculation, r.seq
+        if not r.stats.decode_passes:
+            spec.length.reset()
+        rows, drafts, base = spec.verify(self.engine.transformer, seq, r.cache, r.next_input)
+        for text in spec.accept(seq, r.cache, rows, drafts, base):
+            r._emit(text)
+        r.stats.batch_sizes.append(1)
+        c = self.counters
+        c.decode_steps += 1
+        c.decode_tokens += r.cache.length - base
+        c.decode_seconds += time.perf_counter() - now
+        if not seq.done and r.cache.room() == 0:
+            seq.end("length")  # context full
+        if seq.done:
+            r._emit(seq.tail())
+            self._active.remove(r)
+            r._finish(seq.finish_reason)
+            return
+        r.next_input = seq.token
+
     def _after_logits(self, r: Request, logits: np.ndarray) -> None:
         seq = r.seq
         r._emit(seq.step(logits))
@@ -483,13 +519,16 @@ class Serving:
         self.engine = engine
         self.max_batch = max_batch
         self._scheduler: BatchScheduler | None = None
+        self.speculation: Speculation | None = None  # drafts for a lone request
 
     @property
     def scheduler(self) -> BatchScheduler:
         if self._scheduler is None:
             with self.engine.lock:
                 if self._scheduler is None:
-                    self._scheduler = BatchScheduler(self.engine, self.max_batch)
+                    self._scheduler = BatchScheduler(
+                        self.engine, self.max_batch, speculation=self.speculation
+                    )
         return self._scheduler
 
     @property
@@ -500,7 +539,7 @@ class Serving:
         """How many sequences the scheduler decodes together (default 8)."""
         if self._scheduler is not None:
             self._scheduler.close()
-        self._scheduler = BatchScheduler(self.engine, max_batch=n)
+        self._scheduler = BatchScheduler(self.engine, max_batch=n, speculation=self.speculation)
         self.max_batch = n
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ import os
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -89,6 +90,37 @@ def _time_decode(model: Model, n: int, rng: np.random.Generator, depth: int = 0)
     return n / (time.perf_counter() - t0)
 
 
+# The text `--draft-model` decodes (with and without the draft): an edit of code in the
+# prompt, where n-gram drafts find their continuations and a draft model agrees often
+DRAFT_PROMPT = """Rewrite this code with total renamed to amount. Output only the code.
+
+def order_total(lines, shipping):
+    total = 0
+    for line in lines:
+        total += line.price * line.count
+    if total > 50:
+        shipping = 0
+    total = total + shipping
+    return total
+"""
+
+
+def _text_decoder(draft: str, seen: list) -> Callable[[Model, int, np.random.Generator], float]:
+    """A timer of greedy decode tok/s on DRAFT_PROMPT with `draft` ("none": without);
+    each run's stats go to `seen`."""
+
+    def timer(model: Model, n: int, rng: np.random.Generator) -> float:
+        text = [{"role": "user", "content": DRAFT_PROMPT}]
+        ids = model.encode_chat(text) if model.chat_template else model.tokenize(DRAFT_PROMPT)
+        model.generator.cache.clear()
+        for _ in model.generate(ids, max_tokens=n, temperature=0.0, draft=draft):
+            pass
+        seen.append(model.stats)
+        return model.stats.generate_tps
+
+    return timer
+
+
 def run(
     model: Model,
     n_prompt: int = 128,
@@ -99,6 +131,7 @@ def run(
     runtime_rss: int | None = None,
     progress: bool = True,
     predict: bool = True,
+    draft: str | None = None,
 ) -> dict:
     """Run the pp/tg sweep and return a JSON-able report.
 
@@ -107,6 +140,9 @@ def run(
     progress: a line (or bar) per timed run on stderr, never on stdout with the report.
     predict: add the placement planner's predicted decode tok/s per thread count (from
     calibrated device figures, device/calibration.py) to set against the measurement.
+    draft: speculative decoding's drafter (as load's draft_model): adds greedy decode of
+    a text (DRAFT_PROMPT) without it ("text" rows) and with it ("+draft" rows), and the
+    drafts' acceptance and tokens per pass.
     """
     # Without a thread list, decode is timed on the threads `generate` decodes with: one
     # fewer where a streamed model leaves its reader a core (ThreadGovernor.decode_reserve)
@@ -117,6 +153,11 @@ def run(
     warm = model.warm_up()  # JIT compile or cache load, kept out of every timed run
     rows: list[BenchRow] = []
     tests = [(f"pp{n_prompt}", _time_prefill, n_prompt), (f"tg{n_gen}", _time_decode, n_gen)]
+    drafted: list = []
+    if draft is not None and n_gen:
+        model.speculation(draft)  # load a draft model before the timed runs
+        tests += [(f"tg{n_gen} text", _text_decoder("none", []), n_gen),
+                  (f"tg{n_gen} text+draft", _text_decoder(draft, drafted), n_gen)]  # fmt: skip
     tests = [x for x in tests if x[2]]
     total = len(threads) * len(tests) * repeats
     with progress_bar("bench", total, unit="runs", enabled=progress) as advance:
@@ -198,6 +239,13 @@ def run(
         "offload": model.loader.offload_stats(),
         "gpu": [g.describe() for g in model.loader.gpu_placement or []],
         "rows": [{**asdict(r), "median": r.median, "spread": r.spread} for r in rows],
+        "draft": None
+        if not drafted
+        else {
+            "name": draft,
+            "acceptance": statistics.median(s.acceptance_rate for s in drafted),
+            "tokens_per_pass": statistics.median(s.tokens_per_pass for s in drafted),
+        },
     }
 
 
@@ -265,6 +313,12 @@ def format_table(rep: dict) -> str:
                 f"{pr['tok_s']:.1f} tok/s vs {r['median']:.1f} measured "
                 f"(measured/predicted {r['median'] / pr['tok_s']:.2f}; predicted ms: {split})"
             )
+    d = rep.get("draft")
+    if d:
+        lines.append(
+            f"draft {d['name']}: acceptance {100 * d['acceptance']:.0f}%, "
+            f"{d['tokens_per_pass']:.2f} tokens/pass (medians of the text+draft runs)"
+        )
     for g in rep.get("gpu") or []:
         lines.append(f"gpu: {g}")
     if rep.get("device_profile"):

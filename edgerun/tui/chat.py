@@ -221,6 +221,7 @@ class Generation:
     check: bool  # ask first (ContextFull) when the prompt leaves no room for the answer
     cancel: threading.Event
     session: Any = None  # an edgerun Session: its KV cache carries over between turns
+    draft: str | None = None  # ChatSettings.draft: set on the model first (None: keep)
 
     def __call__(self, emit: Emit) -> None:
         from edgerun.errors import ContextOverflowError
@@ -229,6 +230,8 @@ class Generation:
         text = ""
         n = 0
         try:
+            if self.draft is not None:
+                model.set_draft(self.draft or None)
             ids = prompt_ids(model, self.messages)
             n = len(ids)
             if self.check and n + reserve(model, self.sampling["max_tokens"]) > model.n_ctx:
@@ -493,7 +496,14 @@ class ChatController:
         sampling = self.conv.settings.sampling(recommended(model))
         self.last_sampling = dict(sampling)
         return Generation(
-            self.gen, model, self.messages(), sampling, check, self.cancel, self.session()
+            self.gen,
+            model,
+            self.messages(),
+            sampling,
+            check,
+            self.cancel,
+            self.session(),
+            self.conv.settings.draft,
         )
 
     def drop_job(self) -> Drop:
@@ -665,6 +675,11 @@ def default_providers(chat: Any) -> list[tuple[str, Callable[[], str]]]:
             return "-"
         return f"{s.generate_tps:.1f} tok/s ({s.generated_tokens} tok)"
 
+    def drafts() -> str:
+        s = st()
+        summary = s.draft_summary() if hasattr(s, "draft_summary") else ""
+        return summary or "-"
+
     def finish() -> str:
         if getattr(chat, "generating", False):
             return "running"
@@ -678,6 +693,7 @@ def default_providers(chat: Any) -> list[tuple[str, Callable[[], str]]]:
         ("Context", ctx),
         ("Prompt", prompt),
         ("Generation", gen),
+        ("Drafts", drafts),
         ("Finish", finish),
         ("Threads", lambda: _threads(chat.model)),
         ("Load", lambda: f"{chat.model.load_seconds:.2f} s" if chat.model else "-"),

@@ -125,6 +125,8 @@ class SettingsScreen(ModalScreen["SettingsResult | None"]):
                     value = self._shown(name)
                     yield Label(label)
                     yield Input("" if value is None else str(value), id=name)
+            yield Label("Draft (ngram, a model; empty = none)")
+            yield Input(self.settings.draft or "", id="draft")
             yield Label("System prompt")
             yield TextArea(self.settings.system, id="system")
             yield Label("", id="settings-error")
@@ -189,6 +191,9 @@ class SettingsScreen(ModalScreen["SettingsResult | None"]):
             if getattr(self.settings, name) is None and changes[name] == self._shown(name):
                 changes[name] = None
         changes["system"] = self.query_one("#system", TextArea).text
+        draft = self.query_one("#draft", Input).value.strip()
+        # empty and never set: the model keeps what it was loaded with
+        changes["draft"] = None if draft == "" and self.settings.draft is None else draft
         model = self.query_one("#model", Select).value
         return SettingsResult(replace(self.settings, **changes), str(model), n_ctx)
 

@@ -31,6 +31,9 @@ class ChatSettings:
     max_tokens: int = 512
     seed: int | None = None
     system: str = ""
+    # speculative decoding's drafter: "ngram", a model name or path, "" for none; None
+    # keeps what the model was loaded with (`edgerun chat --draft-model`)
+    draft: str | None = None
 
     def sampling(self, recommended: ModelSettings | None = None) -> dict[str, Any]:
         """Keyword arguments for Model.chat / Model.generate, None fields filled in."""

@@ -1,0 +1,238 @@
+"""Speculative decoding (generate/speculative.py): the verification pass's rows equal
+one-token steps bit for bit, and decoding with drafts gives the text decoding without
+them gives, token for token, greedy and seeded, ending where it ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgerun
+from edgerun.errors import UnsupportedError
+from edgerun.generate.engine import Generator
+from edgerun.generate.sampling import SamplingParams
+from edgerun.generate.speculative import DraftLength, ModelDrafter, NgramDrafter, Speculation
+from edgerun.model.kvcache import KVCache
+
+FAMILIES = Path(__file__).resolve().parent.parent / "data" / "families"
+
+CODE = """def compute_total(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal += item.price * item.quantity
+    tax = subtotal * tax_rate
+    total = subtotal + tax
+    return total
+"""
+STORY = "Once upon a time, in a small village by the sea,"  # SmolLM2 goes on past 48 tokens
+# SmolLM2 copies this list back, so its n-gram drafts are accepted
+EDIT = "Here is a list: apple, banana, cherry, grape, lemon, mango, orange, peach. Repeat it:"
+
+
+def _run(model, prompt, draft, **kw):
+    kw.setdefault("max_tokens", 48)
+    kw.setdefault("temperature", 0.0)
+    text = "".join(model.generate(prompt, draft=draft, **kw))
+    return text, model.stats
+
+
+@pytest.fixture(scope="module")
+def offloaded(smollm2_path):
+    return edgerun.load(smollm2_path, n_ctx=256, threads=2, offload="dense")
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("which", ["resident", "offloaded"])
+def test_verification_rows_equal_one_token_steps(request, which, kv_type):
+    model = request.getfixturevalue("smollm2" if which == "resident" else which)
+    tr = model.transformer
+    ids = model.tokenize(CODE)[:20]
+    one, many = (KVCache(tr.spec, 64, kv_type) for _ in range(2))
+    tr.forward(ids[:12], one)
+    tr.forward(ids[:12], many)
+    rest = ids[12:]
+    single = np.stack([tr.forward([t], one) for t in rest])
+    rows = tr.verify(rest, many)
+    assert rows.shape == single.shape
+    assert np.array_equal(rows, single)
+    assert many.tokens == one.tokens
+    n = len(ids)
+    assert np.array_equal(many.k[:, :, :n], one.k[:, :, :n])
+    assert np.array_equal(many.v[:, :, :n], one.v[:, :, :n])
+
+
+def test_ngram_drafts_are_accepted_and_change_nothing(smollm2):
+    plain, st0 = _run(smollm2, EDIT, "none")
+    assert st0.decode_passes == 0
+    spec, st = _run(smollm2, EDIT, "ngram")
+    assert spec == plain
+    assert st.generated_tokens == st0.generated_tokens
+    assert st.accepted_tokens > 0 and st.tokens_per_pass > 1.0
+    assert st.decode_passes < st.generated_tokens
+    assert "tokens/pass" in st.draft_summary()
+
+
+@pytest.fixture(scope="module")
+def itself(smollm2):
+    """SmolLM2 drafting for itself, 4 tokens every pass (greedy: every draft stands)."""
+    return Speculation(ModelDrafter(smollm2.engine), 4, adaptive=False)
+
+
+def test_a_model_drafting_for_itself_is_always_accepted_greedy(smollm2, itself):
+    kw = dict(max_tokens=40, repeat_penalty=1.0)  # the draft's argmax is the target's
+    plain, _ = _run(smollm2, STORY, "none", **kw)
+    spec, st = _run(smollm2, STORY, itself, **kw)
+    assert spec == plain
+    assert st.draft_tokens > 0 and st.accepted_tokens == st.draft_tokens
+
+
+@pytest.mark.parametrize("draft", ["ngram", "self"])
+def test_seeded_sampling_gives_the_same_text(smollm2, itself, draft):
+    d = itself if draft == "self" else draft
+    accepted = 0
+    for seed in range(6):
+        kw = dict(temperature=0.9, seed=seed, max_tokens=24)
+        plain, _ = _run(smollm2, EDIT, "none", **kw)
+        spec, st = _run(smollm2, EDIT, d, **kw)
+        assert spec == plain, seed
+        accepted += st.accepted_tokens
+    assert accepted > 0  # some drafts stood, so the accept rule ran
+
+
+def test_sampled_first_tokens_keep_the_targets_distribution(smollm2, itself):
+    """Identity per seed is the strong form; this checks the distribution directly: the
+    first two sampled tokens of many seeded runs with a self-draft (whose second token
+    comes from a verification row) against plain runs' counts."""
+    kw = dict(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0, max_tokens=2)
+    counts: dict[str, dict[tuple, int]] = {"none": {}, "self": {}}
+    for draft in counts:
+        d = itself if draft == "self" else draft
+        for seed in range(40):
+            ids = []
+            for _ in smollm2.generate("Once upon a time", seed=seed, draft=d, **kw):
+                pass
+            ids = tuple(smollm2.generator.cache.tokens[-1:])
+            counts[draft][ids] = counts[draft].get(ids, 0) + 1
+    assert counts["none"] == counts["self"]
+
+
+def test_rejections_roll_the_cache_back_to_a_plain_runs(smollm2):
+    prompt = EDIT
+    plain, _ = _run(smollm2, prompt, "none", max_tokens=40)
+    cache = smollm2.generator.cache
+    tokens, n = list(cache.tokens), cache.length
+    k, v = cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy()
+    spec, st = _run(smollm2, prompt, "ngram", max_tokens=40)
+    assert spec == plain
+    assert st.draft_tokens > st.accepted_tokens  # some drafts were rejected
+    assert cache.tokens == tokens
+    assert np.array_equal(cache.k[:, :, :n], k) and np.array_equal(cache.v[:, :, :n], v)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 13])
+def test_max_tokens_inside_accepted_drafts(smollm2, itself, max_tokens):
+    plain, st0 = _run(smollm2, STORY, "none", max_tokens=max_tokens)
+    spec, st = _run(smollm2, STORY, itself, max_tokens=max_tokens)
+    assert (spec, st.generated_tokens, st.finish_reason) == (
+        plain,
+        st0.generated_tokens,
+        st0.finish_reason,
+    )
+
+
+def test_stop_string_and_eos_inside_accepted_drafts(smollm2, itself):
+    plain, _ = _run(smollm2, STORY, "none", max_tokens=40)
+    stop = plain[len(plain) // 2 : len(plain) // 2 + 3]
+    want, st0 = _run(smollm2, STORY, "none", max_tokens=40, stop=[stop])
+    got, st = _run(smollm2, STORY, itself, max_tokens=40, stop=[stop])
+    assert st0.finish_reason == "stop" and (got, st.finish_reason) == (want, "stop")
+    assert st.generated_tokens == st0.generated_tokens
+    msgs = [{"role": "user", "content": "Say hello."}]
+    want = smollm2.chat(msgs, max_tokens=64, temperature=0.0, draft="none")
+    st0 = smollm2.stats
+    got = smollm2.chat(msgs, max_tokens=64, temperature=0.0, draft=itself)
+    assert st0.finish_reason == "stop"  # the EOS
+    assert (got, smollm2.stats.finish_reason) == (want, "stop")
+    assert smollm2.stats.generated_tokens == st0.generated_tokens
+
+
+def test_a_full_context_window_ends_where_plain_decoding_ends(smollm2):
+    engine = smollm2.engine
+    ids = smollm2.tokenize(EDIT)
+    params = SamplingParams(temperature=0.0)
+    out = {}
+    for name, spec in (("none", None), ("ngram", Speculation(NgramDrafter()))):
+        gen = Generator(engine)
+        gen.cache = KVCache(engine.spec, len(ids) + 9, engine.kv_type)
+        gen.speculation = spec
+        text = "".join(gen.stream(ids, params, max_tokens=100))
+        out[name] = (text, gen.stats.generated_tokens, gen.stats.finish_reason)
+    assert out["ngram"] == out["none"]
+    assert out["none"][2] == "length" and out["none"][1] == 10
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(smollm2):
+    tiny = FAMILIES / "qwen2" / "q8_0.gguf"
+    with pytest.raises(UnsupportedError, match=r"q8_0\.gguf .*SmolLM2.*49152 vs 384"):
+        smollm2.speculation(str(tiny))
+
+
+def test_a_draft_model_of_the_same_vocabulary_with_rejections():
+    """The ModelDrafter's mechanics on a tiny family model: its q8_0 copy drafts for its
+    f32 original (same vocabulary, other numbers: some drafts are rejected)."""
+    target = edgerun.load(FAMILIES / "llama" / "f32.gguf", n_ctx=128, threads=2)
+    target.set_draft(str(FAMILIES / "llama" / "q8_0.gguf"), 4)
+    assert isinstance(target.draft.drafter, ModelDrafter)
+    for seed in (None, 3):
+        kw = dict(max_tokens=40, temperature=0.0 if seed is None else 0.9, seed=seed)
+        plain, _ = _run(target, "the theory then", "none", **kw)
+        spec, st = _run(target, "the theory then", None, **kw)
+        assert spec == plain
+        assert st.draft_tokens > 0 and st.decode_passes > 0
+
+
+def test_ngram_drafter_proposes_what_followed_the_latest_longest_match():
+    d = NgramDrafter(max_ngram=3, min_ngram=2)
+    h = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
+    # [1, 2, 3] occurred at 0..2 (then 4, 5); [2, 3] later at 6..7 (then 7): longest wins
+    assert d.propose(h, 3) == [4, 5, 9]
+    assert d.propose(h + [4], 2) == [5, 9]
+    assert d.propose([5, 6, 7, 8], 4) == []  # nothing repeats (a new text: rebuilt)
+    assert d.propose([5, 6, 7, 5, 6], 4) == [7, 5, 6]
+    assert d.propose([5, 6, 7, 5, 6], 0) == []
+
+
+def test_draft_length_backs_off_and_grows():
+    length = DraftLength(8, row_cost=0.3, probe=4)
+    for _ in range(30):
+        length.update(4, 0)
+    assert length.best() == 0
+    assert [length.next() for _ in range(8)].count(1) == 2  # probes only
+    for _ in range(30):
+        length.update(8, 8)
+    assert length.best() == 8
+
+
+def test_the_scheduler_drafts_for_a_lone_request_and_batches_several(smollm2):
+    from edgerun.serving.batching import Serving
+
+    params = SamplingParams(temperature=0.0)
+    prompts = [smollm2.tokenize(EDIT), smollm2.tokenize(STORY)]
+    out, stats = {}, {}
+    for name, spec in (("none", None), ("ngram", Speculation(NgramDrafter()))):
+        serving = Serving(smollm2.engine)
+        serving.speculation = spec
+        lone = serving.scheduler.submit(prompts[0], params, max_tokens=48)
+        lone.wait()
+        pair = [serving.scheduler.submit(ids, params, max_tokens=24) for ids in prompts]
+        for r in pair:
+            r.wait()
+        out[name] = [(r.text, r.stats.finish_reason) for r in (lone, *pair)]
+        stats[name] = (lone.stats, pair[0].stats)
+        serving.close()
+    assert out["ngram"] == out["none"]
+    lone, batched = stats["ngram"]
+    assert lone.accepted_tokens > 0 and lone.tokens_per_pass > 1.0
+    assert 2 in batched.batch_sizes  # decoded together while both ran
