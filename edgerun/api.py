@@ -511,7 +511,7 @@ class Model:
                 other = draft_model
                 if not isinstance(other, Model):
                     other = Model(
-                        resolve_model(draft_model),
+                        resolve_draft(draft_model),
                         n_ctx=self.n_ctx,
                         threads=self.loader.threads,
                         kv_type=self.kv_type,
