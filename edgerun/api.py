@@ -18,6 +18,7 @@ from edgerun.arch import spec_from_gguf
 from edgerun.errors import InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import read_gguf
 from edgerun.generate.chat_template import render_chat
+from edgerun.generate.constraint import constraint_from, response_format_constraint
 from edgerun.generate.engine import (
     PREFILL_CHUNK,
     Engine,
@@ -439,8 +440,16 @@ class Model:
         repeat_penalty: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        json_schema: dict | str | None = None,
+        regex: str | None = None,
+        grammar: str | None = None,
     ) -> Iterator[str]:
-        """Stream a plain completion of `prompt` (text or token ids)."""
+        """Stream a plain completion of `prompt` (text or token ids).
+
+        json_schema (a dict or JSON text), regex or grammar (Lark or GBNF): the output
+        follows it (needs `pip install 'edgerun[structured]'`); the text ends where the
+        grammar is complete. A bad one raises InvalidArgumentError before any token."""
+        constraint = constraint_from(self.tokenizer, json_schema, regex, grammar)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         params = self.settings.sampling(
             seed,
@@ -450,11 +459,13 @@ class Model:
             min_p=min_p,
             repeat_penalty=repeat_penalty,
         )
-        return self._stream(ids, params, max_tokens, stop)
+        return self._stream(ids, params, max_tokens, stop, constraint)
 
-    def _stream(self, ids, params, max_tokens, stop) -> Iterator[str]:
+    def _stream(self, ids, params, max_tokens, stop, constraint=None) -> Iterator[str]:
         set_threads(self.engine.governor.threads)
-        return self.generator.stream(ids, params, max_tokens, stop)
+        if constraint is None:
+            return self.generator.stream(ids, params, max_tokens, stop)
+        return self.generator.stream(ids, params, max_tokens, stop, constraint=constraint)
 
     def render_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
@@ -489,11 +500,16 @@ class Model:
         repeat_penalty: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
+        response_format: dict | None = None,
     ) -> str | Iterator[str]:
         """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template.
 
         Without a system message, the model's recommended system prompt (if any) leads.
+        response_format (OpenAI's shape): {"type": "json_schema", "json_schema": {"name":
+        ..., "schema": {...}}}, {"type": "json_object"} or {"type": "text"}; the answer
+        follows it (needs `pip install 'edgerun[structured]'`).
         """
+        constraint = response_format_constraint(self.tokenizer, response_format)
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and "role" in m and "content" in m for m in messages
         ):
@@ -509,7 +525,7 @@ class Model:
             min_p=min_p,
             repeat_penalty=repeat_penalty,
         )
-        it = self._stream(ids, params, max_tokens, stop)
+        it = self._stream(ids, params, max_tokens, stop, constraint)
         return it if stream else "".join(it)
 
 
