@@ -38,6 +38,7 @@ constrained the same way.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import weakref
@@ -70,6 +71,13 @@ MAX_GRAMMAR_CHARS = 1 << 20
 # loop on newlines forever inside an object (enough for pretty-printing 9 levels deep).
 _JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,20}"
 
+# Whether a matcher computes its next mask on a worker thread while the forward pass runs
+# (True) or when the logits arrive (False). With no core to spare (the forward pass's
+# threads on every CPU) the worker waits for the OS to schedule it, which on 2 vCPUs cost
+# more per token (1-4 ms) than the mask itself (0.15 ms, SmolLM2), so it overlaps only
+# where a CPU is left over; GrammarMatcher(overlap=...) chooses per matcher.
+OVERLAP_MASKS = (os.cpu_count() or 1) > 2
+
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="edgerun-mask")
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _TOKENIZERS_LOCK = threading.Lock()
@@ -97,6 +105,7 @@ def _limits(llg):
         step_max_items=50_000,
         max_lexer_states=100_000,
         max_grammar_size=500_000,
+        verbose_errors=False,  # a message, not the parser's state dump
     )
 
 
@@ -147,11 +156,35 @@ def _text(value: Any, what: str) -> str:
     return value
 
 
+# The most values (objects, arrays, scalars) a schema given as a Python object may hold,
+# and its deepest nesting: a dict that shares sub-dicts can stand for a JSON text
+# exponentially larger than itself, which is measured before it is written out.
+MAX_SCHEMA_NODES = 200_000
+MAX_SCHEMA_DEPTH = 200
+
+
+def _check_size(schema: Any) -> None:
+    count = 0
+    todo = [(schema, 0)]
+    while todo:
+        node, depth = todo.pop()
+        count += 1
+        if count > MAX_SCHEMA_NODES or depth > MAX_SCHEMA_DEPTH:
+            what = "values" if count > MAX_SCHEMA_NODES else "levels of nesting"
+            most = MAX_SCHEMA_NODES if count > MAX_SCHEMA_NODES else MAX_SCHEMA_DEPTH
+            raise InvalidArgumentError(f"json_schema has more than {most} {what}")
+        if isinstance(node, dict):
+            todo.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list | tuple):
+            todo.extend((v, depth + 1) for v in node)
+
+
 def _schema_text(schema: Any) -> str:
     """A JSON Schema (dict or JSON text) as JSON text, checked to be an object."""
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if isinstance(schema, dict):
+        _check_size(schema)
         try:
             text = json.dumps(schema)
         except (TypeError, ValueError, RecursionError) as e:
@@ -250,8 +283,8 @@ class Constraint:
             raise InvalidArgumentError(f"invalid grammar: {_first_line(str(e))}") from None
         return cls(tokenizer, grammar, "grammar")
 
-    def matcher(self) -> GrammarMatcher:
-        return GrammarMatcher(self)
+    def matcher(self, overlap: bool | None = None) -> GrammarMatcher:
+        return GrammarMatcher(self, overlap)
 
     def allows(self, tokens: list[int]) -> int:
         """How many of `tokens`, from the grammar's start, it accepts."""
@@ -270,7 +303,10 @@ def _run_into(future: Future, fn: Any) -> None:
 
 
 def _first_line(msg: str) -> str:
-    msg = msg.strip()
+    """llguidance's error message, short and without its internal markers."""
+    msg = msg.replace("<non-verbose/>", "").strip()
+    if msg.startswith("NoExtensionBias"):  # its Earley parser's word for it
+        msg = "it can match no text at all (a $ref or rule cycle with nothing in it)"
     return msg if len(msg) <= 400 else msg[:400] + "..."
 
 
@@ -280,8 +316,10 @@ class GrammarMatcher:
     `allows(draft)`, whether the grammar may end here (`accepting`) and whether it must
     (`finished`)."""
 
-    def __init__(self, constraint: Constraint) -> None:
+    def __init__(self, constraint: Constraint, overlap: bool | None = None) -> None:
+        """overlap: compute each next mask on a worker thread (None: OVERLAP_MASKS)."""
         self.constraint = constraint
+        self.overlap = OVERLAP_MASKS if overlap is None else overlap
         self._m = constraint._root.deep_copy()
         self._words = (constraint.vocab_size + 31) // 32
         self._pending: Future | None = None
@@ -292,7 +330,8 @@ class GrammarMatcher:
         self._start_mask()
 
     def _start_mask(self) -> None:
-        self._pending = _POOL.submit(self._compute_mask)
+        if self.overlap:
+            self._pending = _POOL.submit(self._compute_mask)
 
     def _compute_mask(self) -> tuple[np.ndarray, bool]:
         t0 = time.perf_counter()
@@ -310,7 +349,9 @@ class GrammarMatcher:
         if f is None:
             return None
         t0 = time.perf_counter()
-        out = f.result()
+        # Not started yet (every core busy with the forward pass's threads): computing it
+        # here is sooner than waiting for the worker to be scheduled.
+        out = self._compute_mask() if f.cancel() else f.result()
         if self.masks:  # the first mask has no forward pass to hide behind
             self.wait_seconds += time.perf_counter() - t0
         self.masks += 1
@@ -321,9 +362,9 @@ class GrammarMatcher:
         the ids in `eos_ids` are allowed exactly where the grammar may end. None when the
         grammar allows nothing (its error is in `self.error`)."""
         got = self._settle()
-        if got is None:
-            self._start_mask()
-            got = self._settle()
+        if got is None:  # not overlapped: computed now
+            got = self._compute_mask()
+            self.masks += 1
         allowed, accepting = got
         n = logits.shape[0]
         for e in eos_ids:
