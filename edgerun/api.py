@@ -501,15 +501,22 @@ class Model:
         seed: int | None = None,
         stop: Sequence[str] = (),
         response_format: dict | None = None,
+        regex: str | None = None,
+        grammar: str | None = None,
     ) -> str | Iterator[str]:
         """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template.
 
         Without a system message, the model's recommended system prompt (if any) leads.
         response_format (OpenAI's shape): {"type": "json_schema", "json_schema": {"name":
         ..., "schema": {...}}}, {"type": "json_object"} or {"type": "text"}; the answer
-        follows it (needs `pip install 'edgerun[structured]'`).
+        follows it (needs `pip install 'edgerun[structured]'`); regex or grammar (Lark or
+        GBNF) constrain it the same way.
         """
         constraint = response_format_constraint(self.tokenizer, response_format)
+        if regex is not None or grammar is not None:
+            if constraint is not None:
+                raise InvalidArgumentError("give response_format or regex/grammar, not both")
+            constraint = constraint_from(self.tokenizer, regex=regex, grammar=grammar)
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and "role" in m and "content" in m for m in messages
         ):
