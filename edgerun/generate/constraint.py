@@ -3,7 +3,7 @@ grammar) decides which tokens may come next, and the sampler only sees those.
 
 The grammar engine is llguidance (Microsoft's, Rust, MIT; the optional extra
 `pip install 'edgerun[structured]'`). Measured on this project's CPU against xgrammar
-and outlines-core (docs/structured_output.md, `python benchmarks/structured.py libs`):
+and outlines-core (docs/structured_output.md, `python benchmarks/structured_libs.py`):
 
     library        install                       schema compile    mask / token
                                                  SmolLM2  Qwen2.5  (median)
@@ -17,16 +17,19 @@ llguidance builds a grammar lazily (a schema costs nothing up front, so a reques
 waits seconds on its schema the way outlines-core's index makes it), needs no torch,
 takes JSON Schema with $ref/anyOf/formats, Lark (with %json embedding) and llama.cpp's
 GBNF, and has resource limits (ParserLimits) for hostile input; a 25 us mask is well
-under one decode step, and it is computed while the forward pass runs.
+under one decode step. Linux aarch64 wheels on PyPI stop at 1.6.1 (manylinux_2_28;
+macOS arm64 has 1.9.1), which this module's calls work with, hence `llguidance>=1.6`.
 
 What lives here:
 - `Constraint`: one compiled grammar for one tokenizer; immutable, shared by the
   requests that ask for the same thing. Built by `Constraint.json_schema(...)`,
   `.json_object(...)`, `.regex(...)`, `.grammar(...)`, or `constraint_from(...)`.
 - `GrammarMatcher`: one sequence's position in the grammar. After each sampled token it
-  advances and starts the next mask on a worker thread (llguidance releases the GIL),
-  so the mask is ready by the time the model's next logits are; `mask_logits` waits for
-  it (the wait is timed: `wait_seconds` vs `compute_seconds` says how much overlapped).
+  advances; with OVERLAP_MASKS (a CPU to spare) it starts the next mask on a worker
+  thread (llguidance releases the GIL) so the mask is ready when the model's next logits
+  are, otherwise it computes it when they arrive (0.15-0.25 ms a token on SmolLM2: on
+  2 vCPUs, where the forward pass's threads hold both, a worker waited 1-4 ms a token to
+  be scheduled). `compute_seconds` vs `wait_seconds` say how much was overlapped.
 - `allows(tokens)`: how many of a drafted token list the grammar accepts, so a
   speculative loop can cut a draft at the first token the grammar refuses.
 
@@ -179,6 +182,29 @@ def _check_size(schema: Any) -> None:
             todo.extend((v, depth + 1) for v in node)
 
 
+# The range an integer without bounds of its own gets: JSON's safe integers (RFC 7493).
+# Unbounded, a small model can write digits until max_tokens (SmolLM2 did, greedy, on a
+# {"minimum": 1000} zip code); bounded, the grammar ends the number at 16 digits.
+SAFE_INTEGER = 2**53 - 1
+
+
+def _bound_integers(schema: Any) -> Any:
+    """A copy of `schema` whose integer schemas without a minimum / maximum get
+    -SAFE_INTEGER / SAFE_INTEGER (nothing else changes)."""
+    if isinstance(schema, list):
+        return [_bound_integers(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _bound_integers(v) for k, v in schema.items()}
+    kind = schema.get("type")
+    if kind == "integer" or (isinstance(kind, list) and "integer" in kind):
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -SAFE_INTEGER
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = SAFE_INTEGER
+    return out
+
+
 def _schema_text(schema: Any) -> str:
     """A JSON Schema (dict or JSON text) as JSON text, checked to be an object."""
     if isinstance(schema, bool):
@@ -186,7 +212,7 @@ def _schema_text(schema: Any) -> str:
     if isinstance(schema, dict):
         _check_size(schema)
         try:
-            text = json.dumps(schema)
+            text = json.dumps(_bound_integers(schema))
         except (TypeError, ValueError, RecursionError) as e:
             raise InvalidArgumentError(f"json_schema cannot be written as JSON: {e}") from None
     else:
@@ -199,6 +225,8 @@ def _schema_text(schema: Any) -> str:
             raise InvalidArgumentError(
                 f"json_schema must be a JSON object, found {type(parsed).__name__}"
             )
+        if isinstance(parsed, dict):
+            return _schema_text(parsed)
     if len(text) > MAX_GRAMMAR_CHARS:
         raise InvalidArgumentError(
             f"json_schema has {len(text)} characters; at most {MAX_GRAMMAR_CHARS} are accepted"
