@@ -299,3 +299,14 @@ def test_server_refuses_bad_schemas_with_400(server):
                 model="x", messages=[{"role": "user", "content": "hi"}], response_format=fmt
             )
         assert time.perf_counter() - t0 < 10
+
+
+def test_a_session_answers_in_its_response_format_and_keeps_the_history(smollm2):
+    s = smollm2.session()
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    out = s.send("Describe someone as JSON.", response_format=fmt, temperature=0.0, max_tokens=100)
+    jsonschema.validate(json.loads(out), PERSON)
+    assert s.messages[-1] == {"role": "assistant", "content": out}
+    with pytest.raises(InvalidArgumentError):
+        s.send("again", response_format={"type": "yaml"})
+    assert s.messages[-1]["role"] == "assistant"  # the refused turn left no trace
