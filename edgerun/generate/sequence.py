@@ -199,6 +199,14 @@ class Sequence:
             self.end("length")
         return text
 
+    def allowed_draft(self, tokens: cabc.Sequence[int]) -> int:
+        """How many of `tokens`, drafted to follow the last sampled one, this sequence's
+        grammar accepts (all of them without a grammar): a speculative loop proposes only
+        that prefix, so no position is verified that the mask would refuse."""
+        if self.grammar is None:
+            return len(tokens)
+        return self.grammar.allows(list(tokens))
+
     def end(self, reason: str) -> None:
         """End the sequence (the first reason given stays)."""
         if self.finish_reason is None:

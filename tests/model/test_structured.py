@@ -310,3 +310,24 @@ def test_a_session_answers_in_its_response_format_and_keeps_the_history(smollm2)
     with pytest.raises(InvalidArgumentError):
         s.send("again", response_format={"type": "yaml"})
     assert s.messages[-1]["role"] == "assistant"  # the refused turn left no trace
+
+
+def test_a_sequence_cuts_a_draft_where_its_grammar_refuses(smollm2):
+    from edgerun.generate.sampling import SamplingParams
+    from edgerun.generate.sequence import Sequence
+
+    tok = smollm2.tokenizer
+    c = Constraint.json_schema(tok, PERSON)
+    seq = Sequence(tok, SamplingParams(temperature=0.0), [1], 50, constraint=c)
+    free = Sequence(tok, SamplingParams(temperature=0.0), [1], 50)
+    draft = tok.encode('{"name": "Bo", "size": 1}', add_bos=False, parse_special=False)
+    cut = seq.allowed_draft(draft)
+    assert tok.decode(draft[:cut]).startswith('{"name": "Bo", "')
+    assert cut < len(draft) and "size" not in tok.decode(draft[:cut])  # no such property
+    assert free.allowed_draft(draft) == len(draft)
+    # stepping the accepted prefix position by position (a speculative verify) follows it
+    for t in draft[:cut]:
+        logits = np.full(tok.vocab_size, -10.0, np.float32)
+        logits[t] = 10.0
+        seq.step(logits)
+        assert seq.token == t and not seq.done
