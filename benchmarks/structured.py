@@ -7,7 +7,8 @@
 adherence: 50 JSON Schemas of increasing difficulty (flat objects, enums, nested
 objects, arrays with minItems/maxItems, anyOf, string formats and patterns, $ref), each
 asked for through the chat template, greedy and sampled (temperature 0.8, seed 1), with
-response_format json_schema: every output must parse and validate (`jsonschema`). With
+response_format json_schema: every output must parse and validate (`jsonschema`,
+draft 2020-12's format checker: its default FormatChecker refuses RFC 3339 times). With
 --free the same prompts run without the constraint, and the failures are counted (code
 fences stripped first, to be fair to the model).
 
@@ -143,7 +144,9 @@ def _valid(text: str, schema: dict) -> bool:
         t = t.strip("`")
         t = t[t.find("\n") + 1 :] if t.startswith("json") else t
     try:
-        jsonschema.validate(json.loads(t), schema, format_checker=jsonschema.FormatChecker())
+        jsonschema.validate(
+            json.loads(t), schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+        )
         return True
     except (ValueError, jsonschema.ValidationError):
         return False

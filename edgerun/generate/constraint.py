@@ -182,26 +182,30 @@ def _check_size(schema: Any) -> None:
             todo.extend((v, depth + 1) for v in node)
 
 
-# The range an integer without bounds of its own gets: JSON's safe integers (RFC 7493).
-# Unbounded, a small model can write digits until max_tokens (SmolLM2 did, greedy, on a
-# {"minimum": 1000} zip code); bounded, the grammar ends the number at 16 digits.
+# Bounds a value gets where its schema sets none, each the standard's own limit: an
+# integer JSON's safe range (RFC 7493), an email address 254 characters (RFC 5321).
+# Unbounded, a small model can write digits or an address's local part until max_tokens
+# (SmolLM2 did, greedy, on a {"minimum": 1000} zip code and on a format "email").
 SAFE_INTEGER = 2**53 - 1
+MAX_EMAIL_CHARS = 254
 
 
-def _bound_integers(schema: Any) -> Any:
-    """A copy of `schema` whose integer schemas without a minimum / maximum get
-    -SAFE_INTEGER / SAFE_INTEGER (nothing else changes)."""
+def _bounded(schema: Any) -> Any:
+    """A copy of `schema` with those bounds added (nothing else changes)."""
     if isinstance(schema, list):
-        return [_bound_integers(v) for v in schema]
+        return [_bounded(v) for v in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _bound_integers(v) for k, v in schema.items()}
+    out = {k: _bounded(v) for k, v in schema.items()}
     kind = schema.get("type")
-    if kind == "integer" or (isinstance(kind, list) and "integer" in kind):
+    kinds = kind if isinstance(kind, list) else [kind]
+    if "integer" in kinds:
         if "minimum" not in out and "exclusiveMinimum" not in out:
             out["minimum"] = -SAFE_INTEGER
         if "maximum" not in out and "exclusiveMaximum" not in out:
             out["maximum"] = SAFE_INTEGER
+    if schema.get("format") in ("email", "idn-email") and "maxLength" not in out:
+        out["maxLength"] = MAX_EMAIL_CHARS
     return out
 
 
@@ -212,7 +216,7 @@ def _schema_text(schema: Any) -> str:
     if isinstance(schema, dict):
         _check_size(schema)
         try:
-            text = json.dumps(_bound_integers(schema))
+            text = json.dumps(_bounded(schema))
         except (TypeError, ValueError, RecursionError) as e:
             raise InvalidArgumentError(f"json_schema cannot be written as JSON: {e}") from None
     else:
