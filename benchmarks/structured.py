@@ -172,6 +172,8 @@ def adherence(model, n: int, free: bool, max_tokens: int) -> None:
             if not good:
                 fails += 1
                 print(f"  schema {i + 1} {label}: INVALID ({model.stats.finish_reason}) {out!r}")
+            if (i + 1) % 10 == 0:
+                print(f"  {label}: {i + 1} schemas, {ok} valid", flush=True)
             if free:
                 raw = model.chat(
                     _messages(schema), temperature=temperature, seed=seed, max_tokens=max_tokens
@@ -197,28 +199,39 @@ SPEED_PROMPT = [{"role": "user", "content": "Write a long shopping list as JSON.
 
 
 def speed(model, rounds: int, max_tokens: int) -> None:
+    """Unconstrained, JSON schema with the mask computed when the logits arrive, and
+    with it overlapped on a worker thread: alternating, medians."""
+    from edgerun.generate import constraint as cmod
+
     ids = model.encode_chat(SPEED_PROMPT)
     c = Constraint.json_schema(model.tokenizer, SPEED_SCHEMA)
-    tps: dict[str, list[float]] = {"json": [], "free": []}
-    mask: list[float] = []
+    kinds = ("free", "json", "json overlapped")
+    tps: dict[str, list[float]] = {k: [] for k in kinds}
+    mask: dict[str, list[float]] = {k: [] for k in kinds}
+    wait: dict[str, list[float]] = {k: [] for k in kinds}
     for _ in range(rounds):
-        for kind in ("free", "json"):
+        for kind in kinds:
+            cmod.OVERLAP_MASKS = kind == "json overlapped"
             params = model.settings.sampling(1, temperature=0.0)
             it = model.generator.stream(
-                ids, params, max_tokens, constraint=c if kind == "json" else None
+                ids, params, max_tokens, constraint=None if kind == "free" else c
             )
             "".join(it)
             st = model.stats
+            n = max(1, st.generated_tokens)
             tps[kind].append(st.generate_tps)
-            if kind == "json":
-                mask.append(st.mask_seconds / max(1, st.generated_tokens) * 1e6)
-    f, j = statistics.median(tps["free"]), statistics.median(tps["json"])
-    print(
-        f"decode tok/s (median of {rounds}, alternating): unconstrained {f:.1f}, "
-        f"json schema {j:.1f} -> {j / f:.2f}x; mask {statistics.median(mask):.0f} us/token "
-        f"(overlapped: {model.stats.mask_wait_seconds > 0})",
-        flush=True,
-    )
+            mask[kind].append(st.mask_seconds / n * 1e6)
+            wait[kind].append(st.mask_wait_seconds / n * 1e6)
+    med = {k: statistics.median(v) for k, v in tps.items()}
+    print(f"decode tok/s, median of {rounds} alternating rounds, {max_tokens} tokens:")
+    for k in kinds:
+        extra = ""
+        if k != "free":
+            extra = (
+                f" -> {med[k] / med['free']:.2f}x; mask {statistics.median(mask[k]):.0f} us/token"
+                f", waited {statistics.median(wait[k]):.0f} us/token"
+            )
+        print(f"  {k:16s} {med[k]:6.1f}{extra}", flush=True)
 
 
 def batch(model, max_tokens: int) -> None:
