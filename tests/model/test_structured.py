@@ -331,3 +331,13 @@ def test_a_sequence_cuts_a_draft_where_its_grammar_refuses(smollm2):
         logits[t] = 10.0
         seq.step(logits)
         assert seq.token == t and not seq.done
+
+
+def test_without_llguidance_a_constraint_names_the_extra(tok, monkeypatch):
+    import sys
+
+    from edgerun.errors import EdgerunError
+
+    monkeypatch.setitem(sys.modules, "llguidance", None)  # import fails as if not installed
+    with pytest.raises(EdgerunError, match=r"pip install 'edgerun\[structured\]'"):
+        Constraint.json_object(tok)
