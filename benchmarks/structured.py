@@ -204,7 +204,20 @@ def speed(model, rounds: int, max_tokens: int) -> None:
     """Unconstrained, JSON schema with the mask computed when the logits arrive, and
     with it overlapped on a worker thread: alternating, medians."""
     from edgerun.generate import constraint as cmod
+    from edgerun.generate import sequence
 
+    # Sequence.step's own time (mask + sampling + detokenizing): what the constraint adds
+    # per token, apart from the forward pass and from other load on the machine.
+    step, spent = sequence.Sequence.step, [0.0]
+
+    def timed_step(self, logits):
+        t0 = time.perf_counter()
+        out = step(self, logits)
+        spent[0] += time.perf_counter() - t0
+        return out
+
+    sequence.Sequence.step = timed_step
+    steps: dict[str, list[float]] = {}
     ids = model.encode_chat(SPEED_PROMPT)
     c = Constraint.json_schema(model.tokenizer, SPEED_SCHEMA)
     kinds = ("free", "json", "json overlapped")
@@ -215,6 +228,7 @@ def speed(model, rounds: int, max_tokens: int) -> None:
         for kind in kinds:
             cmod.OVERLAP_MASKS = kind == "json overlapped"
             params = model.settings.sampling(1, temperature=0.0)
+            spent[0] = 0.0
             it = model.generator.stream(
                 ids, params, max_tokens, constraint=None if kind == "free" else c
             )
@@ -224,6 +238,8 @@ def speed(model, rounds: int, max_tokens: int) -> None:
             tps[kind].append(st.generate_tps)
             mask[kind].append(st.mask_seconds / n * 1e6)
             wait[kind].append(st.mask_wait_seconds / n * 1e6)
+            steps.setdefault(kind, []).append(spent[0] / n * 1e6)
+    sequence.Sequence.step = step
     med = {k: statistics.median(v) for k, v in tps.items()}
     print(f"decode tok/s, median of {rounds} alternating rounds, {max_tokens} tokens:")
     for k in kinds:
@@ -233,6 +249,7 @@ def speed(model, rounds: int, max_tokens: int) -> None:
                 f" -> {med[k] / med['free']:.2f}x; mask {statistics.median(mask[k]):.0f} us/token"
                 f", waited {statistics.median(wait[k]):.0f} us/token"
             )
+        extra += f"; Sequence.step {statistics.median(steps[k]):.0f} us/token"
         print(f"  {k:16s} {med[k]:6.1f}{extra}", flush=True)
 
 
