@@ -18,6 +18,7 @@ from edgerun.arch import spec_from_gguf
 from edgerun.errors import InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import read_gguf
 from edgerun.generate.chat_template import render_chat
+from edgerun.generate.constraint import constraint_from, response_format_constraint
 from edgerun.generate.engine import (
     PREFILL_CHUNK,
     Engine,
@@ -456,9 +457,17 @@ class Model:
         seed: int | None = None,
         stop: Sequence[str] = (),
         draft: Any = None,
+        json_schema: dict | str | None = None,
+        regex: str | None = None,
+        grammar: str | None = None,
     ) -> Iterator[str]:
         """Stream a plain completion of `prompt` (text or token ids). draft: this call's
-        drafter (as load's draft_model; "none": no drafts), None: the model's."""
+        drafter (as load's draft_model; "none": no drafts), None: the model's.
+
+        json_schema (a dict or JSON text), regex or grammar (Lark or GBNF): the output
+        follows it (needs `pip install 'edgerun[structured]'`); the text ends where the
+        grammar is complete. A bad one raises InvalidArgumentError before any token."""
+        constraint = constraint_from(self.tokenizer, json_schema, regex, grammar)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         params = self.settings.sampling(
             seed,
@@ -468,12 +477,14 @@ class Model:
             min_p=min_p,
             repeat_penalty=repeat_penalty,
         )
-        return self._stream(ids, params, max_tokens, stop, draft)
+        return self._stream(ids, params, max_tokens, stop, draft, constraint)
 
-    def _stream(self, ids, params, max_tokens, stop, draft=None) -> Iterator[str]:
+    def _stream(self, ids, params, max_tokens, stop, draft=None, constraint=None) -> Iterator[str]:
         set_threads(self.engine.governor.threads)
         self.generator.speculation = self.draft if draft is None else self.speculation(draft)
-        return self.generator.stream(ids, params, max_tokens, stop)
+        if constraint is None:
+            return self.generator.stream(ids, params, max_tokens, stop)
+        return self.generator.stream(ids, params, max_tokens, stop, constraint=constraint)
 
     # -- speculative decoding (generate/speculative.py) ---------------------------
     draft: Speculation | None = None  # the drafter generate and chat use by default
@@ -567,13 +578,25 @@ class Model:
         seed: int | None = None,
         stop: Sequence[str] = (),
         draft: Any = None,
+        response_format: dict | None = None,
+        regex: str | None = None,
+        grammar: str | None = None,
     ) -> str | Iterator[str]:
         """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template.
 
         Without a system message, the model's recommended system prompt (if any) leads.
         draft: this call's drafter (as load's draft_model; "none": no drafts), None: the
         model's.
+        response_format (OpenAI's shape): {"type": "json_schema", "json_schema": {"name":
+        ..., "schema": {...}}}, {"type": "json_object"} or {"type": "text"}; the answer
+        follows it (needs `pip install 'edgerun[structured]'`); regex or grammar (Lark or
+        GBNF) constrain it the same way.
         """
+        constraint = response_format_constraint(self.tokenizer, response_format)
+        if regex is not None or grammar is not None:
+            if constraint is not None:
+                raise InvalidArgumentError("give response_format or regex/grammar, not both")
+            constraint = constraint_from(self.tokenizer, regex=regex, grammar=grammar)
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and "role" in m and "content" in m for m in messages
         ):
@@ -589,7 +612,7 @@ class Model:
             min_p=min_p,
             repeat_penalty=repeat_penalty,
         )
-        it = self._stream(ids, params, max_tokens, stop, draft)
+        it = self._stream(ids, params, max_tokens, stop, draft, constraint)
         return it if stream else "".join(it)
 
     # -- embeddings -----------------------------------------------------------

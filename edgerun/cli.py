@@ -188,6 +188,10 @@ def _build_parser() -> argparse.ArgumentParser:
         help="plain completion of the prompt, without the chat template",
     )
     _add_draft_args(g)
+    # Structured output (pip install 'edgerun[structured]'): at most one of these.
+    g.add_argument("--json-schema", metavar="FILE", default=None, help="answer as JSON valid here")
+    g.add_argument("--grammar", metavar="FILE", default=None, help="a Lark or GBNF grammar file")
+    g.add_argument("--regex", metavar="RE", default=None, help="the answer matches this regex")
 
     sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (extra: edgerun[serve])")
     _add_model_args(sv)
@@ -382,6 +386,32 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise
 
 
+def _constraint_args(args: argparse.Namespace) -> dict:
+    """generate's --json-schema FILE / --grammar FILE / --regex RE as keyword arguments,
+    each file read here so an unreadable one is named."""
+    import json
+    from pathlib import Path
+
+    out: dict = {}
+    for flag, key in (("json_schema", "json_schema"), ("grammar", "grammar")):
+        name = getattr(args, flag, None)
+        if name is None:
+            continue
+        try:
+            text = Path(name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise EdgerunError(f"--{flag.replace('_', '-')} {name}: cannot read it: {e}") from None
+        if key == "json_schema":
+            try:
+                text = json.loads(text)
+            except ValueError as e:
+                raise EdgerunError(f"--json-schema {name}: not valid JSON: {e}") from None
+        out[key] = text
+    if getattr(args, "regex", None) is not None:
+        out["regex"] = args.regex
+    return out
+
+
 def _answer(args: argparse.Namespace, prompt: str, offload: dict, first_run) -> int:
     """generate's load and answer, once its first-run compile (if any) has started."""
     import edgerun
@@ -407,6 +437,7 @@ def _answer(args: argparse.Namespace, prompt: str, offload: dict, first_run) -> 
         seed=args.seed,
         stop=args.stop,
     )
+    sampling.update(_constraint_args(args))
     if args.raw or not model.chat_template:
         if not args.raw:
             print(
@@ -419,6 +450,10 @@ def _answer(args: argparse.Namespace, prompt: str, offload: dict, first_run) -> 
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": prompt})
         prompt_ids = model.encode_chat(messages)
+        schema = sampling.pop("json_schema", None)
+        if schema is not None:
+            fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+            sampling["response_format"] = fmt
         pieces = model.chat(messages, stream=True, **sampling)
     # One answer warms only the kernels it runs (engine.answer_parts), compiled by the
     # children where they are not cached yet.

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from edgerun.quant.formats import QuantTensor
 from edgerun.runtime.compute_thread import compute_thread
 from edgerun.runtime.cpu_share import ThreadGovernor, set_threads
 from edgerun.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from edgerun.generate.constraint import Constraint
 
 # GenerationStats, ResponseStats, StopMatcher and WarmUp live in sequence.py; the engine
 # re-exports them for callers that import them from here.
@@ -469,8 +472,10 @@ class Generator:
         max_tokens: int = 256,
         stop: Seq[str] = (),
         stop_ids: Seq[int] | None = None,
+        constraint: Constraint | None = None,
     ) -> Iterator[str]:
-        """Yield text pieces as they are decoded. Stats land in self.stats."""
+        """Yield text pieces as they are decoded. Stats land in self.stats.
+        constraint: a grammar the output follows (generate/constraint.py)."""
         if max_tokens < 0:
             raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
         t_start = time.perf_counter()
@@ -488,7 +493,15 @@ class Generator:
         self.kernel_wait_s = 0.0
         eos = self.tokenizer.eos_ids if stop_ids is None else stop_ids
         seq = Sequence(
-            self.tokenizer, params, prompt_ids, max_tokens, stop, eos, stats, started=t_start
+            self.tokenizer,
+            params,
+            prompt_ids,
+            max_tokens,
+            stop,
+            eos,
+            stats,
+            started=t_start,
+            constraint=constraint,
         )
         t1 = time.perf_counter()
         stats.finish_reason = "length"

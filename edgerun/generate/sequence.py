@@ -13,11 +13,15 @@ from __future__ import annotations
 import collections.abc as cabc
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgerun.generate.sampling import Sampler, SamplingParams
 from edgerun.tokenizer import StreamDecoder, Tokenizer
+
+if TYPE_CHECKING:
+    from edgerun.generate.constraint import Constraint
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,11 @@ class GenerationStats:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     decode_passes: int = 0
+    # A constrained generation's token masks (generate/constraint.py): their computation
+    # on the worker thread, and what decoding waited for them (the part not overlapped
+    # with the forward pass).
+    mask_seconds: float = 0.0
+    mask_wait_seconds: float = 0.0
 
     @property
     def prompt_tps(self) -> float:
@@ -160,8 +169,11 @@ class Sequence:
         eos_ids: cabc.Iterable[int] = (),
         stats: GenerationStats | None = None,
         started: float | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
-        """started: perf_counter time TTFT counts from (a request's submit), None: now."""
+        """started: perf_counter time TTFT counts from (a request's submit), None: now.
+        constraint: a grammar the output must follow (generate/constraint.py): each step
+        samples among the tokens it allows, and the sequence stops where it is complete."""
         self.history = [int(i) for i in prompt_ids]
         self.max_tokens = max_tokens
         self.eos = set(eos_ids)
@@ -172,6 +184,8 @@ class Sequence:
         self.started = time.perf_counter() if started is None else started
         self.finish_reason: str | None = None
         self.token = -1  # the last token sampled (the next input while the sequence runs)
+        self.grammar = constraint.matcher() if constraint is not None else None
+        self.error = ""  # why a constrained sequence ended with "error"
 
     @property
     def done(self) -> bool:
@@ -180,6 +194,13 @@ class Sequence:
     def step(self, logits: np.ndarray) -> str:
         """Sample the next token from `logits`; the text it makes safe to show."""
         st = self.stats
+        grammar = self.grammar
+        if grammar is not None:
+            logits = grammar.mask_logits(logits, self.eos)
+            if logits is None:  # the grammar allows nothing: a limit hit, an error state
+                self.error = grammar.error
+                self.end("error")
+                return ""
         tok = self.sampler(logits, self.history)
         self.token = tok
         if not st.generated_tokens and not st.ttft_seconds:
@@ -190,17 +211,37 @@ class Sequence:
         st.generated_tokens += 1
         self.history.append(tok)
         text = self.matcher.feed(self.decoder.push(tok))
+        if grammar is not None:
+            if not grammar.advance(tok):
+                self.error = grammar.error
+                self.end("error")
+            elif grammar.finished:
+                self.end("stop")  # the grammar is complete: nothing more may follow
+        if self.done:
+            return text
         if self.matcher.hit:
             self.end("stop")
         elif st.generated_tokens >= self.max_tokens:
             self.end("length")
         return text
 
+    def allowed_draft(self, tokens: cabc.Sequence[int]) -> int:
+        """How many of `tokens`, drafted to follow the last sampled one, this sequence's
+        grammar accepts (all of them without a grammar): a speculative loop proposes only
+        that prefix, so no position is verified that the mask would refuse."""
+        if self.grammar is None:
+            return len(tokens)
+        return self.grammar.allows(list(tokens))
+
     def end(self, reason: str) -> None:
         """End the sequence (the first reason given stays)."""
         if self.finish_reason is None:
             self.finish_reason = reason
         self.stats.finish_reason = self.finish_reason
+        if self.grammar is not None:
+            self.grammar.close()
+            self.stats.mask_seconds = self.grammar.compute_seconds
+            self.stats.mask_wait_seconds = self.grammar.wait_seconds
 
     def tail(self) -> str:
         """The text held back (a partial character, a possible stop string's start),

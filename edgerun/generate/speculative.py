@@ -373,6 +373,8 @@ class Speculation:
             if not 0 <= d < vocab:
                 drafts = drafts[:j]
                 break
+        if drafts:  # a grammar's sequence verifies only what its mask would allow
+            drafts = drafts[: seq.allowed_draft(drafts)]
         t1 = time.perf_counter()
         base = cache.length
         if lock is None:

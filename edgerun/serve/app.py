@@ -10,6 +10,7 @@ its batch slot at the next step.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import json
@@ -94,6 +95,11 @@ _FIELDS: dict[str, tuple[Any, Any, str]] = {
         f"a string or a list of at most {MAX_STOP} non-empty strings",
     ),
     "stream_options": (lambda v: v is None or isinstance(v, dict), None, "an object"),
+    # structured output (generate/constraint.py): OpenAI's response_format, and the
+    # llama.cpp server's json_schema / grammar body fields
+    "response_format": (lambda v: v is None or isinstance(v, dict), None, "an object"),
+    "json_schema": (lambda v: v is None or isinstance(v, dict), None, "a JSON Schema object"),
+    "grammar": (lambda v: v is None or isinstance(v, str), None, "a string (GBNF or Lark)"),
 }
 
 
@@ -204,6 +210,22 @@ def _embedding_inputs(body: dict, model: Model) -> list[list[int]]:
 
 
 # -- the app ----------------------------------------------------------------------------
+def _constraint(model: Model, body: dict):
+    """The grammar a request's body asks for (response_format, json_schema or grammar),
+    compiled; None for none. Runs off the event loop: compiling takes up to
+    constraint.COMPILE_SECONDS."""
+    from edgerun.generate.constraint import constraint_from, response_format_constraint
+
+    rf = body.get("response_format")
+    if rf is not None and (body.get("json_schema") is not None or body.get("grammar")):
+        raise APIError(
+            400, "give response_format or json_schema/grammar, not both", "response_format"
+        )
+    if rf is not None:
+        return response_format_constraint(model.tokenizer, rf)
+    return constraint_from(model.tokenizer, body.get("json_schema"), grammar=body.get("grammar"))
+
+
 def create_app(
     model: Model,
     api_key: str | None = None,
@@ -277,7 +299,7 @@ def create_app(
         card = {"id": mid, "object": "model", "created": created, "owned_by": "edgerun"}
         return JSONResponse({"object": "list", "data": [card]})
 
-    def _submit(ids: list[int], body: dict, prefix_len: int = 0):
+    def _submit(ids: list[int], body: dict, prefix_len: int = 0, constraint=None):
         n_ctx = model.n_ctx
         if len(ids) >= n_ctx:
             raise APIError(
@@ -290,7 +312,7 @@ def create_app(
         params = model.settings.sampling(body.get("seed"), **_sampling(body))
         try:
             return model.scheduler.submit(
-                ids, params, max_tokens, _stops(body), prefix_len=prefix_len
+                ids, params, max_tokens, _stops(body), prefix_len=prefix_len, constraint=constraint
             )
         except ContextOverflowError as e:
             raise APIError(400, str(e)) from None
@@ -335,7 +357,8 @@ def create_app(
             msgs = _messages(body)
             convo = model.with_system(msgs)
             ids = model.encode_chat(convo)
-            r = _submit(ids, body, system_prefix_len(model.engine, convo, ids))
+            constraint = await asyncio.to_thread(_constraint, model, body)
+            r = _submit(ids, body, system_prefix_len(model.engine, convo, ids), constraint)
         except Exception as e:  # noqa: BLE001 - every failure becomes error JSON
             return _error(e)
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
@@ -396,7 +419,8 @@ def create_app(
                 raise APIError(
                     400, "'prompt' must be a non-empty string or a list of token ids", "prompt"
                 )
-            r = _submit(ids, body)
+            constraint = await asyncio.to_thread(_constraint, model, body)
+            r = _submit(ids, body, constraint=constraint)
         except Exception as e:  # noqa: BLE001
             return _error(e)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from edgerun.errors import EdgerunError, InvalidArgumentError
+from edgerun.generate.constraint import Constraint
 from edgerun.generate.engine import PREFILL_CHUNK, Engine, check_prompt
 from edgerun.generate.prefix_cache import PrefixCache, SharedPrefix
 from edgerun.generate.sampling import SamplingParams
@@ -72,8 +73,10 @@ class Request:
         cache: KVCache,
         prefix_len: int = 0,
         on_token: Callable[[str], None] | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
         self.prompt_ids = [int(i) for i in prompt_ids]
+        self.constraint = constraint  # a grammar the output follows (generate/constraint.py)
         self.params = params
         self.max_tokens = max_tokens
         self.stop = list(stop)
@@ -254,8 +257,10 @@ class BatchScheduler:
         prefix_len: int = 0,
         on_token: Callable[[str], None] | None = None,
         on_finish: Callable[[Request], None] | None = None,
+        constraint: Constraint | None = None,
     ) -> Request:
         """Queue a generation of `prompt_ids` on `cache` (a fresh one if None).
+        constraint: a grammar its output follows (one matcher per request).
 
         prefix_len > 0 marks the prompt's first tokens as a shared prefix (a system prompt):
         computed once, kept in the model's prefix cache, and copied into later requests
@@ -269,7 +274,9 @@ class BatchScheduler:
         if cache is None:
             cache = e.new_cache()
         eos = e.tokenizer.eos_ids if eos_ids is None else eos_ids
-        r = Request(prompt_ids, params, max_tokens, stop, eos, cache, prefix_len, on_token)
+        r = Request(
+            prompt_ids, params, max_tokens, stop, eos, cache, prefix_len, on_token, constraint
+        )
         r.on_finish = on_finish
         self._inbox.put(r)
         self._wake.set()
@@ -422,7 +429,15 @@ class BatchScheduler:
         r.cache.truncate(own)
         r.stats.cached_tokens = own
         r.seq = GenSequence(
-            e.tokenizer, r.params, ids, r.max_tokens, r.stop, r.eos, r.stats, r.submitted
+            e.tokenizer,
+            r.params,
+            ids,
+            r.max_tokens,
+            r.stop,
+            r.eos,
+            r.stats,
+            r.submitted,
+            constraint=r.constraint,
         )
 
     def _prefill_chunk(self, r: Request, budget: int) -> int:
@@ -488,7 +503,8 @@ class BatchScheduler:
         if seq.done:
             r._emit(seq.tail())
             self._active.remove(r)
-            r._finish(seq.finish_reason)
+            err = EdgerunError(seq.error) if seq.finish_reason == "error" and seq.error else None
+            r._finish(seq.finish_reason, err)
             return
         r.next_input = seq.token
 

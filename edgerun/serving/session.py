@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from edgerun.errors import EdgerunError, InvalidArgumentError
+from edgerun.generate.constraint import response_format_constraint
 from edgerun.generate.engine import Engine
 from edgerun.model.kvcache import KV_TYPES, KVCache, kv_types
 from edgerun.offload.io import drop_page_cache
@@ -110,7 +111,11 @@ class Session:
             raise InvalidArgumentError(f"a message must be a string, got {type(text).__name__}")
         self._check_idle()
         _check_max_tokens(max_tokens)
+        sampling = dict(sampling)
+        fmt = sampling.pop("response_format", None)
         self.engine.settings.sampling(seed, **sampling)  # bad values fail before the history
+        if fmt is not None:  # compiled (or refused) before the history changes
+            sampling["constraint"] = response_format_constraint(self.engine.tokenizer, fmt)
         self.messages.append({"role": "user", "content": text})
         try:
             return self._complete(
@@ -143,6 +148,11 @@ class Session:
 
     def _complete(self, ids, max_tokens, stop, seed, on_token, on_finish, sampling) -> Request:
         _check_max_tokens(max_tokens)
+        sampling = dict(sampling)
+        constraint = sampling.pop("constraint", None)
+        fmt = sampling.pop("response_format", None)
+        if fmt is not None:
+            constraint = response_format_constraint(self.engine.tokenizer, fmt)
         params = self.engine.settings.sampling(seed, **sampling)
         self.last = self.serving.scheduler.submit(
             ids,
@@ -153,6 +163,7 @@ class Session:
             prefix_len=self._prefix_len(ids),
             on_token=on_token,
             on_finish=on_finish,  # set before the scheduler can finish it
+            constraint=constraint,
         )
         return self.last
 
@@ -179,6 +190,7 @@ class Session:
         text pieces, `cancel()` it from any thread, read `.stats`. on_token(piece) is called
         for each piece in the thread that consumes them. Sampling keywords (temperature,
         top_k, top_p, min_p, repeat_penalty) default to the model's recommended settings.
+        response_format (OpenAI's shape, as Model.chat takes it) constrains the answer.
         """
         r = self._submit(text, max_tokens, on_token, stop, seed, sampling)
         return r if stream else r.wait()
