@@ -341,3 +341,25 @@ def test_without_llguidance_a_constraint_names_the_extra(tok, monkeypatch):
     monkeypatch.setitem(sys.modules, "llguidance", None)  # import fails as if not installed
     with pytest.raises(EdgerunError, match=r"pip install 'edgerun\[structured\]'"):
         Constraint.json_object(tok)
+
+
+def test_speculative_drafts_keep_a_constrained_answer_token_for_token(smollm2):
+    """n-gram drafts under a JSON schema: the drafted prefix the grammar refuses is cut
+    before verification, and the answer equals the one decoded without drafts."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": PERSON}}
+    first = smollm2.chat(
+        [{"role": "user", "content": "Describe a person as JSON."}],
+        response_format=fmt,
+        temperature=0.0,
+        max_tokens=80,
+    )
+    msgs = [{"role": "user", "content": f"Repeat this JSON exactly: {first}"}]
+    outs = []
+    for draft in ("none", "ngram"):
+        outs.append(
+            smollm2.chat(msgs, response_format=fmt, temperature=0.0, max_tokens=80, draft=draft)
+        )
+        assert smollm2.stats.finish_reason == "stop"
+    assert smollm2.stats.draft_tokens > 0 and smollm2.stats.accepted_tokens > 0
+    assert outs[0] == outs[1]
+    jsonschema.validate(json.loads(outs[1]), PERSON)
