@@ -15,7 +15,7 @@ import numpy as np
 
 from edgerun import registry
 from edgerun.arch import spec_from_gguf
-from edgerun.errors import InvalidArgumentError, ModelNotFoundError
+from edgerun.errors import InvalidArgumentError, ModelNotFoundError, UnsupportedError
 from edgerun.formats.gguf import read_gguf
 from edgerun.generate.chat_template import render_chat
 from edgerun.generate.engine import (
@@ -489,18 +489,28 @@ class Model:
         repeat_penalty: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
-    ) -> str | Iterator[str]:
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        reasoning: str | int | bool | None = None,
+        message: bool = False,
+    ) -> str | Iterator[str] | dict | Iterator[dict]:
         """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template.
 
         Without a system message, the model's recommended system prompt (if any) leads.
+        tools / tool_choice: OpenAI's (the model's template shows the tools, its markup is
+        read back as calls; "required" or a named function forces a valid call). reasoning:
+        "on", "off", or a budget of N reasoning tokens (None: the template's default).
+        message=True answers with the assistant message (content, reasoning_content,
+        tool_calls, finish_reason) instead of text; streamed, with OpenAI's delta dicts
+        and a last {"finish_reason": ...}.
         """
         if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and "role" in m and "content" in m for m in messages
+            isinstance(m, dict) and "role" in m and ("content" in m or "tool_calls" in m)
+            for m in messages
         ):
             raise InvalidArgumentError(
                 "messages must be a list of dicts with 'role' and 'content' keys"
             )
-        ids = self.encode_chat(self.with_system(messages))
         params = self.settings.sampling(
             seed,
             temperature=temperature,
@@ -509,8 +519,67 @@ class Model:
             min_p=min_p,
             repeat_penalty=repeat_penalty,
         )
-        it = self._stream(ids, params, max_tokens, stop)
-        return it if stream else "".join(it)
+        if tools is None and tool_choice is None and reasoning is None and not message:
+            ids = self.encode_chat(self.with_system(messages))
+            it = self._stream(ids, params, max_tokens, stop)
+            return it if stream else "".join(it)
+        return self._chat_turn(
+            messages, stream, max_tokens, params, stop, tools, tool_choice, reasoning, message
+        )
+
+    def _chat_turn(
+        self, messages, stream, max_tokens, params, stop, tools, tool_choice, reasoning, message
+    ):
+        """chat() with tools, a reasoning mode or message answers (generate/chat_turn.py)."""
+        from edgerun.generate.chat_turn import prepare_turn
+        from edgerun.generate.reasoning import BudgetedGeneration
+
+        self._need_template()
+        turn = prepare_turn(
+            self.tokenizer, self.with_system(messages), tools, tool_choice, reasoning
+        )
+        _constrain(turn.grammar)
+        if turn.reasoning.budget is not None:
+            gen = BudgetedGeneration(
+                lambda ids, n, cache: self.scheduler.submit(ids, params, n, stop, cache=cache),
+                turn.ids,
+                max_tokens,
+                turn.reasoning.budget,
+                turn.close_ids,
+                turn.opens_reasoning,
+            )
+            it, stats = iter(gen), (lambda: gen.stats)
+        else:
+            it, stats = self._stream(turn.ids, params, max_tokens, stop), (lambda: self.stats)
+        if not message:
+            return it if stream else "".join(it)
+        reader = turn.reader()
+
+        def deltas() -> Iterator[dict]:
+            for piece in it:
+                yield from reader.feed(piece)
+            yield from reader.finish()
+            yield {"finish_reason": reader.finish_reason(stats().finish_reason)}
+
+        if stream:
+            return deltas()
+        end = list(deltas())[-1]
+        return {**reader.message(), **end}
+
+
+def _constrain(grammar: str | None) -> None:
+    """The one place a chat turn's grammar (a forced tool call) meets constrained decoding
+    (edgerun.generate.constraint, the optional llguidance extra): without it, a turn that
+    needs one is refused by name rather than answered unconstrained."""
+    if grammar is None:
+        return
+    try:
+        import edgerun.generate.constraint  # noqa: F401
+    except ImportError:
+        raise UnsupportedError(
+            "constrained decoding is not available, so tool_choice 'required' or a named "
+            "function cannot be forced; use tool_choice 'auto'"
+        ) from None
 
 
 def copies_fit(need: int, headroom: int | None = None) -> tuple[bool, str]:
