@@ -48,6 +48,7 @@ class ChatTurn:
     opens_reasoning: bool = False  # the prompt ends inside an open <think> block
     grammar: str | None = None  # forces the call(s) tool_choice asks for (llguidance Lark)
     close_ids: list[int] = field(default_factory=list)  # the tokens that end a reasoning block
+    prefix_len: int = 0  # leading tokens shared by requests with the same tools and system
 
     @property
     def calls_tools(self) -> bool:
@@ -104,6 +105,7 @@ def prepare_turn(
     if opens and mode.enabled is False:  # the template opened a block it was asked not to
         ids = ids + close_ids
         opens = False
+    prefix = _shared_prefix(tokenizer, messages, template, extra, ids) if tools else 0
     grammar = None
     if tools and (choice == "required" or isinstance(choice, dict)):
         grammar = tool_call_grammar(tools, choice, markup, special_tokens=specials)
@@ -117,7 +119,33 @@ def prepare_turn(
         opens_reasoning=opens,
         grammar=grammar,
         close_ids=close_ids,
+        prefix_len=prefix,
     )
+
+
+def _shared_prefix(tokenizer: Any, messages: list[dict], template: str, extra: dict, ids) -> int:
+    """How many leading tokens of ``ids`` come before the first user message's text: the
+    system turn with the tools, the same for every request that offers the same tools, so
+    the scheduler computes it once (its prefix cache). 0 where it cannot be told."""
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+    if first is None:
+        return 0
+    heads = [
+        encode_chat(
+            tokenizer,
+            template_messages([*messages[:first], {"role": "user", "content": text}]),
+            template,
+            False,
+            **extra,
+        )
+        for text in ("a", "b")
+    ]
+    n = 0
+    for x, y in zip(*heads, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n if 0 < n < len(ids) and list(ids[:n]) == heads[0][:n] else 0
 
 
 class TurnReader:
@@ -150,7 +178,9 @@ class TurnReader:
                 i = len(self.calls)
                 self.calls.append(e)
                 head = {"index": i, "id": e.id, "type": "function"}
-                out.append({"tool_calls": [{**head, "function": {"name": e.name, "arguments": ""}}]})
+                out.append(
+                    {"tool_calls": [{**head, "function": {"name": e.name, "arguments": ""}}]}
+                )
                 out.append({"tool_calls": [{"index": i, "function": {"arguments": e.arguments}}]})
         return out
 

@@ -165,7 +165,11 @@ class ReasoningSplitter:
             if self.state == "reasoning":
                 at = self._buf.find(CLOSE)
                 if at < 0:
-                    keep = 0 if final else _partial_suffix(self._buf, CLOSE)
+                    keep = 0
+                    if not final:  # a tag's start, and the newlines that may precede it
+                        keep = _partial_suffix(self._buf, CLOSE)
+                        head = self._buf[: len(self._buf) - keep]
+                        keep += len(head) - len(head.rstrip("\n"))
                     text = self._buf[: len(self._buf) - keep]
                     self._buf = self._buf[len(self._buf) - keep :]
                     self._emit(out, "reasoning", text.rstrip("\n") if final else text)

@@ -316,7 +316,7 @@ class ToolCallParser:
         self.markup = markup
         self.names = set(names) if names is not None else None
         self.calls: list[ToolCall] = []
-        self.broken = False  # some markup did not parse and was returned as content
+        self.broken = False  # the family's own markup did not parse: returned as content
         self._buf = ""
         self._in_call = False
         self._started = False  # any non-space text seen (Llama's bare JSON must come first)
@@ -324,6 +324,7 @@ class ToolCallParser:
         self._blank = ""  # blank text after a call, held back
         self._openers = [(markup.open, markup.close), *markup.fences]
         self._close: str | None = markup.close
+        self._marked = False  # the call being read opened with the family's own markup
 
     def feed(self, piece: str) -> list[str | ToolCall]:
         self._buf += piece
@@ -381,6 +382,7 @@ class ToolCallParser:
                         break
                     if stripped.startswith("{"):
                         self._in_call, self._started, self._close = True, True, None
+                        self._marked = False
                         self._call_text = ""
                         continue
                 self._started = self._started or bool(self._buf.strip())
@@ -395,6 +397,7 @@ class ToolCallParser:
                         out.append(text)
                     break
                 at, opening, self._close = found
+                self._marked = opening == m.open
                 if at:
                     out.append(self._buf[:at])
                 self._in_call = True
@@ -433,7 +436,7 @@ class ToolCallParser:
         self._call_text = ""
         calls = _calls_in(payload, self.markup)
         if not self._accept(calls):
-            self.broken = True
+            self.broken = self.broken or self._marked
             return [raw]
         self.calls += calls  # type: ignore[arg-type]
         return list(calls)  # type: ignore[arg-type]
