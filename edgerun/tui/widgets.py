@@ -65,12 +65,14 @@ class AnswerParts:
 def tool_call_text(name: str, arguments: str) -> Text:
     """A tool call as the block shows it: the function's name, then its arguments."""
     try:
-        args = json.dumps(json.loads(arguments), ensure_ascii=False, indent=1)
+        args = json.dumps(json.loads(arguments), ensure_ascii=False)
+        if len(args) > 60:  # long arguments one per line
+            args = "\n" + json.dumps(json.loads(arguments), ensure_ascii=False, indent=1)
     except ValueError:
         args = arguments
     out = Text("⚙ ", style="bold")
     out.append(name, style="bold")
-    out.append("\n" + args)
+    out.append(" " + args)
     return out
 
 
