@@ -336,6 +336,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--stream", action="store_true", help="also ask edgerun with stream=True")
     ap.add_argument("--llamacpp", action="store_true", help="also run llama-cpp-python")
+    ap.add_argument("--no-edgerun", action="store_true", help="run only llama-cpp-python")
     ap.add_argument("-o", "--out", default=None, help="append the report to this file")
     a = ap.parse_args()
     out = []
@@ -348,6 +349,8 @@ def main() -> None:
                 lambda model=model: run_edgerun(model, a.threads, False),
             )
         ]
+        if a.no_edgerun:
+            runs = []
         if a.stream:
             runs.append(
                 (
