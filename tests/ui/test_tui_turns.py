@@ -9,7 +9,7 @@ import asyncio
 
 from textual.app import App
 from textual.containers import VerticalScroll
-from textual.widgets import Collapsible, Static
+from textual.widgets import Static
 
 from edgerun.generate.tool_calls import MARKUPS
 from edgerun.tui.app import CSS_PATH
