@@ -49,6 +49,7 @@ class ChatTurn:
     grammar: str | None = None  # forces the call(s) tool_choice asks for (llguidance Lark)
     close_ids: list[int] = field(default_factory=list)  # the tokens that end a reasoning block
     prefix_len: int = 0  # leading tokens shared by requests with the same tools and system
+    parallel: bool = True  # several calls in one answer (False: the first call only)
 
     @property
     def calls_tools(self) -> bool:
@@ -65,9 +66,11 @@ def prepare_turn(
     tool_choice: Any = None,
     reasoning: Any = None,
     template_kwargs: dict | None = None,
+    parallel: bool = True,
 ) -> ChatTurn:
     """The prompt for ``messages`` with ``tools`` (OpenAI's shape, checked), ``tool_choice``,
-    ``reasoning`` (see reasoning.reasoning_mode) and extra template variables.
+    ``reasoning`` (see reasoning.reasoning_mode) and extra template variables; ``parallel``
+    False (OpenAI's parallel_tool_calls) allows one call per answer.
 
     Raises InvalidArgumentError for malformed tools or choice, UnsupportedError when tools are
     asked of a model whose template writes no tool-call markup this package reads."""
@@ -108,7 +111,7 @@ def prepare_turn(
     prefix = _shared_prefix(tokenizer, messages, template, extra, ids) if tools else 0
     grammar = None
     if tools and (choice == "required" or isinstance(choice, dict)):
-        grammar = tool_call_grammar(tools, choice, markup, special_tokens=specials)
+        grammar = tool_call_grammar(tools, choice, markup, specials, parallel)
     return ChatTurn(
         ids=ids,
         tools=tools,
@@ -120,6 +123,7 @@ def prepare_turn(
         grammar=grammar,
         close_ids=close_ids,
         prefix_len=prefix,
+        parallel=parallel,
     )
 
 
@@ -174,6 +178,8 @@ class TurnReader:
             if isinstance(e, str):
                 self.content.append(e)
                 out.append({"content": e})
+            elif self.calls and not self.turn.parallel:
+                continue  # parallel_tool_calls false: one call per answer
             else:
                 i = len(self.calls)
                 self.calls.append(e)

@@ -479,10 +479,12 @@ def tool_call_grammar(
     choice: str | dict,
     markup: ToolMarkup,
     special_tokens: Iterable[str] = (),
+    parallel: bool = True,
 ) -> str:
     """An llguidance Lark grammar for an answer that is one or more calls in ``markup``
     (``choice`` "required": to any of ``tools``, one or more; a named function: one call to
-    it), each call's JSON ``{"name": <const>, "arguments": <the function's schema>}``.
+    it), each call's JSON ``{"name": <const>, "arguments": <the function's schema>}``;
+    ``parallel`` False allows one call only.
 
     A marker in ``special_tokens`` (the strings the constraint's tokenizer treats as special
     tokens) is written as a token reference (``<|tool_call|>``), which is the only way a
@@ -497,7 +499,7 @@ def tool_call_grammar(
         many = False
     elif choice == "required":
         wanted = [t["function"]["name"] for t in tools]
-        many = True
+        many = parallel
     else:
         raise InvalidArgumentError(f"no grammar for tool_choice {choice!r}")
     by_name = {t["function"]["name"]: t["function"] for t in tools}

@@ -237,6 +237,7 @@ def chat_turn(model: Model, convo: list[dict], body: dict):
         body.get("tool_choice"),
         _reasoning(body),
         body.get("chat_template_kwargs"),
+        parallel=body.get("parallel_tool_calls") is not False,
     )
     _constrain(turn.grammar)
     return turn

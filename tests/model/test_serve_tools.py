@@ -138,6 +138,16 @@ def test_tool_calls_streamed(server):
     assert [json.loads(c["arguments"])["city"] for c in calls.values()] == ["Paris", "Tokyo"]
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call(server):
+    _, replay, client = server
+    replay.answer = CALLS
+    r = client.chat.completions.create(
+        model="m", messages=MSGS, tools=TOOLS, parallel_tool_calls=False
+    )
+    calls = r.choices[0].message.tool_calls
+    assert len(calls) == 1 and json.loads(calls[0].function.arguments) == {"city": "Paris"}
+
+
 def test_tool_results_go_back_to_the_template(server):
     model, replay, client = server
     replay.answer = "It is 18 C in Paris."

@@ -284,6 +284,13 @@ def test_named_choice_grammar_forces_that_function_once(byte_tokenizer):
     )
 
 
+def test_a_grammar_without_parallel_calls_allows_one(byte_tokenizer):
+    g = tool_call_grammar(TOOLS, "required", MARKUPS["hermes"], parallel=False)
+    one = f"<tool_call>\n{CALC}\n</tool_call>"
+    assert _matches(byte_tokenizer, g, one)
+    assert not _matches(byte_tokenizer, g, one + "\n" + one)
+
+
 def test_special_token_markers_become_token_references():
     g = tool_call_grammar(
         TOOLS, "required", MARKUPS["phi4"], special_tokens=["<|tool_call|>", "<|/tool_call|>"]
