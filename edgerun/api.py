@@ -581,7 +581,11 @@ class Model:
         response_format: dict | None = None,
         regex: str | None = None,
         grammar: str | None = None,
-    ) -> str | Iterator[str]:
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        reasoning: str | int | bool | None = None,
+        message: bool = False,
+    ) -> str | Iterator[str] | dict | Iterator[dict]:
         """Answer a conversation ([{"role": ..., "content": ...}, ...]) with the chat template.
 
         Without a system message, the model's recommended system prompt (if any) leads.
@@ -591,6 +595,12 @@ class Model:
         ..., "schema": {...}}}, {"type": "json_object"} or {"type": "text"}; the answer
         follows it (needs `pip install 'edgerun[structured]'`); regex or grammar (Lark or
         GBNF) constrain it the same way.
+        tools / tool_choice: OpenAI's (the model's template shows the tools, its markup is
+        read back as calls; "required" or a named function forces a valid call). reasoning:
+        "on", "off", or a budget of N reasoning tokens (None: the template's default).
+        message=True answers with the assistant message (content, reasoning_content,
+        tool_calls, finish_reason) instead of text; streamed, with OpenAI's delta dicts
+        and a last {"finish_reason": ...}.
         """
         constraint = response_format_constraint(self.tokenizer, response_format)
         if regex is not None or grammar is not None:
@@ -598,12 +608,12 @@ class Model:
                 raise InvalidArgumentError("give response_format or regex/grammar, not both")
             constraint = constraint_from(self.tokenizer, regex=regex, grammar=grammar)
         if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and "role" in m and "content" in m for m in messages
+            isinstance(m, dict) and "role" in m and ("content" in m or "tool_calls" in m)
+            for m in messages
         ):
             raise InvalidArgumentError(
                 "messages must be a list of dicts with 'role' and 'content' keys"
             )
-        ids = self.encode_chat(self.with_system(messages))
         params = self.settings.sampling(
             seed,
             temperature=temperature,
@@ -612,8 +622,66 @@ class Model:
             min_p=min_p,
             repeat_penalty=repeat_penalty,
         )
-        it = self._stream(ids, params, max_tokens, stop, draft, constraint)
-        return it if stream else "".join(it)
+        if tools is None and tool_choice is None and reasoning is None and not message:
+            ids = self.encode_chat(self.with_system(messages))
+            it = self._stream(ids, params, max_tokens, stop, draft, constraint)
+            return it if stream else "".join(it)
+        return self._chat_turn(
+            messages, stream, max_tokens, params, stop, tools, tool_choice, reasoning, message,
+            draft, constraint,
+        )  # fmt: skip
+
+    def _chat_turn(
+        self, messages, stream, max_tokens, params, stop, tools, tool_choice, reasoning, message,
+        draft=None, constraint=None,
+    ):  # fmt: skip
+        """chat() with tools, a reasoning mode or message answers (generate/chat_turn.py)."""
+        from edgerun.generate.chat_turn import prepare_turn
+        from edgerun.generate.reasoning import BudgetedGeneration
+
+        self._need_template()
+        turn = prepare_turn(
+            self.tokenizer, self.with_system(messages), tools, tool_choice, reasoning
+        )
+        if turn.grammar is not None:  # a forced call: its markup around valid arguments
+            if constraint is not None:
+                raise InvalidArgumentError(
+                    "tool_choice 'required' or a named function cannot be combined with "
+                    "response_format, regex or grammar"
+                )
+            constraint = constraint_from(self.tokenizer, grammar=turn.grammar)
+        if turn.reasoning.budget is not None:
+            if constraint is not None:
+                raise InvalidArgumentError(
+                    "a reasoning budget cannot be combined with response_format, a grammar "
+                    "or a forced tool call"
+                )
+            gen = BudgetedGeneration(
+                lambda ids, n, cache: self.scheduler.submit(ids, params, n, stop, cache=cache),
+                turn.ids,
+                max_tokens,
+                turn.reasoning.budget,
+                turn.close_ids,
+                turn.opens_reasoning,
+            )
+            it, stats = iter(gen), (lambda: gen.stats)
+        else:
+            it = self._stream(turn.ids, params, max_tokens, stop, draft, constraint)
+            stats = lambda: self.stats  # noqa: E731
+        if not message:
+            return it if stream else "".join(it)
+        reader = turn.reader()
+
+        def deltas() -> Iterator[dict]:
+            for piece in it:
+                yield from reader.feed(piece)
+            yield from reader.finish()
+            yield {"finish_reason": reader.finish_reason(stats().finish_reason)}
+
+        if stream:
+            return deltas()
+        end = list(deltas())[-1]
+        return {**reader.message(), **end}
 
     # -- embeddings -----------------------------------------------------------
     def embed(

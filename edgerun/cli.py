@@ -155,6 +155,35 @@ def _offload_kwargs(args: argparse.Namespace) -> dict:
     return dict(ram_budget=args.ram_budget, offload=args.offload, offload_options=opts, **kw)
 
 
+def _shown_reasoning(deltas, hide: bool, dim: bool):
+    """The text `generate` prints from a chat turn's deltas: the reasoning dimmed (ANSI, on a
+    terminal) and set apart from the answer, or left out."""
+    reasoning = False
+    try:
+        for d in deltas:
+            text = d.get("reasoning_content")
+            if text:
+                if hide:
+                    continue
+                if not reasoning:
+                    reasoning = True
+                    yield "\x1b[2m" if dim else ""
+                yield text
+                continue
+            text = d.get("content")
+            if text:
+                if reasoning:
+                    reasoning = False
+                    yield "\x1b[0m\n\n" if dim else "\n\n"
+                yield text
+        if reasoning and dim:
+            yield "\x1b[0m"
+    finally:
+        close = getattr(deltas, "close", None)
+        if close is not None:
+            close()
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgerun", description="On-device LLM inference.")
     parser.add_argument(
@@ -192,6 +221,19 @@ def _build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json-schema", metavar="FILE", default=None, help="answer as JSON valid here")
     g.add_argument("--grammar", metavar="FILE", default=None, help="a Lark or GBNF grammar file")
     g.add_argument("--regex", metavar="RE", default=None, help="the answer matches this regex")
+    g.add_argument(
+        "--reasoning",
+        nargs="+",
+        default=None,
+        metavar="on|off|budget N",
+        help="thinking models (<think>): on, off, or at most N reasoning tokens "
+        "(default: the template's own default)",
+    )
+    g.add_argument(
+        "--hide-reasoning",
+        action="store_true",
+        help="print only the answer, not the reasoning (shown dimmed by default)",
+    )
 
     sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (extra: edgerun[serve])")
     _add_model_args(sv)
@@ -454,7 +496,14 @@ def _answer(args: argparse.Namespace, prompt: str, offload: dict, first_run) -> 
         if schema is not None:
             fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
             sampling["response_format"] = fmt
-        pieces = model.chat(messages, stream=True, **sampling)
+        if args.reasoning or args.hide_reasoning or "<think>" in (model.chat_template or ""):
+            reasoning = " ".join(args.reasoning) if args.reasoning else None
+            deltas = model.chat(
+                messages, stream=True, reasoning=reasoning, message=True, **sampling
+            )
+            pieces = _shown_reasoning(deltas, args.hide_reasoning, sys.stdout.isatty())
+        else:
+            pieces = model.chat(messages, stream=True, **sampling)
     # One answer warms only the kernels it runs (engine.answer_parts), compiled by the
     # children where they are not cached yet.
     parts = model.engine.answer_parts(len(prompt_ids))

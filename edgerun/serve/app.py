@@ -36,6 +36,15 @@ MAX_DRAIN_BYTES = 64 << 20
 MAX_STOP = 4  # as OpenAI
 MAX_EMBED_INPUTS = 2048  # inputs in one embeddings request, as OpenAI
 MAX_STOP_CHARS = 256
+# OpenAI's reasoning_effort -> a reasoning mode (generate/reasoning.py): "none"/"minimal"
+# turn thinking off; "low" and "medium" cap it at a token budget; "high" leaves it uncapped.
+REASONING_EFFORT: dict[str, str | int] = {
+    "none": "off",
+    "minimal": "off",
+    "low": 512,
+    "medium": 2048,
+    "high": "on",
+}
 
 
 class APIError(Exception):
@@ -100,6 +109,20 @@ _FIELDS: dict[str, tuple[Any, Any, str]] = {
     "response_format": (lambda v: v is None or isinstance(v, dict), None, "an object"),
     "json_schema": (lambda v: v is None or isinstance(v, dict), None, "a JSON Schema object"),
     "grammar": (lambda v: v is None or isinstance(v, str), None, "a string (GBNF or Lark)"),
+    "tools": (lambda v: v is None or isinstance(v, list), None, "a list of tools"),
+    "tool_choice": (
+        lambda v: v is None or isinstance(v, str | dict),
+        None,
+        "'auto', 'none', 'required' or a function",
+    ),
+    "parallel_tool_calls": (lambda v: v is None or isinstance(v, bool), None, "a boolean"),
+    "reasoning_effort": (
+        lambda v: v is None or v in REASONING_EFFORT,
+        None,
+        f"one of {', '.join(REASONING_EFFORT)}",
+    ),
+    "reasoning_budget": (lambda v: _is_int(v) or v is None, lambda v: v >= -1, "an integer >= -1"),
+    "chat_template_kwargs": (lambda v: v is None or isinstance(v, dict), None, "an object"),
 }
 
 
@@ -159,8 +182,48 @@ def _messages(body: dict) -> list[dict[str, str]]:
         if not isinstance(content, str):
             raise APIError(400, f"messages[{i}].content must be a string", "messages")
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": content})
+        msg = {"role": role, "content": content}
+        msg.update(_tool_fields(m, i))
+        out.append(msg)
     return out
+
+
+def _tool_fields(m: dict, i: int) -> dict:
+    """An assistant's tool_calls (and reasoning), a tool result's tool_call_id and name, as
+    the chat template reads them."""
+    out: dict[str, Any] = {}
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list) or not all(
+            isinstance(c, dict)
+            and isinstance(c.get("function"), dict)
+            and isinstance(c["function"].get("name"), str)
+            for c in calls
+        ):
+            raise APIError(
+                400,
+                f"messages[{i}].tool_calls must be a list of {{'id', 'type': 'function', "
+                "'function': {'name', 'arguments'}}",
+                "messages",
+            )
+        out["tool_calls"] = calls
+    for key in ("tool_call_id", "name", "reasoning_content"):
+        v = m.get(key)
+        if v is not None:
+            if not isinstance(v, str):
+                raise APIError(400, f"messages[{i}].{key} must be a string", "messages")
+            out[key] = v
+    return out
+
+
+def _reasoning(body: dict) -> str | int | None:
+    """The reasoning mode a request asks for: reasoning_budget (llama.cpp's: -1 no limit,
+    0 off, N tokens), else reasoning_effort."""
+    budget = body.get("reasoning_budget")
+    if budget is not None:
+        return "on" if budget == -1 else budget
+    effort = body.get("reasoning_effort")
+    return None if effort is None else REASONING_EFFORT[effort]
 
 
 def _sampling(body: dict) -> dict[str, Any]:
@@ -209,14 +272,42 @@ def _embedding_inputs(body: dict, model: Model) -> list[list[int]]:
     return seqs
 
 
+def chat_turn(model: Model, convo: list[dict], body: dict):
+    """The turn a chat request asks for: its tools, tool_choice, reasoning and template
+    variables (generate/chat_turn.prepare_turn); a forced call's grammar is its
+    `grammar` (constrained by _constraint)."""
+    from edgerun.generate.chat_turn import prepare_turn
+
+    model._need_template()
+    turn = prepare_turn(
+        model.tokenizer,
+        convo,
+        body.get("tools"),
+        body.get("tool_choice"),
+        _reasoning(body),
+        body.get("chat_template_kwargs"),
+        parallel=body.get("parallel_tool_calls") is not False,
+    )
+    return turn
+
+
 # -- the app ----------------------------------------------------------------------------
-def _constraint(model: Model, body: dict):
-    """The grammar a request's body asks for (response_format, json_schema or grammar),
-    compiled; None for none. Runs off the event loop: compiling takes up to
-    constraint.COMPILE_SECONDS."""
+def _constraint(model: Model, body: dict, tool_grammar: str | None = None):
+    """The grammar a request's body asks for (response_format, json_schema or grammar, or
+    the tool call that tool_choice forces), compiled; None for none. Runs off the event
+    loop: compiling takes up to constraint.COMPILE_SECONDS."""
     from edgerun.generate.constraint import constraint_from, response_format_constraint
 
     rf = body.get("response_format")
+    if tool_grammar is not None:
+        if rf is not None or body.get("json_schema") is not None or body.get("grammar"):
+            raise APIError(
+                400,
+                "tool_choice 'required' or a named function cannot be combined with "
+                "response_format, json_schema or grammar",
+                "tool_choice",
+            )
+        return constraint_from(model.tokenizer, grammar=tool_grammar)
     if rf is not None and (body.get("json_schema") is not None or body.get("grammar")):
         raise APIError(
             400, "give response_format or json_schema/grammar, not both", "response_format"
@@ -328,22 +419,31 @@ def create_app(
     def _finish_reason(r) -> str:
         return "length" if r.stats.finish_reason == "length" else "stop"
 
-    def _sse_response(r, chunk_of, body: dict) -> StreamingResponse:
+    def _sse_response(r, chunk_of, body: dict, finish=None) -> StreamingResponse:
         opts = body.get("stream_options") or {}
         return StreamingResponse(
-            _stream(r, chunk_of, bool(opts.get("include_usage"))), media_type="text/event-stream"
+            _stream(r, chunk_of, bool(opts.get("include_usage")), finish),
+            media_type="text/event-stream",
         )
 
     def _sse(obj: Any) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-    async def _stream(r, chunk_of, include_usage: bool) -> AsyncIterator[str]:
+    async def _stream(r, chunk_of, include_usage: bool, finish=None) -> AsyncIterator[str]:
+        # chunk_of(piece) is one chunk or a list (a piece of a chat turn can make several
+        # deltas, or none); chunk_of(None) ends the stream and its last chunk gets the
+        # finish reason (finish(r), else _finish_reason)
+        def chunks(c):
+            return c if isinstance(c, list) else [c]
+
         try:
             async for piece in r:
-                yield _sse(chunk_of(piece))
-            final = chunk_of(None)
-            final["choices"][0]["finish_reason"] = _finish_reason(r)
-            yield _sse(final)
+                for c in chunks(chunk_of(piece)):
+                    yield _sse(c)
+            final = chunks(chunk_of(None))
+            final[-1]["choices"][0]["finish_reason"] = (finish or _finish_reason)(r)
+            for c in final:
+                yield _sse(c)
             if include_usage:
                 yield _sse({**chunk_of(None), "choices": [], "usage": _usage(r)})
             yield "data: [DONE]\n\n"
@@ -356,11 +456,25 @@ def create_app(
             body = await _body(req)
             msgs = _messages(body)
             convo = model.with_system(msgs)
-            ids = model.encode_chat(convo)
-            constraint = await asyncio.to_thread(_constraint, model, body)
-            r = _submit(ids, body, system_prefix_len(model.engine, convo, ids), constraint)
+            turn = chat_turn(model, convo, body)
+            ids = turn.ids
+            prefix = system_prefix_len(model.engine, convo, ids) or turn.prefix_len
+            constraint = await asyncio.to_thread(_constraint, model, body, turn.grammar)
+            r = None
+            if turn.reasoning.budget:
+                if constraint is not None:
+                    raise APIError(
+                        400,
+                        "a reasoning budget cannot be combined with response_format, a grammar "
+                        "or a forced tool call",
+                        "reasoning_budget",
+                    )
+                r = _submit_turn(turn, body, prefix)
+            r = r or _submit(ids, body, prefix, constraint)
         except Exception as e:  # noqa: BLE001 - every failure becomes error JSON
             return _error(e)
+        if turn.tools or turn.thinks:
+            return await _chat_turn_answer(r, turn, body)
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         now = int(time.time())
         base = {"id": rid, "created": now, "model": mid}
@@ -398,6 +512,72 @@ def create_app(
                 ],
                 "usage": _usage(r),
             }
+        )
+
+    def _submit_turn(turn, body: dict, prefix_len: int):
+        """A turn whose reasoning has a token budget (generate/reasoning.BudgetedGeneration)."""
+        from edgerun.generate.reasoning import BudgetedGeneration
+
+        n_ctx = model.n_ctx
+        if len(turn.ids) >= n_ctx:
+            return None  # _submit answers it
+        max_tokens = _max_tokens(body, n_ctx, default_max_tokens)
+        params = model.settings.sampling(body.get("seed"), **_sampling(body))
+        stops = _stops(body)
+
+        def submit(ids, n, cache):
+            return model.scheduler.submit(
+                ids, params, n, stops, cache=cache, prefix_len=prefix_len if cache is None else 0
+            )
+
+        return BudgetedGeneration(
+            submit,
+            turn.ids,
+            max_tokens,
+            turn.reasoning.budget,
+            turn.close_ids,
+            turn.opens_reasoning,
+        )
+
+    async def _chat_turn_answer(r, turn, body: dict):
+        """A chat answer read as reasoning, content and tool calls (generate/chat_turn.py)."""
+        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        base = {"id": rid, "created": int(time.time()), "model": mid}
+        reader = turn.reader()
+        if body.get("stream"):
+            first = [True]
+
+            def chunk(delta: dict) -> dict:
+                if first[0]:
+                    delta = {"role": "assistant", **delta}
+                    first[0] = False
+                return {
+                    **base,
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+                }
+
+            def chunk_of(piece):
+                if piece is None:
+                    return [chunk(d) for d in reader.finish()] + [chunk({})]
+                return [chunk(d) for d in reader.feed(piece)]
+
+            return _sse_response(
+                r, chunk_of, body, lambda r: reader.finish_reason(_finish_reason(r))
+            )
+        try:
+            async for piece in r:
+                reader.feed(piece)
+            reader.finish()
+        except Exception as e:  # noqa: BLE001
+            return _error(e)
+        choice = {
+            "index": 0,
+            "message": reader.message(),
+            "finish_reason": reader.finish_reason(_finish_reason(r)),
+        }
+        return JSONResponse(
+            {**base, "object": "chat.completion", "choices": [choice], "usage": _usage(r)}
         )
 
     async def completions(req: HTTPRequest):

@@ -286,7 +286,13 @@ class ChatApp(App):
         title = None
         if m["role"] == "assistant":
             title = f"Assistant · {m.get('model') or self.chat.model_label or 'model'}"
-        view = MessageView(m["role"], m["content"], title=title)
+        view = MessageView(
+            m["role"],
+            m.get("content") or "",
+            title=title,
+            markup=self.chat.tool_markup,
+            tool_calls=m.get("tool_calls"),
+        )
         return view
 
     async def _mount_message(self, view: MessageView) -> None:
@@ -375,7 +381,12 @@ class ChatApp(App):
         return True
 
     async def _start_generation(self, check: bool) -> None:
-        view = MessageView("assistant", "", title=f"Assistant · {self.chat.model_label}")
+        view = MessageView(
+            "assistant",
+            "",
+            title=f"Assistant · {self.chat.model_label}",
+            markup=self.chat.tool_markup,
+        )
         await self._mount_message(view)
         self._answer = view
         job = self.chat.start(check)

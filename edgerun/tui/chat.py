@@ -349,6 +349,17 @@ class ChatController:
         self.conv = conv
 
     # -- model lifecycle ---------------------------------------------------------------
+    @property
+    def tool_markup(self) -> Any:
+        """The tool-call markup the model writes (generate/tool_calls.py), so the app shows
+        calls as blocks; None without a model or a tool-call format."""
+        if self.model is None:
+            return None
+        from edgerun.generate.tool_calls import markup_for
+
+        tok = self.model.tokenizer
+        return markup_for(tok.special_texts(), tok.chat_template)
+
     def take_preloaded(self) -> ModelLoaded | None:
         """The model passed in, as the event a load would have emitted (once)."""
         m, self.preloaded = self.preloaded, None
