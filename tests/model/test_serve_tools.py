@@ -220,17 +220,3 @@ def test_malformed_requests_are_400s(server, extra, needle):
     with pytest.raises(openai.BadRequestError) as e:
         client.post("/chat/completions", body=body, cast_to=object)
     assert needle in e.value.body["message"]
-
-
-def test_a_forced_call_needs_constrained_decoding(server):
-    _, _, client = server
-    try:
-        import edgerun.generate.constraint  # noqa: F401
-
-        pytest.skip("constrained decoding is installed: the forced call runs (its own tests)")
-    except ImportError:
-        pass
-    with pytest.raises(openai.BadRequestError, match="constrained decoding is not available"):
-        client.chat.completions.create(
-            model="m", messages=MSGS, tools=TOOLS, tool_choice="required"
-        )
