@@ -191,7 +191,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_edgerun(model: str, threads: int, stream: bool) -> list[dict]:
+def run_edgerun(model: str, threads: int, stream: bool, tool_choice: str = "auto") -> list[dict]:
     from openai import OpenAI
 
     port = _free_port()
@@ -214,6 +214,7 @@ def run_edgerun(model: str, threads: int, stream: bool) -> list[dict]:
             t0 = time.perf_counter()
             msgs = [{"role": "user", "content": prompt}]
             kw = dict(model="m", messages=msgs, tools=TOOLS, temperature=0, max_tokens=256)
+            kw["tool_choice"] = tool_choice
             if stream:
                 calls: dict[int, list[str]] = {}
                 content, finish = "", None
@@ -338,6 +339,13 @@ def main() -> None:
     ap.add_argument("--llamacpp", action="store_true", help="also run llama-cpp-python")
     ap.add_argument("--no-edgerun", action="store_true", help="run only llama-cpp-python")
     ap.add_argument("-o", "--out", default=None, help="append the report to this file")
+    ap.add_argument(
+        "--tool-choice",
+        default="auto",
+        choices=["auto", "required"],
+        help="edgerun's tool_choice; 'required' forces a call on every prompt (the 'none' "
+        "prompts then score as misses): what counts is that every call is valid",
+    )
     a = ap.parse_args()
     out = []
     for model in a.model:
@@ -346,7 +354,7 @@ def main() -> None:
         runs = [
             (
                 "edgerun serve + openai client",
-                lambda model=model: run_edgerun(model, a.threads, False),
+                lambda model=model: run_edgerun(model, a.threads, False, a.tool_choice),
             )
         ]
         if a.no_edgerun:
@@ -355,7 +363,7 @@ def main() -> None:
             runs.append(
                 (
                     "edgerun serve + openai client, streamed",
-                    lambda model=model: run_edgerun(model, a.threads, True),
+                    lambda model=model: run_edgerun(model, a.threads, True, a.tool_choice),
                 )
             )
         if a.llamacpp:
@@ -372,7 +380,8 @@ def main() -> None:
                 )
             )
         for title, fn in runs:
-            text = report(f"{name}: {title} ({len(PROMPTS)} prompts, greedy)", fn())
+            choice = f", tool_choice {a.tool_choice}" if "edgerun" in title else ""
+            text = report(f"{name}: {title} ({len(PROMPTS)} prompts, greedy{choice})", fn())
             print(text, flush=True)
             out.append(text)
     if a.out:

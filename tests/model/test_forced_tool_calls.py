@@ -7,8 +7,6 @@ through the API and through `edgerun serve` read by the openai client."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 
@@ -100,22 +98,12 @@ def test_a_forced_call_with_a_response_format_is_refused(qwen):
 
 
 def test_the_server_forces_the_call_the_client_asks_for(qwen):
-    from test_serve import _free_port
+    from local_server import running
 
     from edgerun.serve.app import create_app
 
-    port = _free_port()
-    srv = uvicorn.Server(
-        uvicorn.Config(create_app(qwen), host="127.0.0.1", port=port, log_level="warning")
-    )
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-    try:
+    with running(create_app(qwen)) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
         for choice in CHOICES:
             r = client.chat.completions.create(
                 model="x", messages=MSGS, tools=TOOLS, tool_choice=choice, temperature=0.0
@@ -131,6 +119,3 @@ def test_the_server_forces_the_call_the_client_asks_for(qwen):
                 tool_choice="required",
                 response_format={"type": "json_object"},
             )
-    finally:
-        srv.should_exit = True
-        t.join(timeout=10)

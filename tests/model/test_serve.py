@@ -21,32 +21,18 @@ KEY = "test-key-123"
 GREEDY = dict(temperature=0.0, extra_body={"repeat_penalty": 1.0})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(smollm2_path):
+    from local_server import running
+
     import edgerun
     from edgerun.serve.app import create_app
 
     model = edgerun.load(smollm2_path, n_ctx=512, threads=2)
     model.warm_up()
-    port = _free_port()
     app = create_app(model, api_key=KEY, max_body_bytes=64 << 10)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    base = f"http://127.0.0.1:{port}"
-    yield model, base
-    srv.should_exit = True
-    t.join(timeout=10)
+    with running(app) as base:
+        yield model, base
     model.close()
 
 

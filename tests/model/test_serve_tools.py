@@ -6,9 +6,6 @@ streamed tool_calls deltas, reasoning_content, finish_reason, and the 400s."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +67,8 @@ class Replay:
 
 @pytest.fixture(scope="module")
 def server():
+    from local_server import running
+
     import edgerun
     from edgerun.serve.app import create_app
 
@@ -79,26 +78,9 @@ def server():
     model.n_ctx = 4096  # the replay computes nothing: the tiny model's 128 do not bind
     replay = Replay()
     model.serving._scheduler = replay  # what model.scheduler returns
-    port = _free_port()
-    srv = uvicorn.Server(
-        uvicorn.Config(create_app(model), host="127.0.0.1", port=port, log_level="warning")
-    )
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-    yield model, replay, client
-    srv.should_exit = True
-    t.join(timeout=10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with running(create_app(model)) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        yield model, replay, client
 
 
 MSGS = [{"role": "user", "content": "Weather in Paris and Tokyo?"}]

@@ -6,7 +6,6 @@ through the official `openai` client (including its pydantic `parse`)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import numpy as np
@@ -211,22 +210,12 @@ uvicorn = pytest.importorskip("uvicorn")
 
 @pytest.fixture(scope="module")
 def server(smollm2):
-    from test_serve import _free_port
+    from local_server import running
 
     from edgerun.serve.app import create_app
 
-    port = _free_port()
-    app = create_app(smollm2, max_body_bytes=4 << 20)
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-    srv.should_exit = True
-    t.join(timeout=10)
+    with running(create_app(smollm2, max_body_bytes=4 << 20)) as base:
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
 
 
 def test_openai_client_response_format_json_schema(server):
