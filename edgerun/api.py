@@ -15,7 +15,7 @@ import numpy as np
 
 from edgerun import registry
 from edgerun.arch import spec_from_gguf
-from edgerun.errors import InvalidArgumentError, ModelNotFoundError
+from edgerun.errors import BudgetError, InvalidArgumentError, ModelNotFoundError
 from edgerun.formats.gguf import read_gguf
 from edgerun.generate.chat_template import render_chat
 from edgerun.generate.constraint import constraint_from, response_format_constraint
@@ -43,6 +43,7 @@ from edgerun.offload.loader import (
     kv_type_for,
     runtime_floor_bytes,
 )
+from edgerun.offload.plan import parse_budget
 from edgerun.runtime.cpu_share import ThreadGovernor, set_threads, wait_policy_spins
 from edgerun.runtime.sysinfo import (
     anonymous_rss_bytes,
@@ -193,7 +194,6 @@ class Model:
         prof = None
         if device_profile is not None:  # emulate a smaller device: caps, slow storage
             from edgerun.device.profile import DeviceProfile, load_device_profile
-            from edgerun.offload.plan import parse_budget
 
             prof = device_profile
             if not isinstance(prof, DeviceProfile):
@@ -783,23 +783,70 @@ def load(
     it). Model.set_draft changes it later; generate / chat take draft= per call.
     """
     kv_type = kv_type_asked(kv_type, kv_type_k, kv_type_v)
-    model = Model(
-        resolve_model(model, auto_pull),
-        n_ctx=n_ctx,
-        threads=threads,
-        kv_type=kv_type,
-        ram_budget=ram_budget,
-        offload=offload,
-        offload_options=offload_options,
-        context_policy=context_policy,
-        gpu_budget=gpu_budget,
-        gpu_device=gpu_device,
-        device_profile=device_profile,
-        interleave=interleave,
-    )
+    draft_bytes = 0
+    if ram_budget is not None and _resident_draft(draft_model):
+        draft_model, ram_budget, draft_bytes = _draft_within_budget(
+            draft_model, ram_budget, n_ctx, kv_type, threads
+        )
+    try:
+        model = Model(
+            resolve_model(model, auto_pull),
+            n_ctx=n_ctx,
+            threads=threads,
+            kv_type=kv_type,
+            ram_budget=ram_budget,
+            offload=offload,
+            offload_options=offload_options,
+            context_policy=context_policy,
+            gpu_budget=gpu_budget,
+            gpu_device=gpu_device,
+            device_profile=device_profile,
+            interleave=interleave,
+        )
+    except BudgetError as e:
+        if not draft_bytes:
+            raise
+        raise BudgetError(
+            f"{e} (what the RAM budget leaves after the draft model's {draft_bytes >> 20} MiB; "
+            "use ngram drafts, a smaller draft, or a larger budget)"
+        ) from None
     if draft_model is not None:
         model.set_draft(draft_model, num_draft_tokens)
     return model
+
+
+def _resident_draft(draft_model: Any) -> bool:
+    """Whether a draft_model as load takes it is a model (resident weights and KV cache),
+    not n-gram drafts or none."""
+    if draft_model is None or draft_model is False or isinstance(draft_model, Speculation):
+        return False
+    return not (isinstance(draft_model, str) and draft_model in ("ngram", "none"))
+
+
+def _draft_within_budget(
+    draft_model: Any, ram_budget: int | str, n_ctx: int | None, kv_type: str | None, threads
+) -> tuple[Model, int, int]:
+    """Under a RAM budget the draft model stays resident beside the target (its file's
+    pages and its KV cache), so it is loaded first and the target plans for what is left.
+    Returns the loaded draft, the target's budget and the draft's bytes."""
+    total = parse_budget(ram_budget)
+    draft = draft_model
+    if not isinstance(draft, Model):
+        draft = Model(
+            resolve_draft(draft_model),
+            n_ctx=n_ctx,
+            threads=threads,
+            kv_type=kv_type_for(kv_type, ram_budget),
+        )
+    need = draft.memory_bytes()
+    left = total - need
+    mib = 1 << 20
+    if left <= 0:
+        raise BudgetError(
+            f"the draft model {draft.path.name} keeps {need / mib:.0f} MiB resident, more "
+            f"than the RAM budget of {total / mib:.0f} MiB; use ngram drafts or no draft"
+        )
+    return draft, left, need
 
 
 def minimum_ram_budget(

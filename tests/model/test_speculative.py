@@ -236,3 +236,32 @@ def test_the_scheduler_drafts_for_a_lone_request_and_batches_several(smollm2):
     lone, batched = stats["ngram"]
     assert lone.accepted_tokens > 0 and lone.tokens_per_pass > 1.0
     assert 2 in batched.batch_sizes  # decoded together while both ran
+
+
+def test_under_a_ram_budget_the_draft_model_comes_out_of_the_budget(smollm2_path):
+    """A draft model is resident beside an offloaded target: load counts its bytes (file
+    pages and KV cache) and plans the target for what is left; a draft that leaves too
+    little is refused naming it."""
+    from edgerun.api import minimum_ram_budget
+    from edgerun.errors import BudgetError
+
+    draft = edgerun.load(smollm2_path, n_ctx=256, threads=2, kv_type="f16")
+    need = draft.memory_bytes()
+    floor = minimum_ram_budget(smollm2_path, n_ctx=256)
+    budget = need + floor + (64 << 20)
+    m = edgerun.load(smollm2_path, n_ctx=256, threads=2, ram_budget=budget, draft_model=draft)
+    try:
+        assert m.loader.plan.budget == budget - need
+        assert isinstance(m.draft.drafter, ModelDrafter)
+        prompt = "Repeat: the cat sat on the mat. The cat sat on the mat."
+        with_draft = "".join(m.generate(prompt, max_tokens=24, temperature=0.0))
+        assert m.stats.draft_tokens > 0
+        plain = "".join(m.generate(prompt, max_tokens=24, temperature=0.0, draft="none"))
+        assert with_draft == plain
+    finally:
+        m.close()
+    with pytest.raises(BudgetError, match="draft model"):
+        edgerun.load(smollm2_path, n_ctx=256, ram_budget=need - (1 << 20), draft_model=draft)
+    with pytest.raises(BudgetError, match="after the draft model"):
+        edgerun.load(smollm2_path, n_ctx=256, ram_budget=need + floor // 2, draft_model=draft)
+    draft.close()
