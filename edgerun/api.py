@@ -664,7 +664,13 @@ class Model:
                 turn.close_ids,
                 turn.opens_reasoning,
             )
-            it, stats = iter(gen), (lambda: gen.stats)
+
+            def budgeted() -> Iterator[str]:
+                yield from gen
+                # Model.stats tells of this turn, as after the generator's own turns
+                self.generator.stats = gen.stats
+
+            it, stats = budgeted(), (lambda: gen.stats)
         else:
             it = self._stream(turn.ids, params, max_tokens, stop, draft, constraint)
             stats = lambda: self.stats  # noqa: E731

@@ -189,9 +189,9 @@ class BudgetedGeneration:
     ``submit(ids, max_tokens, cache)`` starts a generation (a scheduler request: iterable,
     async-iterable, with ``history``, ``stats``, ``cache`` and ``cancel()``). The first part
     runs ``budget`` tokens; if the reasoning is still open then, ``close_ids`` (the closing
-    tag's tokens) follow it and the rest of ``max_tokens`` is generated from there, on the
-    same KV cache. Iterating yields the text pieces of both parts and the tag between them;
-    ``stats`` adds them up."""
+    tag's tokens) follow it and the rest of ``max_tokens`` (the tag counted) is generated
+    from there, on the same KV cache. Iterating yields the text pieces of both parts and
+    the tag between them; ``stats`` adds them up."""
 
     def __init__(
         self,
@@ -229,7 +229,10 @@ class BudgetedGeneration:
             between = CLOSE_AFTER_BUDGET
             self.injected = True
             self.splitter.feed(between)
-        self.second = self._submit(ids, self.max_tokens - used, first.cache)
+        # the injected tag counts toward max_tokens, as the generated tokens do
+        left = self.max_tokens - used - (len(self.close_ids) if self.injected else 0)
+        if left > 0:
+            self.second = self._submit(ids, left, first.cache)
         return between
 
     def _total(self) -> None:

@@ -32,10 +32,13 @@ def test_budget_cuts_the_reasoning_and_the_answer_follows(thinker):
     assert free["reasoning_content"].startswith(capped["reasoning_content"])
     assert len(capped["reasoning_content"]) < len(free["reasoning_content"])
     assert capped["content"]
+    # the model's stats are this turn's: both parts and the injected tag, max_tokens in all
+    st = thinker.stats
+    assert st.finish_reason == "length" and st.generated_tokens == 20
 
 
 def test_budget_streams_deltas_and_counts_the_tag(thinker):
-    deltas = list(thinker.chat(MSGS, reasoning=4, message=True, stream=True, max_tokens=12))
+    deltas = list(thinker.chat(MSGS, reasoning=4, message=True, stream=True, max_tokens=24))
     kinds = [next(iter(d)) for d in deltas]
     assert kinds[-1] == "finish_reason"
     first_content = kinds.index("content")

@@ -147,7 +147,7 @@ def test_budget_injects_the_closing_tag_and_continues():
     assert _split(text) == ("hmm hmm hmm hmm ", "42")
     assert g.injected
     (ids1, n1, c1), (ids2, n2, c2) = calls
-    assert n1 == 5 and n2 == 15 and c1 is None
+    assert n1 == 5 and n2 == 14 and c1 is None  # 20 less the 5 and the tag
     assert ids2 == ["P", "<think>", "hmm ", "hmm ", "hmm ", "hmm ", CLOSE_AFTER_BUDGET]
     assert c2 is g.first.cache  # the second part continues on the first part's KV cache
     assert g.stats.generated_tokens == 5 + 1 + 1 and g.stats.finish_reason == "stop"
