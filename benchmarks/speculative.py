@@ -15,7 +15,7 @@ Modes:
 
 Usage:
   python benchmarks/speculative.py [--case qwen2.5-coder-1.5b:ngram:edit ...] [-n 128]
-      [-r 3] [-t 2] [--llama] [--ram-budget 800M] [--json out.json]
+      [-r 3] [-t 2] [--llama] [--ram-budget 800M [--cgroup]] [--json out.json]
   python benchmarks/speculative.py --equality [-n 256]
 """
 
@@ -227,6 +227,39 @@ def equality(args) -> list[dict]:
     return results
 
 
+def in_cgroup(args: argparse.Namespace) -> int:
+    """Run this script again, without --cgroup, as the only process of a new memory cgroup
+    limited to the RAM budget + 5% (page cache included), after dropping the caches; report
+    the group's peak, its limit hits and the exit status (137: OOM-killed)."""
+    import os
+    import subprocess
+
+    from offload import _drop_caches, _make_cgroup  # benchmarks/offload.py
+
+    from edgerun.offload.plan import parse_budget
+
+    if args.ram_budget is None:
+        print("--cgroup needs --ram-budget", file=sys.stderr)
+        return 2
+    limit = int(parse_budget(args.ram_budget) * 1.05)
+    group = _make_cgroup(f"edgerun-speculative-{os.getpid()}", limit)
+    _drop_caches()
+    argv = [sys.executable, *[a for a in sys.argv if a != "--cgroup"]]
+
+    def join() -> None:
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    rc = subprocess.run(argv, preexec_fn=join).returncode
+    peak = int((group / "memory.max_usage_in_bytes").read_text())
+    hits = int((group / "memory.failcnt").read_text())
+    print(
+        f"cgroup: limit {limit >> 20} MiB, peak {peak >> 20} MiB, limit hits {hits}, exit {rc}"
+        + (" (OOM-killed)" if rc in (137, -9) else ""),
+        flush=True,
+    )
+    return rc
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", default=None, help="TARGET:DRAFT:PROMPTS")
@@ -240,7 +273,15 @@ def main() -> int:
     ap.add_argument("--llama", action="store_true", help="add llama.cpp (llama-cpp-python)")
     ap.add_argument("--equality", action="store_true", help="greedy equality on every model")
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--cgroup",
+        action="store_true",
+        help="with --ram-budget: run in a memory cgroup of the budget + 5%% (cgroup v1, root), "
+        "caches dropped first, so the budget is proven from outside; prints its peak",
+    )
     args = ap.parse_args()
+    if args.cgroup:
+        return in_cgroup(args)
     if args.equality:
         results = equality(args)
         ok = all(r["equal"] for r in results)
