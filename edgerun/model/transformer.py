@@ -480,19 +480,7 @@ class Transformer:
         if step is not None and step.takes([cache] * n):
             return step.verify(tokens, cache)
         ids, start = self.begin_verify(tokens, cache)
-        starts = list(range(start, start + n))
-        ctx = np.empty((n, self.spec.q_dim), np.float32)
-        batch = BatchAttention([cache.k] * n, [cache.v] * n, starts)
-
-        def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
-            batch(li, q, k, v, window, ctx, softcap)
-            return ctx
-
-        rope = lambda base: self._rope(cache.n_ctx, base)  # noqa: E731
-        rows = Rows(self.embed(ids), np.asarray(starts, dtype=np.int64), True, attend, rope)
-        x = self._run_layers(rows)
-        cache.tokens.extend(int(t) for t in tokens)
-        cache.mark_written(start + n)
+        x = self._decode_rows(tokens, [cache] * n, ids, list(range(start, start + n)))
         if self.head is None:
             logits = qmatvec.matvec_batch(self.output, x)
         else:  # each row's own candidates, as a one-token step reads them
@@ -500,7 +488,6 @@ class Transformer:
         return self.softcap(logits)
 
     def _forward_batch(self, tokens: list[int], caches: list[KVCache]) -> np.ndarray:
-        s = self.spec
         n = len(tokens)
         if n != len(caches) or n == 0:
             raise ValueError(f"forward_batch: {n} tokens for {len(caches)} caches")
@@ -510,8 +497,21 @@ class Transformer:
         if step is not None and step.takes(caches):
             return step.rows(tokens, caches)
         ids, starts = self.begin_decode_step(tokens, caches)
+        x = self._decode_rows(tokens, caches, ids, starts)
+        logits = (
+            qmatvec.matvec_batch(self.output, x) if self.head is None else self.head.decode_batch(x)
+        )
+        return self.softcap(logits)
+
+    def _decode_rows(
+        self, tokens: list[int], caches: list[KVCache], ids: np.ndarray, starts: list[int]
+    ) -> np.ndarray:
+        """The general path's batched decode rows: token b at position starts[b] of
+        caches[b] (one cache may come back at consecutive positions: a verification
+        pass) through the batched kernels; appends the tokens and returns the final
+        hidden rows [n, d_model]."""
         n_ctx = max(c.n_ctx for c in caches)
-        ctx = np.empty((n, s.q_dim), np.float32)
+        ctx = np.empty((len(tokens), self.spec.q_dim), np.float32)
         batch = BatchAttention([c.k for c in caches], [c.v for c in caches], starts)
 
         def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
@@ -524,7 +524,4 @@ class Transformer:
         for c, t, p in zip(caches, tokens, starts):
             c.tokens.append(int(t))
             c.mark_written(p + 1)  # BatchAttention wrote row p (clear() gives pages back)
-        logits = (
-            qmatvec.matvec_batch(self.output, x) if self.head is None else self.head.decode_batch(x)
-        )
-        return self.softcap(logits)
+        return x
