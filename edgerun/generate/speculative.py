@@ -196,17 +196,13 @@ class ModelDrafter:
             return []
         t0 = time.perf_counter()
         history = list(history)
-        chunk = self.engine.prefill_chunk
         out: list[int] = []
         with self.engine.lock:  # the cache too: one proposal at a time
+            if len(history) - cache.common_prefix(history) > ONE_BY_ONE:
+                self.prefill(history)  # a prompt: in chunks, all but the last token
             reuse = min(cache.common_prefix(history), len(history) - 1)
             cache.truncate(reuse)
-            todo = history[reuse:]
-            if len(todo) > ONE_BY_ONE:  # a prompt: in chunks, all but the last token
-                for i in range(0, len(todo) - 1, chunk):
-                    model.forward(todo[i : min(i + chunk, len(todo) - 1)], cache)
-                todo = todo[-1:]
-            for t in todo:  # the few tokens since the last proposal: one-token steps
+            for t in history[reuse:]:  # the few tokens since the last proposal: one-token steps
                 logits = model.forward([t], cache)
             while True:
                 tok = int(np.argmax(logits))
