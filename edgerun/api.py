@@ -643,13 +643,7 @@ class Model:
         turn = prepare_turn(
             self.tokenizer, self.with_system(messages), tools, tool_choice, reasoning
         )
-        if turn.grammar is not None:  # a forced call: its markup around valid arguments
-            if constraint is not None:
-                raise InvalidArgumentError(
-                    "tool_choice 'required' or a named function cannot be combined with "
-                    "response_format, regex or grammar"
-                )
-            constraint = constraint_from(self.tokenizer, grammar=turn.grammar)
+        constraint = turn.constraint(self.tokenizer, constraint)
         if turn.reasoning.budget is not None:
             if constraint is not None:
                 raise InvalidArgumentError(

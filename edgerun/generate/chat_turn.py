@@ -9,6 +9,7 @@ from typing import Any
 
 from edgerun.errors import InvalidArgumentError, UnsupportedError
 from edgerun.generate.chat_template import encode_chat
+from edgerun.generate.constraint import Constraint, constraint_from
 from edgerun.generate.reasoning import (
     CLOSE_AFTER_BUDGET,
     OPEN,
@@ -57,6 +58,19 @@ class ChatTurn:
 
     def reader(self) -> TurnReader:
         return TurnReader(self)
+
+    def constraint(self, tokenizer: Any, asked: Constraint | None) -> Constraint | None:
+        """What this turn decodes under: the grammar of the call tool_choice forces (its
+        markup around valid arguments), else `asked` (response_format, json_schema, regex
+        or grammar). Both at once are refused."""
+        if self.grammar is None:
+            return asked
+        if asked is not None:
+            raise InvalidArgumentError(
+                "tool_choice 'required' or a named function cannot be combined with "
+                "response_format, json_schema, regex or grammar"
+            )
+        return constraint_from(tokenizer, grammar=self.grammar)
 
 
 def prepare_turn(

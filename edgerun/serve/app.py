@@ -292,22 +292,15 @@ def chat_turn(model: Model, convo: list[dict], body: dict):
 
 
 # -- the app ----------------------------------------------------------------------------
-def _constraint(model: Model, body: dict, tool_grammar: str | None = None):
-    """The grammar a request's body asks for (response_format, json_schema or grammar, or
-    the tool call that tool_choice forces), compiled; None for none. Runs off the event
-    loop: compiling takes up to constraint.COMPILE_SECONDS."""
+def _constraint(model: Model, body: dict, turn=None):
+    """The grammar a request's body asks for (response_format, json_schema or grammar),
+    compiled, or the call a chat turn's tool_choice forces (ChatTurn.constraint); None
+    for none. Runs off the event loop: compiling takes up to constraint.COMPILE_SECONDS."""
     from edgerun.generate.constraint import constraint_from, response_format_constraint
 
+    if turn is not None:
+        return turn.constraint(model.tokenizer, _constraint(model, body))
     rf = body.get("response_format")
-    if tool_grammar is not None:
-        if rf is not None or body.get("json_schema") is not None or body.get("grammar"):
-            raise APIError(
-                400,
-                "tool_choice 'required' or a named function cannot be combined with "
-                "response_format, json_schema or grammar",
-                "tool_choice",
-            )
-        return constraint_from(model.tokenizer, grammar=tool_grammar)
     if rf is not None and (body.get("json_schema") is not None or body.get("grammar")):
         raise APIError(
             400, "give response_format or json_schema/grammar, not both", "response_format"
@@ -459,7 +452,7 @@ def create_app(
             turn = chat_turn(model, convo, body)
             ids = turn.ids
             prefix = system_prefix_len(model.engine, convo, ids) or turn.prefix_len
-            constraint = await asyncio.to_thread(_constraint, model, body, turn.grammar)
+            constraint = await asyncio.to_thread(_constraint, model, body, turn)
             r = None
             if turn.reasoning.budget:
                 if constraint is not None:
