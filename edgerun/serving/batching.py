@@ -486,18 +486,16 @@ class BatchScheduler:
         c.decode_steps += 1
         c.decode_tokens += r.cache.length - base
         c.decode_seconds += time.perf_counter() - now
-        if not seq.done and r.cache.room() == 0:
-            seq.end("length")  # context full
-        if seq.done:
-            r._emit(seq.tail())
-            self._active.remove(r)
-            r._finish(seq.finish_reason)
-            return
-        r.next_input = seq.token
+        self._after_step(r)
 
     def _after_logits(self, r: Request, logits: np.ndarray) -> None:
+        r._emit(r.seq.step(logits))
+        self._after_step(r)
+
+    def _after_step(self, r: Request) -> None:
+        """After a request's sampled tokens: end it at a full context, finish it when it
+        ended, else take its last token as the next input."""
         seq = r.seq
-        r._emit(seq.step(logits))
         if not seq.done and r.cache.room() == 0:
             seq.end("length")  # context full
         if seq.done:
