@@ -519,14 +519,7 @@ class Model:
             if draft_model == "ngram":
                 drafter = NgramDrafter()
             else:
-                other = draft_model
-                if not isinstance(other, Model):
-                    other = Model(
-                        resolve_draft(draft_model),
-                        n_ctx=self.n_ctx,
-                        threads=self.loader.threads,
-                        kv_type=self.kv_type,
-                    )
+                other = _draft_model(draft_model, self.n_ctx, self.loader.threads, self.kv_type)
                 drafter = ModelDrafter(other.engine, other.path.name)
                 drafter.check_vocabulary(self.engine, self.path.name)
                 drafter.resident_bytes = other.memory_bytes()
@@ -823,6 +816,14 @@ def _resident_draft(draft_model: Any) -> bool:
     return not (isinstance(draft_model, str) and draft_model in ("ngram", "none"))
 
 
+def _draft_model(draft_model: Any, n_ctx: int | None, threads, kv_type: str | None) -> Model:
+    """The draft model a draft_model names (a registry name, draft form or path), loaded
+    resident; a loaded Model as it is."""
+    if isinstance(draft_model, Model):
+        return draft_model
+    return Model(resolve_draft(draft_model), n_ctx=n_ctx, threads=threads, kv_type=kv_type)
+
+
 def _draft_within_budget(
     draft_model: Any, ram_budget: int | str, n_ctx: int | None, kv_type: str | None, threads
 ) -> tuple[Model, int, int]:
@@ -830,14 +831,7 @@ def _draft_within_budget(
     pages and its KV cache), so it is loaded first and the target plans for what is left.
     Returns the loaded draft, the target's budget and the draft's bytes."""
     total = parse_budget(ram_budget)
-    draft = draft_model
-    if not isinstance(draft, Model):
-        draft = Model(
-            resolve_draft(draft_model),
-            n_ctx=n_ctx,
-            threads=threads,
-            kv_type=kv_type_for(kv_type, ram_budget),
-        )
+    draft = _draft_model(draft_model, n_ctx, threads, kv_type_for(kv_type, ram_budget))
     need = draft.memory_bytes()
     left = total - need
     mib = 1 << 20

@@ -383,7 +383,9 @@ def create_app(
         card = {"id": mid, "object": "model", "created": created, "owned_by": "edgerun"}
         return JSONResponse({"object": "list", "data": [card]})
 
-    def _submit(ids: list[int], body: dict, prefix_len: int = 0, constraint=None):
+    def _request_limits(ids: list[int], body: dict):
+        """A request's max_tokens, sampling parameters and stops, after checking that its
+        prompt leaves room in the context window."""
         n_ctx = model.n_ctx
         if len(ids) >= n_ctx:
             raise APIError(
@@ -394,9 +396,13 @@ def create_app(
             )
         max_tokens = _max_tokens(body, n_ctx, default_max_tokens)
         params = model.settings.sampling(body.get("seed"), **_sampling(body))
+        return max_tokens, params, _stops(body)
+
+    def _submit(ids: list[int], body: dict, prefix_len: int = 0, constraint=None):
+        max_tokens, params, stops = _request_limits(ids, body)
         try:
             return model.scheduler.submit(
-                ids, params, max_tokens, _stops(body), prefix_len=prefix_len, constraint=constraint
+                ids, params, max_tokens, stops, prefix_len=prefix_len, constraint=constraint
             )
         except ContextOverflowError as e:
             raise APIError(400, str(e)) from None
@@ -453,17 +459,17 @@ def create_app(
             ids = turn.ids
             prefix = system_prefix_len(model.engine, convo, ids) or turn.prefix_len
             constraint = await asyncio.to_thread(_constraint, model, body, turn)
-            r = None
-            if turn.reasoning.budget:
-                if constraint is not None:
-                    raise APIError(
-                        400,
-                        "a reasoning budget cannot be combined with response_format, a grammar "
-                        "or a forced tool call",
-                        "reasoning_budget",
-                    )
+            if turn.reasoning.budget is None:
+                r = _submit(ids, body, prefix, constraint)
+            elif constraint is not None:
+                raise APIError(
+                    400,
+                    "a reasoning budget cannot be combined with response_format, a grammar "
+                    "or a forced tool call",
+                    "reasoning_budget",
+                )
+            else:
                 r = _submit_turn(turn, body, prefix)
-            r = r or _submit(ids, body, prefix, constraint)
         except Exception as e:  # noqa: BLE001 - every failure becomes error JSON
             return _error(e)
         if turn.tools or turn.thinks:
@@ -511,12 +517,7 @@ def create_app(
         """A turn whose reasoning has a token budget (generate/reasoning.BudgetedGeneration)."""
         from edgerun.generate.reasoning import BudgetedGeneration
 
-        n_ctx = model.n_ctx
-        if len(turn.ids) >= n_ctx:
-            return None  # _submit answers it
-        max_tokens = _max_tokens(body, n_ctx, default_max_tokens)
-        params = model.settings.sampling(body.get("seed"), **_sampling(body))
-        stops = _stops(body)
+        max_tokens, params, stops = _request_limits(turn.ids, body)
 
         def submit(ids, n, cache):
             return model.scheduler.submit(
