@@ -474,6 +474,24 @@ def parse_tool_calls(
 
 
 # -- forcing a call ----------------------------------------------------------------------
+def _nested_schema(schema: Any, at: str) -> Any:
+    """A function's parameter schema to sit at JSON pointer ``at`` of a larger schema: its
+    local references (``#/$defs/X``, ``#/definitions/X``, ``#`` itself, as pydantic and
+    instructor write them) point into it there, where they would otherwise resolve
+    against the larger schema's root."""
+    if isinstance(schema, dict):
+        out = {}
+        for k, v in schema.items():
+            if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+                out[k] = at + v[1:]
+            else:
+                out[k] = _nested_schema(v, at)
+        return out
+    if isinstance(schema, list):
+        return [_nested_schema(v, at) for v in schema]
+    return schema
+
+
 def tool_call_grammar(
     tools: list[dict],
     choice: str | dict,
@@ -510,7 +528,10 @@ def tool_call_grammar(
             "type": "object",
             "properties": {
                 "name": {"const": name},
-                markup.args_key: by_name[name].get("parameters") or {"type": "object"},
+                markup.args_key: _nested_schema(
+                    by_name[name].get("parameters") or {"type": "object"},
+                    f"#/properties/{markup.args_key}",
+                ),
             },
             "required": ["name", markup.args_key],
             "additionalProperties": False,

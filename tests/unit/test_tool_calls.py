@@ -297,3 +297,33 @@ def test_special_token_markers_become_token_references():
     )
     assert g.startswith("start: <|tool_call|> ")
     assert '"<|tool_call|>"' not in g
+
+
+def test_parameters_with_local_references_compile_and_bind(byte_tokenizer):
+    """pydantic (and instructor) write nested models and enums as `#/$defs/X`; inside the
+    call's wrapper schema they must still point into the function's own parameters."""
+    params = {
+        "$defs": {
+            "Priority": {"enum": ["low", "high"], "type": "string"},
+            "Node": {
+                "type": "object",
+                "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+                "required": ["kids"],
+                "additionalProperties": False,
+            },
+        },
+        "type": "object",
+        "properties": {"priority": {"$ref": "#/$defs/Priority"}, "tree": {"$ref": "#/$defs/Node"}},
+        "required": ["priority", "tree"],
+        "additionalProperties": False,
+    }
+    tools = [{"type": "function", "function": {"name": "task", "parameters": params}}]
+    g = tool_call_grammar(tools, "required", MARKUPS["hermes"])
+
+    def call(args: dict) -> str:
+        return f"<tool_call>\n{json.dumps({'name': 'task', 'arguments': args})}\n</tool_call>"
+
+    tree = {"kids": [{"kids": []}, {"kids": [{"kids": []}]}]}
+    assert _matches(byte_tokenizer, g, call({"priority": "high", "tree": tree}))
+    assert not _matches(byte_tokenizer, g, call({"priority": "urgent", "tree": tree}))
+    assert not _matches(byte_tokenizer, g, call({"priority": "low", "tree": {"kids": [1]}}))
