@@ -33,6 +33,9 @@ MAX_BODY_BYTES = 4 << 20  # a request body larger than this gets 413
 # out: a client still sending when the server answers and closes sees "connection reset"
 # instead of the answer. A larger declared body is answered at once.
 MAX_DRAIN_BYTES = 64 << 20
+# JSON nesting a request body may have: a deep schema or tool needs a few dozen levels; the
+# code that walks a body (and the grammar compiler) recurses once per level
+MAX_JSON_DEPTH = 128
 MAX_STOP = 4  # as OpenAI
 MAX_EMBED_INPUTS = 2048  # inputs in one embeddings request, as OpenAI
 MAX_STOP_CHARS = 256
@@ -66,6 +69,24 @@ class APIError(Exception):
 
 
 # -- request validation ---------------------------------------------------------------
+
+
+def _nesting_over(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value nests lists and objects more than `limit` deep (walked
+    without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            v = v.values()
+        elif not isinstance(v, list):
+            continue
+        if depth > limit:
+            return True
+        stack.extend((x, depth + 1) for x in v if isinstance(x, (dict, list)))
+    return False
+
+
 def _is_num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
@@ -338,6 +359,7 @@ def create_app(
     async def _body(req: HTTPRequest) -> dict:
         length = req.headers.get("content-length")
         too_big = APIError(413, f"request body over {max_body_bytes} bytes")
+        too_deep = f"the request body nests JSON more than {MAX_JSON_DEPTH} levels deep"
         if length is not None:
             try:
                 declared = int(length)
@@ -359,6 +381,10 @@ def create_app(
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        except RecursionError:  # deeper than the parser goes
+            raise APIError(400, too_deep) from None
+        if _nesting_over(body, MAX_JSON_DEPTH):
+            raise APIError(400, too_deep)
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
         _check_fields(body)

@@ -127,6 +127,12 @@ def test_malformed_and_oversized_bodies(server, client):
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = httpx.post(url, content=json.dumps({"messages": "hi"}), headers=h)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    for depth in (200, 2000):  # past our limit, and past Python's own parser
+        schema = '{"type":"array","items":' * depth + "{}" + "}" * depth
+        deep = '{"messages": [{"role": "user", "content": "hi"}], "response_format": '
+        deep += f'{{"type": "json_schema", "json_schema": {{"name": "x", "schema": {schema}}}}}}}'
+        r = httpx.post(url, content=deep, headers=h)
+        assert r.status_code == 400 and "levels deep" in r.json()["error"]["message"], r.text
     big = json.dumps({"messages": [{"role": "user", "content": "x" * (70 << 10)}]})
     r = httpx.post(url, content=big, headers=h)
     assert r.status_code == 413
