@@ -42,6 +42,8 @@ __all__ = [
     "route",
     "moe_ffn",
     "is_moe_layer",
+    "ExpertFootprint",
+    "expert_footprint",
 ]
 
 # llama.cpp's clamp of the renormalising sum (the smallest normal f16), so a row whose
@@ -256,3 +258,30 @@ def moe_ffn(store, spec: ModelSpec, layer: int, source: str, experts: ExpertSour
         shared,
         shared_gate,
     )
+
+
+class ExpertFootprint(NamedTuple):
+    """What a model's routed experts take: `layers` MoE layers of n_expert experts each,
+    `per_expert` bytes of one expert's three matrices (the largest over the layers),
+    `total` bytes of them all, `shared` bytes of the shared experts and their routers."""
+
+    layers: int
+    per_expert: int
+    total: int
+    shared: int
+
+
+def expert_footprint(ffns: Sequence[object]) -> ExpertFootprint:
+    """The footprint of the MoEFFNs among layer executors `ffns` with resident experts
+    (ResidentExperts); zeros where there are none."""
+    layers = per_expert = total = shared = 0
+    for f in ffns:
+        if not isinstance(f, MoEFFN) or not isinstance(f.source, ResidentExperts):
+            continue
+        layers += 1
+        total += f.source.nbytes
+        per_expert = max(per_expert, max(sum(t.nbytes for t in m) for m in f.source._matrices))
+        shared += f.router.nbytes
+        if f.shared is not None:
+            shared += sum(t.nbytes for t in (f.shared.gate, f.shared.up, f.shared.down))
+    return ExpertFootprint(layers, per_expert, total, shared)
