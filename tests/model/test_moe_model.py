@@ -101,3 +101,18 @@ def test_info_shows_the_experts():
     ).stdout
     assert "experts:       8 per layer on 2 of 2 layers, 2 used per token" in out
     assert "width 256" in out and "MB per expert" in out
+
+
+def test_a_pack_of_a_moe_model_gives_the_gguf_logits(tmp_path):
+    """`edgerun convert --quant keep` stores the 3-D expert tensors as 2-D [n_expert * rows,
+    cols]; the pack's experts are views of those rows, so its logits are the GGUF's."""
+    from edgerun.tools.convert import convert
+
+    src = DATA / "qwen2moe" / "q8_0.gguf"
+    pack = convert(str(src), tmp_path / "pack", "keep", progress=False)
+    ids = list(range(3, 40))
+    # no interleaved copies: a GGUF's attention would take their kernels, a pack's not
+    a = edgerun.load(src, n_ctx=64, threads=2, kv_type="f32", interleave=False)
+    b = edgerun.load(pack, n_ctx=64, threads=2, kv_type="f32", interleave=False)
+    assert all(isinstance(layer.ffn, MoEFFN) for layer in b.transformer.layers)
+    assert np.array_equal(a.logits(ids), b.logits(ids))
