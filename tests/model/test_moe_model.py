@@ -88,8 +88,17 @@ def test_generate_sessions_and_scheduler_on_a_moe_model():
 
 
 def test_ram_budget_on_a_moe_model_is_refused():
+    path = DATA / "qwen3moe" / "q8_0.gguf"
     with pytest.raises(UnsupportedError, match=r"mixture-of-experts.*8 experts"):
-        edgerun.load(DATA / "qwen3moe" / "q8_0.gguf", n_ctx=64, threads=1, ram_budget="50M")
+        edgerun.load(path, n_ctx=64, threads=1, ram_budget="50M")
+    plan = subprocess.run(
+        [sys.executable, "-m", "edgerun", "plan", str(path), "--ram-budget", "50M"],
+        capture_output=True,
+        text=True,
+    )
+    assert plan.returncode != 0
+    assert "not supported yet for a mixture-of-experts model" in plan.stderr
+    assert "Traceback" not in plan.stderr
 
 
 def test_info_shows_the_experts():
