@@ -174,6 +174,22 @@ class StateCache:
                 self.layers[i][name][...] = a
         self.drop_after(position)
 
+    def set_layers(self, layers: dict[int, LayerState]) -> None:
+        """Make a copy of `layers` (StateCache.layers' layout) the live states; no
+        snapshots (they belonged to other tokens)."""
+        for i, named in layers.items():
+            for name, a in named.items():
+                self.layers[i][name][...] = a
+        self.snapshots.clear()
+
+    def copy_at(self, position: int, length: int) -> dict[int, LayerState] | None:
+        """A copy of the states after `position` tokens of a sequence of `length`: the
+        live ones (position == length) or a snapshot; None where none is kept."""
+        if position == length:
+            return _copy(self.layers)
+        snap = self.snapshots.get(position)
+        return None if snap is None else _copy(snap)
+
     def drop_after(self, position: int) -> None:
         """Forget snapshots of positions past `position`."""
         for p in [p for p in self.snapshots if p > position]:
