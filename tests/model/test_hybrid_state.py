@@ -179,3 +179,54 @@ def test_the_ram_budget_plan_counts_the_states_and_the_mixers(lfm2):
     mixer = 2 * (4 * d * d) * 34 // 32  # in_proj + out_proj of two layers, q8_0
     attention = 2 * sum(r * d for r in (64, 32, 32)) * 34 // 32 + 2 * 64 * d * 34 // 32
     assert fp.attention_bytes >= mixer + attention
+
+
+def test_sessions_sharing_a_system_prompt_copy_its_states(lfm2):
+    """The scheduler keeps a system prompt's KV rows and states once (prefix_cache); a
+    later session starts from them and answers as the first one did, computed whole."""
+    system = "You answer in few words."
+    first = lfm2.session(system=system)
+    a = first.send("the theme of the day", max_tokens=10, **GREEDY)
+    entries = list(lfm2.engine.prefix_cache._entries.values())
+    assert entries and all(e.states is not None for e in entries)
+    second = lfm2.session(system=system)
+    b = second.send("the theme of the day", max_tokens=10, **GREEDY)
+    assert b == a
+    assert second.stats.cached_tokens == len(entries[0].tokens) > 0
+
+
+def test_a_spilled_cache_keeps_its_states(lfm2, tmp_path):
+    """An idle session's KV rows moved to disk and back (kv_spill): its states stay in
+    memory, and the next step equals that of a cache never spilled."""
+    from edgerun.serving import kv_spill
+
+    tr, ids = lfm2.transformer, lfm2.tokenize("hello world, this is the test")
+    spilled, kept = KVCache(lfm2.spec, 64), KVCache(lfm2.spec, 64)
+    tr.forward(ids, spilled)
+    tr.forward(ids, kept)
+    assert kv_spill.spill(spilled, tmp_path) > 0
+    assert kv_spill.restore(spilled) == len(ids)
+    assert np.array_equal(tr.forward([5], spilled), tr.forward([5], kept))
+    for k, a in _states(kept).items():
+        assert np.array_equal(a, spilled.state.arrays()[k]), k
+
+
+def test_layers_moved_to_a_torch_device_keep_the_recurrent_mixers(tmp_path):
+    """Placing every layer on a torch device moves the attention layers' projections and
+    every FFN; the short-convolution layers keep their mixers, and the logits stay."""
+    pytest.importorskip("torch")
+    from edgerun.gpu.place import move_layers
+
+    path = family_gguf(tmp_path / "lfm2.gguf", "lfm2")
+    m = edgerun.load(path, n_ctx=64, threads=1, interleave=False)
+    try:
+        ids = m.tokenize("hello world, this is the test")
+        want = m.logits(ids)
+        placed = move_layers(m.transformer, m.store, range(m.spec.n_layers), "cpu")
+        assert sorted(placed.layers) == [0, 1, 2, 3]
+        assert m.transformer.layers[0].attn_proj is None
+        got = m.logits(ids)
+        assert np.allclose(got, want, atol=1e-3 * np.ptp(want))
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+    finally:
+        m.close()
