@@ -230,3 +230,35 @@ def test_layers_moved_to_a_torch_device_keep_the_recurrent_mixers(tmp_path):
         assert (got.argmax(-1) == want.argmax(-1)).all()
     finally:
         m.close()
+
+
+def _lfm2_meta(**over):
+    meta = {
+        "general.architecture": "lfm2",
+        "lfm2.block_count": 4,
+        "lfm2.embedding_length": 64,
+        "lfm2.feed_forward_length": 128,
+        "lfm2.attention.head_count": 4,
+        "lfm2.attention.head_count_kv": [0, 2, 0, 2],
+        "lfm2.attention.layer_norm_rms_epsilon": 1e-5,
+        "lfm2.shortconv.l_cache": 3,
+        "lfm2.vocab_size": 100,
+    }
+    return {**meta, **over}
+
+
+def test_lfm2_metadata():
+    from edgerun.arch import spec_from_gguf
+    from edgerun.errors import ModelFormatError
+
+    s = spec_from_gguf(_lfm2_meta())
+    assert s.layer_mixers == ("shortconv", "attention", "shortconv", "attention")
+    assert (s.n_kv_heads, s.shortconv_l_cache, s.layer_windows) == (2, 3, ())
+    assert s.global_tensors["output_norm"] == "token_embd_norm.weight"
+    s = spec_from_gguf(_lfm2_meta(**{"lfm2.attention.sliding_window": 8}))
+    assert s.layer_windows == (0, 8, 0, 8)
+    for bad in ([0, 2, 0], [0, 2, 0, 4], "x"):
+        with pytest.raises(ModelFormatError, match="head_count_kv"):
+            spec_from_gguf(_lfm2_meta(**{"lfm2.attention.head_count_kv": bad}), "f.gguf")
+    with pytest.raises(ModelFormatError, match="l_cache"):
+        spec_from_gguf(_lfm2_meta(**{"lfm2.shortconv.l_cache": 1}), "f.gguf")
