@@ -1,7 +1,8 @@
-"""LFM2 (Liquid): a hybrid of double-gated short-convolution layers and attention layers
-(per-head q/k RMSNorm, NeoX RoPE), each followed by a SwiGLU FFN. The file marks the
-convolution layers by a head_count_kv of 0 in its per-layer array; the output norm is
-stored as 'token_embd_norm'; a sliding window, if any, applies to the attention layers."""
+"""LFM2 / LFM2.5 (Liquid AI's short-convolution hybrids): double-gated short-convolution
+layers between attention layers (per-head q/k RMSNorm, NeoX RoPE), each followed by a
+SwiGLU FFN. The file marks the convolution layers by a head_count_kv of 0 in its
+per-layer array; the output norm is stored as 'token_embd_norm'; a sliding window, if
+any, applies to the attention layers."""
 
 from __future__ import annotations
 
