@@ -262,3 +262,25 @@ def test_lfm2_metadata():
             spec_from_gguf(_lfm2_meta(**{"lfm2.attention.head_count_kv": bad}), "f.gguf")
     with pytest.raises(ModelFormatError, match="l_cache"):
         spec_from_gguf(_lfm2_meta(**{"lfm2.shortconv.l_cache": 1}), "f.gguf")
+
+
+def test_the_scheduler_speculating_for_a_lone_request_gives_the_plain_text(lfm2):
+    from edgerun.generate.sampling import SamplingParams
+    from edgerun.generate.speculative import Speculation
+    from edgerun.serving.batching import Serving
+
+    ids = lfm2.tokenize("hello world, this is the test")
+    out, accepted = {}, 0
+    for name in ("none", "half-right"):
+        serving = Serving(lfm2.engine)
+        if name != "none":
+            truth = ids + out["none"][1]
+            drafter = _HalfRightDrafter(truth, lfm2.spec.vocab_size)
+            serving.speculation = Speculation(drafter, 5, adaptive=False)
+        r = serving.scheduler.submit(ids, SamplingParams(temperature=0.0), max_tokens=30)
+        r.wait()
+        out[name] = (r.text, list(r.cache.tokens[len(ids) :]))
+        accepted = r.stats.accepted_tokens
+        serving.close()
+    assert out["half-right"][0] == out["none"][0]
+    assert 0 < accepted
