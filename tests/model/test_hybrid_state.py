@@ -312,3 +312,14 @@ def test_a_saved_session_without_its_states_is_refused(lfm2, tmp_path):
         bad.write_bytes(len(head).to_bytes(8, "little") + head + raw[8 + n :])
         with pytest.raises(SessionFileError, match="state"):
             Session.load(lfm2, bad)
+
+
+def test_a_reset_session_answers_as_a_new_one(lfm2):
+    """A session reset (its slot reused for a new conversation) starts from zero states:
+    nothing of the previous conversation's states reaches the next answer."""
+    s = lfm2.session()
+    s.send("hello world, this is the test", max_tokens=8, **GREEDY)
+    s.reset()
+    assert all(not a.any() for a in s.cache.state.arrays().values())
+    again = s.send("the theme of the day", max_tokens=8, **GREEDY)
+    assert again == lfm2.session().send("the theme of the day", max_tokens=8, **GREEDY)
