@@ -15,6 +15,7 @@ from edgerun.arch import (
     gemma3,
     glm4,
     granite,
+    lfm2,
     llama,
     mistral3,
     olmo2,
@@ -44,6 +45,7 @@ FAMILIES = {
     "mistral3": mistral3,
     "qwen3moe": qwen3moe,
     "qwen2moe": qwen2moe,
+    "lfm2": lfm2,
 }
 
 

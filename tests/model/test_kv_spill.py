@@ -19,6 +19,7 @@ GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
 
 class _Spec:
     n_layers, n_kv_heads, head_dim = 3, 2, 64
+    attention_layers, recurrent_layers = (0, 1, 2), ()  # every layer attends
 
 
 def _filled(kv_type: str, n: int) -> KVCache:

@@ -60,6 +60,7 @@ FAMILIES_TESTED = [
     "mistral3",
     "qwen3moe",
     "qwen2moe",
+    "lfm2",
 ]
 
 # Data folders holding only llama.cpp quantizations of a variant (<type>.gguf, with llama.cpp's
