@@ -176,9 +176,11 @@ class Loader:
 
     def minimum_ram_budget(self, mode: str | None = None) -> int:
         """The smallest --ram-budget this model loads with (floor measured in this process)."""
-        from edgerun.offload.plan import minimum_budget
+        from edgerun.offload.plan import minimum_budget, minimum_experts_budget
         from edgerun.offload.store import OffloadOptions
 
+        if getattr(self.spec, "n_expert", 0):
+            return minimum_experts_budget(self.footprint(), self.floor_bytes, self.n_ctx)
         return minimum_budget(
             self.footprint(),
             self.floor_bytes,
@@ -296,6 +298,8 @@ class Loader:
                 f"needs a RAM budget of {math.ceil(need / 2**20)} MiB to stay "
                 "resident"
             )
+        if getattr(self.spec, "n_expert", 0):
+            return self._experts_plan(fp, budget, mode, dev), opts
         mode = mode or DEFAULT_OFFLOAD
         if mode not in ("sparse", "dense"):
             raise InvalidArgumentError(f"offload must be 'sparse' or 'dense', got {mode!r}")
@@ -370,6 +374,19 @@ class Loader:
                 "--gpu-device cpu runs the torch path on the CPU (a test, not a speedup)"
             )
         return p, opts
+
+    def _experts_plan(self, fp, budget: int, mode: str | None, dev) -> Plan:
+        """A mixture-of-experts model that does not fit: its routed experts on flash
+        (offload/experts.py), whatever the offload mode asked (dense rows or sparse
+        neurons are FFN placements; a MoE's FFN is its experts)."""
+        from edgerun.offload.plan import experts_plan
+
+        if mode not in (None, "dense", "experts"):
+            raise UnsupportedError(
+                f"{self.path}: a mixture-of-experts model streams its routed experts under a "
+                f"RAM budget; offload mode {mode!r} is for dense FFNs (leave --offload out)"
+            )
+        return experts_plan(fp, budget, self.floor_bytes, self.n_ctx, device=dev)
 
     def _with_rows_after_kernels(self, load_plan: Plan, plan_with) -> Plan:
         """The plan of the steady state when LLVM's pages can be given back once the
@@ -512,9 +529,16 @@ class Loader:
 
             random_access_large_libraries()
             return_large_frees_to_os()
-        if self.plan.mode != "dense":  # sparse calibration runs the resident model first
+        if self.plan.mode == "sparse":  # sparse calibration runs the resident model first
             self.build_resident()
-        if self.plan.mode == "dense":
+        if self.plan.mode == "experts":
+            from edgerun.offload.experts import ExpertStreamStore
+
+            self.store = ExpertStreamStore(self.file, str(self.path), self.spec, self.plan, opts)
+            if self.device_profile is not None:
+                self.store.flash_reader.throttle = self.device_profile.throttle()
+            self.transformer = Transformer(self.spec, self.store, str(self.path))
+        elif self.plan.mode == "dense":
             from edgerun.offload.store import DenseStreamStore
 
             self.store = DenseStreamStore(

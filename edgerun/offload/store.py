@@ -92,6 +92,9 @@ class OffloadOptions:
     # ... and its first rows held exactly (the tokens text uses most; fewer if the budget
     # leaves less): a fixed count, chosen by measured agreement (offload/head.py)
     head_held: int = HEAD_HELD_ROWS
+    # Experts mode (a mixture of experts, offload/experts.py): read the next layer's
+    # likely experts (its router applied to this layer's input) while this one computes
+    prefetch_experts: bool = True
 
     @classmethod
     def from_dict(cls, d: dict | None) -> OffloadOptions:
