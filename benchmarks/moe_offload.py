@@ -1,0 +1,252 @@
+"""A mixture-of-experts model larger than its RAM budget: routed experts streamed from
+flash (offload/experts.py) against llama.cpp's mmap, each run in a memory cgroup.
+
+For each synthetic qwen3moe file (benchmarks/make_moe_gguf.py: random routing, the
+worst case for an expert cache, and Zipf-skewed routing, the realistic case) and each
+budget (a share of the file), a fresh child process joins a cgroup v1 memory group of
+the budget + 5% (page cache counted) after `sync; echo 3 > drop_caches`, prefills a
+short prompt and decodes N tokens greedily (benchmarks/offload.py's children and cgroup
+handling). Reported per run: decode tok/s, MB read per token, expert cache hit rate,
+experts needed per token, I/O wait and compute ms per token, the group's peak and limit
+hits, and whether it was OOM-killed; and the bound `storage bandwidth / bytes read per
+token`, with the storage bandwidth measured here with direct reads of the file's own
+experts (the same reader, threads and read sizes the expert stream uses).
+
+Needs root (cgroups, drop_caches). Usage:
+  python benchmarks/make_moe_gguf.py; python benchmarks/make_moe_gguf.py --zipf 1.0
+  python benchmarks/moe_offload.py --cgroup [--budgets 25,40,60] [-n 32] [--rounds 1]
+      [--models /work/models/qwen3moe-synth-9L-random-q4k.gguf,...] [--no-llama]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from offload import run_one  # noqa: E402  (benchmarks/offload.py)
+
+MODELS = (
+    "/work/models/qwen3moe-synth-9L-random-q4k.gguf",
+    "/work/models/qwen3moe-synth-9L-zipf1-q4k.gguf",
+)
+RESULTS = Path(__file__).parent / "results"
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def storage_bandwidth(path: str, experts: int = 96, threads: int | None = None) -> float:
+    """Bytes/s of direct reads of random whole experts of the file (3 ranges each, one
+    DirectReader call per 8 experts: a token's layer), as the expert stream reads them."""
+    import numpy as np
+
+    from edgerun.arch import spec_from_gguf
+    from edgerun.formats.gguf import read_gguf
+    from edgerun.offload.experts import expert_layers
+    from edgerun.offload.io import IO_THREADS, DirectReader, aligned_empty
+
+    f = read_gguf(path)
+    spec = spec_from_gguf(f.metadata, path)
+    layers = expert_layers(spec, f, path)
+    rng = np.random.default_rng(0)
+    k = spec.n_expert_used
+    buf = aligned_empty(k * layers[0].expert_bytes + k * 3 * 4096)
+    total, seconds = 0, 0.0
+    with DirectReader(path, threads=threads or IO_THREADS) as r:
+        for _ in range(experts // k):
+            ly = layers[int(rng.integers(len(layers)))]
+            ranges = [
+                rg for e in rng.choice(spec.n_expert, k, replace=False) for rg in ly.ranges(e)
+            ]
+            t0 = time.perf_counter()
+            total += r.read_into(ranges, buf)
+            seconds += time.perf_counter() - t0
+    return total / seconds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--budgets", default="25,40,60", help="shares of the file, %%")
+    ap.add_argument("-n", type=int, default=32, help="tokens to decode")
+    ap.add_argument("--llama-n", type=int, default=16, help="tokens llama.cpp decodes")
+    ap.add_argument("-c", "--ctx", type=int, default=512)
+    ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=1, help="passes over all cells (medians)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds a run may take")
+    ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument(
+        "--cgroup",
+        action="store_true",
+        help="run each child in a memory cgroup of the budget + 5%% (cgroup v1, root); "
+        "without it the budgets are edgerun's promise only",
+    )
+    ap.add_argument("--out", default=str(RESULTS / "moe_offload.txt"))
+    ap.add_argument("--plot", default=str(RESULTS / "moe_offload.png"))
+    ap.add_argument("--json", default=str(RESULTS / "moe_offload.json"))
+    a = ap.parse_args()
+    models = [m for m in a.models.split(",") if m]
+    for m in models:
+        if not Path(m).exists():
+            print(f"{m}: not found; make it with benchmarks/make_moe_gguf.py", file=sys.stderr)
+            return 2
+    bw = statistics.median(storage_bandwidth(models[0]) for _ in range(3))
+    print(f"storage: {bw / 1e6:,.0f} MB/s direct reads of whole experts; CPU: {cpu_name()}")
+    cells = []
+    for m in models:
+        for b in a.budgets.split(","):
+            share = float(b)
+            budget = int(os.path.getsize(m) * share / 100)
+            cells.append((m, share, budget, "edgerun"))
+            if not a.no_llama:
+                cells.append((m, share, budget, "llama.cpp"))
+    runs: dict[tuple, list[dict]] = {c: [] for c in cells}
+    for rnd in range(a.rounds):
+        for c in cells:
+            m, share, budget, engine = c
+            ns = argparse.Namespace(
+                ctx=a.ctx,
+                n=a.n if engine == "edgerun" else a.llama_n,
+                threads=a.threads,
+                timeout=a.timeout,
+            )
+            opts = {"offload": None} if engine == "edgerun" else None
+            r = run_one(engine, m, budget, opts, ns, cgroup=a.cgroup)
+            r.update(model=Path(m).name, share=share, budget_mb=budget / 1e6, engine=engine)
+            r["round"] = rnd
+            runs[c].append(r)
+            print(_line(r, bw), flush=True)
+    rows = []
+    for c in cells:
+        ok = [r for r in runs[c] if "error" not in r]
+        r = dict(ok[-1] if ok else runs[c][-1])
+        for k in ("tok_s", "mb_per_token", "hit_rate", "io_ms", "compute_ms", "experts_needed"):
+            vals = [x[k] for x in ok if isinstance(x.get(k), (int, float))]
+            if vals:
+                r[k] = statistics.median(vals)
+        r["runs"] = len(runs[c])
+        rows.append(r)
+    text = _report(rows, bw, a)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(text)
+    Path(a.json).write_text(json.dumps({"bandwidth": bw, "rows": rows}, indent=1))
+    print(text)
+    _plot(rows, a.plot)
+    return 0
+
+
+def _line(r: dict, bw: float) -> str:
+    def f(k, fmt="{:.1f}"):
+        return fmt.format(r[k]) if isinstance(r.get(k), (int, float)) else "-"
+
+    bound = "-"
+    if isinstance(r.get("mb_per_token"), (int, float)) and r["mb_per_token"] > 0:
+        bound = f"{bw / (r['mb_per_token'] * 1e6):.2f}"
+    err = r.get("error", "") or r.get("note", "")
+    fails = r.get("failcnt")
+    return (
+        f"{r['model'][:34]:<34} {r['share']:>4.0f}% {r['budget_mb']:>6.0f}M {r['engine']:<9} "
+        f"{f('tok_s', '{:.2f}'):>6} {f('mb_per_token'):>7} {f('hit_rate', '{:.2f}'):>5} "
+        f"{f('experts_needed', '{:.0f}'):>4} {f('io_ms'):>7} {f('compute_ms'):>7} "
+        f"{bound:>6} {f('max_usage_mb', '{:.0f}'):>7} {fails if fails is not None else '-':>5} "
+        f"{str(r.get('rc')):>4}  {err[:80]}"
+    )
+
+
+HEADER = (
+    f"{'model':<34} {'share':>5} {'budget':>7} {'engine':<9} {'tok/s':>6} {'MB/tok':>7} "
+    f"{'hit':>5} {'need':>4} {'io ms':>7} {'cmp ms':>7} {'bound':>6} {'peak MB':>7} "
+    f"{'fails':>5} {'rc':>4}  note"
+)
+
+
+def _report(rows: list[dict], bw: float, a) -> str:
+    lines = [
+        "MoE experts on flash under a RAM budget (benchmarks/moe_offload.py)",
+        f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs (shared with other work: noisy)",
+        f"storage: {bw / 1e6:,.0f} MB/s, direct reads of whole experts (3 x 0.9 MB ranges)",
+        f"decode {a.n} tokens (llama.cpp {a.llama_n}), context {a.ctx}, "
+        f"{'cgroup of budget + 5%' if a.cgroup else 'no cgroup'}, caches dropped before "
+        f"each run, medians of {a.rounds} round(s)",
+        "bound = storage bandwidth / MB read per token (tok/s the reads alone allow); "
+        "hit = expert cache hit rate; need = experts a token routes to (all layers); "
+        "peak = cgroup memory.max_usage_in_bytes; fails = memory.failcnt; rc 137/-9 = OOM",
+        "",
+        HEADER,
+    ]
+    lines += [_line(r, bw) for r in rows]
+    lines.append("")
+    for r in rows:
+        if r["engine"] != "edgerun" or not isinstance(r.get("tok_s"), (int, float)):
+            continue
+        ll = next(
+            (
+                x
+                for x in rows
+                if x["engine"] == "llama.cpp"
+                and x["model"] == r["model"]
+                and x["share"] == r["share"]
+            ),
+            None,
+        )
+        parts = [f"{r['model']} at {r['share']:.0f}%: {r['tok_s']:.2f} tok/s"]
+        if isinstance(r.get("mb_per_token"), (int, float)) and r["mb_per_token"] > 0:
+            bound = bw / (r["mb_per_token"] * 1e6)
+            parts.append(f"{r['tok_s'] / bound:.0%} of the read bound {bound:.2f}")
+        if ll and isinstance(ll.get("tok_s"), (int, float)) and ll["tok_s"] > 0:
+            parts.append(f"{r['tok_s'] / ll['tok_s']:.1f}x llama.cpp ({ll['tok_s']:.2f})")
+        elif ll:
+            parts.append(f"llama.cpp: {ll.get('error', 'no result')}")
+        lines.append("  " + "; ".join(parts))
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[dict], out: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed; no plot written")
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for model in sorted({r["model"] for r in rows}):
+        tag = "zipf" if "zipf" in model else "random"
+        for engine in ("edgerun", "llama.cpp"):
+            pts = sorted(
+                (r["share"], r["tok_s"], r.get("mb_per_token"))
+                for r in rows
+                if r["model"] == model
+                and r["engine"] == engine
+                and isinstance(r.get("tok_s"), (int, float))
+            )
+            if not pts:
+                continue
+            lbl = f"{engine}, {tag} routing"
+            ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=lbl)
+            mb = [(p[0], p[2]) for p in pts if isinstance(p[2], (int, float))]
+            if mb:
+                ax2.plot([p[0] for p in mb], [p[1] for p in mb], marker="o", label=lbl)
+    ax1.set(xlabel="RAM budget (% of the 3.5 GB file)", ylabel="decode tok/s", title="speed")
+    ax2.set(xlabel="RAM budget (% of the file)", ylabel="MB read per token", title="flash reads")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"plot: {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
