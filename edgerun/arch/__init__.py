@@ -20,7 +20,9 @@ from edgerun.arch import (
     olmo2,
     phi3,
     qwen2,
+    qwen2moe,
     qwen3,
+    qwen3moe,
     smollm3,
 )
 from edgerun.arch.spec import ModelSpec, validate_spec
@@ -40,6 +42,8 @@ FAMILIES = {
     "glm4": glm4,
     "cohere2": cohere2,
     "mistral3": mistral3,
+    "qwen3moe": qwen3moe,
+    "qwen2moe": qwen2moe,
 }
 
 
