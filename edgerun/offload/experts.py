@@ -17,10 +17,11 @@ router picks it, into an expert cache sized by the plan's leftover budget:
   steps) + FREQUENCY_WEIGHT * log2(1 + uses): least recently used, but an expert used
   often outlives one used once (LRU + frequency). Slots the current layer needs or a
   prefetch is filling are never taken.
-- **Prefetch**: before a layer's experts run, the next layer's router is applied to
-  this layer's FFN input (the residual stream changes little between neighbouring
-  layers, so it predicts the next layer's picks well) and its top experts not cached
-  are read on a background thread while this layer computes.
+- **Prefetch**: once a layer's experts are in, the routers of the next
+  `prefetch_layers` layers are applied to this layer's FFN input (the residual stream
+  changes little between neighbouring layers, so they predict those layers' picks
+  well) and their top experts not cached are read on a background thread while this
+  layer and the next compute.
 
 Per token, ExpertStats counts the experts needed, cache hits, prefetched experts used
 and wasted, bytes read and the I/O wait and compute time (`edgerun generate --stats`,
@@ -134,9 +135,9 @@ class ExpertStats:
     """Routed-expert counters since the last reset (a token's: divide by tokens)."""
 
     needed: int = 0  # experts a layer's rows picked, summed over layers and calls
-    hits: int = 0  # of those, already cached (or being prefetched)
+    hits: int = 0  # of those, cached by an earlier use (cache hits)
     prefetched: int = 0  # experts a prefetch read
-    prefetch_used: int = 0  # prefetched experts a later request found
+    prefetch_used: int = 0  # of `needed`, first used after a prefetch read them
     bytes_read: int = 0  # expert bytes read from flash (alignment padding excluded)
     io_s: float = 0.0  # compute waiting for expert reads
     compute_s: float = 0.0  # the MoE FFN's own time, less its waits
@@ -149,7 +150,13 @@ class ExpertStats:
 
     @property
     def hit_rate(self) -> float:
+        """Share of the experts needed that the cache held from an earlier use."""
         return self.hits / self.needed if self.needed else float("nan")
+
+    @property
+    def ready_rate(self) -> float:
+        """Share of the experts needed that needed no demand read (cached or prefetched)."""
+        return (self.hits + self.prefetch_used) / self.needed if self.needed else float("nan")
 
 
 class ExpertCache:
@@ -287,10 +294,11 @@ class StreamedExperts:
         for e in ids:
             slot = cache.slot_of.get((layer, e))
             if slot is not None:
-                st.hits += 1
-                if slot in self._prefetched:
+                if slot in self._prefetched:  # brought by a prefetch: its first use
                     self._prefetched.discard(slot)
                     st.prefetch_used += 1
+                else:
+                    st.hits += 1
                 fut = self._pending.get(slot)
                 if fut is not None:
                     waits.append(slot)
@@ -394,16 +402,15 @@ class LayerExperts:
         self.stream = stream
         self.layer = layer
         self.n_expert = stream._layer(layer).n_expert
-        self.hint: tuple[int, np.ndarray] | None = None  # (layer, experts) to prefetch
+        self.hint: list[tuple[int, np.ndarray]] = []  # (layer, experts) to prefetch
 
     def experts(self, ids):
         from edgerun.model.moe import ExpertMatrices
 
         self.stream.begin_layer()
         out = [ExpertMatrices(*m) for m in self.stream.matrices(self.layer, ids)]
-        if self.hint is not None:
-            layer, predicted = self.hint
-            self.hint = None
+        hint, self.hint = self.hint, []
+        for layer, predicted in hint:
             self.stream.prefetch(layer, predicted)
         return out
 
@@ -420,25 +427,30 @@ class StreamedMoEFFN:
     # experts anyway, and would fill the prefetch with nearly every expert)
     PREFETCH_ROWS = 4
 
-    def __init__(self, moe, source: LayerExperts, next_router=None) -> None:
+    def __init__(self, moe, source: LayerExperts, next_routers=()) -> None:
         self.moe, self.source = moe, source
-        self.next_router = next_router  # (layer, QuantTensor) of the next MoE layer
+        self.next_routers = list(next_routers)  # (layer, router QuantTensor) to predict
         self.d_model, self.d_ff, self.n_expert = moe.d_model, moe.d_ff, moe.n_expert
         stream = source.stream
         spare = stream.cache.capacity - moe.n_used  # one request's worth kept for prefetch
         self.max_rows = max(1, spare // moe.n_used)
 
     def _predict(self, x: np.ndarray) -> None:
-        if self.next_router is None or x.shape[0] > self.PREFETCH_ROWS:
+        if not self.next_routers or x.shape[0] > self.PREFETCH_ROWS:
             return
         from edgerun.ops import qmatvec
 
-        layer, router = self.next_router
-        logits = qmatvec.project(router, x) if x.shape[0] > 1 else qmatvec.matvec(router, x[0])
-        logits = np.asarray(logits, np.float32).reshape(x.shape[0], -1)
         k = self.moe.n_used
-        top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
-        self.source.hint = (layer, np.unique(top))
+        hint = []
+        for layer, router in self.next_routers:
+            if x.shape[0] > 1:
+                logits = qmatvec.project(router, x)
+            else:
+                logits = qmatvec.matvec(router, x[0])
+            logits = np.asarray(logits, np.float32).reshape(x.shape[0], -1)
+            top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+            hint.append((layer, np.unique(top)))
+        self.source.hint = hint
 
     def _run(self, x: np.ndarray, decode: bool) -> np.ndarray:
         st = self.source.stream.stats
@@ -481,7 +493,7 @@ class ExpertStreamStore(ResidentStore):
         self.stats = ExpertStats()
         slots = plan.expert_slots or StreamedExperts.slots_for(plan.cache_bytes, self.layers)
         self.experts = StreamedExperts(self.direct, self.layers, slots, self.stats)
-        self._prefetch = options.prefetch_experts
+        self._ahead = options.prefetch_layers
 
     def ffn(self, spec, layer: int):
         from edgerun.model.moe import is_moe_layer, moe_ffn
@@ -491,10 +503,12 @@ class ExpertStreamStore(ResidentStore):
         self.check_vectors(spec, layer)
         source = LayerExperts(self.experts, layer)
         moe = moe_ffn(self, spec, layer, self._source, experts=source)
-        nxt = None
-        if self._prefetch and layer + 1 < spec.n_layers and is_moe_layer(spec, self, layer + 1):
-            nxt = (layer + 1, self.matrix(spec.expert_tensor("ffn_gate_inp", layer + 1)))
-        return StreamedMoEFFN(moe, source, nxt)
+        ahead = [
+            (j, self.matrix(spec.expert_tensor("ffn_gate_inp", j)))
+            for j in range(layer + 1, min(spec.n_layers, layer + 1 + self._ahead))
+            if is_moe_layer(spec, self, j)
+        ]
+        return StreamedMoEFFN(moe, source, ahead)
 
     @property
     def flash_reader(self) -> DirectReader:
@@ -514,6 +528,8 @@ class ExpertStreamStore(ResidentStore):
             "mm_s": 0.0,
             "compute_s": st.compute_s,
             "hit_rate": st.hit_rate,
+            "ready_rate": st.ready_rate,
+            "tokens": st.tokens,
             "active_fraction": self.spec.n_expert_used / self.spec.n_expert,
             "plan": self.plan.describe(),
             "pinned": 0,

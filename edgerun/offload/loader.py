@@ -211,11 +211,6 @@ class Loader:
                 f"the model needs ~{need >> 20} MiB and {headroom >> 20} MiB is left, but a "
                 "split GGUF is not streamed: decoding from the mapped shards (slow)"
             )
-        if self.spec.n_expert:
-            return None, (
-                f"the model needs ~{need >> 20} MiB and {headroom >> 20} MiB is left, but a "
-                "mixture-of-experts model is not streamed: decoding from the mapped file (slow)"
-            )
         # what the process holds that nothing reclaims, plus what is left (which counts
         # mapped files, the libraries' code included, as reclaimable: RSS would count them
         # twice), less the 5% a cgroup's page cache and glibc's slack take beyond a budget:
@@ -253,15 +248,15 @@ class Loader:
             )
 
     def refuse_expert_streaming(self, what: str) -> None:
-        """A mixture-of-experts model is read resident only: the planner, the flash stores
-        and the GPU placement move dense FFN rows, not routed experts. Clear error, before
-        any planning or compiling."""
+        """A mixture-of-experts model goes to no GPU: the GPU placement moves dense FFN
+        rows, not routed experts (a RAM budget streams them: offload/experts.py). Clear
+        error, before any planning or compiling."""
         if self.spec.n_expert:
             raise UnsupportedError(
                 f"{self.path}: {what} is not supported yet for a mixture-of-experts model "
-                f"('{self.spec.arch}', {self.spec.n_expert} experts): its routed experts are "
-                "not streamed from flash. Load it without a RAM budget or offload mode (the "
-                "file is mapped and the experts read in place)."
+                f"('{self.spec.arch}', {self.spec.n_expert} experts): the GPU placement moves "
+                "dense FFNs, not routed experts. Load it without a GPU budget (a RAM budget "
+                "streams the routed experts from flash)."
             )
 
     # -- planning --------------------------------------------------------------
@@ -505,7 +500,6 @@ class Loader:
         self.placement_args = (ram_budget, mode, options, gpu_budget, gpu_device)
         if ram_budget is not None or mode not in (None, "resident"):
             self.refuse_split_streaming("a RAM budget (offloading)")
-            self.refuse_expert_streaming("a RAM budget (offloading)")
         if gpu_budget is not None:
             self.refuse_expert_streaming("a GPU budget")
         if ram_budget is not None:

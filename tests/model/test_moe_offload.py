@@ -59,7 +59,7 @@ def _streamed(path, slots: int | None = None, prefetch: bool = True, budget_extr
     p = experts_plan(fp, budget, 0, N_CTX)
     if slots is not None:
         p.expert_slots = slots
-    opts = OffloadOptions(io_threads=2, prefetch_experts=prefetch)
+    opts = OffloadOptions(io_threads=2, prefetch_layers=2 if prefetch else 0)
     store = ExpertStreamStore(f, str(path), spec, p, opts)
     return spec, fp, p, store, Transformer(spec, store, str(path))
 
@@ -100,10 +100,11 @@ def test_streamed_experts_compute_what_the_resident_model_does(moe_file, prefetc
     st = store.stats
     assert st.bytes_read > 0 and st.needed > 0
     assert store.experts.cache.evictions > 0
+    assert st.hits + st.prefetch_used <= st.needed
     if prefetch:
-        assert st.prefetched > 0
+        assert st.prefetched > 0 and st.prefetch_used > 0
     else:
-        assert st.prefetched == 0
+        assert st.prefetched == st.prefetch_used == 0
     store.close()
 
 
