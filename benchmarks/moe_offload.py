@@ -30,7 +30,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from offload import run_one  # noqa: E402  (benchmarks/offload.py)
+from offload import (  # noqa: E402  (benchmarks/offload.py)
+    PROMPT,
+    _drop_caches,
+    _join_cgroup,
+    _make_cgroup,
+    _peak_mb,
+    run_one,
+)
 
 MODELS = (
     "/work/models/qwen3moe-synth-9L-random-q4k.gguf",
@@ -75,12 +82,95 @@ def storage_bandwidth(path: str, experts: int = 96, threads: int | None = None) 
     return total / seconds
 
 
+def llama_child(spec: str) -> None:
+    """llama.cpp (mmap) decoding greedily until `n` tokens or `seconds` of decode: under
+    a small cgroup it pages experts in and out, and a token can take minutes, so it
+    reports what it did in the time it had rather than nothing."""
+    args = json.loads(spec)
+    _join_cgroup(args.get("cgroup"))
+    from llama_cpp import Llama
+
+    t0 = time.perf_counter()
+    llm = Llama(args["path"], n_ctx=args["ctx"], n_threads=args["threads"], verbose=False)
+    load_s = time.perf_counter() - t0
+    ids = llm.tokenize(PROMPT.encode())
+    t1 = time.perf_counter()
+    first = last = None
+    n = 0
+    for _ in llm.generate(ids, temp=0.0, top_k=1):
+        n += 1
+        last = time.perf_counter()
+        if first is None:
+            first = last
+        if n >= args["n"] or last - first > args["seconds"]:
+            break
+    out = {"load_s": load_s, "ttft_s": (first or t1) - t1, "tokens": n}
+    if n > 1:
+        out["tok_s"] = (n - 1) / (last - first)
+    if args.get("cgroup"):
+        out["run_peak_mb"] = _peak_mb(Path("/sys/fs/cgroup/memory") / args["cgroup"])
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def run_llama(path: str, budget: int, a) -> dict:
+    """One llama.cpp child, in a memory cgroup of the budget + 5% with --cgroup."""
+    import subprocess
+
+    name = f"edgerun-moe-llama-{os.getpid()}"
+    g = _make_cgroup(name, int(budget * 1.05)) if a.cgroup else None
+    _drop_caches()
+    spec = {
+        "path": path,
+        "ctx": a.ctx,
+        "n": a.llama_n,
+        "seconds": a.llama_seconds,
+        "threads": a.threads or os.cpu_count(),
+        "cgroup": name if g else None,
+    }
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(
+            [sys.executable, __file__, "--llama-child", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=a.timeout,
+        )
+    except subprocess.TimeoutExpired:
+        p = None
+    res: dict = {"wall_s": time.perf_counter() - t0, "rc": p and p.returncode}
+    if p is None:
+        res["error"] = f"no token in {a.timeout} s (killed)"
+    else:
+        for line in p.stdout.splitlines():
+            if line.startswith("RESULT "):
+                res.update(json.loads(line[7:]))
+        if p.returncode != 0:
+            lines = p.stderr.strip().splitlines() or [""]
+            res["error"] = "OOM-killed" if p.returncode in (137, -9) else lines[-1][-300:]
+        elif "tok_s" not in res:
+            res["error"] = f"{res.get('tokens', 0)} token(s) in {a.llama_seconds} s"
+    if g is not None:
+        res["max_usage_mb"] = _peak_mb(g)
+        res["failcnt"] = int((g / "memory.failcnt").read_text())
+        for _ in range(50):  # the exited child can stay a member for a moment
+            try:
+                g.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--budgets", default="25,40,60", help="shares of the file, %%")
     ap.add_argument("-n", type=int, default=32, help="tokens to decode")
     ap.add_argument("--llama-n", type=int, default=16, help="tokens llama.cpp decodes")
+    ap.add_argument(
+        "--llama-seconds", type=float, default=90, help="llama.cpp stops decoding after this"
+    )
+    ap.add_argument("--llama-child", help=argparse.SUPPRESS)
     ap.add_argument("-c", "--ctx", type=int, default=512)
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=1, help="passes over all cells (medians)")
@@ -96,6 +186,9 @@ def main() -> int:
     ap.add_argument("--plot", default=str(RESULTS / "moe_offload.png"))
     ap.add_argument("--json", default=str(RESULTS / "moe_offload.json"))
     a = ap.parse_args()
+    if a.llama_child:
+        llama_child(a.llama_child)
+        return 0
     models = [m for m in a.models.split(",") if m]
     for m in models:
         if not Path(m).exists():
@@ -115,14 +208,11 @@ def main() -> int:
     for rnd in range(a.rounds):
         for c in cells:
             m, share, budget, engine = c
-            ns = argparse.Namespace(
-                ctx=a.ctx,
-                n=a.n if engine == "edgerun" else a.llama_n,
-                threads=a.threads,
-                timeout=a.timeout,
-            )
-            opts = {"offload": None} if engine == "edgerun" else None
-            r = run_one(engine, m, budget, opts, ns, cgroup=a.cgroup)
+            if engine == "llama.cpp":
+                r = run_llama(m, budget, a)
+            else:
+                ns = argparse.Namespace(ctx=a.ctx, n=a.n, threads=a.threads, timeout=a.timeout)
+                r = run_one(engine, m, budget, {"offload": None}, ns, cgroup=a.cgroup)
             r.update(model=Path(m).name, share=share, budget_mb=budget / 1e6, engine=engine)
             r["round"] = rnd
             runs[c].append(r)
@@ -176,7 +266,8 @@ def _report(rows: list[dict], bw: float, a) -> str:
         "MoE experts on flash under a RAM budget (benchmarks/moe_offload.py)",
         f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs (shared with other work: noisy)",
         f"storage: {bw / 1e6:,.0f} MB/s, direct reads of whole experts (3 x 0.9 MB ranges)",
-        f"decode {a.n} tokens (llama.cpp {a.llama_n}), context {a.ctx}, "
+        f"decode {a.n} tokens (llama.cpp {a.llama_n}, or what it decodes in "
+        f"{a.llama_seconds:.0f} s), context {a.ctx}, "
         f"{'cgroup of budget + 5%' if a.cgroup else 'no cgroup'}, caches dropped before "
         f"each run, medians of {a.rounds} round(s)",
         "bound = storage bandwidth / MB read per token (tok/s the reads alone allow); "

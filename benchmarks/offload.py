@@ -247,7 +247,12 @@ def run_one(engine: str, path: str, budget: int | None, options, a, cgroup: bool
     if g is not None:
         res["max_usage_mb"] = _peak_mb(g)
         res["failcnt"] = int((g / "memory.failcnt").read_text())
-        g.rmdir()
+        for _ in range(50):  # the exited child can stay a member for a moment
+            try:
+                g.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
     return res
 
 

@@ -545,3 +545,18 @@ class ExpertStreamStore(ResidentStore):
         self.experts.wait()
         self.direct.reset_stats()
         self.stats.reset()
+
+
+def stats_line(stats: dict | None) -> str | None:
+    """A one-line summary of an experts-mode store's offload_stats() (per token: rows
+    the MoE layers ran over, the prompt's included); None for any other store."""
+    if not stats or "experts_needed" not in stats:
+        return None
+    t = max(1, stats.get("tokens", 1))
+    return (
+        f"experts on flash: {stats['experts_needed']:.0f} needed a token, "
+        f"{stats['hit_rate']:.0%} cache hits, {stats['ready_rate']:.0%} ready without a wait "
+        f"(prefetch), {stats['bytes_read'] / t / 1e6:,.1f} MB read a token, I/O wait "
+        f"{1e3 * stats['io_s'] / t:,.1f} ms, compute {1e3 * stats['compute_s'] / t:,.1f} ms "
+        f"a token; cache {stats['expert_cache']} experts"
+    )
