@@ -88,7 +88,22 @@ def llama_child(spec: str) -> None:
     reports what it did in the time it had rather than nothing."""
     args = json.loads(spec)
     _join_cgroup(args.get("cgroup"))
+    import llama_cpp.llama_cpp as ll
     from llama_cpp import Llama
+
+    if not args["repack"]:
+        # llama.cpp's CPU backend copies Q4_K weights into interleaved anonymous buffers
+        # at load ("CPU_REPACK", on AVX2 machines): the whole model in anonymous memory,
+        # which a cgroup smaller than the file OOM-kills. Off, every weight is read
+        # through the mapping and paged through the page cache (mmap).
+        default = ll.llama_model_default_params
+
+        def no_repack():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+
+        ll.llama_model_default_params = no_repack
 
     t0 = time.perf_counter()
     llm = Llama(args["path"], n_ctx=args["ctx"], n_threads=args["threads"], verbose=False)
@@ -125,6 +140,7 @@ def run_llama(path: str, budget: int, a) -> dict:
         "n": a.llama_n,
         "seconds": a.llama_seconds,
         "threads": a.threads or os.cpu_count(),
+        "repack": a.llama_repack,
         "cgroup": name if g else None,
     }
     t0 = time.perf_counter()
@@ -171,6 +187,12 @@ def main() -> int:
         "--llama-seconds", type=float, default=90, help="llama.cpp stops decoding after this"
     )
     ap.add_argument("--llama-child", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--llama-repack",
+        action="store_true",
+        help="llama.cpp with its default CPU repacking of Q4_K (anonymous copies of the "
+        "weights: OOM-killed in a cgroup smaller than the file); default: mmap only",
+    )
     ap.add_argument("-c", "--ctx", type=int, default=512)
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=1, help="passes over all cells (medians)")
@@ -266,7 +288,8 @@ def _report(rows: list[dict], bw: float, a) -> str:
         "MoE experts on flash under a RAM budget (benchmarks/moe_offload.py)",
         f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs (shared with other work: noisy)",
         f"storage: {bw / 1e6:,.0f} MB/s, direct reads of whole experts (3 x 0.9 MB ranges)",
-        f"decode {a.n} tokens (llama.cpp {a.llama_n}, or what it decodes in "
+        f"decode {a.n} tokens (llama.cpp {'with' if a.llama_repack else 'without'} CPU "
+        f"repacking: {a.llama_n}, or what it decodes in "
         f"{a.llama_seconds:.0f} s), context {a.ctx}, "
         f"{'cgroup of budget + 5%' if a.cgroup else 'no cgroup'}, caches dropped before "
         f"each run, medians of {a.rounds} round(s)",

@@ -996,12 +996,19 @@ def _expert_staging_bytes() -> int:
     return (IO_THREADS + 1) * (CHUNK + 2 * ALIGN)
 
 
+def _expert_slot_bytes(fp: Footprint) -> int:
+    """An expert's cache slot at most: its bytes, and for each of its three matrices
+    the block boundaries its direct read is widened to (offload/experts.py)."""
+    from edgerun.offload.io import ALIGN
+
+    return -(-fp.expert_bytes // ALIGN) * ALIGN + 6 * ALIGN
+
+
 def minimum_experts_budget(fp: Footprint, floor: int, n_ctx: int) -> int:
     """The smallest budget experts_plan accepts: everything but the routed experts, and
     a cache of MIN_EXPERT_LAYERS layers' experts."""
-    from edgerun.offload.io import ALIGN
 
-    slot = -(-fp.expert_bytes // ALIGN) * ALIGN + 3 * ALIGN
+    slot = _expert_slot_bytes(fp)
     return (
         floor
         + n_ctx * fp.kv_bytes_per_token
@@ -1033,7 +1040,6 @@ def experts_plan(
     hides some; the prediction counts none), so they add to the compute."""
     if not fp.n_expert:
         raise InvalidArgumentError("experts_plan needs a mixture-of-experts footprint")
-    from edgerun.offload.io import ALIGN
 
     dev = device or DeviceFigures()
     need = minimum_experts_budget(fp, floor, n_ctx)
@@ -1047,7 +1053,7 @@ def experts_plan(
             "smaller context (-c)."
         )
     L, E, k = fp.n_layers, fp.n_expert, fp.n_expert_used
-    slot = slot_bytes or -(-fp.expert_bytes // ALIGN) * ALIGN + 3 * ALIGN
+    slot = slot_bytes or _expert_slot_bytes(fp)
     kv = n_ctx * fp.kv_bytes_per_token
     resident = _resident_bytes(fp) + fp.moe_resident_bytes
     staging = _expert_staging_bytes()
