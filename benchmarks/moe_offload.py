@@ -53,7 +53,9 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def storage_bandwidth(path: str, experts: int = 96, threads: int | None = None) -> float:
+def storage_bandwidth(
+    path: str, experts: int = 192, threads: int | None = None, seed: int = 0
+) -> float:
     """Bytes/s of direct reads of random whole experts of the file (3 ranges each, one
     DirectReader call per 8 experts: a token's layer), as the expert stream reads them."""
     import numpy as np
@@ -66,20 +68,29 @@ def storage_bandwidth(path: str, experts: int = 96, threads: int | None = None) 
     f = read_gguf(path)
     spec = spec_from_gguf(f.metadata, path)
     layers = expert_layers(spec, f, path)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     k = spec.n_expert_used
-    buf = aligned_empty(k * layers[0].expert_bytes + k * 3 * 4096)
+    buf = aligned_empty(k * layers[0].slot_bytes())
     total, seconds = 0, 0.0
     with DirectReader(path, threads=threads or IO_THREADS) as r:
         for _ in range(experts // k):
             ly = layers[int(rng.integers(len(layers)))]
+            # block-aligned ranges into aligned places, as the expert cache reads them
             ranges = [
-                rg for e in rng.choice(spec.n_expert, k, replace=False) for rg in ly.ranges(e)
+                (off, n)
+                for e in rng.choice(spec.n_expert, k, replace=False)
+                for off, n, _ in ly.aligned_ranges(int(e), r.size)
             ]
             t0 = time.perf_counter()
             total += r.read_into(ranges, buf)
             seconds += time.perf_counter() - t0
     return total / seconds
+
+
+def measured_bandwidth(path: str, times: int = 5) -> float:
+    """The median of `times` storage_bandwidth() measurements (the storage's speed drifts
+    with the other work on the host)."""
+    return statistics.median(storage_bandwidth(path, seed=i) for i in range(times))
 
 
 def llama_child(spec: str) -> None:
@@ -188,6 +199,9 @@ def main() -> int:
     )
     ap.add_argument("--llama-child", help=argparse.SUPPRESS)
     ap.add_argument(
+        "--rebound", help="rewrite the report of this saved --json, storage measured now"
+    )
+    ap.add_argument(
         "--llama-repack",
         action="store_true",
         help="llama.cpp with its default CPU repacking of Q4_K (anonymous copies of the "
@@ -216,7 +230,17 @@ def main() -> int:
         if not Path(m).exists():
             print(f"{m}: not found; make it with benchmarks/make_moe_gguf.py", file=sys.stderr)
             return 2
-    bw = statistics.median(storage_bandwidth(models[0]) for _ in range(3))
+    if a.rebound:  # the saved rows again, with the storage measured now
+        saved = json.loads(Path(a.rebound).read_text())
+        bw = measured_bandwidth(models[0])
+        run_args = argparse.Namespace(**saved["args"]) if "args" in saved else a
+        text = _report(saved["rows"], bw, run_args)
+        Path(a.out).write_text(text)
+        Path(a.json).write_text(json.dumps({**saved, "bandwidth": bw}, indent=1))
+        print(text)
+        _plot(saved["rows"], a.plot)
+        return 0
+    bw = measured_bandwidth(models[0])
     print(f"storage: {bw / 1e6:,.0f} MB/s direct reads of whole experts; CPU: {cpu_name()}")
     cells = []
     for m in models:
@@ -249,10 +273,14 @@ def main() -> int:
                 r[k] = statistics.median(vals)
         r["runs"] = len(runs[c])
         rows.append(r)
+    bw = statistics.median([bw, measured_bandwidth(models[0])])  # before and after the runs
     text = _report(rows, bw, a)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(text)
-    Path(a.json).write_text(json.dumps({"bandwidth": bw, "rows": rows}, indent=1))
+    saved_args = {k: getattr(a, k) for k in ("n", "llama_n", "llama_seconds", "llama_repack")}
+    saved_args |= {"ctx": a.ctx, "cgroup": a.cgroup, "rounds": a.rounds}
+    saved = {"bandwidth": bw, "args": saved_args, "rows": rows}
+    Path(a.json).write_text(json.dumps(saved, indent=1))
     print(text)
     _plot(rows, a.plot)
     return 0
@@ -271,14 +299,15 @@ def _line(r: dict, bw: float) -> str:
         f"{r['model'][:34]:<34} {r['share']:>4.0f}% {r['budget_mb']:>6.0f}M {r['engine']:<9} "
         f"{f('tok_s', '{:.2f}'):>6} {f('mb_per_token'):>7} {f('hit_rate', '{:.2f}'):>5} "
         f"{f('experts_needed', '{:.0f}'):>4} {f('io_ms'):>7} {f('compute_ms'):>7} "
-        f"{bound:>6} {f('max_usage_mb', '{:.0f}'):>7} {fails if fails is not None else '-':>5} "
+        f"{bound:>6} {f('run_peak_mb', '{:.0f}'):>6} {f('max_usage_mb', '{:.0f}'):>7} "
+        f"{fails if fails is not None else '-':>5} "
         f"{str(r.get('rc')):>4}  {err[:80]}"
     )
 
 
 HEADER = (
     f"{'model':<34} {'share':>5} {'budget':>7} {'engine':<9} {'tok/s':>6} {'MB/tok':>7} "
-    f"{'hit':>5} {'need':>4} {'io ms':>7} {'cmp ms':>7} {'bound':>6} {'peak MB':>7} "
+    f"{'hit':>5} {'need':>4} {'io ms':>7} {'cmp ms':>7} {'bound':>6} {'run MB':>6} {'peak MB':>7} "
     f"{'fails':>5} {'rc':>4}  note"
 )
 
@@ -295,7 +324,9 @@ def _report(rows: list[dict], bw: float, a) -> str:
         f"each run, medians of {a.rounds} round(s)",
         "bound = storage bandwidth / MB read per token (tok/s the reads alone allow); "
         "hit = expert cache hit rate; need = experts a token routes to (all layers); "
-        "peak = cgroup memory.max_usage_in_bytes; fails = memory.failcnt; rc 137/-9 = OOM",
+        "run = the cgroup's peak when decoding ended; peak = memory.max_usage_in_bytes at "
+        "exit (the page cache the process leaves is reclaimed at the limit); fails = "
+        "memory.failcnt; rc 137/-9 = OOM-killed",
         "",
         HEADER,
     ]
