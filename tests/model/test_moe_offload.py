@@ -197,3 +197,48 @@ def test_batched_decode_with_streamed_experts_equals_the_resident_model(moe_file
         out.append(np.asarray(model.forward_batch([5, 6], caches), np.float32))
     np.testing.assert_allclose(out[1], out[0], rtol=1e-4, atol=1e-4)
     store.close()
+
+
+API_RUN = """
+import json, sys
+import edgerun
+from edgerun.api import minimum_ram_budget
+path = sys.argv[1]
+need = minimum_ram_budget(path, n_ctx=64)
+m = edgerun.load(path, n_ctx=64, threads=2, ram_budget=int(need * 1.03))  # floor drift
+ids = [1, 17, 300, 4001, 52]
+streamed = list(m.generate(ids, max_tokens=8, temperature=0.0))
+st = m.loader.offload_stats()
+r = edgerun.load(path, n_ctx=64, threads=2)
+resident = list(r.generate(ids, max_tokens=8, temperature=0.0))
+print(json.dumps({"mode": m.plan.mode, "slots": m.plan.expert_slots,
+                  "total": m.plan.experts_total, "needed": st["experts_needed"],
+                  "same": streamed == resident, "resident_mode": r.plan and r.plan.mode}))
+"""
+
+
+def test_a_ram_budget_streams_a_moe_through_the_api(tmp_path, smollm2_path):
+    """edgerun.load with a RAM budget below the file's needs plans the experts mode at
+    the API (its own process: a budget changes process-wide allocator and page-cache
+    settings), and generates the tokens the resident load does."""
+    import json
+    import os
+    import subprocess
+
+    dims = dict(DIMS, experts=64, expert_ff=512)  # experts the bulk of the file
+    path = tmp_path / "moe.gguf"
+    _writer().write(path, LAYERS, 0.0, dims, seed=3, tokenizer=Path(smollm2_path), ctx=N_CTX)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", API_RUN, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=True,
+    )
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["mode"] == "experts" and r["resident_mode"] is None
+    assert 2 * DIMS["top_k"] <= r["slots"] < r["total"] == LAYERS * 64
+    assert r["needed"] > 0
+    assert r["same"]
