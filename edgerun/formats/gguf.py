@@ -240,12 +240,7 @@ class GGUFFile:
                 f"{self.path}: expert tensor '{name}' has shape {list(found)}, expected "
                 f"{list(want)} ([n_expert, rows, cols] from the model's metadata)"
             )
-        whole = self.tensor(name)
-        rows = shape[0]
-        return [
-            QuantTensor(f"{name}[{e}]", whole.qtype, shape, whole.data[e * rows : (e + 1) * rows])
-            for e in range(n_expert)
-        ]
+        return self.tensor(name).stacked(n_expert)
 
 
 # Limits on what a header may claim, checked before anything is allocated or indexed

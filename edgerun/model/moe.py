@@ -159,6 +159,14 @@ class MoEFFN:
         self.norm, self.scale, self.activation = norm, float(scale), activation
         self.shared, self.shared_gate = shared, shared_gate
 
+    def weight_matrices(self) -> list[QuantTensor]:
+        """The router, the shared expert's matrices and expert 0's: one of each matrix
+        this layer's passes read, for whoever needs their formats (the kernels' warm-up)."""
+        ms = [self.router, *self.source.experts([0])[0]]
+        if self.shared is not None:
+            ms += [self.shared.gate, self.shared.up, self.shared.down]
+        return ms
+
     def routing(self, x: np.ndarray, decode: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Rows x [n, d_model] -> (experts [n, n_used], weights [n, n_used]) (route)."""
         if decode:

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from edgerun.arch.spec import LAYER_TENSORS, ModelSpec
-from edgerun.errors import ModelFormatError, UnsupportedError
+from edgerun.errors import ModelFormatError
 from edgerun.model.ffn import DenseFFN, FFNExecutor
 from edgerun.model.moe import is_moe_layer, moe_ffn
 from edgerun.ops import qmatvec
@@ -172,16 +172,22 @@ class ResidentStore:
         self, name: str, n_expert: int, shape: tuple[int, int]
     ) -> list[QuantTensor]:
         """Each expert's 2-D matrix of a 3-D expert tensor, as views of the reader's bytes
-        (GGUFFile.expert_matrices); the whole tensor counts as resident."""
+        (GGUFFile.expert_matrices, which checks the 3-D shape; a reader of 2-D tensors
+        only, an edgerun pack, holds them as [n_expert * rows, cols]); the whole tensor
+        counts as resident."""
         get = getattr(self._reader, "expert_matrices", None)
-        if get is None:
-            raise UnsupportedError(
-                f"{self._source}: tensor '{name}' holds experts, which only a GGUF file "
-                "can give (this format stores no 3-D tensors)"
+        if get is not None:
+            views = get(name, n_expert, shape)
+            self.matrix(name)
+            return views
+        whole = self.matrix(name)
+        want = (n_expert * shape[0], shape[1])
+        if whole.shape != want:
+            raise ModelFormatError(
+                f"{self._source}: expert tensor '{name}' has shape {whole.shape}, expected "
+                f"{want} ({n_expert} experts of {shape} from the model's metadata)"
             )
-        views = get(name, n_expert, shape)
-        self.matrix(name)
-        return views
+        return whole.stacked(n_expert)
 
     def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
         self.check_vectors(spec, layer)

@@ -166,3 +166,6 @@ def test_footprint_counts_the_routed_experts():
     assert fp.per_expert == 3 * 64 * 64 * 4  # three f32 64 x 64 matrices
     exps = [n for n in f.tensor_names() if "_exps." in n]
     assert fp.total == sum(f.tensor(n).nbytes for n in exps)
+    # the warm-up finds the experts' formats through weight_matrices (generate/engine.py)
+    names = {t.name for t in tr.layers[1].ffn.weight_matrices()}
+    assert {"blk.1.ffn_gate_inp.weight", "blk.1.ffn_down_exps.weight[0]"} <= names

@@ -6,9 +6,13 @@ tiny tokenizer (byte-level BPE trained here, or a SentencePiece model for the fa
 whose converter reads ``tokenizer.model``), converted to GGUF f32 / f16 / q8_0 by
 llama.cpp's own ``convert_hf_to_gguf.py``. Each folder holds:
 
-- ``f32.gguf``, ``f16.gguf``, ``q8_0.gguf``
+- ``f32.gguf``, ``f16.gguf``, ``q8_0.gguf`` (the variant's ``outtypes``)
+- ``<type>.gguf`` for each of the variant's ``quantized`` types: llama.cpp's own
+  quantization of the f32 file (``llama_model_quantize``), for formats whose rows must be
+  multiples of 256 (K-quants) and so need a wider model than the others
 - ``reference.npz``: ``ids`` (int32 [n]) and ``logits`` (float32 [n, vocab], transformers'
-  float32 logits at every position)
+  float32 logits at every position), and ``llama_cpp_<type>`` (llama.cpp's logits on each
+  quantized file)
 - ``reference.json``: the GGUF architecture, the transformers config, the features the
   variant exercises, how much turning each feature off moves the logits, and llama.cpp's
   own max |logits - reference| for the f32 file.
