@@ -491,6 +491,11 @@ class StreamedMoEFFN:
         st.compute_s += time.perf_counter() - t0 - (st.io_s - io0)
         return out
 
+    def weight_matrices(self) -> list[QuantTensor]:
+        """One of each matrix this layer reads (MoEFFN.weight_matrices: the kernels'
+        warm-up takes their formats; expert 0 is read into the cache for it)."""
+        return self.moe.weight_matrices()
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self._run(np.ascontiguousarray(x, np.float32), decode=False)
 

@@ -281,7 +281,8 @@ class Loader:
         from edgerun.offload.plan import parse_budget, plan, resident_need, resident_plan
         from edgerun.offload.store import OffloadOptions
 
-        self.refuse_expert_streaming("planning a RAM or GPU budget")
+        if gpu_budget is not None:
+            self.refuse_expert_streaming("planning a GPU budget")
         fp = self.footprint()
         budget = parse_budget(ram_budget) if ram_budget is not None else 1 << 62
         gpu = parse_budget(gpu_budget, what="GPU budget") if gpu_budget is not None else 0
