@@ -541,6 +541,11 @@ def _answer(args: argparse.Namespace, prompt: str, offload: dict, first_run) -> 
     )
     if st.draft_summary():
         lines.append(f"[draft {model.draft.name}: {st.draft_summary()}]")
+    from edgerun.offload.experts import stats_line
+
+    experts = stats_line(model.loader.offload_stats())
+    if experts:
+        lines.append(f"[{experts}]")
     print("\n" + "\n".join(lines), file=sys.stderr)
     if interrupted:
         print("edgerun: interrupted", file=sys.stderr)

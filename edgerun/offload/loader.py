@@ -176,9 +176,11 @@ class Loader:
 
     def minimum_ram_budget(self, mode: str | None = None) -> int:
         """The smallest --ram-budget this model loads with (floor measured in this process)."""
-        from edgerun.offload.plan import minimum_budget
+        from edgerun.offload.plan import minimum_budget, minimum_experts_budget
         from edgerun.offload.store import OffloadOptions
 
+        if getattr(self.spec, "n_expert", 0):
+            return minimum_experts_budget(self.footprint(), self.floor_bytes, self.n_ctx)
         return minimum_budget(
             self.footprint(),
             self.floor_bytes,
@@ -208,11 +210,6 @@ class Loader:
             return None, (
                 f"the model needs ~{need >> 20} MiB and {headroom >> 20} MiB is left, but a "
                 "split GGUF is not streamed: decoding from the mapped shards (slow)"
-            )
-        if self.spec.n_expert:
-            return None, (
-                f"the model needs ~{need >> 20} MiB and {headroom >> 20} MiB is left, but a "
-                "mixture-of-experts model is not streamed: decoding from the mapped file (slow)"
             )
         # what the process holds that nothing reclaims, plus what is left (which counts
         # mapped files, the libraries' code included, as reclaimable: RSS would count them
@@ -251,15 +248,15 @@ class Loader:
             )
 
     def refuse_expert_streaming(self, what: str) -> None:
-        """A mixture-of-experts model is read resident only: the planner, the flash stores
-        and the GPU placement move dense FFN rows, not routed experts. Clear error, before
-        any planning or compiling."""
+        """A mixture-of-experts model goes to no GPU: the GPU placement moves dense FFN
+        rows, not routed experts (a RAM budget streams them: offload/experts.py). Clear
+        error, before any planning or compiling."""
         if self.spec.n_expert:
             raise UnsupportedError(
                 f"{self.path}: {what} is not supported yet for a mixture-of-experts model "
-                f"('{self.spec.arch}', {self.spec.n_expert} experts): its routed experts are "
-                "not streamed from flash. Load it without a RAM budget or offload mode (the "
-                "file is mapped and the experts read in place)."
+                f"('{self.spec.arch}', {self.spec.n_expert} experts): the GPU placement moves "
+                "dense FFNs, not routed experts. Load it without a GPU budget (a RAM budget "
+                "streams the routed experts from flash)."
             )
 
     # -- planning --------------------------------------------------------------
@@ -284,7 +281,8 @@ class Loader:
         from edgerun.offload.plan import parse_budget, plan, resident_need, resident_plan
         from edgerun.offload.store import OffloadOptions
 
-        self.refuse_expert_streaming("planning a RAM or GPU budget")
+        if gpu_budget is not None:
+            self.refuse_expert_streaming("planning a GPU budget")
         fp = self.footprint()
         budget = parse_budget(ram_budget) if ram_budget is not None else 1 << 62
         gpu = parse_budget(gpu_budget, what="GPU budget") if gpu_budget is not None else 0
@@ -314,6 +312,8 @@ class Loader:
                 f"needs a RAM budget of {math.ceil(need / 2**20)} MiB to stay "
                 "resident"
             )
+        if getattr(self.spec, "n_expert", 0):
+            return self._experts_plan(fp, budget, mode, dev), opts
         mode = mode or DEFAULT_OFFLOAD
         if mode not in ("sparse", "dense"):
             raise InvalidArgumentError(f"offload must be 'sparse' or 'dense', got {mode!r}")
@@ -388,6 +388,19 @@ class Loader:
                 "--gpu-device cpu runs the torch path on the CPU (a test, not a speedup)"
             )
         return p, opts
+
+    def _experts_plan(self, fp, budget: int, mode: str | None, dev) -> Plan:
+        """A mixture-of-experts model that does not fit: its routed experts on flash
+        (offload/experts.py), whatever the offload mode asked (dense rows or sparse
+        neurons are FFN placements; a MoE's FFN is its experts)."""
+        from edgerun.offload.plan import experts_plan
+
+        if mode not in (None, "dense", "experts"):
+            raise UnsupportedError(
+                f"{self.path}: a mixture-of-experts model streams its routed experts under a "
+                f"RAM budget; offload mode {mode!r} is for dense FFNs (leave --offload out)"
+            )
+        return experts_plan(fp, budget, self.floor_bytes, self.n_ctx, device=dev)
 
     def _with_rows_after_kernels(self, load_plan: Plan, plan_with) -> Plan:
         """The plan of the steady state when LLVM's pages can be given back once the
@@ -489,7 +502,6 @@ class Loader:
         self.placement_args = (ram_budget, mode, options, gpu_budget, gpu_device)
         if ram_budget is not None or mode not in (None, "resident"):
             self.refuse_split_streaming("a RAM budget (offloading)")
-            self.refuse_expert_streaming("a RAM budget (offloading)")
         if gpu_budget is not None:
             self.refuse_expert_streaming("a GPU budget")
         if ram_budget is not None:
@@ -533,9 +545,16 @@ class Loader:
 
             random_access_large_libraries()
             return_large_frees_to_os()
-        if self.plan.mode != "dense":  # sparse calibration runs the resident model first
+        if self.plan.mode == "sparse":  # sparse calibration runs the resident model first
             self.build_resident()
-        if self.plan.mode == "dense":
+        if self.plan.mode == "experts":
+            from edgerun.offload.experts import ExpertStreamStore
+
+            self.store = ExpertStreamStore(self.file, str(self.path), self.spec, self.plan, opts)
+            if self.device_profile is not None:
+                self.store.flash_reader.throttle = self.device_profile.throttle()
+            self.transformer = Transformer(self.spec, self.store, str(self.path))
+        elif self.plan.mode == "dense":
             from edgerun.offload.store import DenseStreamStore
 
             self.store = DenseStreamStore(

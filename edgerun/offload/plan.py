@@ -104,6 +104,14 @@ class Footprint:
     down_format: str = "Q8_0"
     up_row_bytes: int = 0
     head_rows: int = 0  # vocabulary rows of an untied head
+    # mixture of experts (offload/experts.py): one routed expert's bytes in the file (its
+    # gate, up and down), how many a layer has and a token uses, and the routers and
+    # shared experts of all layers (resident)
+    expert_bytes: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    moe_resident_bytes: int = 0
+    expert_format: str = ""
 
     def kv_bytes(self, n_ctx: int) -> int:
         """What a sequence of n_ctx positions holds: its KV rows and recurrent states."""
@@ -184,6 +192,11 @@ class Plan:
     # (offload/kv_loan.py), which read_bytes_per_token and predicted_tok_s count: what a
     # running model measured it lends (Model.predicted_plan), or an estimate
     lent_bytes: int = 0
+    # experts mode (offload/experts.py): the expert cache's slots (whole routed experts,
+    # all layers share them) out of every routed expert of the model, and one's bytes
+    expert_slots: int = 0
+    experts_total: int = 0
+    expert_bytes: int = 0
 
     @property
     def used_bytes(self) -> int:
@@ -220,6 +233,19 @@ class Plan:
         if not cpu_ffn:
             return rows
         where = _layers(cpu_ffn)
+        if self.mode == "experts":
+            mb = self.expert_bytes / MiB
+            rows.append(("routers, shared experts", "RAM", where))
+            rows.append(
+                (
+                    "routed experts, cache",
+                    "RAM",
+                    f"{self.expert_slots:,} of {self.experts_total:,} experts "
+                    f"({mb:,.2f} MiB each), LRU + frequency",
+                )
+            )
+            rows.append(("routed experts", "flash, read when routed (direct I/O)", where))
+            return rows
         if self.mode == "resident":
             rows.append(("FFN gate/up/down", "RAM (mmap)", where))
             return rows
@@ -254,6 +280,15 @@ class Plan:
 
     def _ffn_rows(self) -> list[tuple[str, str]]:
         mb = MiB
+        if self.mode == "experts":
+            return [
+                ("read staging", f"{self.scratch_bytes / mb:,.0f} MiB"),
+                (
+                    "expert cache",
+                    f"{self.cache_bytes / mb:,.0f} MiB ({self.expert_slots:,} experts of "
+                    f"{self.experts_total:,})",
+                ),
+            ]
         if self.mode == "dense":
             return [
                 ("read-ahead ring", f"{self.scratch_bytes / mb:,.0f} MiB"),
@@ -908,9 +943,13 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
         name = spec.layer_tensor(role, 0)
         if name in names:
             attn_weights += math.prod(reader.tensor(name).shape)
-    gate = reader.tensor(spec.layer_tensor("ffn_gate", 0))
-    up = reader.tensor(spec.layer_tensor("ffn_up", 0))
-    record = row_bytes(up.qtype, spec.d_model) + row_bytes(QuantType[down_format], spec.d_model)
+    moe = _moe_sizes(spec, reader, names, size)
+    if moe:  # the planner sizes experts (experts_plan), not neurons: the first expert's rows
+        gate_t = up_t = QuantType[moe["expert_format"]]
+    else:
+        gate_t = reader.tensor(spec.layer_tensor("ffn_gate", 0)).qtype
+        up_t = reader.tensor(spec.layer_tensor("ffn_up", 0)).qtype
+    record = row_bytes(up_t, spec.d_model) + row_bytes(QuantType[down_format], spec.d_model)
     return Footprint(
         n_layers=spec.n_layers,
         d_model=spec.d_model,
@@ -919,7 +958,7 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
         head_bytes=head,
         embedding_bytes=embd,
         norm_bytes=norms,
-        gate_row_bytes=row_bytes(gate.qtype, spec.d_model),
+        gate_row_bytes=row_bytes(gate_t, spec.d_model),
         record_bytes=record,
         dense_ffn_bytes=dense_ffn,
         kv_bytes_per_token=KVCache.bytes_for(spec, 1, kv_type),
@@ -928,9 +967,148 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
         attention_by_format=tuple(sorted(att_fmt.items())),
         ffn_by_format=tuple(sorted(ffn_fmt.items())),
         head_format=fmt(g["output"]) if g["output"] in names else fmt(g["token_embd"]),
-        gate_format=gate.qtype.name,
-        up_format=up.qtype.name,
+        gate_format=gate_t.name,
+        up_format=up_t.name,
         down_format=down_format,
-        up_row_bytes=row_bytes(up.qtype, spec.d_model),
+        up_row_bytes=row_bytes(up_t, spec.d_model),
         head_rows=reader.tensor(g["output"]).shape[0] if head else 0,
+        **moe,
+    )
+
+
+def _moe_sizes(spec, reader, names: set[str], size: dict[str, int]) -> dict:
+    """A mixture-of-experts model's Footprint fields (empty for a dense model): one
+    routed expert's bytes (its gate, up and down slices of the 3-D tensors), the counts,
+    and the routers and shared experts of every layer."""
+    if not getattr(spec, "n_expert", 0):
+        return {}
+    routed = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    kept = ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+    kept += ("ffn_gate_inp_shexp",)
+    resident = 0
+    for i in range(spec.n_layers):
+        resident += sum(size.get(spec.expert_tensor(r, i), 0) for r in kept)
+    first = [spec.expert_tensor(r, 0) for r in routed]
+    return dict(
+        expert_bytes=sum(size[n] for n in first if n in names) // spec.n_expert,
+        n_expert=spec.n_expert,
+        n_expert_used=spec.n_expert_used,
+        moe_resident_bytes=resident,
+        expert_format=reader.tensor(first[0]).qtype.name,
+    )
+
+
+# The expert cache holds at least this many layers' worth of a token's experts: the
+# layer computing and the next one's prefetch.
+MIN_EXPERT_LAYERS = 2
+
+
+def _expert_staging_bytes() -> int:
+    """The direct reader's staging buffers (expert reads that are not block aligned)."""
+    from edgerun.offload.io import ALIGN, CHUNK, IO_THREADS
+
+    return (IO_THREADS + 1) * (CHUNK + 2 * ALIGN)
+
+
+def _expert_slot_bytes(fp: Footprint) -> int:
+    """An expert's cache slot at most: its bytes, and for each of its three matrices
+    the block boundaries its direct read is widened to (offload/experts.py)."""
+    from edgerun.offload.io import ALIGN
+
+    return -(-fp.expert_bytes // ALIGN) * ALIGN + 6 * ALIGN
+
+
+def minimum_experts_budget(fp: Footprint, floor: int, n_ctx: int) -> int:
+    """The smallest budget experts_plan accepts: everything but the routed experts, and
+    a cache of MIN_EXPERT_LAYERS layers' experts."""
+
+    slot = _expert_slot_bytes(fp)
+    return (
+        floor
+        + n_ctx * fp.kv_bytes_per_token
+        + _resident_bytes(fp)
+        + fp.moe_resident_bytes
+        + _expert_staging_bytes()
+        + MIN_EXPERT_LAYERS * fp.n_expert_used * slot
+    )
+
+
+def experts_plan(
+    fp: Footprint,
+    budget: int,
+    floor: int,
+    n_ctx: int,
+    device: DeviceFigures | None = None,
+    slot_bytes: int = 0,
+) -> Plan:
+    """A mixture-of-experts model under `budget`: attention, norms, head, embedding rows,
+    routers and shared experts resident; every byte left is the expert cache
+    (offload/experts.py), whole routed experts of `slot_bytes` each (default: the
+    expert's bytes, each matrix aligned); a token reads the experts it is routed to
+    that the cache misses.
+
+    Predicted per token, with uniform routing (the worst case: the cache holds a
+    uniform share of each layer's experts): reads = layers x experts used x expert bytes x
+    missed share, at the flash rate of one expert matrix; compute = the resident
+    part's plus the used experts'. Reads happen when the router has picked (a prefetch
+    hides some; the prediction counts none), so they add to the compute."""
+    if not fp.n_expert:
+        raise InvalidArgumentError("experts_plan needs a mixture-of-experts footprint")
+
+    dev = device or DeviceFigures()
+    need = minimum_experts_budget(fp, floor, n_ctx)
+    if budget < need:
+        raise BudgetError(
+            f"RAM budget {budget / MiB:,.0f} MiB is below the minimum for this model with "
+            f"its routed experts on flash: {math.ceil(need / MiB):,} MiB (runtime floor "
+            f"{floor / MiB:,.0f} MiB, resident weights "
+            f"{(_resident_bytes(fp) + fp.moe_resident_bytes) / MiB:,.0f} MiB, context "
+            f"{n_ctx} tokens). Give --ram-budget {math.ceil(need / MiB)}M or more, or a "
+            "smaller context (-c)."
+        )
+    L, E, k = fp.n_layers, fp.n_expert, fp.n_expert_used
+    slot = slot_bytes or _expert_slot_bytes(fp)
+    kv = n_ctx * fp.kv_bytes_per_token
+    resident = _resident_bytes(fp) + fp.moe_resident_bytes
+    staging = _expert_staging_bytes()
+    left = budget - floor - kv - resident - staging
+    total = L * E
+    slots = int(min(total, max(MIN_EXPERT_LAYERS * k, left // slot)))
+    miss = 1.0 - slots / total
+    read = L * k * fp.expert_bytes * miss
+    expert_s = dev.cpu_seconds(((fp.expert_format, L * k * fp.expert_bytes),))
+    shared_s = dev.cpu_seconds((("", fp.moe_resident_bytes),))
+    split = {
+        "cpu": expert_s + shared_s + _streamed_resident_seconds(fp, dev, 1.0),
+        "flash": read / dev.flash_rate(fp.expert_bytes // 3),
+        "layers": L * dev.layer_overhead_s,
+    }
+    t = sum(split.values())
+    notes = [
+        f"routed experts: {L} layers x {E} of {fp.expert_bytes / MiB:,.2f} MiB, {k} a token "
+        f"a layer; the cache holds {slots / total:.0%} of them (uniform routing misses "
+        f"{miss:.0%}; skewed routing fewer)"
+    ]
+    return Plan(
+        mode="experts",
+        budget=budget,
+        floor=floor,
+        kv_bytes=kv,
+        resident_bytes=resident,
+        gate_resident=True,
+        predictor_bytes=0,
+        scratch_bytes=staging,
+        cache_neurons=0,
+        cache_bytes=slots * slot,
+        flash_bytes=max(0, (total - slots) * fp.expert_bytes),
+        read_bytes_per_token=float(read),
+        predicted_tok_s=1.0 / t if t > 0 else float("inf"),
+        active_fraction=k / E,
+        notes=notes,
+        n_layers=L,
+        d_ff=fp.d_ff,
+        time_split=split,
+        expert_slots=slots,
+        experts_total=total,
+        expert_bytes=fp.expert_bytes,
     )

@@ -92,6 +92,10 @@ class OffloadOptions:
     # ... and its first rows held exactly (the tokens text uses most; fewer if the budget
     # leaves less): a fixed count, chosen by measured agreement (offload/head.py)
     head_held: int = HEAD_HELD_ROWS
+    # Experts mode (a mixture of experts, offload/experts.py): read the likely experts of
+    # this many next layers (their routers applied to this layer's input) while this one
+    # computes; 0: none
+    prefetch_layers: int = 2
 
     @classmethod
     def from_dict(cls, d: dict | None) -> OffloadOptions:
@@ -110,6 +114,10 @@ class OffloadOptions:
         if not 0 <= o.kv_loan_tiers <= 64:
             raise InvalidArgumentError(
                 f"offload kv_loan_tiers must be in [0, 64], got {o.kv_loan_tiers}"
+            )
+        if not 0 <= o.prefetch_layers <= 64:
+            raise InvalidArgumentError(
+                f"offload prefetch_layers must be in [0, 64], got {o.prefetch_layers}"
             )
         if o.head_candidates < 0:
             raise InvalidArgumentError(

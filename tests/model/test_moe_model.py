@@ -87,9 +87,14 @@ def test_generate_sessions_and_scheduler_on_a_moe_model():
         m.close()
 
 
-def test_ram_budget_on_a_moe_model_is_refused():
+def test_a_moe_budget_below_its_minimum_and_a_gpu_budget_are_refused():
+    """A RAM budget streams a MoE's routed experts (tests/model/test_moe_offload.py); one
+    below the minimum is refused with the minimum named, at a load and in `edgerun plan`;
+    a GPU budget is not supported for a MoE."""
+    from edgerun.errors import BudgetError
+
     path = DATA / "qwen3moe" / "q8_0.gguf"
-    with pytest.raises(UnsupportedError, match=r"mixture-of-experts.*8 experts"):
+    with pytest.raises(BudgetError, match=r"routed experts on flash: [\d,]+ MiB"):
         edgerun.load(path, n_ctx=64, threads=1, ram_budget="50M")
     plan = subprocess.run(
         [sys.executable, "-m", "edgerun", "plan", str(path), "--ram-budget", "50M"],
@@ -97,8 +102,10 @@ def test_ram_budget_on_a_moe_model_is_refused():
         text=True,
     )
     assert plan.returncode != 0
-    assert "not supported yet for a mixture-of-experts model" in plan.stderr
+    assert "below the minimum" in plan.stderr
     assert "Traceback" not in plan.stderr
+    with pytest.raises(UnsupportedError, match=r"mixture-of-experts.*8 experts"):
+        edgerun.load(path, n_ctx=64, threads=1, gpu_budget="50M", gpu_device="cpu")
 
 
 def test_info_shows_the_experts():
