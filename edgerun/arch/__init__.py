@@ -13,6 +13,7 @@ from edgerun.arch import (
     exaone4,
     gemma2,
     gemma3,
+    gemma4,
     glm4,
     granite,
     llama,
@@ -40,6 +41,7 @@ FAMILIES = {
     "glm4": glm4,
     "cohere2": cohere2,
     "mistral3": mistral3,
+    "gemma4": gemma4,
 }
 
 

@@ -132,7 +132,8 @@ class KVCache:
             raise ContextOverflowError(f"context size must be positive, got {n_ctx}")
         self.kv_type = check_kv_type(kv_type)
         self.k_type, self.v_type = kv_types(kv_type)
-        check_head_dim(kv_type, spec.head_dim)
+        for hd in set(spec.layer_head_dims) | {spec.head_dim}:
+            check_head_dim(kv_type, hd)
         self.spec = spec
         arrays = []
         for t in (self.k_type, self.v_type):
@@ -218,9 +219,30 @@ class KVCache:
         """k, v [n, kv_heads, head_dim] (float32) for positions start .. start + n - 1."""
         n = k.shape[0]
         k, v = cache_values(k, self.k.dtype), cache_values(v, self.v.dtype)
+        if self.spec.layered:  # the layer's own head count and head_dim (Gemma 4)
+            dk, dv = self.layer(layer)
+            dk[:, start : start + n] = k.transpose(1, 0, 2)
+            dv[:, start : start + n] = v.transpose(1, 0, 2)
+            self.written = max(self.written, start + n)
+            return
         self.k[layer, :, start : start + n] = k.transpose(1, 0, 2)
         self.v[layer, :, start : start + n] = v.transpose(1, 0, 2)
         self.written = max(self.written, start + n)
+
+    def layer(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer i's keys and values [kv_heads, n_ctx, row] as its attention reads them:
+        the rows of the layer whose KV it shares (spec.kv_source), cut to its own head
+        count and head_dim where layers differ (the cache holds the largest of each, so a
+        smaller layer's rows are views into it, and a KV-shared layer's slab is never
+        written, so it takes no memory)."""
+        s = self.spec
+        src = s.kv_source(i)
+        k, v = self.k[src], self.v[src]
+        if s.layered:
+            kvh, hd = s.kv_heads_of(i), s.head_dim_of(i)
+            k = k[:kvh, :, : row_width(k.dtype, hd)]
+            v = v[:kvh, :, : row_width(v.dtype, hd)]
+        return k, v
 
     def common_prefix(self, ids: list[int]) -> int:
         """How many leading ids are already cached (reusable without recompute)."""

@@ -52,6 +52,7 @@ __all__ = [
     "Residual",
     "AddAttention",
     "FeedForward",
+    "PerLayerOutput",
     "layer_steps",
     "layer_matrices",
 ]
@@ -80,6 +81,12 @@ class Layer:
         "post_attn_norm",
         "post_ffn_norm",
         "o_bias",
+        # Gemma 4: the per-layer embedding's gate, projection and norm, the output scalar
+        # (None where the model has none; k and v are None on a KV-shared layer)
+        "ple_gate",
+        "ple_proj",
+        "ple_post_norm",
+        "out_scale",
     )
 
     attn_proj: AttentionProjections
@@ -88,7 +95,7 @@ class Layer:
 
 def layer_matrices(layer: Layer) -> list[QuantTensor]:
     """A layer's attention matrices and, for a dense FFN, its three."""
-    ts = [layer.q, layer.k, layer.v, layer.o]
+    ts = [t for t in (layer.q, layer.k, layer.v, layer.o) if t is not None]
     if type(layer.ffn) is DenseFFN:
         ts += [layer.ffn.gate, layer.ffn.up, layer.ffn.down]
     return ts
@@ -104,7 +111,7 @@ class Rows:
     gives the (cos, sin) tables for the pass (base None: the tables of no rotation, for a
     layer without RoPE)."""
 
-    __slots__ = ("h", "x", "a", "positions", "decode", "attend", "rope")
+    __slots__ = ("h", "x", "a", "positions", "decode", "attend", "rope", "ple")
 
     def __init__(
         self,
@@ -121,6 +128,8 @@ class Rows:
         self.decode = decode
         self.attend = attend
         self.rope = rope
+        # per-layer embeddings [n, n_layers, width] (model/per_layer.py), None without
+        self.ple: np.ndarray | None = None
 
 
 class BoundRows:
@@ -200,6 +209,12 @@ class Attention:
         self.q_scale = np.float32(spec.query_scale())
         self.softcap = spec.attn_softcap
         self.temperature = spec.attn_temp_scale != 0.0
+        # where layers differ (Gemma 4): this layer's head shape, RoPE, KV source, v norm
+        self.head_dim, self.kv_heads = spec.head_dim_of(index), spec.kv_heads_of(index)
+        self.q_scale = np.float32(spec.query_scale(index))
+        self.layered = spec.layered
+        self.rope_kind = (spec.rope_dim_of(index), spec.rope_freqs_of(index))
+        self.v_ones = np.ones(self.head_dim, np.float32) if spec.v_norm else None
 
     def heads(
         self, qkv: list[np.ndarray], positions: np.ndarray, cos: np.ndarray, sin: np.ndarray
@@ -208,6 +223,14 @@ class Attention:
         s, layer = self.spec, self.layer
         q, k, v = qkv
         n = q.shape[0]
+        if k is None:  # a KV-shared layer: q alone (the keys are its source layer's)
+            if layer.q_norm is not None:
+                q = rmsnorm(q.reshape(n, -1, layer.q_norm.shape[0]), layer.q_norm, self.eps)
+            q = q.reshape(n, s.n_heads, self.head_dim)
+            rope_inplace(q, positions, cos, sin, self.neox)
+            if self.q_scale != 1.0:
+                q *= self.q_scale
+            return q, None, None
         if layer.q_bias is not None:
             q += layer.q_bias
             k += layer.k_bias
@@ -215,9 +238,11 @@ class Attention:
         if layer.q_norm is not None:  # in groups of the norm's width: a head or all
             q = rmsnorm(q.reshape(n, -1, layer.q_norm.shape[0]), layer.q_norm, self.eps)
             k = rmsnorm(k.reshape(n, -1, layer.k_norm.shape[0]), layer.k_norm, self.eps)
-        q = q.reshape(n, s.n_heads, s.head_dim)
-        k = k.reshape(n, s.n_kv_heads, s.head_dim)
-        v = v.reshape(n, s.n_kv_heads, s.head_dim)
+        q = q.reshape(n, s.n_heads, self.head_dim)
+        k = k.reshape(n, self.kv_heads, self.head_dim)
+        v = v.reshape(n, self.kv_heads, self.head_dim)
+        if self.v_ones is not None:
+            v = rmsnorm(v, self.v_ones, self.eps)
         rope_inplace(q, positions, cos, sin, self.neox)
         rope_inplace(k, positions, cos, sin, self.neox)
         if self.q_scale != 1.0:
@@ -229,14 +254,17 @@ class Attention:
     def run(self, rows: Rows) -> None:
         proj = self.layer.attn_proj
         qkv = proj.qkv_batch(rows.x) if rows.decode else proj.qkv(rows.x)
-        q, k, v = self.heads(qkv, rows.positions, *rows.rope(self.base))
+        kind = self.rope_kind if self.layered else ()
+        q, k, v = self.heads(qkv, rows.positions, *rows.rope(self.base, *kind))
         ctx = rows.attend(self.index, q, k, v, self.window, self.softcap)
         rows.a = proj.out_batch(ctx) if rows.decode else proj.out(ctx)
         if self.layer.o_bias is not None:
             rows.a += self.layer.o_bias
 
     def bindable(self) -> bool:
-        return type(self.layer.attn_proj) is ResidentProjections
+        # per-layer shapes, shared KV and the v norm take the general path only
+        plain = not self.layered and self.v_ones is None
+        return plain and type(self.layer.attn_proj) is ResidentProjections
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
         p = self.layer.attn_proj
@@ -364,6 +392,33 @@ class FeedForward:
         ]
 
 
+class PerLayerOutput:
+    """Gemma 4's layer end: h += post_norm(proj(gelu(gate h) * e)) with e the layer's
+    per-layer embedding (rows.ple; skipped without them), then h *= the layer's scalar
+    (where it has one), then x = RMSNorm(h) for what follows (norm None: x = h). General
+    path only (bindable False): the bound decode step does not cover it."""
+
+    def __init__(self, layer: Layer, index: int, norm: np.ndarray | None, eps: float) -> None:
+        self.layer, self.index, self.norm, self.eps = layer, index, norm, np.float64(eps)
+
+    def run(self, rows: Rows) -> None:
+        layer = self.layer
+        if layer.ple_gate is not None and rows.ple is not None:
+            mm = qmatvec.matvec_batch if rows.decode else qmatvec.project
+            e = np.ascontiguousarray(rows.ple[:, self.index])
+            g = activations.glu(mm(layer.ple_gate, rows.h), e, "gelu_tanh")
+            rows.h += rmsnorm(mm(layer.ple_proj, g), layer.ple_post_norm, self.eps)
+        if layer.out_scale is not None:
+            rows.h *= layer.out_scale
+        rows.x = rows.h.copy() if self.norm is None else rmsnorm(rows.h, self.norm, self.eps)
+
+    def bindable(self) -> bool:
+        return False
+
+    def bind(self, rows: BoundRows) -> list[Call | object]:
+        raise NotImplementedError("PerLayerOutput runs on the general path only")
+
+
 def layer_steps(
     spec: ModelSpec, layer: Layer, index: int, next_norm: np.ndarray | None
 ) -> list[Step]:
@@ -380,6 +435,14 @@ def layer_steps(
             AddAttention(),
             FeedForward(spec, layer),
             Residual(None, next_norm, eps, scale, kind),
+        ]
+    if spec.per_layer_input or spec.layer_output_scale:  # Gemma 4
+        return [
+            Attention(spec, layer, index),
+            Residual(layer.post_attn_norm, layer.ffn_norm, eps, scale, kind),
+            FeedForward(spec, layer),
+            Residual(layer.post_ffn_norm, None, eps, scale, kind),
+            PerLayerOutput(layer, index, next_norm, eps),
         ]
     return [
         Attention(spec, layer, index),

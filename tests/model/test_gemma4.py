@@ -1,0 +1,129 @@
+"""Gemma 4 text (tests/data/families/gemma4: per-layer embeddings, KV shared across layers,
+per-layer head dims, proportional RoPE) through every path a model takes: a prompt pass
+equals token-by-token decoding, batched decode equals each sequence alone, prefixes and
+sessions reuse the KV rows, generation runs through edgerun.load, and the tokenizer
+(tokenizer.ggml.model "gemma4") agrees with llama.cpp's on the same file. Agreement with
+transformers' logits is tests/reference/test_families.py's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import edgerun
+from edgerun.model.kvcache import KVCache
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "families" / "gemma4"
+GREEDY = dict(temperature=0.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = edgerun.load(DATA / "f32.gguf", n_ctx=96, threads=2, kv_type="f32")
+    yield m
+    m.close()
+
+
+def _ids() -> list[int]:
+    with np.load(DATA / "reference.npz") as ref:
+        return ref["ids"].tolist()
+
+
+def test_the_spec_has_gemma4s_layers(model):
+    s = model.spec
+    assert s.arch == "gemma4"
+    assert s.layer_head_dims == (32, 32, 64, 32, 64)
+    assert s.layer_kv_source == (0, 1, 2, 1, 2)  # 3 and 4 reuse the last of their kind
+    assert s.layer_d_ff == (128, 128, 128, 256, 256)
+    assert s.per_layer_input == 16
+    tr = model.transformer
+    assert tr.layers[3].k is None and tr.layers[3].v is None
+    assert tr.per_layer is not None
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
+def test_a_prompt_equals_its_tokens_one_by_one(model, kv_type):
+    tr, ids = model.transformer, _ids()[:40]
+    whole = tr.forward(ids, KVCache(model.spec, 48, kv_type), all_logits=True)
+    cache = KVCache(model.spec, 48, kv_type)
+    steps = np.stack([tr.forward([t], cache) for t in ids])
+    tol = 1e-4 if kv_type == "f32" else 5e-2
+    assert np.abs(whole - steps).max() <= tol * (np.ptp(whole, axis=-1).max())
+    assert (whole.argmax(-1) == steps.argmax(-1)).mean() >= 0.95
+
+
+def test_batched_decode_of_four_equals_each_alone(model):
+    tr, ids = model.transformer, _ids()
+    prompts = [ids[:5], ids[3:14], ids[10:12], ids[20:29]]
+    nexts = [ids[30:36], ids[36:42], ids[42:48], ids[48:54]]
+    alone = []
+    for p, nx in zip(prompts, nexts):
+        c = KVCache(model.spec, 32, "f16")
+        tr.forward(p, c)
+        alone.append(np.stack([tr.forward([t], c) for t in nx]))
+    caches = [KVCache(model.spec, 32, "f16") for _ in prompts]
+    for p, c in zip(prompts, caches):
+        tr.forward(p, c)
+    together = np.stack([tr.forward_batch(list(step), caches) for step in zip(*nexts)], axis=1)
+    for b in range(4):
+        assert np.array_equal(together[b], alone[b])
+
+
+def test_verify_equals_one_token_steps(model):
+    tr, ids = model.transformer, _ids()
+    c1, c2 = KVCache(model.spec, 40, "f32"), KVCache(model.spec, 40, "f32")
+    tr.forward(ids[:12], c1)
+    tr.forward(ids[:12], c2)
+    rows = tr.verify(ids[12:17], c1)
+    steps = np.stack([tr.forward([t], c2) for t in ids[12:17]])
+    assert np.array_equal(rows, steps)
+
+
+def test_a_batch_of_prompts_equals_each_alone(model):
+    tr, ids = model.transformer, _ids()
+    seqs = [ids[:9], ids[5:25], ids[30:33]]
+    batch = tr.final_hidden_batch(seqs)
+    for s, x in zip(seqs, batch):
+        alone = tr.final_hidden(s, KVCache(model.spec, 32, "f32"))
+        assert np.abs(x - alone).max() <= 1e-4 * np.abs(alone).max()
+
+
+def test_generate_and_a_resumed_session(model, tmp_path):
+    from edgerun.serving.session import Session
+
+    tr, prompt = model.transformer, model.tokenize("The quick brown fox")
+    cache = KVCache(model.spec, 64, "f32")
+    seq = [int(tr.forward(prompt, cache).argmax())]
+    for _ in range(5):
+        seq.append(int(tr.forward([seq[-1]], cache).argmax()))
+    assert "".join(model.generate(prompt, max_tokens=6, **GREEDY)) == model.detokenize(seq)
+    s = model.session()
+    s.send("Python is a programming", max_tokens=6, **GREEDY)
+    resumed = Session.load(model, s.save(tmp_path / "chat.safetensors"))
+    assert resumed.cache.tokens == s.cache.tokens
+    a = s.send(" language that", max_tokens=6, **GREEDY)
+    assert resumed.send(" language that", max_tokens=6, **GREEDY) == a
+
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def main(): return 0 if x else 1\n\n  Numbers like 12345",
+    "Ünïcödé ✓ not in the vocabulary, and\ttabs",
+    "  leading spaces and trailing  ",
+    "<bos>user\nHello<eos> again",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_the_tokenizer_agrees_with_llama_cpp(model, text):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(str(DATA / "f32.gguf"), n_ctx=32, vocab_only=True, verbose=False)
+    try:
+        want = llm.tokenize(text.encode(), add_bos=True, special=True)
+    finally:
+        llm.close()
+    got = model.tokenize(text)
+    assert got == want
+    assert model.detokenize(got[1:]) == text
