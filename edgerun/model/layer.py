@@ -376,7 +376,10 @@ class FeedForward:
         rows.a = decode_rows(ffn, rows.x) if rows.decode else ffn(rows.x)
 
     def bindable(self) -> bool:
-        return type(self.layer.ffn) is DenseFFN
+        # the bound buffers are spec.d_ff wide: a layer of its own width (Gemma 4's
+        # double-wide FFNs) takes the general path
+        ffn = self.layer.ffn
+        return type(ffn) is DenseFFN and ffn.d_ff == self.spec.d_ff
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
         ffn = self.layer.ffn

@@ -631,13 +631,14 @@ class DenseStreamStore(ResidentStore):
         self.check_vectors(spec, layer)
         names = [spec.layer_tensor(r, layer) for r in ("ffn_gate", "ffn_up", "ffn_down")]
         views = [self._reader.view(n) for n in names]
+        d_ff = spec.d_ff_of(layer)  # a layer's own width (Gemma 4's double-wide FFNs)
         if layer in self.skip:  # replaced by a device executor: mapped views, never read
             return DenseFFN(
-                *views, spec.activation, expected=(spec.d_ff, spec.d_model), source=self._source
+                *views, spec.activation, expected=(d_ff, spec.d_model), source=self._source
             )
-        ff, dm = (spec.d_ff, spec.d_model), (spec.d_model, spec.d_ff)
+        ff, dm = (d_ff, spec.d_model), (spec.d_model, d_ff)
         check_shapes(zip(views, (ff, ff, dm)), self._source)  # before any row is read
-        h = min(spec.d_ff, self.held_neurons)
+        h = min(d_ff, self.held_neurons)
         h_down = self._share_rows(h, spec.d_model)
         gate, up, down = (self._split(n, k) for n, k in zip(names, (h, h, h_down)))
         return StreamedFFN(gate, up, down, spec.activation, self.row_stream, self.stats)

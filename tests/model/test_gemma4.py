@@ -1,7 +1,7 @@
 """Gemma 4 text (tests/data/families/gemma4: per-layer embeddings, KV shared across layers,
 per-layer head dims, proportional RoPE) through every path a model takes: a prompt pass
-equals token-by-token decoding, batched decode equals each sequence alone, prefixes and
-sessions reuse the KV rows, generation runs through edgerun.load, and the tokenizer
+equals token-by-token decoding, batched decode equals each sequence alone, a cut cache
+reuses its KV rows, generation runs through edgerun.load, and the tokenizer
 (tokenizer.ggml.model "gemma4") agrees with llama.cpp's on the same file. Agreement with
 transformers' logits is tests/reference/test_families.py's."""
 
@@ -90,21 +90,20 @@ def test_a_batch_of_prompts_equals_each_alone(model):
         assert np.abs(x - alone).max() <= 1e-4 * np.abs(alone).max()
 
 
-def test_generate_and_a_resumed_session(model, tmp_path):
-    from edgerun.serving.session import Session
-
+def test_generate_and_a_reused_prefix(model):
     tr, prompt = model.transformer, model.tokenize("The quick brown fox")
     cache = KVCache(model.spec, 64, "f32")
     seq = [int(tr.forward(prompt, cache).argmax())]
     for _ in range(5):
         seq.append(int(tr.forward([seq[-1]], cache).argmax()))
     assert "".join(model.generate(prompt, max_tokens=6, **GREEDY)) == model.detokenize(seq)
-    s = model.session()
-    s.send("Python is a programming", max_tokens=6, **GREEDY)
-    resumed = Session.load(model, s.save(tmp_path / "chat.safetensors"))
-    assert resumed.cache.tokens == s.cache.tokens
-    a = s.send(" language that", max_tokens=6, **GREEDY)
-    assert resumed.send(" language that", max_tokens=6, **GREEDY) == a
+    # a cache cut back to a prefix continues as one that never held the rest (the KV-shared
+    # layers read their source layers' rows, which the cut keeps)
+    full = prompt + seq
+    cache.truncate(len(prompt) - 2)
+    again = tr.forward(full[len(prompt) - 2 :], cache, all_logits=True)
+    fresh = tr.forward(full, KVCache(model.spec, 64, "f32"), all_logits=True)
+    assert np.abs(again - fresh[len(prompt) - 2 :]).max() <= 1e-4 * np.ptp(fresh)
 
 
 TEXTS = [
