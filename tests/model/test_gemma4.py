@@ -7,6 +7,7 @@ transformers' logits is tests/reference/test_families.py's."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,32 @@ def test_the_tokenizer_agrees_with_llama_cpp(model, text):
     got = model.tokenize(text)
     assert got == want
     assert model.detokenize(got[1:]) == text
+
+
+def test_a_pack_keeps_the_per_layer_parts(model, tmp_path):
+    from edgerun.tools.convert import convert
+
+    out = convert(DATA / "f32.gguf", tmp_path / "pack", "keep", progress=False)
+    pack = edgerun.load(out, n_ctx=64, threads=1, interleave=False)
+    try:
+        assert pack.spec == model.spec
+        ids = _ids()[:20]
+        assert np.array_equal(pack.logits(ids), model.logits(ids))
+    finally:
+        pack.close()
+
+
+def test_the_planner_counts_the_per_layer_table_by_rows(model):
+    """The per-layer embedding table is a lookup: the plan holds only the rows a
+    conversation touches (at most EMBEDDING_TOUCH_BYTES), not the table."""
+    from edgerun.formats.gguf import read_gguf
+    from edgerun.offload.plan import EMBEDDING_TOUCH_BYTES, _resident_bytes, footprint
+
+    reader = read_gguf(DATA / "q8_0.gguf")
+    fp = footprint(model.spec, reader)
+    table = reader.tensor("per_layer_token_embd.weight").nbytes
+    assert fp.per_layer_table_bytes == table > 0
+    gates = sum(reader.tensor(f"blk.{i}.inp_gate.weight").nbytes for i in range(5))
+    assert fp.attention_bytes > gates  # the gates and projections are held
+    without = _resident_bytes(dataclasses.replace(fp, per_layer_table_bytes=0))
+    assert _resident_bytes(fp) - without == min(table, EMBEDDING_TOUCH_BYTES)
