@@ -628,7 +628,7 @@ def supported_text(markdown: bool = False) -> str:
             "",
             "Tokenizers: byte-level BPE (`gpt2` vocabularies; `tokenizer.ggml.pre`: "
             + ", ".join(f"`{p}`" for p in sorted(PRE_TOKENIZERS))
-            + ") and SentencePiece (`llama` vocabularies).",
+            + "), SentencePiece (`llama` vocabularies) and Gemma 4's BPE (`gemma4`).",
             "",
             "Split GGUF files"
             + split.removeprefix("split GGUF files")
@@ -641,7 +641,8 @@ def supported_text(markdown: bool = False) -> str:
     lines += [
         "tensor types in GGUF files: " + ", ".join(gguf_types),
         "edgerun's own types (packs from `edgerun convert`): " + ", ".join(own_types),
-        "tokenizers: byte-level BPE ('gpt2' vocabularies), SentencePiece ('llama')",
+        "tokenizers: byte-level BPE ('gpt2' vocabularies), SentencePiece ('llama'), "
+        "Gemma 4's BPE ('gemma4')",
         f"  tokenizer.ggml.pre: {pres}",
         split.replace("`", "") + " (not with --ram-budget)",
     ]

@@ -1,5 +1,7 @@
-"""Gemma 4 text (E2B / E4B style): Gemma 3's layer (GeGLU, q/k norms, pre and post norms,
-sqrt(d)-scaled embeddings, sliding and full attention layers) with
+"""Gemma 4 text (E2B / E4B).
+
+Gemma 3's layer (GeGLU, q/k norms, pre and post norms, sqrt(d)-scaled embeddings, sliding
+and full attention layers) with
 
 - per-layer head dims and KV heads: sliding layers take '.attention.key_length_swa',
   full layers '.attention.key_length'; '.attention.head_count_kv' may be one per layer;
