@@ -398,6 +398,10 @@ def _direct_tensors(gguf, spec: ModelSpec, direct) -> DirectTensors:
     g = spec.global_tensors
     # the embedding stays mapped (rows read as used) unless it is also the head
     mapped = frozenset({g["token_embd"]}) if g["output"] in gguf.infos else frozenset()
+    # Gemma 4's per-layer embedding table too: a lookup (~40% of an E2B file) whose rows a
+    # token reads, never the whole table (the planner counts its touched rows)
+    if g.get("ple_token_embd") in gguf.infos:
+        mapped |= {g["ple_token_embd"]}
     return DirectTensors(gguf, direct, mapped)
 
 

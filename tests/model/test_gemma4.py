@@ -156,3 +156,35 @@ def test_the_planner_counts_the_per_layer_table_by_rows(model):
     assert fp.attention_bytes > gates  # the gates and projections are held
     without = _resident_bytes(dataclasses.replace(fp, per_layer_table_bytes=0))
     assert _resident_bytes(fp) - without == min(table, EMBEDDING_TOUCH_BYTES)
+
+
+def test_under_a_budget_the_per_layer_table_stays_on_storage(tmp_path):
+    """Dense offloading under a RAM budget: the per-layer embedding table stays mapped
+    (a token reads its rows; nothing copies the table into memory) and greedy decoding
+    gives the resident model's text. In a fresh process, as the budget is the process's."""
+    import json
+    import subprocess
+    import sys
+
+    path = DATA / "q8_0.gguf"
+    res = edgerun.load(path, n_ctx=64, threads=1, interleave=False)
+    want = "".join(res.generate("The quick brown", max_tokens=8, **GREEDY))
+    res.close()
+    code = f"""
+import json, edgerun, numpy as np
+from edgerun.api import minimum_ram_budget
+path = {str(path)!r}
+need = minimum_ram_budget(path, n_ctx=64)
+m = edgerun.load(path, n_ctx=64, threads=1, offload="dense", ram_budget=int(need * 1.05),
+                 offload_options=dict(hold_after_warm_up=False, kv_loan_tiers=0))
+got = "".join(m.generate("The quick brown", max_tokens=8, temperature=0.0, seed=0))
+base = m.transformer.per_layer.table.data  # a view of the mapped file, or a copy
+while isinstance(base, np.ndarray):
+    base = base.base
+print(json.dumps(dict(got=got, mapped=isinstance(base, memoryview))))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["got"] == want
+    assert out["mapped"]
