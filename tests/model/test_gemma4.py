@@ -188,3 +188,13 @@ print(json.dumps(dict(got=got, mapped=isinstance(base, memoryview))))
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["got"] == want
     assert out["mapped"]
+
+
+def test_info_shows_the_per_layer_fields(capsys):
+    from edgerun.cli import main
+
+    assert main(["info", str(DATA / "q8_0.gguf")]) == 0
+    out = capsys.readouterr().out
+    assert "head dims:     32 on layers 0, 1, 3; 64 on layers 2, 4" in out
+    assert "KV shared:     2 layers read another's KV (3<-1, 4<-2)" in out
+    assert "per-layer emb: 16 per layer" in out
