@@ -132,7 +132,10 @@ class KVCache:
             raise ContextOverflowError(f"context size must be positive, got {n_ctx}")
         self.kv_type = check_kv_type(kv_type)
         self.k_type, self.v_type = kv_types(kv_type)
-        for hd in set(spec.layer_head_dims) | {spec.head_dim}:
+        # where layers differ in shape or share KV (Gemma 4; a spec-like object without
+        # the per-layer fields has none): each layer's own view (layer())
+        self.layered = bool(getattr(spec, "layered", False))
+        for hd in set(getattr(spec, "layer_head_dims", ())) | {spec.head_dim}:
             check_head_dim(kv_type, hd)
         self.spec = spec
         arrays = []
@@ -219,7 +222,7 @@ class KVCache:
         """k, v [n, kv_heads, head_dim] (float32) for positions start .. start + n - 1."""
         n = k.shape[0]
         k, v = cache_values(k, self.k.dtype), cache_values(v, self.v.dtype)
-        if self.spec.layered:  # the layer's own head count and head_dim (Gemma 4)
+        if self.layered:  # the layer's own head count and head_dim (Gemma 4)
             dk, dv = self.layer(layer)
             dk[:, start : start + n] = k.transpose(1, 0, 2)
             dv[:, start : start + n] = v.transpose(1, 0, 2)
@@ -235,13 +238,13 @@ class KVCache:
         count and head_dim where layers differ (the cache holds the largest of each, so a
         smaller layer's rows are views into it, and a KV-shared layer's slab is never
         written, so it takes no memory)."""
+        if not self.layered:
+            return self.k[i], self.v[i]
         s = self.spec
         src = s.kv_source(i)
-        k, v = self.k[src], self.v[src]
-        if s.layered:
-            kvh, hd = s.kv_heads_of(i), s.head_dim_of(i)
-            k = k[:kvh, :, : row_width(k.dtype, hd)]
-            v = v[:kvh, :, : row_width(v.dtype, hd)]
+        kvh, hd = s.kv_heads_of(i), s.head_dim_of(i)
+        k = self.k[src, :kvh, :, : row_width(self.k.dtype, hd)]
+        v = self.v[src, :kvh, :, : row_width(self.v.dtype, hd)]
         return k, v
 
     def common_prefix(self, ids: list[int]) -> int:
