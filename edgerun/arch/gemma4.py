@@ -19,8 +19,9 @@ and full attention layers) with
 - each layer's output times its own scalar (blk.i.layer_output_scale, where present);
 - '.feed_forward_length' one per layer (the double-wide FFN of the KV-shared layers).
 
-GGUF stores Gemma 4's norm gains as they are (no 1 + w offset). The MoE variant
-(26B-A4B) and K = V attention (31B) are refused.
+GGUF stores Gemma 4's norm gains as they are (no 1 + w offset). A layer without attn_v
+(K = V attention, attention_k_eq_v) takes k's projection as v (llama.cpp does the same).
+The MoE variant (26B-A4B) is refused.
 """
 
 from __future__ import annotations

@@ -55,7 +55,14 @@ class Transformer:
                 ("v", "attn_v"),
                 ("o", "attn_output"),
             ):
-                if owns_kv or slot in ("q", "o"):
+                if (
+                    slot == "v"
+                    and owns_kv
+                    and spec.v_norm
+                    and not store.has(spec.layer_tensor(role, i))
+                ):  # Gemma 4's K = V attention (attention_k_eq_v): v is k's projection
+                    layer.v = layer.k
+                elif owns_kv or slot in ("q", "o"):
                     setattr(layer, slot, self._layer_matrix(role, i))
                 else:
                     setattr(layer, slot, None)

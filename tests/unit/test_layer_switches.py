@@ -294,6 +294,20 @@ def test_general_only_switches_agree_on_every_general_path(switch, kv_type):
     assert all(np.isfinite(x).all() for x in ref_logits)
 
 
+def test_a_layer_without_attn_v_takes_ks_projection_as_v():
+    """Gemma 4's K = V attention: a file without attn_v on a layer (v-normed family) reads
+    k's projection as v, as a file holding k's matrix under attn_v would."""
+    spec = dataclasses.replace(BASE, v_norm=True, qk_norm=True)
+    dropped, copied = _Reader(spec), _Reader(spec)
+    dropped.drop({"blk.1.attn_v.weight"})
+    copied._t["blk.1.attn_v.weight"] = copied._t["blk.1.attn_k.weight"]
+    a, b = (Transformer(spec, ResidentStore(r, "tiny"), "tiny") for r in (dropped, copied))
+    assert a.layers[1].v is a.layers[1].k
+    la = a.forward(PROMPTS[0], KVCache(spec, 16, "f32"), all_logits=True)
+    lb = b.forward(PROMPTS[0], KVCache(spec, 16, "f32"), all_logits=True)
+    assert np.array_equal(la, lb)
+
+
 def test_a_layer_head_dim_q8_0_rows_cannot_hold_is_refused():
     tr = _general_model("layer_head_dims")  # layers of head_dim 16 beside 32
     with pytest.raises(UnsupportedError, match="block size 32"):
