@@ -1,9 +1,10 @@
 """Per-layer embeddings (Gemma 4's PLE): each token's inputs to every layer.
 
 A second token table holds n_layers * width values per token (in E2B about 40% of the
-file); a token's rows are looked up, never multiplied, so the table can stay on storage
-and only the current tokens' rows be read (qmatvec.embedding_rows reads just those rows
-of the mapped file). The token's embedding adds a context part through a projection:
+file); a token's rows are looked up, never multiplied, so the table stays on storage and
+only the current tokens' rows are read: from the mapped file, or under a RAM budget with
+direct I/O (the store's row_reader), as llama.cpp's lazy per-layer tables do. The token's
+embedding adds a context part through a projection:
 
     e = (RMSNorm(proj(h) / sqrt(d_model)) per layer + rows(ids) * sqrt(width)) / sqrt(2)
 
@@ -41,6 +42,10 @@ class PerLayerInputs:
                     f"per-layer embeddings of {self.width} per layer)"
                 )
         self.table = store.matrix(g["ple_token_embd"])
+        # a store that streams from storage reads the tokens' rows with direct I/O
+        # (offload/store.DenseStreamStore.row_reader); else they come from the table
+        row_reader = getattr(store, "row_reader", None)
+        self.read_rows = row_reader(g["ple_token_embd"]) if row_reader is not None else None
         self.proj = store.matrix(g["ple_model_proj"])
         self.norm = store.vector(g["ple_proj_norm"])
         for t, shape in ((self.table, (spec.vocab_size, total)),
@@ -67,7 +72,12 @@ class PerLayerInputs:
         p = qmatvec.matvec_batch(self.proj, h) if decode else qmatvec.project(self.proj, h)
         p = p * self.proj_scale
         p = rmsnorm(p.reshape(n * self.n_layers, self.width), self.norm, self.eps)
-        rows = qmatvec.embedding_rows(self.table, ids) * self.table_scale
+        if self.read_rows is not None:
+            ids = np.asarray(ids, np.int64)
+            rows = qmatvec.embedding_rows(self.read_rows(ids), np.arange(ids.size))
+        else:
+            rows = qmatvec.embedding_rows(self.table, ids)
+        rows *= self.table_scale
         e = (p.reshape(n, -1) + rows) * self.mix
         return e.reshape(n, self.n_layers, self.width)
 

@@ -451,6 +451,26 @@ class DenseStreamStore(ResidentStore):
         self._loans: list[RowLoan] = []  # rows held past the first ones, newest last
         self._unstreamed: set[str] = set()  # split matrices whose other rows stay on flash
 
+    def row_reader(self, name: str):
+        """Rows of a lookup table (Gemma 4's per-layer embeddings) read from storage with
+        direct I/O as tokens need them, never through the page cache: a function of ids
+        giving a QuantTensor of those rows, in order."""
+        from edgerun.quant.formats import QuantTensor
+
+        t = self._reader.view(name)
+        offset = self._reader.infos[name].offset
+        row = t.data.shape[1]
+
+        def read(ids: np.ndarray) -> QuantTensor:
+            ids = np.asarray(ids, np.int64).reshape(-1)
+            if ids.size and (ids.min() < 0 or ids.max() >= t.rows):
+                raise InvalidArgumentError(f"{name}: row ids outside 0..{t.rows - 1}")
+            buf = np.empty((ids.size, row), np.uint8)
+            self.direct.read_into([(offset + int(i) * row, row) for i in ids], buf)
+            return QuantTensor(name, t.qtype, (int(ids.size), t.cols), buf)
+
+        return read
+
     def hold_more(self, max_bytes: int) -> int:
         """Hold up to max_bytes more of every streamed FFN matrix's first rows in RAM, the
         same share of each, at most up to the plan's cache_neurons; the stream is rebuilt

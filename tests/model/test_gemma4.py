@@ -159,9 +159,9 @@ def test_the_planner_counts_the_per_layer_table_by_rows(model):
 
 
 def test_under_a_budget_the_per_layer_table_stays_on_storage(tmp_path):
-    """Dense offloading under a RAM budget: the per-layer embedding table stays mapped
-    (a token reads its rows; nothing copies the table into memory) and greedy decoding
-    gives the resident model's text. In a fresh process, as the budget is the process's."""
+    """Dense offloading under a RAM budget: the per-layer embedding table stays on storage
+    (nothing copies it into memory; a token's rows are read with direct I/O) and greedy
+    decoding gives the resident model's text. In a fresh process, as the budget is the process's."""
     import json
     import subprocess
     import sys
@@ -181,13 +181,20 @@ got = "".join(m.generate("The quick brown", max_tokens=8, temperature=0.0, seed=
 base = m.transformer.per_layer.table.data  # a view of the mapped file, or a copy
 while isinstance(base, np.ndarray):
     base = base.base
-print(json.dumps(dict(got=got, mapped=isinstance(base, memoryview))))
+ple = m.transformer.per_layer
+before = m.loader.offload_stats()["bytes_read"]
+ple(np.arange(3), np.zeros((3, m.spec.d_model), np.float32))  # three tokens' rows
+read = m.loader.offload_stats()["bytes_read"] - before
+print(json.dumps(dict(got=got, mapped=isinstance(base, memoryview), direct=read,
+                      row=ple.table.data.shape[1], table=ple.table_bytes)))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["got"] == want
     assert out["mapped"]
+    # the tokens' rows, with direct I/O: each in whole 4 KiB blocks, never the table
+    assert 3 * out["row"] <= out["direct"] <= 3 * (out["row"] + 2 * 4096) < out["table"]
 
 
 def test_info_shows_the_per_layer_fields(capsys):
