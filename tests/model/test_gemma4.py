@@ -210,3 +210,11 @@ def test_info_shows_the_per_layer_fields(capsys):
     assert "head dims:     32 on layers 0, 1, 3; 64 on layers 2, 4" in out
     assert "KV shared:     2 layers read another's KV (3<-1, 4<-2)" in out
     assert "per-layer emb: 16 per layer" in out
+
+
+def test_gpu_placement_is_refused_by_name(model):
+    from edgerun.errors import UnsupportedError
+    from edgerun.gpu.place import move_layers
+
+    with pytest.raises(UnsupportedError, match="gemma4 layers differ in shape"):
+        move_layers(model.transformer, model.transformer.store, [0], "cpu")
