@@ -122,6 +122,16 @@ def check_head_dim(kv_type: str, head_dim: int) -> None:
             )
 
 
+def written_slabs(spec: ModelSpec) -> int:
+    """The (layer, KV head) slabs of [n_ctx, row] a cache writes: every one, but where
+    layers differ (Gemma 4) only those of the layers storing their own KV, each of its
+    own heads (a KV-shared layer's slab and a smaller layer's extra heads are never
+    written, so their pages never become resident)."""
+    if not getattr(spec, "layered", False):
+        return spec.n_layers * spec.n_kv_heads
+    return sum(spec.kv_heads_of(i) for i in range(spec.n_layers) if spec.kv_source(i) == i)
+
+
 class KVCache:
     """Keys and values for every layer: [layers, kv_heads, n_ctx, row] of f32 or f16
     (row: head_dim values) or of q8_0 / q4_0 blocks (row: head_dim / 32 blocks' bytes).
@@ -158,7 +168,7 @@ class KVCache:
         """Bytes a cache of n_ctx positions reserves (K and V)."""
         check_head_dim(kv_type, spec.head_dim)
         row = sum(row_bytes(t, spec.head_dim) for t in kv_types(kv_type))
-        return spec.n_layers * spec.n_kv_heads * n_ctx * row
+        return written_slabs(spec) * n_ctx * row
 
     @property
     def length(self) -> int:
@@ -170,7 +180,10 @@ class KVCache:
 
     @property
     def position_bytes(self) -> int:
-        """Bytes one position takes (keys and values of every layer and head)."""
+        """Bytes one position takes (keys and values of every layer and head; where
+        layers differ, of the (layer, head) slabs written: written_slabs)."""
+        if self.layered:
+            return self.bytes_for(self.spec, 1, self.kv_type)
         return self.nbytes // self.n_ctx
 
     @staticmethod

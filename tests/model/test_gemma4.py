@@ -218,3 +218,17 @@ def test_gpu_placement_is_refused_by_name(model):
 
     with pytest.raises(UnsupportedError, match="gemma4 layers differ in shape"):
         move_layers(model.transformer, model.transformer.store, [0], "cpu")
+
+
+def test_the_kv_cache_counts_the_slabs_it_writes(model):
+    """Layers 3 and 4 store no KV of their own: a position costs the three owner layers'
+    rows (of the largest head_dim, the cache's row), and that is what writing takes."""
+    from edgerun.model.kvcache import written_slabs
+
+    s = model.spec
+    assert written_slabs(s) == 3
+    assert KVCache.bytes_for(s, 1, "f32") == 3 * 2 * 64 * 4
+    cache = KVCache(s, 64, "f32")
+    model.transformer.forward(_ids()[:10], cache)
+    assert cache.position_bytes == KVCache.bytes_for(s, 1, "f32")
+    assert not cache.k[3:].any() and not cache.v[3:].any()  # the shared layers' slabs
