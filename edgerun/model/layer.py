@@ -206,12 +206,11 @@ class Attention:
         self.base = spec.rope_base_of(index) if spec.rotates(index) else None
         self.eps = np.float64(spec.norm_eps)
         self.neox = spec.rope_style == "neox"
-        self.q_scale = np.float32(spec.query_scale())
+        self.q_scale = np.float32(spec.query_scale(index))
         self.softcap = spec.attn_softcap
         self.temperature = spec.attn_temp_scale != 0.0
         # where layers differ (Gemma 4): this layer's head shape, RoPE, KV source, v norm
         self.head_dim, self.kv_heads = spec.head_dim_of(index), spec.kv_heads_of(index)
-        self.q_scale = np.float32(spec.query_scale(index))
         self.layered = spec.layered
         self.rope_kind = (spec.rope_dim_of(index), spec.rope_freqs_of(index))
         self.v_ones = np.ones(self.head_dim, np.float32) if spec.v_norm else None
@@ -397,7 +396,7 @@ class FeedForward:
 
 class PerLayerOutput:
     """Gemma 4's layer end: h += post_norm(proj(gelu(gate h) * e)) with e the layer's
-    per-layer embedding (rows.ple; skipped without them), then h *= the layer's scalar
+    per-layer embedding (rows.ple, where the layer has a gate), then h *= the layer's scalar
     (where it has one), then x = RMSNorm(h) for what follows (norm None: x = h). General
     path only (bindable False): the bound decode step does not cover it."""
 
@@ -406,7 +405,9 @@ class PerLayerOutput:
 
     def run(self, rows: Rows) -> None:
         layer = self.layer
-        if layer.ple_gate is not None and rows.ple is not None:
+        if layer.ple_gate is not None:
+            if rows.ple is None:  # a pass that skipped them would compute another model
+                raise RuntimeError("PerLayerOutput: the rows carry no per-layer embeddings")
             mm = qmatvec.matvec_batch if rows.decode else qmatvec.project
             e = np.ascontiguousarray(rows.ple[:, self.index])
             g = activations.glu(mm(layer.ple_gate, rows.h), e, "gelu_tanh")
