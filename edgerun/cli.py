@@ -633,7 +633,7 @@ def supported_text(markdown: bool = False) -> str:
             "",
             "Tokenizers: byte-level BPE (`gpt2` vocabularies; `tokenizer.ggml.pre`: "
             + ", ".join(f"`{p}`" for p in sorted(PRE_TOKENIZERS))
-            + ") and SentencePiece (`llama` vocabularies).",
+            + "), SentencePiece (`llama` vocabularies) and Gemma 4's BPE (`gemma4`).",
             "",
             "Split GGUF files"
             + split.removeprefix("split GGUF files")
@@ -646,7 +646,8 @@ def supported_text(markdown: bool = False) -> str:
     lines += [
         "tensor types in GGUF files: " + ", ".join(gguf_types),
         "edgerun's own types (packs from `edgerun convert`): " + ", ".join(own_types),
-        "tokenizers: byte-level BPE ('gpt2' vocabularies), SentencePiece ('llama')",
+        "tokenizers: byte-level BPE ('gpt2' vocabularies), SentencePiece ('llama'), "
+        "Gemma 4's BPE ('gemma4')",
         f"  tokenizer.ggml.pre: {pres}",
         split.replace("`", "") + " (not with --ram-budget)",
     ]
@@ -708,6 +709,28 @@ def _print_layer_switches(s, transformer) -> None:
     f = transformer.rope_freq_factors
     if f is not None:
         print(f"{'rope factors:':<15}rope_freqs ({f.size} divisors, {f.min():g} to {f.max():g})")
+    _print_per_layer_fields(s, transformer)
+
+
+def _print_per_layer_fields(s, transformer) -> None:
+    """Where layers differ (Gemma 4): head dims, FFN widths, shared KV, per-layer
+    embeddings (their table's size and where it lives: read by rows, never held)."""
+    for field, name in (("layer_head_dims", "head dims:"), ("layer_kv_heads", "KV heads:"),
+                        ("layer_d_ff", "FFN widths:")):  # fmt: skip
+        v = getattr(s, field)
+        if v and len(set(v)) > 1:
+            print(f"{name:<15}" + "; ".join(f"{x} on layers {_layers([y == x for y in v])}"
+                                           for x in sorted(set(v))))  # fmt: skip
+    shared = [(i, j) for i, j in enumerate(s.layer_kv_source) if i != j]
+    if shared:
+        pairs = ", ".join(f"{i}<-{j}" for i, j in shared[:12])
+        print(f"{'KV shared:':<15}{len(shared)} layers read another's KV ({pairs})")
+    ple = transformer.per_layer
+    if ple is not None:
+        print(
+            f"{'per-layer emb:':<15}{s.per_layer_input} per layer, table "
+            f"{ple.table_bytes / 1e6:.1f} MB (a lookup: tokens read their rows from storage)"
+        )
 
 
 def _print_experts(s, transformer, file_bytes: int) -> None:

@@ -13,6 +13,7 @@ from edgerun.arch import (
     exaone4,
     gemma2,
     gemma3,
+    gemma4,
     glm4,
     granite,
     lfm2,
@@ -46,6 +47,7 @@ FAMILIES = {
     "qwen3moe": qwen3moe,
     "qwen2moe": qwen2moe,
     "lfm2": lfm2,
+    "gemma4": gemma4,
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,6 +157,22 @@ class ModelSpec:
     layer_mixers: tuple[str, ...] = ()
     # LFM2's short convolution: its width L (the state holds the last L - 1 inputs)
     shortconv_l_cache: int = 0
+    # Per layer, where layers differ (Gemma 4); empty means every layer takes the spec-wide
+    # value (head_dim, n_kv_heads, d_ff and rope_dim then hold the largest of them)
+    layer_head_dims: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    layer_d_ff: tuple[int, ...] = ()
+    layer_rope_dims: tuple[int, ...] = ()
+    # the layers whose RoPE divides by the file's rope_freqs (Gemma 4's proportional RoPE
+    # on its full layers); empty: every layer, when the file has them
+    layer_rope_freqs: tuple[bool, ...] = ()
+    # KV shared across layers (Gemma 4): layer i attends to the keys and values layer
+    # kv_source[i] stored and stores none of its own where that is another layer
+    layer_kv_source: tuple[int, ...] = ()
+    v_norm: bool = False  # v is RMSNormed (no gain) per head before it is cached (Gemma 4)
+    # per-layer embeddings (Gemma 4's PLE): > 0 is each layer's width of them
+    per_layer_input: int = 0
+    layer_output_scale: bool = False  # each layer's output times its own scalar (Gemma 4)
     layer_tensors: dict[str, str] = field(default_factory=lambda: dict(LAYER_TENSORS))
     global_tensors: dict[str, str] = field(default_factory=lambda: dict(GLOBAL_TENSORS))
 
@@ -172,16 +189,48 @@ class ModelSpec:
     def rope_base_of(self, i: int) -> float:
         return self.layer_rope_bases[i] if self.layer_rope_bases else self.rope_base
 
+    def head_dim_of(self, i: int) -> int:
+        return self.layer_head_dims[i] if self.layer_head_dims else self.head_dim
+
+    def kv_heads_of(self, i: int) -> int:
+        return self.layer_kv_heads[i] if self.layer_kv_heads else self.n_kv_heads
+
+    def d_ff_of(self, i: int) -> int:
+        return self.layer_d_ff[i] if self.layer_d_ff else self.d_ff
+
+    def rope_dim_of(self, i: int) -> int:
+        return self.layer_rope_dims[i] if self.layer_rope_dims else self.rope_dim
+
+    def rope_freqs_of(self, i: int) -> bool:
+        """Whether layer i's RoPE divides by the file's rope_freqs (when it has them)."""
+        return self.layer_rope_freqs[i] if self.layer_rope_freqs else True
+
+    def kv_source(self, i: int) -> int:
+        """The layer whose keys and values layer i attends to (i: its own)."""
+        return self.layer_kv_source[i] if self.layer_kv_source else i
+
+    @property
+    def layered(self) -> bool:
+        """Whether layers differ in their attention's shape or share KV (per-layer head
+        dims, KV heads, RoPE dims or KV sources): the KV cache then gives each layer a
+        view of its own shape (model/kvcache.KVCache.layer)."""
+        return bool(
+            self.layer_head_dims or self.layer_kv_heads or self.layer_kv_source
+            or self.layer_rope_dims
+        )  # fmt: skip
+
     def rotates(self, i: int) -> bool:
         """Whether layer i applies RoPE to q and k."""
         return not (self.layer_nope and self.layer_nope[i])
 
-    def query_scale(self) -> float:
+    def query_scale(self, i: int | None = None) -> float:
         """The factor q is multiplied by after RoPE so that the attention kernels' fixed
-        1/sqrt(head_dim) gives the spec's attention_scale (1.0 when it has none)."""
+        1/sqrt(head_dim) gives the spec's attention_scale (1.0 when it has none); i: of
+        layer i's head_dim (where layers differ)."""
         if self.attention_scale == 0.0:
             return 1.0
-        return self.attention_scale * math.sqrt(self.head_dim)
+        hd = self.head_dim if i is None else self.head_dim_of(i)
+        return self.attention_scale * math.sqrt(hd)
 
     def attn_temperatures(self, positions: np.ndarray) -> np.ndarray:
         """The attention temperature q is multiplied by at each position, float32 (as
@@ -588,6 +637,7 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
     ):
         if not isinstance(getattr(spec, name), bool):
             raise bad(name, "true or false", getattr(spec, name))
+    _validate_layered(spec, bad)
     for name in ("layer_windows", "layer_rope_bases", "layer_nope", "layer_mixers"):
         v = getattr(spec, name)
         if len(v) not in (0, spec.n_layers):
@@ -680,6 +730,51 @@ def moe_fields(meta: dict[str, Any], a: str, source: str, norm: bool) -> dict[st
         expert_norm=bool(meta.get(key, norm)),
         expert_scale=scale or 1.0,
     )
+def _validate_layered(spec: ModelSpec, bad: Callable[[str, str, Any], Exception]) -> None:
+    """The per-layer fields (Gemma 4): one entry per layer or none, each within the
+    spec-wide size (which the buffers and the KV cache are sized by), and KV sources that
+    are earlier layers storing their own."""
+    n = spec.n_layers
+    for name, top in (
+        ("layer_head_dims", spec.head_dim),
+        ("layer_kv_heads", spec.n_kv_heads),
+        ("layer_d_ff", spec.d_ff),
+        ("layer_rope_dims", spec.head_dim),
+        ("layer_kv_source", n - 1),
+    ):
+        v = getattr(spec, name)
+        if len(v) not in (0, n):
+            raise bad(name, f"empty or {n} entries (one per layer)", f"{len(v)}")
+        lo = 0 if name == "layer_kv_source" else 1
+        for x in v:
+            if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= top:
+                raise bad(name, f"integers in {lo}..{top}", x)
+    if len(spec.layer_rope_freqs) not in (0, n):
+        raise bad("layer_rope_freqs", f"empty or {n} entries", len(spec.layer_rope_freqs))
+    for i in range(n):
+        hd, kvh = spec.head_dim_of(i), spec.kv_heads_of(i)
+        if spec.n_heads % kvh:
+            raise bad("layer_kv_heads", f"divisors of n_heads {spec.n_heads}", kvh)
+        if spec.rope_dim_of(i) > hd or spec.rope_dim_of(i) % 2:
+            raise bad("layer_rope_dims", f"even and at most layer {i}'s head_dim {hd}",
+                      spec.rope_dim_of(i))  # fmt: skip
+        src = spec.kv_source(i)
+        if src != i and (
+            src > i
+            or spec.kv_source(src) != src
+            or (spec.head_dim_of(src), spec.kv_heads_of(src)) != (hd, kvh)
+        ):
+            raise bad(
+                "layer_kv_source",
+                f"for layer {i}, an earlier layer of its head shape that stores its own KV",
+                src,
+            )
+    for name in ("v_norm", "layer_output_scale"):
+        if not isinstance(getattr(spec, name), bool):
+            raise bad(name, "true or false", getattr(spec, name))
+    ple = spec.per_layer_input
+    if isinstance(ple, bool) or not isinstance(ple, int) or not 0 <= ple <= _MAX_WIDTH:
+        raise bad("per_layer_input", f"an integer in 0..{_MAX_WIDTH}", ple)
 
 
 def role_rows(spec: ModelSpec, role: str) -> int:

@@ -115,13 +115,20 @@ def spec_from_json(d: Any, source: str) -> ModelSpec:
             continue
         v = d[name]
         try:
-            if name in ("layer_windows",):
+            if name in (
+                "layer_windows",
+                "layer_head_dims",
+                "layer_kv_heads",
+                "layer_d_ff",
+                "layer_rope_dims",
+                "layer_kv_source",
+            ):
                 v = tuple(int(t) for t in v)
             elif name in ("layer_rope_bases",):
                 v = tuple(float(t) for t in v)
             elif name in ("fused_tensors", "layer_mixers"):
                 v = tuple(str(t) for t in v)
-            elif name in ("layer_nope",):
+            elif name in ("layer_nope", "layer_rope_freqs"):
                 if not all(isinstance(t, bool) for t in v):
                     raise TypeError
                 v = tuple(v)

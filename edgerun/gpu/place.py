@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from edgerun.errors import InvalidArgumentError, ModelFormatError
+from edgerun.errors import InvalidArgumentError, ModelFormatError, UnsupportedError
 
 from . import resolve_device
 from .executors import TorchFFN, TorchProjections
@@ -94,6 +94,11 @@ def move_layers(
     in place and the rest untouched.
     """
     spec = transformer.spec
+    if getattr(spec, "layered", False) or getattr(spec, "layer_d_ff", ()):
+        raise UnsupportedError(
+            f"move_layers: {spec.arch} layers differ in shape or share KV (per-layer head "
+            "dims, FFN widths); the GPU executors take one shape for all layers"
+        )
     parts_t = _parts(parts)
     idx = sorted({int(i) for i in layers})
     if len(idx) != len(list(layers)):

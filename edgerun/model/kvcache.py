@@ -123,6 +123,16 @@ def check_head_dim(kv_type: str, head_dim: int) -> None:
             )
 
 
+def written_slabs(spec: ModelSpec) -> int:
+    """The (layer, KV head) slabs of [n_ctx, row] a cache writes: every one, but where
+    layers differ (Gemma 4) only those of the layers storing their own KV, each of its
+    own heads (a KV-shared layer's slab and a smaller layer's extra heads are never
+    written, so their pages never become resident)."""
+    if not getattr(spec, "layered", False):
+        return len(spec.attention_layers) * spec.n_kv_heads
+    return sum(spec.kv_heads_of(i) for i in range(spec.n_layers) if spec.kv_source(i) == i)
+
+
 class KVCache:
     """Keys and values for every attention layer: [layers, kv_heads, n_ctx, row] of f32
     or f16 (row: head_dim values) or of q8_0 / q4_0 blocks (row: head_dim / 32 blocks'
@@ -135,7 +145,11 @@ class KVCache:
             raise ContextOverflowError(f"context size must be positive, got {n_ctx}")
         self.kv_type = check_kv_type(kv_type)
         self.k_type, self.v_type = kv_types(kv_type)
-        check_head_dim(kv_type, spec.head_dim)
+        # where layers differ in shape or share KV (Gemma 4; a spec-like object without
+        # the per-layer fields has none): each layer's own view (layer())
+        self.layered = bool(getattr(spec, "layered", False))
+        for hd in set(getattr(spec, "layer_head_dims", ())) | {spec.head_dim}:
+            check_head_dim(kv_type, hd)
         self.spec = spec
         arrays = []
         for t in (self.k_type, self.v_type):
@@ -159,7 +173,7 @@ class KVCache:
         """Bytes a cache of n_ctx positions reserves (K and V)."""
         check_head_dim(kv_type, spec.head_dim)
         row = sum(row_bytes(t, spec.head_dim) for t in kv_types(kv_type))
-        return len(spec.attention_layers) * spec.n_kv_heads * n_ctx * row
+        return written_slabs(spec) * n_ctx * row
 
     @staticmethod
     def state_bytes(spec: ModelSpec) -> int:
@@ -177,7 +191,10 @@ class KVCache:
 
     @property
     def position_bytes(self) -> int:
-        """Bytes one position takes (keys and values of every layer and head)."""
+        """Bytes one position takes (keys and values of every layer and head; where
+        layers differ, of the (layer, head) slabs written: written_slabs)."""
+        if self.layered:
+            return self.bytes_for(self.spec, 1, self.kv_type)
         return self.nbytes // self.n_ctx
 
     @staticmethod
@@ -229,9 +246,30 @@ class KVCache:
         """k, v [n, kv_heads, head_dim] (float32) for positions start .. start + n - 1."""
         n = k.shape[0]
         k, v = cache_values(k, self.k.dtype), cache_values(v, self.v.dtype)
+        if self.layered:  # the layer's own head count and head_dim (Gemma 4)
+            dk, dv = self.layer(layer)
+            dk[:, start : start + n] = k.transpose(1, 0, 2)
+            dv[:, start : start + n] = v.transpose(1, 0, 2)
+            self.written = max(self.written, start + n)
+            return
         self.k[layer, :, start : start + n] = k.transpose(1, 0, 2)
         self.v[layer, :, start : start + n] = v.transpose(1, 0, 2)
         self.written = max(self.written, start + n)
+
+    def layer(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer i's keys and values [kv_heads, n_ctx, row] as its attention reads them:
+        the rows of the layer whose KV it shares (spec.kv_source), cut to its own head
+        count and head_dim where layers differ (the cache holds the largest of each, so a
+        smaller layer's rows are views into it, and a KV-shared layer's slab is never
+        written, so it takes no memory)."""
+        if not self.layered:
+            return self.k[i], self.v[i]
+        s = self.spec
+        src = s.kv_source(i)
+        kvh, hd = s.kv_heads_of(i), s.head_dim_of(i)
+        k = self.k[src, :kvh, :, : row_width(self.k.dtype, hd)]
+        v = self.v[src, :kvh, :, : row_width(self.v.dtype, hd)]
+        return k, v
 
     def common_prefix(self, ids: list[int]) -> int:
         """How many leading ids are already cached (reusable without recompute)."""

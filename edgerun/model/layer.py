@@ -55,6 +55,7 @@ __all__ = [
     "Residual",
     "AddAttention",
     "FeedForward",
+    "PerLayerOutput",
     "layer_steps",
     "layer_matrices",
 ]
@@ -84,6 +85,12 @@ class Layer:
         "post_ffn_norm",
         "o_bias",
         "mixer",
+        # Gemma 4: the per-layer embedding's gate, projection and norm, the output scalar
+        # (None where the model has none; k and v are None on a KV-shared layer)
+        "ple_gate",
+        "ple_proj",
+        "ple_post_norm",
+        "out_scale",
     )
 
     attn_proj: AttentionProjections | None  # None in a recurrent layer
@@ -112,7 +119,7 @@ class Rows:
     layer without RoPE). states(layer) gives a recurrent layer's (ins, outs) states
     (state_cache.PassStates: one pair for a prompt, one per row for decode rows)."""
 
-    __slots__ = ("h", "x", "a", "positions", "decode", "attend", "rope", "states")
+    __slots__ = ("h", "x", "a", "positions", "decode", "attend", "rope", "states", "ple")
 
     def __init__(
         self,
@@ -131,6 +138,8 @@ class Rows:
         self.decode = decode
         self.attend = attend
         self.rope = rope
+        # per-layer embeddings [n, n_layers, width] (model/per_layer.py), None without
+        self.ple: np.ndarray | None = None
 
 
 class BoundRows:
@@ -208,9 +217,14 @@ class Attention:
         self.base = spec.rope_base_of(index) if spec.rotates(index) else None
         self.eps = np.float64(spec.norm_eps)
         self.neox = spec.rope_style == "neox"
-        self.q_scale = np.float32(spec.query_scale())
+        self.q_scale = np.float32(spec.query_scale(index))
         self.softcap = spec.attn_softcap
         self.temperature = spec.attn_temp_scale != 0.0
+        # where layers differ (Gemma 4): this layer's head shape, RoPE, KV source, v norm
+        self.head_dim, self.kv_heads = spec.head_dim_of(index), spec.kv_heads_of(index)
+        self.layered = spec.layered
+        self.rope_kind = (spec.rope_dim_of(index), spec.rope_freqs_of(index))
+        self.v_ones = np.ones(self.head_dim, np.float32) if spec.v_norm else None
 
     def heads(
         self, qkv: list[np.ndarray], positions: np.ndarray, cos: np.ndarray, sin: np.ndarray
@@ -219,6 +233,14 @@ class Attention:
         s, layer = self.spec, self.layer
         q, k, v = qkv
         n = q.shape[0]
+        if k is None:  # a KV-shared layer: q alone (the keys are its source layer's)
+            if layer.q_norm is not None:
+                q = rmsnorm(q.reshape(n, -1, layer.q_norm.shape[0]), layer.q_norm, self.eps)
+            q = q.reshape(n, s.n_heads, self.head_dim)
+            rope_inplace(q, positions, cos, sin, self.neox)
+            if self.q_scale != 1.0:
+                q *= self.q_scale
+            return q, None, None
         if layer.q_bias is not None:
             q += layer.q_bias
             k += layer.k_bias
@@ -226,9 +248,11 @@ class Attention:
         if layer.q_norm is not None:  # in groups of the norm's width: a head or all
             q = rmsnorm(q.reshape(n, -1, layer.q_norm.shape[0]), layer.q_norm, self.eps)
             k = rmsnorm(k.reshape(n, -1, layer.k_norm.shape[0]), layer.k_norm, self.eps)
-        q = q.reshape(n, s.n_heads, s.head_dim)
-        k = k.reshape(n, s.n_kv_heads, s.head_dim)
-        v = v.reshape(n, s.n_kv_heads, s.head_dim)
+        q = q.reshape(n, s.n_heads, self.head_dim)
+        k = k.reshape(n, self.kv_heads, self.head_dim)
+        v = v.reshape(n, self.kv_heads, self.head_dim)
+        if self.v_ones is not None:
+            v = rmsnorm(v, self.v_ones, self.eps)
         rope_inplace(q, positions, cos, sin, self.neox)
         rope_inplace(k, positions, cos, sin, self.neox)
         if self.q_scale != 1.0:
@@ -240,14 +264,17 @@ class Attention:
     def run(self, rows: Rows) -> None:
         proj = self.layer.attn_proj
         qkv = proj.qkv_batch(rows.x) if rows.decode else proj.qkv(rows.x)
-        q, k, v = self.heads(qkv, rows.positions, *rows.rope(self.base))
+        kind = self.rope_kind if self.layered else ()
+        q, k, v = self.heads(qkv, rows.positions, *rows.rope(self.base, *kind))
         ctx = rows.attend(self.slot, q, k, v, self.window, self.softcap)
         rows.a = proj.out_batch(ctx) if rows.decode else proj.out(ctx)
         if self.layer.o_bias is not None:
             rows.a += self.layer.o_bias
 
     def bindable(self) -> bool:
-        return type(self.layer.attn_proj) is ResidentProjections
+        # per-layer shapes, shared KV and the v norm take the general path only
+        plain = not self.layered and self.v_ones is None
+        return plain and type(self.layer.attn_proj) is ResidentProjections
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
         p = self.layer.attn_proj
@@ -395,7 +422,10 @@ class FeedForward:
         rows.a = decode_rows(ffn, rows.x) if rows.decode else ffn(rows.x)
 
     def bindable(self) -> bool:
-        return type(self.layer.ffn) is DenseFFN
+        # the bound buffers are spec.d_ff wide: a layer of its own width (Gemma 4's
+        # double-wide FFNs) takes the general path
+        ffn = self.layer.ffn
+        return type(ffn) is DenseFFN and ffn.d_ff == self.spec.d_ff
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
         ffn = self.layer.ffn
@@ -409,6 +439,35 @@ class FeedForward:
             (glu, (gelu, rows.g, rows.u, rows.act)),
             *rows.bind((ffn.down,), act, (a,)),
         ]
+
+
+class PerLayerOutput:
+    """Gemma 4's layer end: h += post_norm(proj(gelu(gate h) * e)) with e the layer's
+    per-layer embedding (rows.ple, where the layer has a gate), then h *= the layer's scalar
+    (where it has one), then x = RMSNorm(h) for what follows (norm None: x = h). General
+    path only (bindable False): the bound decode step does not cover it."""
+
+    def __init__(self, layer: Layer, index: int, norm: np.ndarray | None, eps: float) -> None:
+        self.layer, self.index, self.norm, self.eps = layer, index, norm, np.float64(eps)
+
+    def run(self, rows: Rows) -> None:
+        layer = self.layer
+        if layer.ple_gate is not None:
+            if rows.ple is None:  # a pass that skipped them would compute another model
+                raise RuntimeError("PerLayerOutput: the rows carry no per-layer embeddings")
+            mm = qmatvec.matvec_batch if rows.decode else qmatvec.project
+            e = np.ascontiguousarray(rows.ple[:, self.index])
+            g = activations.glu(mm(layer.ple_gate, rows.h), e, "gelu_tanh")
+            rows.h += rmsnorm(mm(layer.ple_proj, g), layer.ple_post_norm, self.eps)
+        if layer.out_scale is not None:
+            rows.h *= layer.out_scale
+        rows.x = rows.h.copy() if self.norm is None else rmsnorm(rows.h, self.norm, self.eps)
+
+    def bindable(self) -> bool:
+        return False
+
+    def bind(self, rows: BoundRows) -> list[Call | object]:
+        raise NotImplementedError("PerLayerOutput runs on the general path only")
 
 
 def layer_steps(
@@ -429,6 +488,14 @@ def layer_steps(
             AddAttention(),
             FeedForward(spec, layer),
             Residual(None, next_norm, eps, scale, kind),
+        ]
+    if spec.per_layer_input or spec.layer_output_scale:  # Gemma 4
+        return [
+            mixer,
+            Residual(layer.post_attn_norm, layer.ffn_norm, eps, scale, kind),
+            FeedForward(spec, layer),
+            Residual(layer.post_ffn_norm, None, eps, scale, kind),
+            PerLayerOutput(layer, index, next_norm, eps),
         ]
     return [
         mixer,

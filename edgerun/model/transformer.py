@@ -17,8 +17,9 @@ from edgerun.model.ffn import DenseFFN, FFNExecutor
 from edgerun.model.kvcache import KVCache
 from edgerun.model.layer import InputNorm, Layer, Rows, Step, layer_matrices, layer_steps
 from edgerun.model.mixers import build_mixer
+from edgerun.model.per_layer import PerLayerInputs
 from edgerun.model.state_cache import PassStates
-from edgerun.model.weights import ResidentProjections, WeightStore
+from edgerun.model.weights import QueryProjections, ResidentProjections, WeightStore
 from edgerun.ops import qmatvec
 from edgerun.ops.attention import BatchAttention, attention
 from edgerun.ops.rope import rope_tables
@@ -53,34 +54,52 @@ class Transformer:
                 self._recurrent_layer(layer, i, source)
                 self.layers.append(layer)
                 continue
+            # a KV-shared layer (Gemma 4) has no k, v or k norm of its own
+            owns_kv = spec.kv_source(i) == i
             for slot, role in (
                 ("q", "attn_q"),
                 ("k", "attn_k"),
                 ("v", "attn_v"),
                 ("o", "attn_output"),
             ):
-                setattr(layer, slot, store.matrix(spec.layer_tensor(role, i)))
+                if (
+                    slot == "v"
+                    and owns_kv
+                    and spec.v_norm
+                    and not store.has(spec.layer_tensor(role, i))
+                ):  # Gemma 4's K = V attention (attention_k_eq_v): v is k's projection
+                    layer.v = layer.k
+                elif owns_kv or slot in ("q", "o"):
+                    setattr(layer, slot, self._layer_matrix(role, i))
+                else:
+                    setattr(layer, slot, None)
             optional = {
                 "q_bias": ("attn_q_bias", spec.attn_bias),
                 "k_bias": ("attn_k_bias", spec.attn_bias),
                 "v_bias": ("attn_v_bias", spec.attn_bias),
                 "q_norm": ("attn_q_norm", spec.qk_norm),
-                "k_norm": ("attn_k_norm", spec.qk_norm),
+                "k_norm": ("attn_k_norm", spec.qk_norm and owns_kv),
                 "post_attn_norm": ("post_attention_norm", spec.post_norms),
                 "post_ffn_norm": ("post_ffw_norm", spec.post_norms),
             }
             for slot, (role, wanted) in optional.items():
                 setattr(layer, slot, store.vector(spec.layer_tensor(role, i)) if wanted else None)
             self._optional_biases(layer, i)
+            self._per_layer_parts(layer, i)
             layer.ffn = store.ffn(spec, i)
             self._check_shapes(layer, i, source)
             # q, k, v, o stay for shape checks and footprints; the projections go through
             # attn_proj, which gpu/place.move_layers may replace (this module never changes)
-            layer.attn_proj = ResidentProjections(layer.q, layer.k, layer.v, layer.o)
+            if owns_kv:
+                layer.attn_proj = ResidentProjections(layer.q, layer.k, layer.v, layer.o)
+            else:
+                layer.attn_proj = QueryProjections(layer.q, layer.o)
             self.layers.append(layer)
         # The layers as one program of steps (layer.py): the general path runs it, the
         # bound decode step (decode_step.py) binds it
         self.input_norm = InputNorm(self.layers[0].attn_norm, spec.norm_eps, spec.norm_kind)
+        # Gemma 4's per-layer embeddings (model/per_layer.py), None without
+        self.per_layer = PerLayerInputs(spec, store, source) if spec.per_layer_input else None
         self.program: list[list[Step]] = [
             layer_steps(spec, layer, i, self._norm_after(i)) for i, layer in enumerate(self.layers)
         ]
@@ -225,6 +244,32 @@ class Transformer:
             )
         return v
 
+    def _layer_matrix(self, role: str, i: int) -> QuantTensor:
+        """Layer i's matrix of a role, a clear error where the file lacks it."""
+        name = self.spec.layer_tensor(role, i)
+        if not self.store.has(name):
+            raise ModelFormatError(f"{self._source}: tensor '{name}' (layer {i}) is missing")
+        return self.store.matrix(name)
+
+    def _per_layer_parts(self, layer: Layer, i: int) -> None:
+        """Gemma 4's per-layer embedding gate, projection and norm, and the layer's output
+        scalar (None where the spec or the file has none), checked against the spec."""
+        spec, d, w = self.spec, self.spec.d_model, self.spec.per_layer_input
+        layer.ple_gate = layer.ple_proj = layer.ple_post_norm = layer.out_scale = None
+        if w:
+            layer.ple_gate = self._layer_matrix("ple_gate", i)
+            layer.ple_proj = self._layer_matrix("ple_proj", i)
+            for t, shape in ((layer.ple_gate, (w, d)), (layer.ple_proj, (d, w))):
+                if t.shape != shape:
+                    raise ModelFormatError(
+                        f"{self._source}: tensor '{t.name}' has shape {t.shape}, expected {shape}"
+                    )
+            layer.ple_post_norm = self._bias(spec.layer_tensor("ple_post_norm", i), d)
+        if spec.layer_output_scale:
+            name = spec.layer_tensor("layer_output_scale", i)
+            if self.store.has(name):
+                layer.out_scale = self._bias(name, 1)
+
     def _rope_freq_factors(self, source: str) -> np.ndarray | None:
         """The file's per-frequency RoPE divisors (`rope_freqs.weight`, Llama 3's rope
         scaling), checked: rope_dim // 2 finite values > 0; None when it has none."""
@@ -246,33 +291,40 @@ class Transformer:
 
     def _check_shapes(self, layer: Layer, i: int, source: str) -> None:
         s = self.spec
+        q_dim, kv_dim = s.n_heads * s.head_dim_of(i), s.kv_heads_of(i) * s.head_dim_of(i)
         want = {
-            "q": (s.q_dim, s.d_model),
-            "k": (s.kv_dim, s.d_model),
-            "v": (s.kv_dim, s.d_model),
-            "o": (s.d_model, s.q_dim),
+            "q": (q_dim, s.d_model),
+            "k": (kv_dim, s.d_model),
+            "v": (kv_dim, s.d_model),
+            "o": (s.d_model, q_dim),
         }
         for slot, shape in want.items():
-            t: QuantTensor = getattr(layer, slot)
-            if t.shape != shape:
+            t: QuantTensor | None = getattr(layer, slot)
+            if t is not None and t.shape != shape:
                 raise ModelFormatError(
                     f"{source}: tensor '{t.name}' (layer {i}) has shape {t.shape}, expected {shape}"
                 )
         ffn: FFNExecutor = layer.ffn
-        d_ff = s.expert_ff if getattr(ffn, "n_expert", 0) else s.d_ff  # MoEFFN: per expert
+        d_ff = s.expert_ff if getattr(ffn, "n_expert", 0) else s.d_ff_of(i)  # MoEFFN: per expert
         if (ffn.d_ff, ffn.d_model) != (d_ff, s.d_model):
             raise ModelFormatError(
                 f"{source}: layer {i} FFN is {ffn.d_ff}x{ffn.d_model}, expected {d_ff}x{s.d_model}"
             )
 
-    def _rope(self, n_ctx: int, base: float | None) -> tuple[np.ndarray, np.ndarray]:
-        """The RoPE tables of a base (None: no rotation) for n_ctx positions, cached."""
+    def _rope(
+        self, n_ctx: int, base: float | None, dim: int = 0, freqs: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The RoPE tables of a base (None: no rotation) for n_ctx positions, cached.
+        dim, freqs: a layer's own RoPE dims and whether it takes the file's rope_freqs
+        (where layers differ: Gemma 4); 0 is the spec's rope_dim."""
         factors, long = self.rope_freq_factors, False
         if self.rope_factors is not None:
             # LongRoPE, as llama.cpp: a context past the trained one takes the long factors
             long = n_ctx > self.spec.rope_orig_context
             factors = self.rope_factors[long]
-        key = (base, long)
+        key = (base, long) if not dim else (base, long, dim, freqs)
+        if not freqs:
+            factors = None
         cached = self._rope_cache.get(key)
         if cached is None or cached[0] < n_ctx:
             s = self.spec
@@ -282,7 +334,13 @@ class Transformer:
             elif s.rope_scale != 1.0:  # linear scaling: every frequency times rope_scale
                 ones = np.ones(s.rope_dim // 2)
                 factors = (ones if factors is None else factors) / s.rope_scale
-            cos, sin = rope_tables(n_ctx, s.rope_dim, base, factors, s.rope_attn_factor, yarn)
+            if dim and factors is not None and factors.shape[0] != dim // 2:
+                raise ModelFormatError(
+                    f"{self._source}: rope_freqs holds {factors.shape[0]} factors, a layer "
+                    f"rotating {dim} dims needs {dim // 2}"
+                )
+            cos, sin = rope_tables(n_ctx, dim or s.rope_dim, base, factors, s.rope_attn_factor,
+                                   yarn)  # fmt: skip
             cached = self._rope_cache[key] = (n_ctx, cos, sin)
         return cached[1], cached[2]
 
@@ -354,16 +412,28 @@ class Transformer:
             self.kv_growth([cache], [start + n], n)
 
         def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
+            if self.spec.layered:  # per-layer shapes or shared KV (Gemma 4)
+                if k is not None:
+                    cache.store(li, start, k, v)
+                kl, vl = cache.layer(li)
+                end = start + n
+                return attention(q, kl[:, :end], vl[:, :end], start, window, softcap=softcap)
             cache.store(li, start, k, v)
             return attention(q, cache.k[li], cache.v[li], start, window, softcap=softcap)
 
-        rope = lambda base: self._rope(cache.n_ctx, base)  # noqa: E731
+        rope = lambda base, *kind: self._rope(cache.n_ctx, base, *kind)  # noqa: E731
         states = PassStates([cache.state], [start], decode=False)
         rows = Rows(self.embed(ids), positions, False, attend, rope, states)
+        self._add_per_layer(rows, ids)
         x = self._run_layers(rows, release=bool(self._copied) and n > 1)
         if n > 1:  # a prompt's end: a position a later prompt may go back to
             cache.state.snapshot(start + n)
         return x
+
+    def _add_per_layer(self, rows: Rows, ids: np.ndarray) -> None:
+        """The rows' per-layer embeddings, where the model has them (Gemma 4)."""
+        if self.per_layer is not None:
+            rows.ple = self.per_layer(ids, rows.h, rows.decode)
 
     def final_hidden(self, tokens: list[int], cache: KVCache) -> np.ndarray:
         """Run `tokens` after what `cache` holds and return their final hidden states
@@ -397,16 +467,23 @@ class Transformer:
         positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])
         n_ctx = max(lengths)
 
+        shared: dict[int, tuple] = {}  # a KV source layer's rows, for the layers sharing them
+
         def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
-            ctx = np.empty((q.shape[0], self.spec.q_dim), np.float32)
+            if k is None:
+                k, v = shared[self.spec.kv_source(li)]
+            elif self.spec.layer_kv_source:
+                shared[li] = (k, v)
+            ctx = np.empty((q.shape[0], q.shape[1] * q.shape[2]), np.float32)
             for a, b in zip(bounds[:-1], bounds[1:]):
                 ks = np.ascontiguousarray(k[a:b].transpose(1, 0, 2), dtype=np.float32)
                 vs = np.ascontiguousarray(v[a:b].transpose(1, 0, 2), dtype=np.float32)
                 ctx[a:b] = attention(q[a:b], ks, vs, 0, window, softcap=softcap)
             return ctx
 
-        rope = lambda base: self._rope(n_ctx, base)  # noqa: E731
+        rope = lambda base, *kind: self._rope(n_ctx, base, *kind)  # noqa: E731
         rows = Rows(self.embed(ids), positions, False, attend, rope)
+        self._add_per_layer(rows, ids)
         x = self._run_layers(rows, release=bool(self._copied) and len(ids) > 1)
         return [x[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -539,20 +616,43 @@ class Transformer:
         pass) through the batched kernels; appends the tokens and returns the final
         hidden rows [n, d_model]."""
         n_ctx = max(c.n_ctx for c in caches)
-        ctx = np.empty((len(tokens), self.spec.q_dim), np.float32)
-        batch = BatchAttention([c.k for c in caches], [c.v for c in caches], starts)
+        if self.spec.layered:  # per-layer shapes or shared KV (Gemma 4): row by row
+            attend = self._layered_rows_attend(caches, starts)
+        else:
+            ctx = np.empty((len(tokens), self.spec.q_dim), np.float32)
+            batch = BatchAttention([c.k for c in caches], [c.v for c in caches], starts)
 
-        def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
-            batch(li, q, k, v, window, ctx, softcap)
-            return ctx
+            def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
+                batch(li, q, k, v, window, ctx, softcap)
+                return ctx
 
-        rope = lambda base: self._rope(n_ctx, base)  # noqa: E731
+        rope = lambda base, *kind: self._rope(n_ctx, base, *kind)  # noqa: E731
         states = PassStates([c.state for c in caches], starts, decode=True)
         positions = np.asarray(starts, dtype=np.int64)
         rows = Rows(self.embed(ids), positions, True, attend, rope, states)
+        self._add_per_layer(rows, ids)
         x = self._run_layers(rows)
         states.finish()
         for c, t, p in zip(caches, tokens, starts):
             c.tokens.append(int(t))
             c.mark_written(p + 1)  # BatchAttention wrote row p (clear() gives pages back)
         return x
+
+    def _layered_rows_attend(self, caches: list[KVCache], starts: list[int]) -> Callable:
+        """Decode rows' attention where layers differ in shape or share KV: row b stores
+        its k, v (a KV-shared layer stores none) in caches[b] at starts[b], then attends
+        as a one-token pass does (the rows of one cache at consecutive positions, a
+        verification pass, each see the ones before them)."""
+
+        def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
+            out = np.empty((q.shape[0], q.shape[1] * q.shape[2]), np.float32)
+            for b, (c, p) in enumerate(zip(caches, starts)):
+                if k is not None:
+                    c.store(li, p, k[b : b + 1], v[b : b + 1])
+                kl, vl = c.layer(li)
+                out[b] = attention(
+                    q[b : b + 1], kl[:, : p + 1], vl[:, : p + 1], p, window, softcap=softcap
+                )[0]
+            return out
+
+        return attend

@@ -61,6 +61,28 @@ class ResidentProjections:
         return qmatvec.matvec_batch(self.o, ctx)
 
 
+class QueryProjections:
+    """q and o alone, for a layer that attends to another layer's keys and values (Gemma
+    4's KV-shared layers): qkv gives [q, None, None]."""
+
+    __slots__ = ("q", "o")
+
+    def __init__(self, q: QuantTensor, o: QuantTensor) -> None:
+        self.q, self.o = q, o
+
+    def qkv(self, x: np.ndarray) -> list[np.ndarray | None]:
+        return [qmatvec.project(self.q, x), None, None]
+
+    def out(self, ctx: np.ndarray) -> np.ndarray:
+        return qmatvec.project(self.o, ctx)
+
+    def qkv_batch(self, x: np.ndarray) -> list[np.ndarray | None]:
+        return [qmatvec.matvec_batch(self.q, x), None, None]
+
+    def out_batch(self, ctx: np.ndarray) -> np.ndarray:
+        return qmatvec.matvec_batch(self.o, ctx)
+
+
 class WeightStore(Protocol):
     def has(self, name: str) -> bool: ...
 
@@ -143,7 +165,8 @@ class ResidentStore:
         want |= {"attn_q_bias": spec.q_dim, "attn_k_bias": spec.kv_dim}
         want |= {"attn_v_bias": spec.kv_dim, "attn_output_bias": spec.d_model}
         if spec.qk_norm:
-            qn, kn = (spec.q_dim, spec.kv_dim) if spec.qk_norm_full else (spec.head_dim,) * 2
+            hd = spec.head_dim_of(layer)
+            qn, kn = (spec.q_dim, spec.kv_dim) if spec.qk_norm_full else (hd, hd)
             want |= {"attn_q_norm": qn, "attn_k_norm": kn}
         if spec.post_norms:
             want |= {"post_attention_norm": spec.d_model, "post_ffw_norm": spec.d_model}
@@ -198,7 +221,7 @@ class ResidentStore:
             self.matrix(spec.layer_tensor("ffn_up", layer)),
             self.matrix(spec.layer_tensor("ffn_down", layer)),
             spec.activation,
-            expected=(spec.d_ff, spec.d_model),
+            expected=(spec.d_ff_of(layer), spec.d_model),
             source=self._source,
         )
 

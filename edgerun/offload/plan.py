@@ -116,6 +116,9 @@ class Footprint:
     def kv_bytes(self, n_ctx: int) -> int:
         """What a sequence of n_ctx positions holds: its KV rows and recurrent states."""
         return n_ctx * self.kv_bytes_per_token + self.state_bytes
+    # Gemma 4's per-layer embedding table: a lookup like the token embedding (a token
+    # reads its own rows from storage), so only the touched rows count, never the table
+    per_layer_table_bytes: int = 0
 
     def attention_formats(self) -> tuple[tuple[str, int], ...]:
         return self.attention_by_format or (("", self.attention_bytes),)
@@ -462,6 +465,7 @@ def _resident_bytes(
         + fp.norm_bytes
         + (0 if head_streamed else fp.head_bytes)
         + min(fp.embedding_bytes, EMBEDDING_TOUCH_BYTES)
+        + min(fp.per_layer_table_bytes, EMBEDDING_TOUCH_BYTES)
         + MARGIN_BYTES
     )
 
@@ -906,7 +910,13 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
     size = {n: reader.tensor(n).nbytes for n in names}
     attn_roles = ("attn_q", "attn_k", "attn_v", "attn_output")
     attn_extra = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_q_norm", "attn_k_norm")
+    # Gemma 4's per-layer embedding gate and projection: matrices every token multiplies,
+    # held with the attention (their table is a lookup: per_layer_table_bytes)
+    attn_extra += tuple(r for r in ("ple_gate", "ple_proj") if r in spec.layer_tensors)
     norm_roles = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm")
+    norm_roles += tuple(
+        r for r in ("ple_post_norm", "layer_output_scale") if r in spec.layer_tensors
+    )
     attention = norms = dense_ffn = 0
     att_fmt: dict[str, int] = {}
     ffn_fmt: dict[str, int] = {}
@@ -938,6 +948,12 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
     embd = size.get(g["token_embd"], 0)
     head = size.get(g["output"], 0)
     norms += size.get(g["output_norm"], 0)
+    per_layer_table = size.get(g.get("ple_token_embd", ""), 0)
+    for role in ("ple_model_proj", "ple_proj_norm"):  # resident beside the attention
+        name = g.get(role, "")
+        if name in names:
+            attention += size[name]
+            att_fmt[fmt(name)] = att_fmt.get(fmt(name), 0) + size[name]
     attn_weights = 0
     for role in attn_roles:
         name = spec.layer_tensor(role, 0)
@@ -972,6 +988,7 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
         down_format=down_format,
         up_row_bytes=row_bytes(up_t, spec.d_model),
         head_rows=reader.tensor(g["output"]).shape[0] if head else 0,
+        per_layer_table_bytes=per_layer_table,
         **moe,
     )
 

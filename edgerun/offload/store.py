@@ -406,6 +406,10 @@ def _direct_tensors(gguf, spec: ModelSpec, direct) -> DirectTensors:
     g = spec.global_tensors
     # the embedding stays mapped (rows read as used) unless it is also the head
     mapped = frozenset({g["token_embd"]}) if g["output"] in gguf.infos else frozenset()
+    # Gemma 4's per-layer embedding table too: a lookup (~40% of an E2B file) whose rows a
+    # token reads, never the whole table (the planner counts its touched rows)
+    if g.get("ple_token_embd") in gguf.infos:
+        mapped |= {g["ple_token_embd"]}
     return DirectTensors(gguf, direct, mapped)
 
 
@@ -454,6 +458,26 @@ class DenseStreamStore(ResidentStore):
         self._splits: list[tuple[SplitMatrix, int]] = []  # (matrix, file offset), in stream order
         self._loans: list[RowLoan] = []  # rows held past the first ones, newest last
         self._unstreamed: set[str] = set()  # split matrices whose other rows stay on flash
+
+    def row_reader(self, name: str):
+        """Rows of a lookup table (Gemma 4's per-layer embeddings) read from storage with
+        direct I/O as tokens need them, never through the page cache: a function of ids
+        giving a QuantTensor of those rows, in order."""
+        from edgerun.quant.formats import QuantTensor
+
+        t = self._reader.view(name)
+        offset = self._reader.infos[name].offset
+        row = t.data.shape[1]
+
+        def read(ids: np.ndarray) -> QuantTensor:
+            ids = np.asarray(ids, np.int64).reshape(-1)
+            if ids.size and (ids.min() < 0 or ids.max() >= t.rows):
+                raise InvalidArgumentError(f"{name}: row ids outside 0..{t.rows - 1}")
+            buf = np.empty((ids.size, row), np.uint8)
+            self.direct.read_into([(offset + int(i) * row, row) for i in ids], buf)
+            return QuantTensor(name, t.qtype, (int(ids.size), t.cols), buf)
+
+        return read
 
     def hold_more(self, max_bytes: int) -> int:
         """Hold up to max_bytes more of every streamed FFN matrix's first rows in RAM, the
@@ -639,13 +663,14 @@ class DenseStreamStore(ResidentStore):
         self.check_vectors(spec, layer)
         names = [spec.layer_tensor(r, layer) for r in ("ffn_gate", "ffn_up", "ffn_down")]
         views = [self._reader.view(n) for n in names]
+        d_ff = spec.d_ff_of(layer)  # a layer's own width (Gemma 4's double-wide FFNs)
         if layer in self.skip:  # replaced by a device executor: mapped views, never read
             return DenseFFN(
-                *views, spec.activation, expected=(spec.d_ff, spec.d_model), source=self._source
+                *views, spec.activation, expected=(d_ff, spec.d_model), source=self._source
             )
-        ff, dm = (spec.d_ff, spec.d_model), (spec.d_model, spec.d_ff)
+        ff, dm = (d_ff, spec.d_model), (spec.d_model, d_ff)
         check_shapes(zip(views, (ff, ff, dm)), self._source)  # before any row is read
-        h = min(spec.d_ff, self.held_neurons)
+        h = min(d_ff, self.held_neurons)
         h_down = self._share_rows(h, spec.d_model)
         gate, up, down = (self._split(n, k) for n, k in zip(names, (h, h, h_down)))
         return StreamedFFN(gate, up, down, spec.activation, self.row_stream, self.stats)

@@ -2,8 +2,8 @@
 
 The one place that reads ``tokenizer.ggml.model`` and picks the implementation
 (:class:`~.bpe.BPETokenizer` for ``"gpt2"``, :class:`~.sentencepiece.SentencePieceTokenizer`
-for ``"llama"``), so callers holding GGUF metadata need not know the kinds, and each kind's
-module need not know the others.
+for ``"llama"``, :class:`~.gemma4.Gemma4Tokenizer` for ``"gemma4"``), so callers holding
+GGUF metadata need not know the kinds, and each kind's module need not know the others.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from edgerun.errors import ModelFormatError, UnsupportedError
 from edgerun.tokenizer.base import Tokenizer
 from edgerun.tokenizer.bpe import BPETokenizer
+from edgerun.tokenizer.gemma4 import Gemma4Tokenizer
 from edgerun.tokenizer.sentencepiece import SentencePieceTokenizer
 
 __all__ = ["tokenizer_from_gguf_metadata"]
@@ -50,6 +51,8 @@ def _build(meta: dict[str, Any]) -> Tokenizer:
         return BPETokenizer(meta)
     if model == "llama":
         return SentencePieceTokenizer(meta)
+    if model == "gemma4":
+        return Gemma4Tokenizer(meta)
     what = {
         "t5": "Unigram (T5-style) tokenizers are not supported",
         "bert": "WordPiece (BERT-style) tokenizers are not supported",
@@ -57,5 +60,6 @@ def _build(meta: dict[str, Any]) -> Tokenizer:
     }.get(model, "this tokenizer type is not supported")
     raise UnsupportedError(
         f"GGUF metadata 'tokenizer.ggml.model' = {model!r}: {what}. "
-        "edgerun supports byte-level BPE ('gpt2') and SentencePiece ('llama') vocabularies."
+        "edgerun supports byte-level BPE ('gpt2'), SentencePiece ('llama') and Gemma 4's "
+        "BPE ('gemma4') vocabularies."
     )

@@ -61,6 +61,7 @@ FAMILIES_TESTED = [
     "qwen3moe",
     "qwen2moe",
     "lfm2",
+    "gemma4",
 ]
 
 # Data folders holding only llama.cpp quantizations of a variant (<type>.gguf, with llama.cpp's

@@ -9,7 +9,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from edgerun.arch.spec import ModelSpec
+from edgerun.arch.gemma4 import PER_LAYER_TENSORS, PLE_TENSORS
+from edgerun.arch.spec import GLOBAL_TENSORS, LAYER_TENSORS, ModelSpec
+from edgerun.errors import UnsupportedError
 from edgerun.model.decode_step import DecodeStep
 from edgerun.model.kvcache import KVCache
 from edgerun.model.transformer import Transformer
@@ -130,12 +132,12 @@ class _Reader:
         # by the weights' gain each layer: smaller weights keep it within f16 caches' range
         sd = 0.2 if s.pre_norms else 0.05
         for i in range(s.n_layers):
-            for role, shape in roles.items():
+            for role, shape in _layer_shapes(s, i, roles, layer_vecs).items():
                 name = s.layer_tensor(role, i)
-                self._t[name] = quantize_tensor(name, rng.normal(0, sd, shape), "q8_0")
-            for role, n in layer_vecs.items():
-                name = s.layer_tensor(role, i)
-                self._t[name] = quantize_tensor(name, rng.uniform(0.5, 1.5, n), "f32")
+                if isinstance(shape, tuple):
+                    self._t[name] = quantize_tensor(name, rng.normal(0, sd, shape), "q8_0")
+                else:
+                    self._t[name] = quantize_tensor(name, rng.uniform(0.5, 1.5, shape), "f32")
             if s.mixer(i) == "shortconv":  # its mixer's tensors (the attention's go unread)
                 d, width = s.d_model, s.shortconv_l_cache
                 for role, shape, qtype in (
@@ -145,12 +147,50 @@ class _Reader:
                 ):
                     name = s.layer_tensor(role, i)
                     self._t[name] = quantize_tensor(name, rng.normal(0, sd, shape), qtype)
+        if s.per_layer_input:  # Gemma 4's per-layer embeddings
+            w = s.per_layer_input * s.n_layers
+            for role, shape in (("ple_token_embd", (s.vocab_size, w)),
+                                ("ple_model_proj", (w, s.d_model))):  # fmt: skip
+                name = s.global_tensors[role]
+                self._t[name] = quantize_tensor(name, rng.normal(0, 0.5, shape), "q8_0")
+            name = s.global_tensors["ple_proj_norm"]
+            self._t[name] = quantize_tensor(name, rng.uniform(0.5, 1.5, s.per_layer_input), "f32")
 
     def tensor(self, name: str):
         return self._t[name]
 
+    def drop(self, names: set[str]) -> None:
+        for name in names:
+            del self._t[name]
+
     def tensor_names(self) -> list[str]:
         return list(self._t)
+
+
+def _layer_shapes(s: ModelSpec, i: int, roles: dict, vecs: dict) -> dict:
+    """Layer i's tensor shapes (matrices as tuples, vectors as sizes) at its own head dim,
+    KV heads and FFN width (the spec-wide ones where layers do not differ), with Gemma 4's
+    per-layer embedding parts and scalar where the spec has them and no k, v or k norm on
+    a layer that shares another's KV."""
+    hd, kvh, ff = s.head_dim_of(i), s.kv_heads_of(i), s.d_ff_of(i)
+    q_dim, kv_dim = s.n_heads * hd, kvh * hd
+    own = {"attn_q": q_dim, "attn_k": kv_dim, "attn_v": kv_dim, "ffn_gate": ff, "ffn_up": ff}
+    out: dict = {r: (own.get(r, shape[0]), shape[1]) for r, shape in roles.items()}
+    out["attn_output"] = (s.d_model, q_dim)
+    out["ffn_down"] = (s.d_model, ff)
+    sizes = {"attn_q_bias": q_dim, "attn_k_bias": kv_dim, "attn_v_bias": kv_dim}
+    if s.layered and not s.qk_norm_full:
+        sizes |= {"attn_q_norm": hd, "attn_k_norm": hd}
+    out |= {r: sizes.get(r, n) for r, n in vecs.items()}
+    if s.per_layer_input:
+        out |= {"ple_gate": (s.per_layer_input, s.d_model),
+                "ple_proj": (s.d_model, s.per_layer_input), "ple_post_norm": s.d_model}  # fmt: skip
+    if s.layer_output_scale:
+        out["layer_output_scale"] = 1
+    if s.kv_source(i) != i:
+        for r in ("attn_k", "attn_v", "attn_k_norm", "attn_k_bias", "attn_v_bias"):
+            out.pop(r, None)
+    return out
 
 
 def _model(switch: str, head_dim: int = HD) -> Transformer:
@@ -218,6 +258,91 @@ def test_each_switch_changes_the_output(switch):
         assert not np.array_equal(plain[0][-1], other[0][-1])
     else:
         assert not np.array_equal(plain[-1], other[-1])
+
+
+# Switches the bound decode step does not cover (Gemma 4's): the general path only, where
+# a prompt, one-token steps and batched decode rows must still agree bit for bit.
+G4_TENSORS = {**LAYER_TENSORS, **PER_LAYER_TENSORS}
+G4_GLOBALS = {**GLOBAL_TENSORS, **PLE_TENSORS}
+GENERAL_SWITCHES = {
+    "v_norm": {"v_norm": True},
+    "layer_output_scale": {"layer_output_scale": True, "layer_tensors": G4_TENSORS},
+    "per_layer_input": {
+        "per_layer_input": 32,
+        "layer_tensors": G4_TENSORS,
+        "global_tensors": G4_GLOBALS,
+    },
+    "layer_head_dims": {
+        "head_dim": 32,
+        "rope_dim": 32,
+        "layer_head_dims": (16, 32, 16),
+        "layer_rope_dims": (16, 32, 8),
+        "qk_norm": True,
+    },
+    "layer_kv_heads": {"n_kv_heads": 4, "layer_kv_heads": (2, 4, 2)},
+    "layer_d_ff": {"d_ff": 256, "layer_d_ff": (128, 256, 128)},
+    "layer_kv_source": {"layer_kv_source": (0, 1, 1), "qk_norm": True},
+}
+
+
+def _general_model(switch: str) -> Transformer:
+    spec = dataclasses.replace(BASE, **GENERAL_SWITCHES[switch])
+    return Transformer(spec, ResidentStore(_Reader(spec), "tiny"), "tiny")
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+@pytest.mark.parametrize("switch", sorted(GENERAL_SWITCHES))
+def test_general_only_switches_agree_on_every_general_path(switch, kv_type):
+    tr = _general_model(switch)
+    assert not DecodeStep.supports(tr)
+    ref_logits, ref_caches = _run(tr, bound=False, batched=False, kv_type=kv_type)
+    logits, caches = _run(tr, bound=False, batched=True, kv_type=kv_type)
+    for a, b in zip(ref_logits, logits):
+        assert np.array_equal(a, b), switch
+    for a, b in zip(ref_caches, caches):
+        assert np.array_equal(a.k, b.k) and np.array_equal(a.v, b.v)
+    # a prompt's logits equal its tokens' one-token steps (up to the prompt kernels' sums)
+    cache = KVCache(tr.spec, 32, kv_type)
+    steps = np.stack([tr.forward([t], cache) for t in PROMPTS[0]])
+    assert np.allclose(ref_logits[0], steps, rtol=0, atol=1e-3 * np.ptp(steps))
+    assert all(np.isfinite(x).all() for x in ref_logits)
+
+
+def test_a_layer_without_attn_v_takes_ks_projection_as_v():
+    """Gemma 4's K = V attention: a file without attn_v on a layer (v-normed family) reads
+    k's projection as v, as a file holding k's matrix under attn_v would."""
+    spec = dataclasses.replace(BASE, v_norm=True, qk_norm=True)
+    dropped, copied = _Reader(spec), _Reader(spec)
+    dropped.drop({"blk.1.attn_v.weight"})
+    copied._t["blk.1.attn_v.weight"] = copied._t["blk.1.attn_k.weight"]
+    a, b = (Transformer(spec, ResidentStore(r, "tiny"), "tiny") for r in (dropped, copied))
+    assert a.layers[1].v is a.layers[1].k
+    la = a.forward(PROMPTS[0], KVCache(spec, 16, "f32"), all_logits=True)
+    lb = b.forward(PROMPTS[0], KVCache(spec, 16, "f32"), all_logits=True)
+    assert np.array_equal(la, lb)
+
+
+def test_a_layer_head_dim_q8_0_rows_cannot_hold_is_refused():
+    tr = _general_model("layer_head_dims")  # layers of head_dim 16 beside 32
+    with pytest.raises(UnsupportedError, match="block size 32"):
+        KVCache(tr.spec, 32, "q8_0")
+
+
+@pytest.mark.parametrize(
+    "switch", ["v_norm", "layer_output_scale", "per_layer_input", "layer_kv_source"]
+)
+def test_each_general_only_switch_changes_the_output(switch):
+    """On the same weights (the per-layer shapes have no same-weights model without them:
+    the equality test above covers them)."""
+    fields = GENERAL_SWITCHES[switch]
+    on_spec = dataclasses.replace(BASE, **fields)
+    off_spec = dataclasses.replace(BASE, **{k: v for k, v in fields.items() if k == "qk_norm"})
+    # the file of whichever spec reads more tensors; the other ignores the rest
+    reader = _Reader(off_spec if switch == "layer_kv_source" else on_spec)
+    on, off = (Transformer(s, ResidentStore(reader, "tiny"), "tiny") for s in (on_spec, off_spec))
+    a = on.forward(PROMPTS[0], KVCache(on.spec, 16, "f32"), all_logits=True)
+    b = off.forward(PROMPTS[0], KVCache(off.spec, 16, "f32"), all_logits=True)
+    assert a.shape == b.shape and not np.allclose(a, b)
 
 
 def test_the_program_is_the_layers_definition():

@@ -86,7 +86,7 @@ class Variant:
     model_class: str  # transformers class name
     config_class: str
     config: dict
-    tokenizer: str  # "bpe" or "spm"
+    tokenizer: str  # "bpe", "spm" or "gemma4" (BPE over "▁"-escaped UTF-8, byte fallback)
     pre: str | None  # tokenizer.ggml.pre that llama.cpp writes for real files of the family
     add_bos: bool
     features: list[str]
@@ -532,6 +532,61 @@ VARIANTS = [
             "llama 4 temperature": {"rope_parameters": _MISTRAL3_ROPE_NO_BETA},
         },
     ),
+    Variant(
+        "gemma4",
+        "Gemma4ForCausalLM",
+        "Gemma4TextConfig",
+        dict(
+            num_hidden_layers=5,
+            head_dim=32,
+            global_head_dim=64,
+            sliding_window=8,
+            # llama.cpp's KV reuse takes the last unshared layer for full layers and the one
+            # before it for sliding ones (as Gemma 4's real files have them)
+            layer_types=[
+                "sliding_attention",
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "full_attention",
+            ],
+            num_kv_shared_layers=2,
+            use_double_wide_mlp=True,
+            hidden_size_per_layer_input=16,
+            vocab_size_per_layer_input="vocab",  # the tokenizer's size (_build)
+            final_logit_softcapping=5.0,
+            rope_parameters={
+                "sliding_attention": _rope(),
+                "full_attention": {
+                    "rope_type": "proportional",
+                    "partial_rotary_factor": 0.25,
+                    "rope_theta": 1000000.0,
+                },
+            },
+            tie_word_embeddings=True,
+        ),
+        "gemma4",
+        None,
+        True,
+        [
+            "per-layer embeddings (PLE, 16 per layer): token rows + projection, gated injection",
+            "KV shared: layers 3 (sliding) and 4 (full) reuse layers 1 and 2",
+            "head_dim 32 on sliding layers, 64 on full layers",
+            "proportional RoPE (a quarter of the pairs) on full layers, theta 1e6",
+            "double-wide FFN on the KV-shared layers",
+            "v norm, q/k norms, attention scale 1, layer scalars",
+            "sliding window 8, final logit softcap 5",
+        ],
+        {
+            "sliding window": {"sliding_window": 4096},
+            "final softcap": {"final_logit_softcapping": None},
+        },
+        llama_cpp_differs=(
+            "llama.cpp's ggml_gelu (the per-layer embedding gate's GELU) rounds its input to "
+            "float16 for a table lookup (GGML_GELU_FP16): its f32 file lands at ~1.2e-3 of "
+            "the spread, above the 1e-3 it is held to"
+        ),
+    ),
 ]
 
 
@@ -559,6 +614,49 @@ def _train_bpe(folder: Path, add_bos: bool) -> None:
         "bos_token": "<|begin_of_text|>",
         "eos_token": "<|endoftext|>",
         "unk_token": None,
+        "add_bos_token": add_bos,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1024,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
+
+
+GEMMA4_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+
+
+def _train_gemma4(folder: Path, add_bos: bool) -> None:
+    """A Gemma 4-style tokenizer.json: BPE over UTF-8 characters with spaces as "▁" (no
+    pre-split), byte fallback to the <0xNN> tokens, ids: specials, bytes, learnt pieces."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    trainer = trainers.BpeTrainer(vocab_size=320, show_progress=False)
+    tok.train_from_iterator(TEXT.splitlines() * 20, trainer)
+    learnt = json.loads(tok.to_str())["model"]
+    bytes_ = [f"<0x{b:02X}>" for b in range(256)]
+    vocab = {t: i for i, t in enumerate(GEMMA4_SPECIALS + bytes_)}
+    for t in sorted(learnt["vocab"], key=learnt["vocab"].get):
+        vocab.setdefault(t, len(vocab))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in learnt["merges"]]
+    full = Tokenizer(
+        models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], byte_fallback=True)
+    )
+    full.normalizer = normalizers.Replace(" ", "\u2581")
+    full.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    from tokenizers import AddedToken
+
+    full.add_special_tokens([AddedToken(t, special=True) for t in GEMMA4_SPECIALS])
+    full.save(str(folder / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
         "add_bos_token": add_bos,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
@@ -598,8 +696,8 @@ def _tokenize(folder: Path, kind: str) -> tuple[list[int], int, int, int]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    bos = tok.token_to_id("<|begin_of_text|>")
-    eos = tok.token_to_id("<|endoftext|>")
+    bos = tok.token_to_id("<bos>" if kind == "gemma4" else "<|begin_of_text|>")
+    eos = tok.token_to_id("<eos>" if kind == "gemma4" else "<|endoftext|>")
     return tok.encode(TEXT, add_special_tokens=False).ids, tok.get_vocab_size(), bos, eos
 
 
@@ -613,6 +711,7 @@ def _build(variant: Variant, vocab: int, bos: int, eos: int, overrides: dict | N
 
     kw = {**BASE, **copy.deepcopy(variant.config), **(overrides or {})}
     kw.update(vocab_size=vocab, bos_token_id=bos, eos_token_id=eos, pad_token_id=eos)
+    kw.update({k: vocab for k, v in kw.items() if v == "vocab"})
     cfg = getattr(transformers, variant.config_class)(**kw)
     cfg._attn_implementation = "eager"
     torch.manual_seed(SEED)
@@ -628,6 +727,9 @@ def _perturb(model) -> None:
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scale
+                b.copy_(torch.rand(b.shape, generator=gen) + 0.5)
 
 
 def _logits(model, ids: list[int]) -> np.ndarray:
@@ -731,6 +833,8 @@ def make(variant: Variant, llama_cpp: Path, check: bool) -> dict:
         hf_dir.mkdir()
         if variant.tokenizer == "spm":
             _train_spm(hf_dir, variant.add_bos, variant.spm_symbols)
+        elif variant.tokenizer == "gemma4":
+            _train_gemma4(hf_dir, variant.add_bos)
         else:
             _train_bpe(hf_dir, variant.add_bos)
         text_ids, vocab, bos, eos = _tokenize(hf_dir, variant.tokenizer)
