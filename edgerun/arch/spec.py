@@ -730,6 +730,8 @@ def moe_fields(meta: dict[str, Any], a: str, source: str, norm: bool) -> dict[st
         expert_norm=bool(meta.get(key, norm)),
         expert_scale=scale or 1.0,
     )
+
+
 def _validate_layered(spec: ModelSpec, bad: Callable[[str, str, Any], Exception]) -> None:
     """The per-layer fields (Gemma 4): one entry per layer or none, each within the
     spec-wide size (which the buffers and the KV cache are sized by), and KV sources that

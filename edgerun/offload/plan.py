@@ -116,6 +116,7 @@ class Footprint:
     def kv_bytes(self, n_ctx: int) -> int:
         """What a sequence of n_ctx positions holds: its KV rows and recurrent states."""
         return n_ctx * self.kv_bytes_per_token + self.state_bytes
+
     # Gemma 4's per-layer embedding table: a lookup like the token embedding (a token
     # reads its own rows from storage), so only the touched rows count, never the table
     per_layer_table_bytes: int = 0
