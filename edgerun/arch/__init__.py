@@ -15,6 +15,7 @@ from edgerun.arch import (
     gemma3,
     glm4,
     granite,
+    lfm2,
     llama,
     mistral3,
     olmo2,
@@ -40,6 +41,7 @@ FAMILIES = {
     "glm4": glm4,
     "cohere2": cohere2,
     "mistral3": mistral3,
+    "lfm2": lfm2,
 }
 
 

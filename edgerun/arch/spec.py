@@ -32,6 +32,10 @@ LAYER_TENSORS = {
     # optional in every family: read whenever the file has them (llama.cpp's
     # TENSOR_NOT_REQUIRED biases)
     "attn_output_bias": "blk.{i}.attn_output.bias",
+    # recurrent mixers' tensors (ModelSpec.layer_mixers): LFM2's short convolution
+    "shortconv_conv": "blk.{i}.shortconv.conv.weight",
+    "shortconv_in_proj": "blk.{i}.shortconv.in_proj.weight",
+    "shortconv_out_proj": "blk.{i}.shortconv.out_proj.weight",
 }
 GLOBAL_TENSORS = {
     "token_embd": "token_embd.weight",
@@ -122,6 +126,11 @@ class ModelSpec:
     # "last" (the token that saw the whole text: the default of every causal family here),
     # "mean", "cls" (the first token), or "rank" (a reranker's file, which embeds nothing)
     pooling: str = "last"
+    # per layer: its token mixer, "attention" or a recurrent mixer (RECURRENT_MIXERS: a
+    # per-sequence state instead of KV rows, model/state_cache.py); empty: every layer attends
+    layer_mixers: tuple[str, ...] = ()
+    # LFM2's short convolution: its width L (the state holds the last L - 1 inputs)
+    shortconv_l_cache: int = 0
     layer_tensors: dict[str, str] = field(default_factory=lambda: dict(LAYER_TENSORS))
     global_tensors: dict[str, str] = field(default_factory=lambda: dict(GLOBAL_TENSORS))
 
@@ -151,6 +160,26 @@ class ModelSpec:
         floors = np.floor(np.asarray(positions, np.float64) / self.attn_temp_floor)
         return (np.log(floors + 1.0) * self.attn_temp_scale + 1.0).astype(np.float32)
 
+    def mixer(self, i: int) -> str:
+        """Layer i's token mixer: "attention" or a RECURRENT_MIXERS kind."""
+        return self.layer_mixers[i] if self.layer_mixers else "attention"
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that attend (and so hold KV rows), in order."""
+        return tuple(i for i in range(self.n_layers) if self.mixer(i) == "attention")
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        """The layers whose mixer keeps a per-sequence state instead of KV rows."""
+        return tuple(i for i in range(self.n_layers) if self.mixer(i) != "attention")
+
+    def kv_slot(self, i: int) -> int:
+        """Attention layer i's index into the KV cache, which holds attention layers only."""
+        if not self.layer_mixers:
+            return i
+        return self.layer_mixers[:i].count("attention")
+
     @property
     def q_dim(self) -> int:
         return self.n_heads * self.head_dim
@@ -175,6 +204,10 @@ _NORM_KINDS = ("rms", "layer")
 # reads it from a sentence-transformers Pooling module); 0 (none) leaves the family's default
 POOLING_TYPES = {1: "mean", 2: "cls", 3: "last", 4: "rank"}
 POOLINGS = ("last", "mean", "cls", "rank")
+# token mixers that keep a per-sequence recurrent state (model/state_cache.STATE_SHAPES
+# gives each one's arrays): LFM2's short convolution, Qwen3.5's gated DeltaNet, Mamba-2
+RECURRENT_MIXERS = ("shortconv", "deltanet", "mamba2")
+MIXERS = ("attention", *RECURRENT_MIXERS)
 
 
 def _kind(value: Any) -> str:
@@ -522,7 +555,7 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
     ):
         if not isinstance(getattr(spec, name), bool):
             raise bad(name, "true or false", getattr(spec, name))
-    for name in ("layer_windows", "layer_rope_bases", "layer_nope"):
+    for name in ("layer_windows", "layer_rope_bases", "layer_nope", "layer_mixers"):
         v = getattr(spec, name)
         if len(v) not in (0, spec.n_layers):
             raise bad(name, f"empty or {spec.n_layers} entries (one per layer)", f"{len(v)}")
@@ -532,6 +565,14 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
     for flag in spec.layer_nope:
         if not isinstance(flag, bool):
             raise bad("layer_nope", "true or false per layer", flag)
+    for m in spec.layer_mixers:
+        if m not in MIXERS:
+            raise bad("layer_mixers", f"one of {', '.join(MIXERS)} per layer", m)
+    sc = spec.shortconv_l_cache
+    if isinstance(sc, bool) or not isinstance(sc, int) or not 0 <= sc <= 64:
+        raise bad("shortconv_l_cache", "an integer in 0..64", sc)
+    if "shortconv" in spec.layer_mixers and sc < 2:
+        raise bad("shortconv_l_cache", "at least 2 with shortconv layers", sc)
     for b in spec.layer_rope_bases:
         if not isinstance(b, float) or not math.isfinite(b) or b <= 0:
             raise bad("layer_rope_bases", "finite floats > 0", b)

@@ -15,6 +15,7 @@ import numpy as np
 
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ContextOverflowError, InvalidArgumentError, UnsupportedError
+from edgerun.model.state_cache import StateCache
 from edgerun.ops.attention import cache_values
 from edgerun.ops.kv_blocks import row_width
 
@@ -123,9 +124,11 @@ def check_head_dim(kv_type: str, head_dim: int) -> None:
 
 
 class KVCache:
-    """Keys and values for every layer: [layers, kv_heads, n_ctx, row] of f32 or f16
-    (row: head_dim values) or of q8_0 / q4_0 blocks (row: head_dim / 32 blocks' bytes).
-    kv_type: one type for both, or "K/V" (check_kv_type)."""
+    """Keys and values for every attention layer: [layers, kv_heads, n_ctx, row] of f32
+    or f16 (row: head_dim values) or of q8_0 / q4_0 blocks (row: head_dim / 32 blocks'
+    bytes), indexed by ModelSpec.kv_slot. kv_type: one type for both, or "K/V"
+    (check_kv_type). `state`: the sequence's recurrent states (state_cache.py; empty for
+    a model that only attends), which belong to the same tokens."""
 
     def __init__(self, spec: ModelSpec, n_ctx: int, kv_type: str = "f32") -> None:
         if n_ctx <= 0:
@@ -137,7 +140,8 @@ class KVCache:
         arrays = []
         for t in (self.k_type, self.v_type):
             dtype = KV_TYPES[t]
-            shape = (spec.n_layers, spec.n_kv_heads, n_ctx, row_width(dtype, spec.head_dim))
+            n_attn = len(spec.attention_layers)
+            shape = (n_attn, spec.n_kv_heads, n_ctx, row_width(dtype, spec.head_dim))
             arrays.append(lazy_zeros(shape, dtype))
         self.k, self.v = arrays
         self.n_ctx = n_ctx
@@ -148,13 +152,20 @@ class KVCache:
         # while they are on disk (no forward pass may run on the cache then).
         self.lock = threading.RLock()
         self.spilled = None
+        self.state = StateCache(spec)
 
     @staticmethod
     def bytes_for(spec: ModelSpec, n_ctx: int, kv_type: str = "f32") -> int:
         """Bytes a cache of n_ctx positions reserves (K and V)."""
         check_head_dim(kv_type, spec.head_dim)
         row = sum(row_bytes(t, spec.head_dim) for t in kv_types(kv_type))
-        return spec.n_layers * spec.n_kv_heads * n_ctx * row
+        return len(spec.attention_layers) * spec.n_kv_heads * n_ctx * row
+
+    @staticmethod
+    def state_bytes(spec: ModelSpec) -> int:
+        """Bytes one sequence's recurrent states take, snapshots included (0 for a model
+        that only attends); they do not grow with the context."""
+        return StateCache.bytes_for(spec)
 
     @property
     def length(self) -> int:
@@ -231,14 +242,30 @@ class KVCache:
             n += 1
         return n
 
+    def reusable(self, n: int) -> int:
+        """The most of the first n cached tokens a truncate can keep: n itself, unless
+        recurrent states (which cannot be cut back) hold no state there: then the
+        longest of the cache's length and its snapshots' positions at most n, else 0."""
+        n = min(n, self.length)
+        if not self.state.recurrent or n == self.length:
+            return n
+        return max((p for p in self.state.positions() if p <= n), default=0)
+
     def truncate(self, n: int) -> None:
-        """Forget everything after the first n tokens."""
+        """Forget everything after the first n tokens (with recurrent states: n must be
+        0, the length, or a kept position; reusable(n) gives one)."""
+        if n < self.length and self.state.recurrent:
+            if n == 0:
+                self.state.reset()
+            else:
+                self.state.restore(n)
         del self.tokens[n:]
 
     def clear(self) -> None:
         """Forget everything and give the pages back (a new chat starts from nothing)."""
         with self.lock:
             self.tokens.clear()
+            self.state.reset()
             if self.spilled is not None:
                 self.spilled.close()
                 self.spilled = None

@@ -28,6 +28,7 @@ import numpy as np
 
 from edgerun.arch.spec import ModelSpec
 from edgerun.model.ffn import DenseFFN, FFNExecutor, decode_rows
+from edgerun.model.state_cache import LayerState, RecurrentMixer
 from edgerun.model.weights import AttentionProjections, ResidentProjections
 from edgerun.ops import activations, qmatvec
 from edgerun.ops.norm import _layernorm_serial, _rmsnorm_serial, layernorm, rmsnorm
@@ -49,6 +50,7 @@ __all__ = [
     "ATTEND",
     "InputNorm",
     "Attention",
+    "Recurrent",
     "Residual",
     "AddAttention",
     "FeedForward",
@@ -80,15 +82,19 @@ class Layer:
         "post_attn_norm",
         "post_ffn_norm",
         "o_bias",
+        "mixer",
     )
 
-    attn_proj: AttentionProjections
+    attn_proj: AttentionProjections | None  # None in a recurrent layer
     ffn: FFNExecutor
+    mixer: RecurrentMixer | None  # a recurrent layer's token mixer (else None)
 
 
 def layer_matrices(layer: Layer) -> list[QuantTensor]:
-    """A layer's attention matrices and, for a dense FFN, its three."""
-    ts = [layer.q, layer.k, layer.v, layer.o]
+    """A layer's attention (or recurrent mixer's) matrices and, for a dense FFN, its three."""
+    ts = [t for t in (layer.q, layer.k, layer.v, layer.o) if t is not None]
+    if getattr(layer, "mixer", None) is not None:
+        ts += layer.mixer.matrices()
     if type(layer.ffn) is DenseFFN:
         ts += [layer.ffn.gate, layer.ffn.up, layer.ffn.down]
     return ts
@@ -102,9 +108,10 @@ class Rows:
     attend(layer, q, k, v, window, softcap) stores k, v into the caches and returns the
     attention context [n, q_dim] (softcap > 0: the scores' tanh cap, Gemma 2); rope(base)
     gives the (cos, sin) tables for the pass (base None: the tables of no rotation, for a
-    layer without RoPE)."""
+    layer without RoPE). states(layer) gives a recurrent layer's (ins, outs) states
+    (state_cache.PassStates: one pair for a prompt, one per row for decode rows)."""
 
-    __slots__ = ("h", "x", "a", "positions", "decode", "attend", "rope")
+    __slots__ = ("h", "x", "a", "positions", "decode", "attend", "rope", "states")
 
     def __init__(
         self,
@@ -113,7 +120,9 @@ class Rows:
         decode: bool,
         attend: Callable[..., np.ndarray],
         rope: Callable[[float | None], tuple[np.ndarray, np.ndarray]],
+        states: Callable[[int], tuple[list[LayerState], list[LayerState]]] | None = None,
     ) -> None:
+        self.states = states
         self.h = h
         self.x: np.ndarray | None = None
         self.a: np.ndarray | None = None
@@ -192,6 +201,7 @@ class Attention:
 
     def __init__(self, spec: ModelSpec, layer: Layer, index: int) -> None:
         self.spec, self.layer, self.index = spec, layer, index
+        self.slot = spec.kv_slot(index)  # its rows in the KV caches (attention layers only)
         self.window = spec.window(index)
         # the RoPE tables' key (Rows.rope): the layer's base, None without RoPE
         self.base = spec.rope_base_of(index) if spec.rotates(index) else None
@@ -230,7 +240,7 @@ class Attention:
         proj = self.layer.attn_proj
         qkv = proj.qkv_batch(rows.x) if rows.decode else proj.qkv(rows.x)
         q, k, v = self.heads(qkv, rows.positions, *rows.rope(self.base))
-        ctx = rows.attend(self.index, q, k, v, self.window, self.softcap)
+        ctx = rows.attend(self.slot, q, k, v, self.window, self.softcap)
         rows.a = proj.out_batch(ctx) if rows.decode else proj.out(ctx)
         if self.layer.o_bias is not None:
             rows.a += self.layer.o_bias
@@ -259,7 +269,7 @@ class Attention:
             NONE if t is None else t
             for t in (layer.q_bias, layer.k_bias, layer.v_bias, layer.q_norm, layer.k_norm)
         )
-        s, li = self.spec, self.index
+        s, li = self.spec, self.slot
         scale = np.float32(1.0 / np.sqrt(s.head_dim))
         softcap = np.float32(self.softcap)
         q, k, v, ctx = rows.row("q"), rows.row("k"), rows.row("v"), rows.row("ctx")
@@ -279,6 +289,29 @@ class Attention:
         tail = (*kv_new, batch._kaddr, batch._vaddr, batch._nctx, np.int64(li), window, scale,
                 softcap, scores, ctx)  # fmt: skip
         return attend_rows, (*head, *tail)
+
+
+class Recurrent:
+    """a = mixer(x, the sequence's state): a recurrent token mixer in place of attention
+    (the protocol: state_cache.py), its state updated for the pass's tokens."""
+
+    def __init__(self, layer: Layer, index: int) -> None:
+        self.mixer, self.index = layer.mixer, index
+
+    def run(self, rows: Rows) -> None:
+        if rows.states is None:
+            raise ValueError(f"layer {self.index} is recurrent: the pass needs its states")
+        ins, outs = rows.states(self.index)
+        if rows.decode:
+            rows.a = self.mixer.decode(rows.x, ins, outs)
+        else:
+            rows.a = self.mixer.prompt(rows.x, ins[0])
+
+    def bindable(self) -> bool:
+        return self.mixer.bindable()
+
+    def bind(self, rows: BoundRows) -> list[Call | object]:
+        return self.mixer.bind(rows)
 
 
 class Residual:
@@ -374,15 +407,17 @@ def layer_steps(
     Parallel blocks (Cohere): attention and FFN both read the attention norm's output and
     both add to the stream, normed once after."""
     eps, scale, kind = spec.norm_eps, spec.residual_scale, spec.norm_kind
+    recurrent = getattr(layer, "mixer", None) is not None
+    mixer = Recurrent(layer, index) if recurrent else Attention(spec, layer, index)
     if spec.parallel_blocks:
         return [
-            Attention(spec, layer, index),
+            mixer,
             AddAttention(),
             FeedForward(spec, layer),
             Residual(None, next_norm, eps, scale, kind),
         ]
     return [
-        Attention(spec, layer, index),
+        mixer,
         Residual(layer.post_attn_norm, layer.ffn_norm, eps, scale, kind),
         FeedForward(spec, layer),
         Residual(layer.post_ffn_norm, next_norm, eps, scale, kind),

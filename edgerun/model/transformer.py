@@ -16,6 +16,8 @@ from edgerun.model.decode_step import DecodeStep
 from edgerun.model.ffn import DenseFFN, FFNExecutor
 from edgerun.model.kvcache import KVCache
 from edgerun.model.layer import InputNorm, Layer, Rows, Step, layer_matrices, layer_steps
+from edgerun.model.mixers import build_mixer
+from edgerun.model.state_cache import PassStates
 from edgerun.model.weights import ResidentProjections, WeightStore
 from edgerun.ops import qmatvec
 from edgerun.ops.attention import BatchAttention, attention
@@ -40,12 +42,17 @@ class Transformer:
         self.layers: list[Layer] = []
         for i in range(spec.n_layers):
             layer = Layer()
+            layer.mixer = None
             # no pre-norms (OLMo 2, EXAONE 4): each block reads the residual stream itself;
             # parallel blocks (Cohere) norm once per layer: the FFN reads the attention norm
             pre = spec.pre_norms
             ffn_norm = "attn_norm" if spec.parallel_blocks else "ffn_norm"
             layer.attn_norm = store.vector(spec.layer_tensor("attn_norm", i)) if pre else None
             layer.ffn_norm = store.vector(spec.layer_tensor(ffn_norm, i)) if pre else None
+            if spec.mixer(i) != "attention":  # a recurrent layer: its mixer's own tensors
+                self._recurrent_layer(layer, i, source)
+                self.layers.append(layer)
+                continue
             for slot, role in (
                 ("q", "attn_q"),
                 ("k", "attn_k"),
@@ -103,6 +110,21 @@ class Transformer:
         # (interleave_weights; empty without copies)
         self._copied: list[list[QuantTensor]] = []
         self._release: Callable[[str], int] | None = None
+
+    def _recurrent_layer(self, layer: Layer, i: int, source: str) -> None:
+        """Layer i's recurrent mixer (model/mixers.py) in place of attention, and its FFN."""
+        for slot in Layer.__slots__:
+            if slot not in ("attn_norm", "ffn_norm"):
+                setattr(layer, slot, None)
+        layer.mixer = build_mixer(self.spec, self.store, i, source)
+        layer.ffn = self.store.ffn(self.spec, i)
+        ffn: FFNExecutor = layer.ffn
+        s = self.spec
+        if (ffn.d_ff, ffn.d_model) != (s.d_ff, s.d_model):
+            raise ModelFormatError(
+                f"{source}: layer {i} FFN is {ffn.d_ff}x{ffn.d_model}, "
+                f"expected {s.d_ff}x{s.d_model}"
+            )
 
     def _interleave_candidates(self) -> list[QuantTensor]:
         """The matrices interleave_weights copies: resident attention and dense FFNs, and
@@ -336,8 +358,12 @@ class Transformer:
             return attention(q, cache.k[li], cache.v[li], start, window, softcap=softcap)
 
         rope = lambda base: self._rope(cache.n_ctx, base)  # noqa: E731
-        rows = Rows(self.embed(ids), positions, False, attend, rope)
-        return self._run_layers(rows, release=bool(self._copied) and n > 1)
+        states = PassStates([cache.state], [start], decode=False)
+        rows = Rows(self.embed(ids), positions, False, attend, rope, states)
+        x = self._run_layers(rows, release=bool(self._copied) and n > 1)
+        if n > 1:  # a prompt's end: a position a later prompt may go back to
+            cache.state.snapshot(start + n)
+        return x
 
     def final_hidden(self, tokens: list[int], cache: KVCache) -> np.ndarray:
         """Run `tokens` after what `cache` holds and return their final hidden states
@@ -364,6 +390,8 @@ class Transformer:
         lengths = [len(s) for s in sequences]
         if not lengths or min(lengths) == 0:
             raise ValueError("final_hidden_batch: every sequence needs at least one token")
+        if self.spec.recurrent_layers:  # each sequence's states from its own first token
+            return [self._prompt_forward(list(s), KVCache(self.spec, len(s))) for s in sequences]
         bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         ids = self.check_ids([int(t) for s in sequences for t in s])
         positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])
@@ -519,8 +547,11 @@ class Transformer:
             return ctx
 
         rope = lambda base: self._rope(n_ctx, base)  # noqa: E731
-        rows = Rows(self.embed(ids), np.asarray(starts, dtype=np.int64), True, attend, rope)
+        states = PassStates([c.state for c in caches], starts, decode=True)
+        positions = np.asarray(starts, dtype=np.int64)
+        rows = Rows(self.embed(ids), positions, True, attend, rope, states)
         x = self._run_layers(rows)
+        states.finish()
         for c, t, p in zip(caches, tokens, starts):
             c.tokens.append(int(t))
             c.mark_written(p + 1)  # BatchAttention wrote row p (clear() gives pages back)

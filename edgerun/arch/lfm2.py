@@ -1,0 +1,45 @@
+"""LFM2 (Liquid): a hybrid of double-gated short-convolution layers and attention layers
+(per-head q/k RMSNorm, NeoX RoPE), each followed by a SwiGLU FFN. The file marks the
+convolution layers by a head_count_kv of 0 in its per-layer array; the output norm is
+stored as 'token_embd_norm'."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgerun.arch.spec import GLOBAL_TENSORS, ModelSpec, common_fields, meta_int, rope_scaling
+from edgerun.errors import ModelFormatError
+
+
+def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
+    a = "lfm2"
+    key = f"{a}.attention.head_count_kv"
+    n_layers = meta_int(meta, f"{a}.block_count", source, hi=4096)
+    kv = meta.get(key)
+    if isinstance(kv, int) and not isinstance(kv, bool):
+        per_layer = [kv] * n_layers
+    else:
+        try:
+            per_layer = [int(v) for v in kv]
+        except (TypeError, ValueError):
+            raise ModelFormatError(
+                f"{source}: metadata field '{key}' should be an array of {n_layers} integers "
+                "(0 marks a convolution layer)"
+            ) from None
+    attn = sorted({v for v in per_layer if v})
+    if len(per_layer) != n_layers or len(attn) != 1 or min(per_layer) < 0:
+        raise ModelFormatError(
+            f"{source}: metadata field '{key}' should hold {n_layers} values, 0 (a "
+            f"convolution layer) or one KV head count, found {per_layer[:16]}"
+        )
+    meta = dict(meta, **{key: attn[0]})
+    mixers = tuple("attention" if v else "shortconv" for v in per_layer)
+    return ModelSpec(
+        **common_fields(meta, a, source),
+        rope_style="neox",
+        qk_norm=True,
+        rope_scale=rope_scaling(meta, a, source),
+        layer_mixers=mixers,
+        shortconv_l_cache=meta_int(meta, f"{a}.shortconv.l_cache", source, lo=2, hi=64),
+        global_tensors=dict(GLOBAL_TENSORS, output_norm="token_embd_norm.weight"),
+    )

@@ -1,0 +1,255 @@
+"""Per-sequence recurrent states: the cache a recurrent token mixer keeps beside the KV cache.
+
+Hybrid families replace attention in some layers by a mixer that carries a fixed-size
+state from token to token (LFM2's short convolution: the last L - 1 inputs; gated
+DeltaNet: a conv window and a [heads, dk, dv] matrix; Mamba-2). A sequence's states live
+in its KVCache as `cache.state` (a StateCache), so everything that already passes a
+sequence's cache around (the engine, sessions, the scheduler, speculative decoding)
+carries its states too, and the KV cache itself holds rows only for attention layers
+(ModelSpec.kv_slot).
+
+A state cannot be cut back as KV rows can: a StateCache keeps copies of its states at
+chosen positions (snapshots: the end of every prompt pass, and every row of a
+verification pass), and KVCache.truncate(n) goes back only to a position it holds a state
+for (0, its length, or a snapshot); KVCache.reusable(n) says which.
+
+The protocol a recurrent mixer implements (model/layer.py's Recurrent step calls it):
+
+- its states: STATE_SHAPES[kind](spec) names the float32 arrays one layer keeps per
+  sequence and their shapes (a new mixer adds its row here); StateCache allocates them
+  zeroed (the state before any token) and copies, saves and restores them by name.
+- `prompt(x, state) -> a`: x [n, d_model] the normed inputs of n consecutive tokens of
+  one sequence; reads the layer's state (a dict name -> array), updates it in place to
+  the state after the n tokens, returns the mixer output a [n, d_model] (before the
+  residual add). Rows.states(layer) gives ([state], [state]) in a prompt pass.
+- `decode(x, ins, outs) -> a`: x [n, d_model], one token per row; row b reads the state
+  ins[b] and writes the state after it to outs[b] (ins[b] is outs[b] for a plain decode
+  step: update in place). Rows are taken in order: in a verification pass one sequence
+  comes back at consecutive positions and ins[b] is outs[b - 1], so the state after
+  every row is kept and a rejected draft rolls back without recompute. Row b must equal
+  what `prompt(x[b:b+1], state)` would give on the same state (batched == alone).
+- `matrices() -> list[QuantTensor]`: its weight matrices (footprints, plans).
+- `bindable() -> bool` and `bind(rows)`: optional bound decode form (layer.py's
+  Step); a mixer without one returns False and the model decodes on the general path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from edgerun.arch.spec import ModelSpec
+from edgerun.errors import InvalidArgumentError, ModelFormatError
+from edgerun.quant.formats import QuantTensor
+
+__all__ = [
+    "STATE_SHAPES",
+    "MAX_SNAPSHOTS",
+    "LayerState",
+    "StateCache",
+    "RecurrentMixer",
+    "PassStates",
+    "state_shapes",
+]
+
+LayerState = dict[str, np.ndarray]
+
+# Each recurrent mixer's per-sequence arrays (float32), by name and shape, from the spec.
+STATE_SHAPES: dict[str, Callable[[ModelSpec], dict[str, tuple[int, ...]]]] = {
+    # the last L - 1 gated inputs B*x, oldest first, [L - 1, d_model]
+    "shortconv": lambda s: {"conv": (s.shortconv_l_cache - 1, s.d_model)},
+}
+
+# States kept at earlier positions per sequence (prompt ends and verified drafts); the
+# oldest goes first. Counted in the RAM budget (StateCache.bytes_for).
+MAX_SNAPSHOTS = 4
+
+
+class RecurrentMixer(Protocol):
+    """A token mixer with a per-sequence state in place of attention (protocol above)."""
+
+    kind: str
+
+    def prompt(self, x: np.ndarray, state: LayerState) -> np.ndarray: ...
+
+    def decode(
+        self, x: np.ndarray, ins: Sequence[LayerState], outs: Sequence[LayerState]
+    ) -> np.ndarray: ...
+
+    def matrices(self) -> list[QuantTensor]: ...
+
+    def bindable(self) -> bool: ...
+
+
+def state_shapes(spec: ModelSpec) -> dict[int, dict[str, tuple[int, ...]]]:
+    """Each recurrent layer's state arrays: layer index -> name -> shape."""
+    out = {}
+    for i in spec.recurrent_layers:
+        shapes = STATE_SHAPES.get(spec.mixer(i))
+        if shapes is None:
+            raise ModelFormatError(
+                f"{spec.name}: layer {i}'s mixer '{spec.mixer(i)}' has no state layout "
+                f"(known: {', '.join(STATE_SHAPES)})"
+            )
+        out[i] = shapes(spec)
+    return out
+
+
+def _copy(layers: dict[int, LayerState]) -> dict[int, LayerState]:
+    return {i: {k: a.copy() for k, a in st.items()} for i, st in layers.items()}
+
+
+class StateCache:
+    """One sequence's recurrent states: per recurrent layer, named float32 arrays (the
+    state after every token the sequence's KVCache holds), and snapshots of them at
+    earlier positions. Empty (no layers) for a model that only attends."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.shapes = state_shapes(spec)
+        self.layers: dict[int, LayerState] = {
+            i: {name: np.zeros(shape, np.float32) for name, shape in named.items()}
+            for i, named in self.shapes.items()
+        }
+        self.snapshots: dict[int, dict[int, LayerState]] = {}  # position -> states
+
+    @staticmethod
+    def bytes_for(spec: ModelSpec, snapshots: int = MAX_SNAPSHOTS) -> int:
+        """Bytes one sequence's states take, with room for `snapshots` copies."""
+        shapes = [shape for named in state_shapes(spec).values() for shape in named.values()]
+        one = sum(4 * math.prod(shape) for shape in shapes)
+        return one * (1 + snapshots)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether there is any state (a hybrid model)."""
+        return bool(self.layers)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the live states and the snapshots hold now."""
+        one = sum(a.nbytes for st in self.layers.values() for a in st.values())
+        return one * (1 + len(self.snapshots))
+
+    def reset(self) -> None:
+        """The state before any token (zeros), with no snapshots."""
+        for st in self.layers.values():
+            for a in st.values():
+                a.fill(0.0)
+        self.snapshots.clear()
+
+    def snapshot(self, position: int) -> None:
+        """Keep a copy of the live states as the state at `position` (the oldest snapshot
+        goes past MAX_SNAPSHOTS)."""
+        if self.recurrent:
+            self.keep(position, _copy(self.layers))
+
+    def keep(
+        self, position: int, layers: dict[int, LayerState], limit: int = MAX_SNAPSHOTS
+    ) -> None:
+        """Keep `layers` (owned from here on) as the states at `position`, and at most
+        `limit` snapshots (the oldest kept goes first)."""
+        self.snapshots.pop(position, None)
+        self.snapshots[position] = layers
+        while len(self.snapshots) > limit:
+            del self.snapshots[next(iter(self.snapshots))]
+
+    def positions(self) -> list[int]:
+        """Positions with a snapshot, ascending."""
+        return sorted(self.snapshots)
+
+    def restore(self, position: int) -> None:
+        """Make the snapshot at `position` the live states; snapshots past it go (they
+        belong to tokens now forgotten)."""
+        snap = self.snapshots.get(position)
+        if snap is None:
+            raise InvalidArgumentError(
+                f"no recurrent state kept at position {position} (kept: {self.positions()}); "
+                "KVCache.reusable says how far a hybrid model's cache can go back"
+            )
+        for i, st in snap.items():
+            for name, a in st.items():
+                self.layers[i][name][...] = a
+        self.drop_after(position)
+
+    def drop_after(self, position: int) -> None:
+        """Forget snapshots of positions past `position`."""
+        for p in [p for p in self.snapshots if p > position]:
+            del self.snapshots[p]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The live states by flat name ("<layer>.<name>"), for saving."""
+        return {f"{i}.{name}": a for i, st in self.layers.items() for name, a in st.items()}
+
+    def load(self, arrays: dict[str, np.ndarray], source: str = "state") -> None:
+        """Set the live states from `arrays()`'s names (shapes checked); no snapshots."""
+        want = self.arrays()
+        if set(arrays) != set(want):
+            raise ModelFormatError(
+                f"{source}: recurrent states {sorted(arrays)} do not match the model's "
+                f"{sorted(want)}"
+            )
+        for key, a in arrays.items():
+            if a.shape != want[key].shape:
+                raise ModelFormatError(
+                    f"{source}: recurrent state '{key}' has shape {a.shape}, expected "
+                    f"{want[key].shape}"
+                )
+        for key, a in arrays.items():
+            want[key][...] = a
+        self.snapshots.clear()
+
+
+class PassStates:
+    """The states a pass of rows reads and writes (Rows.states): for a prompt pass, the
+    one sequence's live states; for decode rows, row b's sequence's, each sequence's rows
+    in order. A sequence with several rows (a verification pass at consecutive positions)
+    gets a chain of fresh states: row b writes its own, the next row reads it, and
+    `finish` makes the last one live and keeps each as a snapshot at its position."""
+
+    def __init__(self, states: Sequence[StateCache], starts: Sequence[int], decode: bool) -> None:
+        self.states, self.starts, self.decode = list(states), list(starts), decode
+        self._chains: dict[int, tuple[StateCache, list[int]]] = {}  # id -> rows
+        if decode:
+            for b, st in enumerate(self.states):
+                self._chains.setdefault(id(st), (st, []))[1].append(b)
+        # per chained sequence: the states after each of its rows, by row
+        self._outs: dict[int, dict[int, LayerState]] = {}
+        if decode:
+            for st, rows in self._chains.values():
+                if len(rows) > 1:
+                    for b in rows:
+                        self._outs[b] = _copy(st.layers)
+
+    def __call__(self, layer: int) -> tuple[list[LayerState], list[LayerState]]:
+        """(ins, outs) of `layer`: one pair for a prompt pass, else one per row."""
+        if not self.decode:
+            live = self.states[0].layers[layer]
+            return [live], [live]
+        ins, outs = [], []
+        for b, st in enumerate(self.states):
+            out = self._outs.get(b)
+            if out is None:
+                ins.append(st.layers[layer])
+                outs.append(st.layers[layer])
+                continue
+            rows = self._chains[id(st)][1]
+            k = rows.index(b)
+            ins.append(st.layers[layer] if k == 0 else self._outs[rows[k - 1]][layer])
+            outs.append(out[layer])
+        return ins, outs
+
+    def finish(self) -> None:
+        """After the pass: each chained sequence's last row's states become live, and the
+        state after each row is kept at its position (for a rollback)."""
+        for st, rows in self._chains.values():
+            if len(rows) < 2:
+                continue
+            for b in rows:
+                st.keep(self.starts[b] + 1, self._outs[b], MAX_SNAPSHOTS + len(rows))
+            last = self._outs[rows[-1]]
+            for i, named in last.items():
+                for name, a in named.items():
+                    st.layers[i][name][...] = a
