@@ -22,6 +22,7 @@ from edgerun.arch import (
     phi3,
     qwen2,
     qwen3,
+    qwen35,
     smollm3,
 )
 from edgerun.arch.spec import ModelSpec, validate_spec
@@ -42,6 +43,7 @@ FAMILIES = {
     "cohere2": cohere2,
     "mistral3": mistral3,
     "lfm2": lfm2,
+    "qwen35": qwen35,
 }
 
 

@@ -196,8 +196,10 @@ class Attention:
     Its switches: q/k/v/o biases, q/k RMSNorm (per head, or over the whole projection),
     the layer's window, RoPE base or no RoPE, the attention scale (q is multiplied by
     query_scale after RoPE, so the kernels' 1/sqrt(head_dim) gives it) and the scores'
-    softcap (Gemma 2: cap * tanh(s / cap) before the softmax, inside the kernels), and the
-    attention temperature (q then times the spec's attn_temperatures at its position)."""
+    softcap (Gemma 2: cap * tanh(s / cap) before the softmax, inside the kernels), the
+    attention temperature (q then times the spec's attn_temperatures at its position), and
+    the output gate (Qwen3.5: the q projection holds each head's q then its gate, and the
+    context is multiplied by sigmoid(gate) before the output projection)."""
 
     def __init__(self, spec: ModelSpec, layer: Layer, index: int) -> None:
         self.spec, self.layer, self.index = spec, layer, index
@@ -210,6 +212,7 @@ class Attention:
         self.q_scale = np.float32(spec.query_scale())
         self.softcap = spec.attn_softcap
         self.temperature = spec.attn_temp_scale != 0.0
+        self.gated = spec.attn_output_gate
 
     def heads(
         self, qkv: list[np.ndarray], positions: np.ndarray, cos: np.ndarray, sin: np.ndarray
@@ -239,14 +242,23 @@ class Attention:
     def run(self, rows: Rows) -> None:
         proj = self.layer.attn_proj
         qkv = proj.qkv_batch(rows.x) if rows.decode else proj.qkv(rows.x)
+        gate = None
+        if self.gated:  # each head's q, then its gate (Qwen3.5's attn_output_gate)
+            n, s = rows.x.shape[0], self.spec
+            qg = qkv[0].reshape(n, s.n_heads, 2, s.head_dim)
+            gate = qg[:, :, 1].reshape(n, s.q_dim)
+            qkv = [np.ascontiguousarray(qg[:, :, 0]).reshape(n, s.q_dim), *qkv[1:]]
         q, k, v = self.heads(qkv, rows.positions, *rows.rope(self.base))
         ctx = rows.attend(self.slot, q, k, v, self.window, self.softcap)
+        if gate is not None:
+            ctx = ctx * (np.float32(1.0) / (np.float32(1.0) + np.exp(-gate)))
         rows.a = proj.out_batch(ctx) if rows.decode else proj.out(ctx)
         if self.layer.o_bias is not None:
             rows.a += self.layer.o_bias
 
     def bindable(self) -> bool:
-        return type(self.layer.attn_proj) is ResidentProjections
+        # the output gate has no fused kernel: a gated model decodes on the general path
+        return type(self.layer.attn_proj) is ResidentProjections and not self.gated
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
         p = self.layer.attn_proj

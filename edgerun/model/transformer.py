@@ -247,7 +247,7 @@ class Transformer:
     def _check_shapes(self, layer: Layer, i: int, source: str) -> None:
         s = self.spec
         want = {
-            "q": (s.q_dim, s.d_model),
+            "q": (s.q_dim * (2 if s.attn_output_gate else 1), s.d_model),
             "k": (s.kv_dim, s.d_model),
             "v": (s.kv_dim, s.d_model),
             "o": (s.d_model, s.q_dim),

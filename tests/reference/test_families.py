@@ -58,6 +58,7 @@ FAMILIES_TESTED = [
     "glm4",
     "cohere2",
     "mistral3",
+    "qwen35",
 ]
 
 # Data folders that exist but edgerun does not run yet, each with the reason.
