@@ -466,6 +466,46 @@ VARIANTS = [
         ],
         convert_args=("--no-mtp",),
     ),
+    Variant(
+        "qwen35moe",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5MoeTextConfig",
+        dict(
+            head_dim=32,
+            layer_types=[
+                "linear_attention",
+                "full_attention",
+                "linear_attention",
+                "full_attention",
+            ],
+            rope_parameters=_rope(
+                rope_theta=1000000.0,
+                partial_rotary_factor=0.5,
+                mrope_section=[3, 3, 2],
+                mrope_interleaved=True,
+            ),
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            tie_word_embeddings=False,
+        ),
+        "bpe",
+        "qwen35",
+        False,
+        [
+            "gated DeltaNet layers 0 and 2, full attention layers 1 and 3 (as qwen35)",
+            "mixture of experts on every layer: top 2 of 8, renormalised",
+            "a shared expert behind a sigmoid gate",
+            "untied output",
+        ],
+        convert_args=("--no-mtp",),
+    ),
 ]
 
 
