@@ -753,6 +753,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
         else:
             kv.append(f"{t} {KVCache.bytes_for(s, 1, t) / 1024:g} KiB")
     print(f"{'KV per token:':<15}{', '.join(kv)}")
+    if s.recurrent_layers:  # a hybrid: per-sequence states instead of KV rows there
+        kinds = ", ".join(sorted({s.mixer(i) for i in s.recurrent_layers}))
+        marks = tuple(m != "attention" for m in s.layer_mixers)
+        state = KVCache.state_bytes(s) / 1024
+        print(f"{'recurrent:':<15}{kinds} on layers {_layers(marks)}; state {state:g} KiB a "
+              "sequence (snapshots included)")  # fmt: skip
     rows = model.tensor_summary()
     n_params = sum(r * c for _, _, (r, c), _ in rows)
     print(f"{'parameters:':<15}{n_params / 1e6:.1f} M")

@@ -1,7 +1,8 @@
-"""LFM2 (Liquid): a hybrid of double-gated short-convolution layers and attention layers
-(per-head q/k RMSNorm, NeoX RoPE), each followed by a SwiGLU FFN. The file marks the
-convolution layers by a head_count_kv of 0 in its per-layer array; the output norm is
-stored as 'token_embd_norm'."""
+"""LFM2 / LFM2.5 (Liquid AI's short-convolution hybrids): double-gated short-convolution
+layers between attention layers (per-head q/k RMSNorm, NeoX RoPE), each followed by a
+SwiGLU FFN. The file marks the convolution layers by a head_count_kv of 0 in its
+per-layer array; the output norm is stored as 'token_embd_norm'; a sliding window, if
+any, applies to the attention layers."""
 
 from __future__ import annotations
 
@@ -34,12 +35,16 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
         )
     meta = dict(meta, **{key: attn[0]})
     mixers = tuple("attention" if v else "shortconv" for v in per_layer)
+    # a sliding window, where the file sets one, on every attention layer (llama.cpp)
+    window = meta_int(meta, f"{a}.attention.sliding_window", source, 0, lo=0, hi=1 << 24)
+    windows = tuple(window if m == "attention" else 0 for m in mixers) if window else ()
     return ModelSpec(
         **common_fields(meta, a, source),
         rope_style="neox",
         qk_norm=True,
         rope_scale=rope_scaling(meta, a, source),
         layer_mixers=mixers,
+        layer_windows=windows,
         shortconv_l_cache=meta_int(meta, f"{a}.shortconv.l_cache", source, lo=2, hi=64),
         global_tensors=dict(GLOBAL_TENSORS, output_norm="token_embd_norm.weight"),
     )

@@ -119,7 +119,7 @@ def spec_from_json(d: Any, source: str) -> ModelSpec:
                 v = tuple(int(t) for t in v)
             elif name in ("layer_rope_bases",):
                 v = tuple(float(t) for t in v)
-            elif name in ("fused_tensors",):
+            elif name in ("fused_tensors", "layer_mixers"):
                 v = tuple(str(t) for t in v)
             elif name in ("layer_nope",):
                 if not all(isinstance(t, bool) for t in v):

@@ -424,7 +424,8 @@ class Generator:
         if len(ids) > self.cache.n_ctx and self.context_policy == "slide":
             ids = self._slid(ids, self.cache.n_ctx - max(1, self.cache.n_ctx // 4))
         check_prompt(ids, self.cache.n_ctx)
-        reuse = min(self.cache.common_prefix(ids), len(ids) - 1)
+        # a hybrid model's states go back only to kept positions (KVCache.reusable)
+        reuse = self.cache.reusable(min(self.cache.common_prefix(ids), len(ids) - 1))
         self.cache.truncate(reuse)
         # The last prompt token always goes through the one-token decode path, so
         # its logits do not depend on how much of the prompt was cached: batched and
@@ -486,7 +487,8 @@ class Generator:
         )
         if self.governor is not None:
             stats.threads = self.governor.threads
-        stats.cached_tokens = min(self.cache.common_prefix(list(prompt_ids)), len(prompt_ids) - 1)
+        reusable = min(self.cache.common_prefix(list(prompt_ids)), len(prompt_ids) - 1)
+        stats.cached_tokens = self.cache.reusable(reusable)
         t0 = time.perf_counter()
         logits = self.prefill(prompt_ids)
         stats.prompt_seconds = time.perf_counter() - t0 - self.kernel_wait_s

@@ -12,20 +12,28 @@ import numpy as np
 
 from edgerun.errors import ContextOverflowError, InvalidArgumentError
 from edgerun.model.kvcache import KVCache
+from edgerun.model.state_cache import LayerState
 
 
 @dataclass
 class SharedPrefix:
-    """KV rows of a token prefix, computed once and copied into new caches."""
+    """KV rows of a token prefix, computed once and copied into new caches, and a hybrid
+    model's recurrent states after it (None for a model that only attends)."""
 
     tokens: tuple[int, ...]
     k: np.ndarray
     v: np.ndarray
     last_used: float = 0.0
+    states: dict[int, LayerState] | None = None
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        states = self.states or {}
+        return (
+            self.k.nbytes
+            + self.v.nbytes
+            + sum(a.nbytes for named in states.values() for a in named.values())
+        )
 
     def copy_into(self, cache: KVCache) -> None:
         n = len(self.tokens)
@@ -41,6 +49,8 @@ class SharedPrefix:
         cache.v[:, :, :n] = self.v
         cache.mark_written(n)
         cache.tokens[:] = list(self.tokens)
+        if self.states is not None:
+            cache.state.set_layers(self.states)
         self.last_used = time.monotonic()
 
 
@@ -84,9 +94,13 @@ class PrefixCache:
         with self._lock:
             if key in self._entries or n == 0:
                 return
+            states = cache.states_at(n)  # a hybrid's states after the prefix, if kept
+            if cache.state.recurrent and states is None:
+                return
             if room is not None and n * cache.position_bytes > room:
                 return
-            e = SharedPrefix(key, cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy())
+            k, v = cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy()
+            e = SharedPrefix(key, k, v, states=states)
             if e.nbytes > self.max_bytes:
                 return
             e.last_used = time.monotonic()

@@ -185,7 +185,7 @@ class ModelDrafter:
         if not prompt or len(prompt) >= cache.n_ctx:
             return
         with self.engine.lock:
-            cache.truncate(cache.common_prefix(prompt))
+            cache.truncate(cache.reusable(cache.common_prefix(prompt)))
             todo, chunk = prompt[cache.length :], self.engine.prefill_chunk
             for i in range(0, len(todo), chunk):
                 self.engine.transformer.forward(todo[i : i + chunk], cache)
@@ -198,9 +198,9 @@ class ModelDrafter:
         history = list(history)
         out: list[int] = []
         with self.engine.lock:  # the cache too: one proposal at a time
-            if len(history) - cache.common_prefix(history) > ONE_BY_ONE:
+            if len(history) - cache.reusable(cache.common_prefix(history)) > ONE_BY_ONE:
                 self.prefill(history)  # a prompt: in chunks, all but the last token
-            reuse = min(cache.common_prefix(history), len(history) - 1)
+            reuse = cache.reusable(min(cache.common_prefix(history), len(history) - 1))
             cache.truncate(reuse)
             for t in history[reuse:]:  # the few tokens since the last proposal: one-token steps
                 logits = model.forward([t], cache)

@@ -119,8 +119,12 @@ def move_layers(
             "attn_output": (spec.d_model, spec.q_dim),
         },
     }
+
+    def parts_of(i: int) -> list[str]:  # a recurrent layer has no attention to move
+        return [p for p in parts_t if p != "attention" or spec.mixer(i) == "attention"]
+
     for i in idx:  # every tensor checked before any memory on the device is taken
-        for p in parts_t:
+        for p in parts_of(i):
             for role, shape in want[p].items():
                 t = m(name(role, i))
                 if t.shape != shape:
@@ -144,7 +148,7 @@ def move_layers(
             )
             layer.ffn = ffn
             nbytes += ffn.device_bytes
-        if "attention" in parts_t:
+        if "attention" in parts_of(i):
             proj = TorchProjections(
                 m(name("attn_q", i)),
                 m(name("attn_k", i)),

@@ -251,6 +251,11 @@ class KVCache:
             return n
         return max((p for p in self.state.positions() if p <= n), default=0)
 
+    def states_at(self, n: int) -> dict | None:
+        """A copy of the recurrent states after the first n tokens (StateCache.copy_at);
+        None where they are not kept."""
+        return self.state.copy_at(n, self.length)
+
     def truncate(self, n: int) -> None:
         """Forget everything after the first n tokens (with recurrent states: n must be
         0, the length, or a kept position; reusable(n) gives one)."""

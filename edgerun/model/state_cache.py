@@ -69,8 +69,9 @@ STATE_SHAPES: dict[str, Callable[[ModelSpec], dict[str, tuple[int, ...]]]] = {
     },
 }
 
-# States kept at earlier positions per sequence (prompt ends and verified drafts); the
-# oldest goes first. Counted in the RAM budget (StateCache.bytes_for).
+# States kept at the ends of a sequence's latest prompt passes (the oldest goes first),
+# counted in the RAM budget (StateCache.bytes_for). A verification pass keeps the state
+# after each of its rows besides, until the next one: a speculative pass's few copies.
 MAX_SNAPSHOTS = 4
 
 
@@ -120,6 +121,7 @@ class StateCache:
             for i, named in self.shapes.items()
         }
         self.snapshots: dict[int, dict[int, LayerState]] = {}  # position -> states
+        self._verified: set[int] = set()  # positions the last verification pass kept
 
     @staticmethod
     def bytes_for(spec: ModelSpec, snapshots: int = MAX_SNAPSHOTS) -> int:
@@ -145,6 +147,7 @@ class StateCache:
             for a in st.values():
                 a.fill(0.0)
         self.snapshots.clear()
+        self._verified.clear()
 
     def snapshot(self, position: int) -> None:
         """Keep a copy of the live states as the state at `position` (the oldest snapshot
@@ -152,15 +155,23 @@ class StateCache:
         if self.recurrent:
             self.keep(position, _copy(self.layers))
 
-    def keep(
-        self, position: int, layers: dict[int, LayerState], limit: int = MAX_SNAPSHOTS
-    ) -> None:
+    def keep(self, position: int, layers: dict[int, LayerState]) -> None:
         """Keep `layers` (owned from here on) as the states at `position`, and at most
-        `limit` snapshots (the oldest kept goes first)."""
+        MAX_SNAPSHOTS such (the oldest goes first; a verification pass's are apart)."""
         self.snapshots.pop(position, None)
+        self._verified.discard(position)
         self.snapshots[position] = layers
-        while len(self.snapshots) > limit:
-            del self.snapshots[next(iter(self.snapshots))]
+        kept = [p for p in self.snapshots if p not in self._verified]
+        for p in kept[: max(0, len(kept) - MAX_SNAPSHOTS)]:
+            del self.snapshots[p]
+
+    def keep_verified(self, states: dict[int, dict[int, LayerState]]) -> None:
+        """Keep the states after each row of a verification pass (position -> states,
+        owned from here on) in place of the previous pass's."""
+        for p in self._verified:
+            self.snapshots.pop(p, None)
+        self.snapshots.update(states)
+        self._verified = set(states)
 
     def positions(self) -> list[int]:
         """Positions with a snapshot, ascending."""
@@ -180,10 +191,28 @@ class StateCache:
                 self.layers[i][name][...] = a
         self.drop_after(position)
 
+    def set_layers(self, layers: dict[int, LayerState]) -> None:
+        """Make a copy of `layers` (StateCache.layers' layout) the live states; no
+        snapshots (they belonged to other tokens)."""
+        for i, named in layers.items():
+            for name, a in named.items():
+                self.layers[i][name][...] = a
+        self.snapshots.clear()
+        self._verified.clear()
+
+    def copy_at(self, position: int, length: int) -> dict[int, LayerState] | None:
+        """A copy of the states after `position` tokens of a sequence of `length`: the
+        live ones (position == length) or a snapshot; None where none is kept."""
+        if position == length:
+            return _copy(self.layers)
+        snap = self.snapshots.get(position)
+        return None if snap is None else _copy(snap)
+
     def drop_after(self, position: int) -> None:
         """Forget snapshots of positions past `position`."""
         for p in [p for p in self.snapshots if p > position]:
             del self.snapshots[p]
+            self._verified.discard(p)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The live states by flat name ("<layer>.<name>"), for saving."""
@@ -206,6 +235,7 @@ class StateCache:
         for key, a in arrays.items():
             want[key][...] = a
         self.snapshots.clear()
+        self._verified.clear()
 
 
 class PassStates:
@@ -253,8 +283,7 @@ class PassStates:
         for st, rows in self._chains.values():
             if len(rows) < 2:
                 continue
-            for b in rows:
-                st.keep(self.starts[b] + 1, self._outs[b], MAX_SNAPSHOTS + len(rows))
+            st.keep_verified({self.starts[b] + 1: self._outs[b] for b in rows})
             last = self._outs[rows[-1]]
             for i, named in last.items():
                 for name, a in named.items():

@@ -350,7 +350,7 @@ class Loader:
             chat = min(self.n_ctx, LOAN_CHAT_TOKENS)
             est = (
                 p.kv_bytes
-                - chat * fp.kv_bytes_per_token
+                - fp.kv_bytes(chat)
                 + max(0, p.budget - p.used_bytes)
                 + MARGIN_BYTES
                 - budget_mod.KV_LOAN_MARGIN

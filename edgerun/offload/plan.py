@@ -91,6 +91,8 @@ class Footprint:
     record_bytes: int  # one neuron's bundled up row + down column on flash
     dense_ffn_bytes: int  # the FFN as the source file stores it, all layers
     kv_bytes_per_token: int
+    # one sequence's recurrent states with their snapshots (hybrid models; KVCache.state)
+    state_bytes: int = 0
     attn_weights: int = 0  # q, k, v, o weights of one layer (elements), for device sizing
     # (block format, bytes) of the attention and the dense FFN, all layers, and the
     # formats of the output head, a gate row, an up row and a bundled down column
@@ -102,6 +104,10 @@ class Footprint:
     down_format: str = "Q8_0"
     up_row_bytes: int = 0
     head_rows: int = 0  # vocabulary rows of an untied head
+
+    def kv_bytes(self, n_ctx: int) -> int:
+        """What a sequence of n_ctx positions holds: its KV rows and recurrent states."""
+        return n_ctx * self.kv_bytes_per_token + self.state_bytes
 
     def attention_formats(self) -> tuple[tuple[str, int], ...]:
         return self.attention_by_format or (("", self.attention_bytes),)
@@ -558,7 +564,7 @@ def _gpu_time(fp: Footprint, ffn_l, att_l, dev: DeviceFigures, dtype_bytes: int)
 
 def resident_need(fp: Footprint, file_bytes: int, floor: int, n_ctx: int) -> int:
     """The budget that keeps the whole model resident: floor, KV cache, file, margins."""
-    return floor + n_ctx * fp.kv_bytes_per_token + file_bytes + MARGIN_BYTES
+    return floor + fp.kv_bytes(n_ctx) + file_bytes + MARGIN_BYTES
 
 
 def resident_plan(
@@ -577,7 +583,7 @@ def resident_plan(
     faster than any streaming (Qwen2.5-Coder-0.5B in 839 MiB: 11.0 tok/s mmap, 9.0
     dense offload)."""
     dev = device or DeviceFigures()
-    kv = n_ctx * fp.kv_bytes_per_token
+    kv = fp.kv_bytes(n_ctx)
     if resident_need(fp, file_bytes, floor, n_ctx) > budget:
         return None
     L = fp.n_layers
@@ -633,7 +639,7 @@ def minimum_budget(
 ) -> int:
     """The smallest budget `plan` accepts for this model and mode (dense mode streams
     all of an untied head then)."""
-    base = floor + n_ctx * fp.kv_bytes_per_token + _resident_bytes(fp, 1.0, mode == "dense")
+    base = floor + fp.kv_bytes(n_ctx) + _resident_bytes(fp, 1.0, mode == "dense")
     scratch = _ring_bytes() if mode == "dense" else _scratch_bytes(fp, prefetch)
     if mode == "dense":
         return base + scratch
@@ -712,7 +718,7 @@ def plan(
     ffn_l, att_l, gpu_used = _choose_gpu(fp, gpu_budget, dev, gpu_dtype_bytes, ffn_cost, gpu_force)
     L_cpu = L - len(ffn_l)
     att_share = 1 - len(att_l) / L
-    kv = n_ctx * fp.kv_bytes_per_token
+    kv = fp.kv_bytes(n_ctx)
     # dense streaming treats an untied head as one more matrix of rows (a share held,
     # the rest read every token), as its bytes cost the same per token as the FFN's
     head_streamed = mode == "dense" and fp.head_bytes > 0 and L_cpu > 0
@@ -873,6 +879,13 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
     def fmt(name: str) -> str:
         return reader.tensor(name).qtype.name
 
+    for i in spec.recurrent_layers:  # a recurrent mixer's tensors stay resident as attention
+        for role in spec.layer_tensors:
+            name = spec.layer_tensor(role, i)
+            if role.startswith("ffn_") or role in norm_roles or name not in names:
+                continue
+            attention += size[name]
+            att_fmt[fmt(name)] = att_fmt.get(fmt(name), 0) + size[name]
     for i in range(spec.n_layers):
         for role in attn_roles + attn_extra:
             name = spec.layer_tensor(role, i)
@@ -910,6 +923,7 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
         record_bytes=record,
         dense_ffn_bytes=dense_ffn,
         kv_bytes_per_token=KVCache.bytes_for(spec, 1, kv_type),
+        state_bytes=KVCache.state_bytes(spec),
         attn_weights=attn_weights,
         attention_by_format=tuple(sorted(att_fmt.items())),
         ffn_by_format=tuple(sorted(ffn_fmt.items())),

@@ -416,7 +416,7 @@ class BatchScheduler:
         e = self.engine
         r.stats.queued_seconds = time.perf_counter() - r.submitted
         ids = r.prompt_ids
-        own = min(r.cache.common_prefix(ids), len(ids) - 1)
+        own = r.cache.reusable(min(r.cache.common_prefix(ids), len(ids) - 1))
         if r.cache.spilled is not None:  # an idle session's rows, moved to disk
             e.before_kv_write(r.cache, own)
             own = kv_spill.restore(r.cache, own)

@@ -125,8 +125,8 @@ def restore(cache: KVCache, positions: int | None = None) -> int:
             sf.close()
             cache.spilled = None
         cache.mark_written(n)
-        del cache.tokens[n:]
-        return n
+        cache.truncate(cache.reusable(n))  # recurrent states go back only to kept positions
+        return cache.length
 
 
 def write_rows(cache: KVCache, out) -> int:

@@ -261,6 +261,14 @@ class Session:
                     "data_offsets": [at, at + nbytes],
                 }
                 at += nbytes
+            states = c.state.arrays()  # a hybrid model's recurrent states, after the rows
+            for key, a in states.items():
+                header[f"state.{key}"] = {
+                    "dtype": "F32",
+                    "shape": list(a.shape),
+                    "data_offsets": [at, at + a.nbytes],
+                }
+                at += a.nbytes
             head = json.dumps(header, separators=(",", ":")).encode()
             head += b" " * (-len(head) % 8)  # the data 8-byte aligned (spec: space padding)
 
@@ -269,6 +277,8 @@ class Session:
                     f.write(len(head).to_bytes(8, "little"))
                     f.write(head)
                     kv_spill.write_rows(c, f)
+                    for a in states.values():
+                        f.write(np.ascontiguousarray(a, np.float32).tobytes())
 
             out = write_atomic(path, write)
         drop_page_cache([out])
@@ -310,9 +320,10 @@ class Session:
             ) from None
         s = engine.spec
         n = len(tokens)
+        state_tensors = {k: tensors.pop(k) for k in list(tensors) if k.startswith("state.")}
         for name, (dtype, shape, _) in tensors.items():
             t = saved_types[name]
-            want = (s.n_layers, s.n_kv_heads, n, row_width(KV_TYPES[t], s.head_dim))
+            want = (len(s.attention_layers), s.n_kv_heads, n, row_width(KV_TYPES[t], s.head_dim))
             if shape != want or _SAVED_DTYPES[t] != _DTYPE_NAMES[dtype]:
                 raise SessionFileError(
                     f"{where}: tensor '{name}' has shape {shape} and dtype "
@@ -337,6 +348,8 @@ class Session:
         _read_rows_into(path, tensors, saved_types, c, n)
         c.mark_written(n)
         c.tokens[:] = tokens
+        if state_tensors or c.state.recurrent:
+            c.state.load(_read_states(path, state_tensors), where)
         sess.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
         return sess
 
@@ -390,10 +403,13 @@ def _read_session_header(path: Path) -> tuple[dict, dict[str, tuple[np.dtype, tu
     meta = header.pop("__metadata__", None) or {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise SessionFileError(f"{where} is corrupt: '__metadata__' is not a string map")
-    if set(header) != {"k", "v"}:
-        raise SessionFileError(f"{where}: tensors {sorted(header)}, expected ['k', 'v']")
+    states = sorted(k for k in header if k.startswith("state."))  # a hybrid's recurrent states
+    if set(header) - set(states) != {"k", "v"}:
+        raise SessionFileError(
+            f"{where}: tensors {sorted(header)}, expected ['k', 'v'] and 'state.*' ones"
+        )
     tensors = {}
-    for name in ("k", "v"):
+    for name in ("k", "v", *states):
         info = header[name]
         try:
             dtype = np.dtype(_DTYPES[info["dtype"]])
@@ -405,13 +421,32 @@ def _read_session_header(path: Path) -> tuple[dict, dict[str, tuple[np.dtype, tu
                 f"{', '.join(_DTYPES)}), or a malformed shape / data_offsets"
             ) from None
         want = int(np.prod(shape)) * dtype.itemsize
-        if len(shape) != 4 or stop - begin != want or begin < 0 or 8 + hlen + stop > size:
+        bad_rank = name in ("k", "v") and len(shape) != 4
+        if bad_rank or stop - begin != want or begin < 0 or 8 + hlen + stop > size:
             raise SessionFileError(
                 f"{where} is truncated or corrupt: tensor '{name}' of shape {shape} spans "
                 f"bytes {begin}..{stop} of a {size - 8 - hlen}-byte data section"
             )
         tensors[name] = (dtype, shape, 8 + hlen + begin)
     return meta, tensors
+
+
+def _read_states(
+    path: Path, tensors: dict[str, tuple[np.dtype, tuple, int]]
+) -> dict[str, np.ndarray]:
+    """The recurrent states of a session file ('state.<layer>.<name>' float32 tensors),
+    by StateCache.arrays' names."""
+    out = {}
+    with open(path, "rb") as f:
+        for key, (dtype, shape, at) in tensors.items():
+            if dtype != np.float32:
+                raise SessionFileError(f"session file {path}: tensor '{key}' is not F32")
+            f.seek(at)
+            a = np.frombuffer(f.read(int(np.prod(shape)) * 4), np.float32)
+            if a.size != int(np.prod(shape)):
+                raise SessionFileError(f"session file {path} is truncated (tensor '{key}')")
+            out[key.removeprefix("state.")] = a.reshape(shape).copy()
+    return out
 
 
 def _read_rows_into(

@@ -135,6 +135,7 @@ def test_info_shows_each_familys_switches(paths, capsys):
         "glm4": ["fused_tensors: ('attn_qkv', 'ffn_gate_up')", "biases:        q/k/v"],
         "cohere2": ["norm_kind:     layer", "parallel_blocks:True", "no RoPE:       layers 3",
                     "logit_scale:   2.0"],
+        "lfm2": ["recurrent:     shortconv on layers 0, 2; state", "qk_norm:       True"],
     }  # fmt: skip
     for family, lines in want.items():
         assert main(["info", str(paths[family])]) == 0

@@ -113,6 +113,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
         parallel=True,
         tied=True,
     ),
+    # short-convolution layers 0 and 2 (a recurrent state) between attention layers with
+    # per-head q/k norms; head_count_kv per layer (0: convolution), output norm renamed
+    "lfm2": dict(
+        keys={
+            "shortconv.l_cache": (U32, 3),
+            "attention.head_count_kv": (ARR, (U32, [0, KV_HEADS, 0, KV_HEADS])),
+        },
+        recurrent=(0, 2),
+        qk_norm=HEAD_DIM,
+        tied=True,
+        output_norm="token_embd_norm.weight",
+    ),
 }
 
 
@@ -174,7 +186,7 @@ def family_gguf(
         return rng.uniform(0.6, 1.4, n)
 
     tensors = [_matrix("token_embd.weight", VOCAB, D, rng, qtype, 0.5)]
-    tensors.append(_vector("output_norm.weight", gains(D)))
+    tensors.append(_vector(f.get("output_norm", "output_norm.weight"), gains(D)))
     if not f.get("tied"):
         tensors.append(_matrix("output.weight", VOCAB, D, rng, qtype, 0.5))
     if f.get("rope_freqs"):  # Llama 3's shape: 1 for fast frequencies, up to 8 for slow
@@ -208,6 +220,13 @@ def family_gguf(
             rows = sum(t.dims[1] for t in parts)
             data = b"".join(t.data for t in parts)
             mats[name] = Tensor(f"{b}{name}.weight", (D, rows), data, parts[0].type_id)
+        if i in f.get("recurrent", ()):  # a short convolution in place of attention
+            for role in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                del mats[role]
+            mats["in"] = _matrix(f"{b}shortconv.in_proj.weight", 3 * D, D, rng, qtype)
+            mats["out"] = _matrix(f"{b}shortconv.out_proj.weight", D, D, rng, qtype)
+            conv = rng.normal(0, 0.5, (D, 3)).astype(np.float32)
+            mats["conv"] = Tensor(f"{b}shortconv.conv.weight", (3, D), conv.tobytes())
         tensors += mats.values()
         if f.get("pre_norms", True):
             tensors.append(_vector(f"{b}attn_norm.weight", gains(D)))
@@ -216,7 +235,7 @@ def family_gguf(
         if f.get("post_norms"):
             tensors.append(_vector(f"{b}post_attention_norm.weight", gains(D)))
             tensors.append(_vector(f"{b}post_ffw_norm.weight", gains(D)))
-        if qk:
+        if qk and i not in f.get("recurrent", ()):
             tensors.append(_vector(f"{b}attn_q_norm.weight", gains(qn)))
             tensors.append(_vector(f"{b}attn_k_norm.weight", gains(kn)))
         if f.get("biases"):  # "qkv": q/k/v only (GLM-4)

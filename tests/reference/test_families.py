@@ -58,6 +58,7 @@ FAMILIES_TESTED = [
     "glm4",
     "cohere2",
     "mistral3",
+    "lfm2",
     "qwen35",
 ]
 

@@ -151,3 +151,19 @@ def test_pass_states_chain_one_sequence_and_keep_each_position():
     c.tokens.extend(range(13))
     c.truncate(c.reusable(12))
     assert c.length == 12 and _value(c.state) == 3.0
+
+
+def test_a_verification_pass_keeps_its_states_apart_until_the_next():
+    x = StateCache(SPEC)
+    for p in range(1, MAX_SNAPSHOTS + 1):  # prompt ends
+        x.snapshot(p)
+    for start in (20, 30):
+        p = PassStates([x] * 6, list(range(start, start + 6)), decode=True)
+        for layer in (0, 2):
+            p(layer)
+        p.finish()
+        # the prompt ends stay; only this pass's rows are kept beside them
+        want = list(range(1, MAX_SNAPSHOTS + 1)) + list(range(start + 1, start + 7))
+        assert x.positions() == want
+    x.snapshot(40)  # a prompt end evicts the oldest prompt end, not a verified row
+    assert x.positions()[0] == 2 and 31 in x.positions() and 40 in x.positions()

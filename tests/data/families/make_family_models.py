@@ -255,6 +255,28 @@ VARIANTS = [
         spm_symbols=PHI3_SYMBOLS,
     ),
     Variant(
+        "lfm2",
+        "Lfm2ForCausalLM",
+        "Lfm2Config",
+        dict(
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            conv_L_cache=3,
+            block_auto_adjust_ff_dim=False,
+            norm_eps=1e-5,
+            rope_parameters=_rope(rope_theta=1000000.0),
+            tie_word_embeddings=True,
+        ),
+        "bpe",
+        "lfm2",
+        True,
+        [
+            "double-gated short convolution (L 3) on layers 0 and 2: a recurrent state",
+            "attention with per-head q/k RMSNorm on layers 1 and 3",
+            "output norm stored as token_embd_norm",
+            "tied output",
+        ],
+    ),
+    Variant(
         "granite",
         "GraniteForCausalLM",
         "GraniteConfig",

@@ -1,0 +1,286 @@
+"""A hybrid model's recurrent states (model/state_cache.py) wherever the KV cache goes, on
+a tiny random LFM2 (short-convolution layers 0 and 2, attention layers 1 and 3:
+tiny_families.py): decode rows against prompt passes, batched sequences against each
+alone, prefix reuse, speculative rollback, context limits and the RAM budget's plan.
+(Sessions saved and resumed, the batching scheduler, packs and FFN offloading under a
+RAM budget: test_family_paths.py, which runs every tiny family, lfm2 included.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny_families import family_gguf
+
+import edgerun
+from edgerun.errors import ContextOverflowError
+from edgerun.model.kvcache import KVCache
+
+GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
+
+
+@pytest.fixture(scope="module")
+def lfm2(tmp_path_factory):
+    path = family_gguf(tmp_path_factory.mktemp("hybrid") / "lfm2.gguf", "lfm2")
+    m = edgerun.load(path, n_ctx=256, threads=1, kv_type="f32")
+    yield m
+    m.close()
+
+
+def _states(cache: KVCache) -> dict[str, np.ndarray]:
+    return {k: a.copy() for k, a in cache.state.arrays().items()}
+
+
+def test_only_attention_layers_hold_kv_rows(lfm2):
+    s = lfm2.spec
+    assert s.layer_mixers == ("shortconv", "attention", "shortconv", "attention")
+    c = KVCache(s, 16)
+    assert c.k.shape[0] == 2 and set(c.state.layers) == {0, 2}
+    assert c.state.layers[0]["conv"].shape == (2, s.d_model)
+
+
+def test_one_token_steps_follow_the_prompt_pass(lfm2):
+    """The state a prompt pass leaves continues as one-token steps would: logits of the
+    whole text at once equal those of the steps, and the states end equal."""
+    tr, ids = lfm2.transformer, lfm2.tokenize("hello world, this is the test")
+    full_cache, step_cache = KVCache(lfm2.spec, 64), KVCache(lfm2.spec, 64)
+    full = tr.forward(ids, full_cache, all_logits=True)
+    steps = np.stack([tr.forward([t], step_cache) for t in ids])
+    assert np.allclose(full, steps, atol=1e-4 * np.ptp(full))
+    assert (full.argmax(-1) == steps.argmax(-1)).all()
+    for k, a in _states(full_cache).items():
+        assert np.allclose(a, step_cache.state.arrays()[k], atol=1e-5), k
+    assert any(np.abs(a).max() > 0 for a in _states(full_cache).values())
+
+
+def test_verification_rows_equal_one_token_steps_and_keep_each_state(lfm2):
+    tr, ids = lfm2.transformer, lfm2.tokenize("the theme of the day")
+    one, many = KVCache(lfm2.spec, 64), KVCache(lfm2.spec, 64)
+    tr.forward(ids[:3], one)
+    tr.forward(ids[:3], many)
+    rows = tr.verify(ids[3:], many)
+    per_position = []
+    for t in ids[3:]:
+        per_position.append((tr.forward([t], one), _states(one)))
+    assert np.array_equal(rows, np.stack([r for r, _ in per_position]))
+    # a rejected draft rolls the states back to the verified position, bit for bit
+    keep = 4
+    many.truncate(many.reusable(keep))
+    assert many.length == keep
+    for k, a in _states(many).items():
+        assert np.array_equal(a, per_position[keep - 4][1][k]), k
+
+
+def test_batched_sequences_equal_each_alone_and_never_share_a_state(lfm2):
+    tr = lfm2.transformer
+    prompts = [lfm2.tokenize(p) for p in ("the theme", "hello world", "x", "thethethe")]
+    alone, batch = [], []
+    for p in prompts:
+        a, b = KVCache(lfm2.spec, 64), KVCache(lfm2.spec, 64)
+        la, lb = tr.forward(p, a), tr.forward(p, b)
+        alone.append([a, [int(la.argmax())]])
+        batch.append([b, [int(lb.argmax())]])
+    for _ in range(6):
+        for cache, toks in alone:
+            toks.append(int(tr.forward([toks[-1]], cache).argmax()))
+        logits = tr.forward_batch([t[-1] for _, t in batch], [c for c, _ in batch])
+        for (_, toks), row in zip(batch, logits):
+            toks.append(int(row.argmax()))
+    for (a, ta), (b, tb) in zip(alone, batch):
+        assert ta == tb
+        for k, x in _states(a).items():
+            assert np.array_equal(x, b.state.arrays()[k]), k
+    # different texts leave different states: nothing was shared between the rows
+    s0, s1 = _states(batch[0][0]), _states(batch[1][0])
+    assert any(not np.array_equal(s0[k], s1[k]) for k in s0)
+
+
+def test_a_repeated_prompt_reuses_the_kept_state_and_gives_the_same_text(lfm2):
+    g = lfm2.generator
+    first = "".join(lfm2.generate("the theme of the day", max_tokens=12, **GREEDY))
+    n = len(lfm2.tokenize("the theme of the day"))
+    assert g.cache.length > n  # the cache holds the answer past the prompt
+    second = "".join(lfm2.generate("the theme of the day", max_tokens=12, **GREEDY))
+    assert second == first
+    assert g.stats.cached_tokens == n - 1  # the state kept at the prompt's end
+    # a prompt sharing only a prefix of no kept state starts over, and is still right
+    other = "".join(lfm2.generate("the theme of the night", max_tokens=12, **GREEDY))
+    g.cache.clear()
+    fresh = "".join(lfm2.generate("the theme of the night", max_tokens=12, **GREEDY))
+    assert other == fresh
+
+
+class _HalfRightDrafter:
+    """Proposes the plain run's next tokens with the third one wrong: every verification
+    pass keeps two drafts and rejects the rest, so the states roll back to the middle of
+    the pass."""
+
+    name, resident_bytes = "half-right", 0
+
+    def __init__(self, truth: list[int], vocab: int) -> None:
+        self.truth, self.vocab = truth, vocab
+
+    def propose(self, history, k: int) -> list[int]:
+        out = list(self.truth[len(history) : len(history) + k])
+        if len(out) > 2:
+            out[2] = (out[2] + 1) % self.vocab
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "half-right", "self"])
+def test_speculative_decoding_gives_the_plain_greedy_text(lfm2, drafter):
+    """Drafts verified in one pass, rejected ones rolled back through the states kept at
+    each verified position: the text equals plain greedy decoding's."""
+    from edgerun.generate.speculative import ModelDrafter, Speculation
+
+    prompt = "hello world, this is the test"
+    plain = "".join(lfm2.generate(prompt, max_tokens=60, draft="none", **GREEDY))
+    truth = list(lfm2.generator.cache.tokens)
+    if drafter == "half-right":
+        d = Speculation(_HalfRightDrafter(truth, lfm2.spec.vocab_size), 5, adaptive=False)
+    elif drafter == "self":  # a model drafting for itself: every draft stands
+        d = Speculation(ModelDrafter(lfm2.engine), 4, adaptive=False)
+    else:
+        d = drafter
+    spec = "".join(lfm2.generate(prompt, max_tokens=60, draft=d, **GREEDY))
+    st = lfm2.generator.stats
+    assert spec == plain
+    assert lfm2.generator.cache.tokens == truth
+    assert st.draft_tokens > 0
+    if drafter == "half-right":
+        assert 0 < st.accepted_tokens < st.draft_tokens
+    if drafter == "self":
+        assert st.accepted_tokens == st.draft_tokens
+
+
+def test_context_limits(lfm2):
+    tr = lfm2.transformer
+    cache = KVCache(lfm2.spec, 8)
+    tr.forward(list(range(3, 10)), cache)
+    with pytest.raises(ContextOverflowError):
+        tr.forward([3, 4], cache)
+    before = _states(cache)
+    tr.forward([5], cache)  # the last position still fits
+    assert cache.length == 8 and any(
+        not np.array_equal(before[k], cache.state.arrays()[k]) for k in before
+    )
+
+
+def test_the_ram_budget_plan_counts_the_states_and_the_mixers(lfm2):
+    from edgerun.formats.gguf import read_gguf
+    from edgerun.offload.plan import footprint
+
+    fp = footprint(lfm2.spec, read_gguf(lfm2.path), "f32")
+    assert fp.state_bytes == KVCache.state_bytes(lfm2.spec) > 0
+    assert fp.kv_bytes(100) == 100 * KVCache.bytes_for(lfm2.spec, 1, "f32") + fp.state_bytes
+    d = lfm2.spec.d_model
+    mixer = 2 * (4 * d * d) * 34 // 32  # in_proj + out_proj of two layers, q8_0
+    attention = 2 * sum(r * d for r in (64, 32, 32)) * 34 // 32 + 2 * 64 * d * 34 // 32
+    assert fp.attention_bytes >= mixer + attention
+
+
+def test_sessions_sharing_a_system_prompt_copy_its_states(lfm2):
+    """The scheduler keeps a system prompt's KV rows and states once (prefix_cache); a
+    later session starts from them and answers as the first one did, computed whole."""
+    system = "You answer in few words."
+    first = lfm2.session(system=system)
+    a = first.send("the theme of the day", max_tokens=10, **GREEDY)
+    entries = list(lfm2.engine.prefix_cache._entries.values())
+    assert entries and all(e.states is not None for e in entries)
+    second = lfm2.session(system=system)
+    b = second.send("the theme of the day", max_tokens=10, **GREEDY)
+    assert b == a
+    assert second.stats.cached_tokens == len(entries[0].tokens) > 0
+
+
+def test_a_spilled_cache_keeps_its_states(lfm2, tmp_path):
+    """An idle session's KV rows moved to disk and back (kv_spill): its states stay in
+    memory, and the next step equals that of a cache never spilled."""
+    from edgerun.serving import kv_spill
+
+    tr, ids = lfm2.transformer, lfm2.tokenize("hello world, this is the test")
+    spilled, kept = KVCache(lfm2.spec, 64), KVCache(lfm2.spec, 64)
+    tr.forward(ids, spilled)
+    tr.forward(ids, kept)
+    assert kv_spill.spill(spilled, tmp_path) > 0
+    assert kv_spill.restore(spilled) == len(ids)
+    assert np.array_equal(tr.forward([5], spilled), tr.forward([5], kept))
+    for k, a in _states(kept).items():
+        assert np.array_equal(a, spilled.state.arrays()[k]), k
+
+
+def test_layers_moved_to_a_torch_device_keep_the_recurrent_mixers(tmp_path):
+    """Placing every layer on a torch device moves the attention layers' projections and
+    every FFN; the short-convolution layers keep their mixers, and the logits stay."""
+    pytest.importorskip("torch")
+    from edgerun.gpu.place import move_layers
+
+    path = family_gguf(tmp_path / "lfm2.gguf", "lfm2")
+    m = edgerun.load(path, n_ctx=64, threads=1, interleave=False)
+    try:
+        ids = m.tokenize("hello world, this is the test")
+        want = m.logits(ids)
+        placed = move_layers(m.transformer, m.store, range(m.spec.n_layers), "cpu")
+        assert sorted(placed.layers) == [0, 1, 2, 3]
+        assert m.transformer.layers[0].attn_proj is None
+        got = m.logits(ids)
+        assert np.allclose(got, want, atol=1e-3 * np.ptp(want))
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+    finally:
+        m.close()
+
+
+def _lfm2_meta(**over):
+    meta = {
+        "general.architecture": "lfm2",
+        "lfm2.block_count": 4,
+        "lfm2.embedding_length": 64,
+        "lfm2.feed_forward_length": 128,
+        "lfm2.attention.head_count": 4,
+        "lfm2.attention.head_count_kv": [0, 2, 0, 2],
+        "lfm2.attention.layer_norm_rms_epsilon": 1e-5,
+        "lfm2.shortconv.l_cache": 3,
+        "lfm2.vocab_size": 100,
+    }
+    return {**meta, **over}
+
+
+def test_lfm2_metadata():
+    from edgerun.arch import spec_from_gguf
+    from edgerun.errors import ModelFormatError
+
+    s = spec_from_gguf(_lfm2_meta())
+    assert s.layer_mixers == ("shortconv", "attention", "shortconv", "attention")
+    assert (s.n_kv_heads, s.shortconv_l_cache, s.layer_windows) == (2, 3, ())
+    assert s.global_tensors["output_norm"] == "token_embd_norm.weight"
+    s = spec_from_gguf(_lfm2_meta(**{"lfm2.attention.sliding_window": 8}))
+    assert s.layer_windows == (0, 8, 0, 8)
+    for bad in ([0, 2, 0], [0, 2, 0, 4], "x"):
+        with pytest.raises(ModelFormatError, match="head_count_kv"):
+            spec_from_gguf(_lfm2_meta(**{"lfm2.attention.head_count_kv": bad}), "f.gguf")
+    with pytest.raises(ModelFormatError, match="l_cache"):
+        spec_from_gguf(_lfm2_meta(**{"lfm2.shortconv.l_cache": 1}), "f.gguf")
+
+
+def test_the_scheduler_speculating_for_a_lone_request_gives_the_plain_text(lfm2):
+    from edgerun.generate.sampling import SamplingParams
+    from edgerun.generate.speculative import Speculation
+    from edgerun.serving.batching import Serving
+
+    ids = lfm2.tokenize("hello world, this is the test")
+    out, accepted = {}, 0
+    for name in ("none", "half-right"):
+        serving = Serving(lfm2.engine)
+        if name != "none":
+            truth = ids + out["none"][1]
+            drafter = _HalfRightDrafter(truth, lfm2.spec.vocab_size)
+            serving.speculation = Speculation(drafter, 5, adaptive=False)
+        r = serving.scheduler.submit(ids, SamplingParams(temperature=0.0), max_tokens=30)
+        r.wait()
+        out[name] = (r.text, list(r.cache.tokens[len(ids) :]))
+        accepted = r.stats.accepted_tokens
+        serving.close()
+    assert out["half-right"][0] == out["none"][0]
+    assert 0 < accepted
