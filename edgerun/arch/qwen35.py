@@ -48,14 +48,11 @@ def layer_mixers(meta: dict[str, Any], a: str, source: str) -> tuple[str, ...]:
     return tuple("deltanet" if r else "attention" for r in recurrent)
 
 
-def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
-    a = "qwen35"
+def hybrid_fields(meta: dict[str, Any], a: str, source: str) -> dict[str, Any]:
+    """The spec fields Qwen3.5's layers share, dense or MoE ('<a>.' keys): the common
+    ones, the layer mixers, the DeltaNet sizes, gated attention with q/k norms and NeoX
+    RoPE, and the FFN norm's name."""
     mixers = layer_mixers(meta, a, source)
-    if "attention" not in mixers:
-        raise ModelFormatError(
-            f"{source}: no full-attention layer ({a}.attention.recurrent_layers)"
-        )
-    fields = common_fields(meta, a, source)
     head_k = meta_int(meta, f"{a}.ssm.state_size", source, hi=4096)
     k_heads = meta_int(meta, f"{a}.ssm.group_count", source, hi=4096)
     v_heads = meta_int(meta, f"{a}.ssm.time_step_rank", source, hi=4096)
@@ -65,8 +62,8 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
             f"{source}: metadata field '{a}.ssm.inner_size' should be time_step_rank x "
             f"state_size = {v_heads * head_k} (value heads as wide as key heads), found {inner}"
         )
-    return ModelSpec(
-        **fields,
+    return dict(
+        **common_fields(meta, a, source),
         rope_style="neox",
         qk_norm=True,
         rope_scale=rope_scaling(meta, a, source),
@@ -79,3 +76,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
         # the FFN's input norm is stored under the post-attention name
         layer_tensors=dict(LAYER_TENSORS, ffn_norm="blk.{i}.post_attention_norm.weight"),
     )
+
+
+def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
+    return ModelSpec(**hybrid_fields(meta, "qwen35", source))

@@ -104,3 +104,49 @@ def test_saved_states_continue_identically(model):
     b.state.load(saved)
     for t in STEPS[1]:
         np.testing.assert_array_equal(tr.forward([t], b), tr.forward([t], a))
+
+
+def _meta(**over):
+    a = "qwen35"
+    meta = {
+        "general.architecture": a,
+        f"{a}.block_count": 4,
+        f"{a}.embedding_length": 64,
+        f"{a}.feed_forward_length": 128,
+        f"{a}.attention.head_count": 2,
+        f"{a}.attention.head_count_kv": 1,
+        f"{a}.attention.key_length": 32,
+        f"{a}.attention.layer_norm_rms_epsilon": 1e-6,
+        f"{a}.rope.dimension_count": 16,
+        f"{a}.ssm.conv_kernel": 4,
+        f"{a}.ssm.state_size": 16,
+        f"{a}.ssm.group_count": 2,
+        f"{a}.ssm.time_step_rank": 4,
+        f"{a}.ssm.inner_size": 64,
+        f"{a}.vocab_size": 100,
+    }
+    return {**meta, **{f"{a}.{k}": v for k, v in over.items()}}
+
+
+def test_qwen35_metadata():
+    from edgerun.arch import spec_from_gguf
+    from edgerun.errors import ModelFormatError
+
+    # without the per-layer array: every full_attention_interval-th layer attends (default 4)
+    s = spec_from_gguf(_meta())
+    assert s.layer_mixers == ("deltanet",) * 3 + ("attention",)
+    s = spec_from_gguf(_meta(full_attention_interval=2))
+    assert s.layer_mixers == ("deltanet", "attention") * 2
+    s = spec_from_gguf(_meta(**{"attention.recurrent_layers": [True, False, False, True]}))
+    assert s.layer_mixers == ("deltanet", "attention", "attention", "deltanet")
+    assert s.attn_output_gate and s.rope_style == "neox" and s.qk_norm
+    assert s.layer_tensor("ffn_norm", 2) == "blk.2.post_attention_norm.weight"
+    for bad in ([True, False], "x", [1, 0, 1, 0]):
+        with pytest.raises(ModelFormatError, match="recurrent_layers"):
+            spec_from_gguf(_meta(**{"attention.recurrent_layers": bad}), "f.gguf")
+    with pytest.raises(ModelFormatError, match="inner_size"):
+        spec_from_gguf(_meta(**{"ssm.inner_size": 48}), "f.gguf")
+    with pytest.raises(ModelFormatError, match="ssm_head_dim"):  # the kernels' 16 lanes
+        spec_from_gguf(_meta(**{"ssm.state_size": 12, "ssm.inner_size": 48}), "f.gguf")
+    with pytest.raises(ModelFormatError, match="ssm_v_heads"):
+        spec_from_gguf(_meta(**{"ssm.time_step_rank": 3, "ssm.inner_size": 48}), "f.gguf")
