@@ -705,6 +705,28 @@ def _print_layer_switches(s, transformer) -> None:
         print(f"{'rope factors:':<15}rope_freqs ({f.size} divisors, {f.min():g} to {f.max():g})")
 
 
+def _print_experts(s, transformer, file_bytes: int) -> None:
+    """A mixture-of-experts model's experts: how many, how many a token uses, their size, and
+    the bytes of routed experts against the rest (what a token reads of each)."""
+    from edgerun.model.moe import expert_footprint
+
+    f = expert_footprint([layer.ffn for layer in transformer.layers])
+    norm = "renormalised" if s.expert_norm else "softmax"
+    print(
+        f"{'experts:':<15}{s.n_expert} per layer on {f.layers} of {s.n_layers} layers, "
+        f"{s.n_expert_used} used per token ({norm} weights), width {s.expert_ff}"
+    )
+    if s.expert_shared_ff:
+        print(f"{'shared expert:':<15}width {s.expert_shared_ff}, on every token")
+    rest = file_bytes - f.total
+    active = f.layers * s.n_expert_used * f.per_expert
+    print(
+        f"{'expert bytes:':<15}{f.per_expert / 1e6:.3f} MB per expert; routed experts "
+        f"{f.total / 1e6:.1f} MB, the rest {rest / 1e6:.1f} MB; a token reads "
+        f"{active / 1e6:.1f} MB of experts + the rest"
+    )
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from collections import Counter
 
@@ -762,6 +784,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     rows = model.tensor_summary()
     n_params = sum(r * c for _, _, (r, c), _ in rows)
     print(f"{'parameters:':<15}{n_params / 1e6:.1f} M")
+    if s.n_expert:
+        _print_experts(s, model.transformer, sum(nb for *_, nb in rows))
     by_fmt: Counter = Counter()
     bytes_fmt: Counter = Counter()
     for _, fmt, (r, c), nb in rows:

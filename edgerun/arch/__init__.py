@@ -21,7 +21,9 @@ from edgerun.arch import (
     olmo2,
     phi3,
     qwen2,
+    qwen2moe,
     qwen3,
+    qwen3moe,
     qwen35,
     smollm3,
 )
@@ -44,6 +46,8 @@ FAMILIES = {
     "mistral3": mistral3,
     "lfm2": lfm2,
     "qwen35": qwen35,
+    "qwen3moe": qwen3moe,
+    "qwen2moe": qwen2moe,
 }
 
 

@@ -50,6 +50,21 @@ LAYER_TENSORS = {
     "ssm_norm": "blk.{i}.ssm_norm.weight",
     "ssm_out": "blk.{i}.ssm_out.weight",
 }
+# A mixture-of-experts FFN's tensors (model/moe.py), read on the layers that have a router:
+# the router [n_expert, d_model], the routed experts as 3-D tensors [n_expert, rows, cols]
+# (each expert a 2-D view, formats/gguf.GGUFFile.expert_matrices), and where the family has
+# one, the shared expert and its sigmoid gate [d_model] (Qwen2-MoE). Not LAYER_TENSORS roles:
+# a dense spec (or a pack's stored one) need not name them.
+EXPERT_TENSORS = {
+    "ffn_gate_inp": "blk.{i}.ffn_gate_inp.weight",
+    "ffn_gate_exps": "blk.{i}.ffn_gate_exps.weight",
+    "ffn_up_exps": "blk.{i}.ffn_up_exps.weight",
+    "ffn_down_exps": "blk.{i}.ffn_down_exps.weight",
+    "ffn_gate_shexp": "blk.{i}.ffn_gate_shexp.weight",
+    "ffn_up_shexp": "blk.{i}.ffn_up_shexp.weight",
+    "ffn_down_shexp": "blk.{i}.ffn_down_shexp.weight",
+    "ffn_gate_inp_shexp": "blk.{i}.ffn_gate_inp_shexp.weight",
+}
 GLOBAL_TENSORS = {
     "token_embd": "token_embd.weight",
     "output_norm": "output_norm.weight",
@@ -154,11 +169,25 @@ class ModelSpec:
     # the q projection carries a gate per head after each head's q (Qwen3.5): the
     # attention context is multiplied by sigmoid(gate) before the output projection
     attn_output_gate: bool = False
+    # mixture of experts (n_expert > 0): a layer with a router (EXPERT_TENSORS) routes each
+    # row to its n_expert_used most probable of n_expert experts of width expert_ff, whose
+    # softmax weights are renormalised to sum 1 where expert_norm, then multiplied by
+    # expert_scale; a shared expert of width expert_shared_ff (0: none) adds to every row
+    n_expert: int = 0
+    n_expert_used: int = 0
+    expert_ff: int = 0
+    expert_shared_ff: int = 0
+    expert_norm: bool = False
+    expert_scale: float = 1.0
     layer_tensors: dict[str, str] = field(default_factory=lambda: dict(LAYER_TENSORS))
     global_tensors: dict[str, str] = field(default_factory=lambda: dict(GLOBAL_TENSORS))
 
     def layer_tensor(self, role: str, i: int) -> str:
         return self.layer_tensors[role].format(i=i)
+
+    def expert_tensor(self, role: str, i: int) -> str:
+        """Layer i's name of a mixture-of-experts role (EXPERT_TENSORS)."""
+        return self.layer_tensors.get(role, EXPERT_TENSORS[role]).format(i=i)
 
     def window(self, i: int) -> int:
         return self.layer_windows[i] if self.layer_windows else 0
@@ -220,6 +249,7 @@ _MAX_HEADS = 4096
 _MAX_HEAD_DIM = 4096
 _MAX_VOCAB = 1 << 24
 _MAX_CONTEXT = 1 << 24
+_MAX_EXPERTS = 1 << 16
 _ROPE_STYLES = ("interleaved", "neox")
 _ACTIVATIONS = ("silu", "gelu_tanh")
 _NORM_KINDS = ("rms", "layer")
@@ -525,6 +555,7 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         ("yarn_beta_fast", 0.0, True, math.inf),
         ("yarn_beta_slow", 0.0, True, math.inf),
         ("attn_temp_scale", 0.0, False, 1e3),
+        ("expert_scale", 0.0, True, 1e6),
     ):
         v = getattr(spec, name)
         if isinstance(v, bool) or not isinstance(v, int | float):
@@ -535,6 +566,7 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         v = getattr(spec, name)
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_CONTEXT:
             raise bad(name, f"an integer in 0..{_MAX_CONTEXT}", v)
+    check_experts(spec, bad)
     if spec.yarn_orig_context and spec.rope_orig_context:
         raise bad(
             "yarn_orig_context", "0 with LongRoPE (rope_orig_context > 0)", spec.yarn_orig_context
@@ -576,6 +608,7 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         "post_norms",
         "parallel_blocks",
         "attn_output_gate",
+        "expert_norm",
     ):
         if not isinstance(getattr(spec, name), bool):
             raise bad(name, "true or false", getattr(spec, name))
@@ -648,6 +681,58 @@ def _validate_deltanet(spec: ModelSpec, bad: Callable[..., ModelFormatError]) ->
             f"a positive multiple of ssm_k_heads {spec.ssm_k_heads} with deltanet layers",
             spec.ssm_v_heads,
         )
+
+
+def check_experts(spec: ModelSpec, bad) -> None:
+    """The mixture-of-experts fields: all 0 (dense), or 1 <= n_expert_used <= n_expert with
+    an expert width; bad(field, expected, found) makes the error."""
+    for name, hi in (
+        ("n_expert", _MAX_EXPERTS),
+        ("n_expert_used", _MAX_EXPERTS),
+        ("expert_ff", _MAX_WIDTH),
+        ("expert_shared_ff", _MAX_WIDTH),
+    ):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
+            raise bad(name, f"an integer in 0..{hi}", v)
+    if spec.n_expert == 0:
+        for name in ("n_expert_used", "expert_ff", "expert_shared_ff"):
+            if getattr(spec, name):
+                raise bad(name, "0 without experts (n_expert 0)", getattr(spec, name))
+        return
+    if not 1 <= spec.n_expert_used <= spec.n_expert:
+        raise bad("n_expert_used", f"in 1..n_expert {spec.n_expert}", spec.n_expert_used)
+    if spec.expert_ff == 0:
+        raise bad("expert_ff", "> 0 with experts", spec.expert_ff)
+
+
+def moe_fields(meta: dict[str, Any], a: str, source: str, norm: bool) -> dict[str, Any]:
+    """A mixture-of-experts family's spec fields from '<a>.expert_count',
+    '.expert_used_count', '.expert_shared_feed_forward_length'
+    (absent: no shared expert), '.expert_feed_forward_length' (absent: the dense width over
+    the experts used, as llama.cpp), '.expert_weights_norm' (absent: the family's rule `norm`,
+    as llama.cpp builds it) and '.expert_weights_scale' (absent or 0: 1)."""
+    n_expert = meta_int(meta, f"{a}.expert_count", source, hi=_MAX_EXPERTS)
+    used = meta_int(meta, f"{a}.expert_used_count", source, hi=n_expert)
+    key = f"{a}.expert_weights_norm"
+    if key in meta and not isinstance(meta[key], bool):
+        raise ModelFormatError(
+            f"{source}: metadata field '{key}' should be a bool, found {_kind(meta[key])}"
+        )
+    scale = meta_float(meta, f"{a}.expert_weights_scale", source, 0.0, lo_open=False, hi=1e6)
+    return dict(
+        n_expert=n_expert,
+        n_expert_used=used,
+        expert_ff=meta_int(
+            meta,
+            f"{a}.expert_feed_forward_length",
+            source,
+            max(1, meta_int(meta, f"{a}.feed_forward_length", source, used) // used),
+        ),
+        expert_shared_ff=meta_int(meta, f"{a}.expert_shared_feed_forward_length", source, 0, lo=0),
+        expert_norm=bool(meta.get(key, norm)),
+        expert_scale=scale or 1.0,
+    )
 
 
 def role_rows(spec: ModelSpec, role: str) -> int:

@@ -223,6 +223,25 @@ class GGUFFile:
     def tensor_names(self) -> list[str]:
         return list(self.infos)
 
+    def expert_matrices(
+        self, name: str, n_expert: int, shape: tuple[int, int]
+    ) -> list[QuantTensor]:
+        """Each expert's matrix of a 3-D expert tensor (GGML ne [cols, rows, n_expert]:
+        math order [n_expert, rows, cols]) as an ordinary 2-D QuantTensor, a zero-copy view of
+        its rows (the experts are consecutive in the file), named '<name>[<expert>]'. The
+        tensor must have exactly n_expert experts of `shape` (rows, cols)."""
+        info = self.infos.get(name)
+        if info is None:
+            self.tensor(name)  # the missing-tensor error
+        want = (n_expert, *shape)
+        found = tuple(reversed(info.dims))
+        if found != want:
+            raise ModelFormatError(
+                f"{self.path}: expert tensor '{name}' has shape {list(found)}, expected "
+                f"{list(want)} ([n_expert, rows, cols] from the model's metadata)"
+            )
+        return self.tensor(name).stacked(n_expert)
+
 
 # Limits on what a header may claim, checked before anything is allocated or indexed
 # (llama.cpp's ggml/src/gguf.cpp enforces the same: strings of at most 1 GiB, at most 4

@@ -122,6 +122,8 @@ def _weight_matrices(model, layers_only: bool = False) -> list[QuantTensor]:
         ffn = getattr(layer, "ffn", None)
         parts += [getattr(ffn, s, None) for s in getattr(type(ffn), "__slots__", ())]
         parts += list(getattr(ffn, "__dict__", {}).values())
+        # an executor whose weights are not its attributes lists them (MoEFFN's experts)
+        parts += list(getattr(ffn, "weight_matrices", lambda: [])())
     found = []
     for p in parts:
         p = getattr(p, "matrix", p)  # a streamed head

@@ -259,10 +259,10 @@ class Transformer:
                     f"{source}: tensor '{t.name}' (layer {i}) has shape {t.shape}, expected {shape}"
                 )
         ffn: FFNExecutor = layer.ffn
-        if (ffn.d_ff, ffn.d_model) != (s.d_ff, s.d_model):
+        d_ff = s.expert_ff if getattr(ffn, "n_expert", 0) else s.d_ff  # MoEFFN: per expert
+        if (ffn.d_ff, ffn.d_model) != (d_ff, s.d_model):
             raise ModelFormatError(
-                f"{source}: layer {i} FFN is {ffn.d_ff}x{ffn.d_model}, "
-                f"expected {s.d_ff}x{s.d_model}"
+                f"{source}: layer {i} FFN is {ffn.d_ff}x{ffn.d_model}, expected {d_ff}x{s.d_model}"
             )
 
     def _rope(self, n_ctx: int, base: float | None) -> tuple[np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ import numpy as np
 from edgerun.arch.spec import LAYER_TENSORS, ModelSpec
 from edgerun.errors import ModelFormatError
 from edgerun.model.ffn import DenseFFN, FFNExecutor
+from edgerun.model.moe import is_moe_layer, moe_ffn
 from edgerun.ops import qmatvec
 from edgerun.quant.formats import QuantTensor, QuantType
 
@@ -167,8 +168,31 @@ class ResidentStore:
                     f"{(spec.vocab_size, spec.d_model)} (from the model's metadata), found {shape}"
                 )
 
+    def expert_matrices(
+        self, name: str, n_expert: int, shape: tuple[int, int]
+    ) -> list[QuantTensor]:
+        """Each expert's 2-D matrix of a 3-D expert tensor, as views of the reader's bytes
+        (GGUFFile.expert_matrices, which checks the 3-D shape; a reader of 2-D tensors
+        only, an edgerun pack, holds them as [n_expert * rows, cols]); the whole tensor
+        counts as resident."""
+        get = getattr(self._reader, "expert_matrices", None)
+        if get is not None:
+            views = get(name, n_expert, shape)
+            self.matrix(name)
+            return views
+        whole = self.matrix(name)
+        want = (n_expert * shape[0], shape[1])
+        if whole.shape != want:
+            raise ModelFormatError(
+                f"{self._source}: expert tensor '{name}' has shape {whole.shape}, expected "
+                f"{want} ({n_expert} experts of {shape} from the model's metadata)"
+            )
+        return whole.stacked(n_expert)
+
     def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
         self.check_vectors(spec, layer)
+        if is_moe_layer(spec, self, layer):
+            return moe_ffn(self, spec, layer, self._source)
         return DenseFFN(
             self.matrix(spec.layer_tensor("ffn_gate", layer)),
             self.matrix(spec.layer_tensor("ffn_up", layer)),

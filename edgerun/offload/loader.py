@@ -209,6 +209,11 @@ class Loader:
                 f"the model needs ~{need >> 20} MiB and {headroom >> 20} MiB is left, but a "
                 "split GGUF is not streamed: decoding from the mapped shards (slow)"
             )
+        if self.spec.n_expert:
+            return None, (
+                f"the model needs ~{need >> 20} MiB and {headroom >> 20} MiB is left, but a "
+                "mixture-of-experts model is not streamed: decoding from the mapped file (slow)"
+            )
         # what the process holds that nothing reclaims, plus what is left (which counts
         # mapped files, the libraries' code included, as reclaimable: RSS would count them
         # twice), less the 5% a cgroup's page cache and glibc's slack take beyond a budget:
@@ -245,6 +250,18 @@ class Loader:
                 f"{self.path.name} merged.gguf"
             )
 
+    def refuse_expert_streaming(self, what: str) -> None:
+        """A mixture-of-experts model is read resident only: the planner, the flash stores
+        and the GPU placement move dense FFN rows, not routed experts. Clear error, before
+        any planning or compiling."""
+        if self.spec.n_expert:
+            raise UnsupportedError(
+                f"{self.path}: {what} is not supported yet for a mixture-of-experts model "
+                f"('{self.spec.arch}', {self.spec.n_expert} experts): its routed experts are "
+                "not streamed from flash. Load it without a RAM budget or offload mode (the "
+                "file is mapped and the experts read in place)."
+            )
+
     # -- planning --------------------------------------------------------------
     def plan_for(
         self,
@@ -267,6 +284,7 @@ class Loader:
         from edgerun.offload.plan import parse_budget, plan, resident_need, resident_plan
         from edgerun.offload.store import OffloadOptions
 
+        self.refuse_expert_streaming("planning a RAM or GPU budget")
         fp = self.footprint()
         budget = parse_budget(ram_budget) if ram_budget is not None else 1 << 62
         gpu = parse_budget(gpu_budget, what="GPU budget") if gpu_budget is not None else 0
@@ -471,6 +489,9 @@ class Loader:
         self.placement_args = (ram_budget, mode, options, gpu_budget, gpu_device)
         if ram_budget is not None or mode not in (None, "resident"):
             self.refuse_split_streaming("a RAM budget (offloading)")
+            self.refuse_expert_streaming("a RAM budget (offloading)")
+        if gpu_budget is not None:
+            self.refuse_expert_streaming("a GPU budget")
         if ram_budget is not None:
             from edgerun.offload.plan import parse_budget
             from edgerun.offload.warm_kernels import ensure_kernels_compiled

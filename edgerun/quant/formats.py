@@ -124,3 +124,20 @@ class QuantTensor:
     def bits_per_weight(self) -> float:
         elems, nbytes = BLOCK_LAYOUT[self.qtype]
         return 8.0 * nbytes / elems
+
+    def stacked(self, n: int) -> list[QuantTensor]:
+        """This matrix's rows as n equal matrices, one after another (a 3-D tensor
+        [n, rows, cols] read as 2-D [n * rows, cols]: a mixture of experts' experts), each a
+        view of its rows named '<name>[<index>]'."""
+        if n < 1 or self.rows % n:
+            raise ValueError(f"{self.name}: {self.rows} rows do not split into {n} matrices")
+        rows = self.rows // n
+        return [
+            QuantTensor(
+                f"{self.name}[{e}]",
+                self.qtype,
+                (rows, self.cols),
+                self.data[e * rows : (e + 1) * rows],
+            )
+            for e in range(n)
+        ]

@@ -62,7 +62,10 @@ def test_one_token_steps_follow_the_prompt_pass(hybrid):
     assert np.allclose(full, steps, atol=1e-4 * np.ptp(full))
     assert (full.argmax(-1) == steps.argmax(-1)).all()
     for k, a in _states(full_cache).items():
-        assert np.allclose(a, step_cache.state.arrays()[k], atol=1e-5), k
+        # the prompt's matmuls and the steps' matvecs round apart; deeper layers' states
+        # (Qwen3.5's layer 2 conv holds raw projections) carry that rounding
+        atol = max(1e-5, 3e-4 * np.abs(a).max())
+        assert np.allclose(a, step_cache.state.arrays()[k], atol=atol), k
     assert any(np.abs(a).max() > 0 for a in _states(full_cache).values())
 
 
@@ -150,7 +153,9 @@ def test_speculative_decoding_gives_the_plain_greedy_text(hybrid, drafter):
     from edgerun.generate.speculative import ModelDrafter, Speculation
 
     prompt = "hello world, this is the test"
-    plain = "".join(hybrid.generate(prompt, max_tokens=60, draft="none", **GREEDY))
+    # n-grams propose only once the text repeats: the random Qwen3.5 does after ~100 tokens
+    n = 150 if drafter == "ngram" else 60
+    plain = "".join(hybrid.generate(prompt, max_tokens=n, draft="none", **GREEDY))
     truth = list(hybrid.generator.cache.tokens)
     if drafter == "half-right":
         d = Speculation(_HalfRightDrafter(truth, hybrid.spec.vocab_size), 5, adaptive=False)
@@ -158,7 +163,7 @@ def test_speculative_decoding_gives_the_plain_greedy_text(hybrid, drafter):
         d = Speculation(ModelDrafter(hybrid.engine), 4, adaptive=False)
     else:
         d = drafter
-    spec = "".join(hybrid.generate(prompt, max_tokens=60, draft=d, **GREEDY))
+    spec = "".join(hybrid.generate(prompt, max_tokens=n, draft=d, **GREEDY))
     st = hybrid.generator.stats
     assert spec == plain
     assert hybrid.generator.cache.tokens == truth

@@ -60,7 +60,14 @@ FAMILIES_TESTED = [
     "mistral3",
     "lfm2",
     "qwen35",
+    "qwen3moe",
+    "qwen2moe",
 ]
+
+# Data folders holding only llama.cpp quantizations of a variant (<type>.gguf, with llama.cpp's
+# own logits on the same file in reference.npz as llama_cpp_<type>): edgerun is held to
+# llama.cpp there (test_quantized_family_matches_llama_cpp), each with the quantization.
+QUANTIZED_ONLY = {"qwen3moe-q4k": "q4_k_m"}
 
 # Data folders that exist but edgerun does not run yet, each with the reason.
 NOT_YET: dict[str, str] = {}
@@ -86,9 +93,9 @@ def test_every_data_folder_is_tested_or_listed_not_yet():
     assert folders, f"no reference models under {DATA}"
     both = set(FAMILIES_TESTED) & set(NOT_YET)
     assert not both, f"in both FAMILIES_TESTED and NOT_YET: {sorted(both)}"
-    untested = folders - set(FAMILIES_TESTED) - set(NOT_YET)
+    untested = folders - set(FAMILIES_TESTED) - set(NOT_YET) - set(QUANTIZED_ONLY)
     assert not untested, f"data folders neither tested nor listed in NOT_YET: {sorted(untested)}"
-    missing = (set(FAMILIES_TESTED) | set(NOT_YET)) - folders
+    missing = (set(FAMILIES_TESTED) | set(NOT_YET) | set(QUANTIZED_ONLY)) - folders
     assert not missing, f"listed but no tests/data/families/<name>/reference.npz: {sorted(missing)}"
     for name in FAMILIES_TESTED:
         for outtype in OUTTYPES:
@@ -149,3 +156,28 @@ def test_family_logits_match_transformers(name, outtype):
         assert decided.mean() >= 0.9, f"{name}: the reference has too many near-ties to judge"
         flips = np.flatnonzero(decided & ~agree)
         assert flips.size == 0, f"{where}: argmax differs at positions {flips.tolist()}"
+
+
+# A quantized file against llama.cpp on the same file: at most this fraction of the spread at
+# every position but a few where a mixture of experts' router is near a tie (the second and
+# third experts' logits within ~1e-2, so the rounding of either runtime may swap them and
+# the position's output with them); argmax agreement at least MIN_ARGMAX["q8_0"].
+QUANT_MAX_ERR = 0.05
+QUANT_NEAR_TIES = 2
+
+
+@pytest.mark.parametrize("name", sorted(QUANTIZED_ONLY))
+def test_quantized_family_matches_llama_cpp(name):
+    qtype = QUANTIZED_ONLY[name]
+    with np.load(DATA / name / "reference.npz") as ref:
+        ids, theirs, spread = ref["ids"], ref[f"llama_cpp_{qtype}"], np.ptp(ref["logits"], -1)
+    model = edgerun.load(DATA / name / f"{qtype}.gguf", n_ctx=len(ids), threads=2, kv_type="f32")
+    ours = model.logits(ids.tolist())
+    err = np.abs(ours - theirs).max(-1) / spread
+    far = np.flatnonzero(err > QUANT_MAX_ERR)
+    assert far.size <= QUANT_NEAR_TIES, (
+        f"{name} {qtype}: |ours - llama.cpp| above {QUANT_MAX_ERR} of the spread at positions "
+        f"{far.tolist()} ({np.round(err[far], 3).tolist()})"
+    )
+    agree = (ours.argmax(-1) == theirs.argmax(-1)).mean()
+    assert agree >= MIN_ARGMAX["q8_0"], f"{name} {qtype}: argmax agreement {agree:.3f}"

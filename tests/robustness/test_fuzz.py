@@ -652,8 +652,8 @@ def test_regression_safetensors_dtype_not_a_string(tmp_path):
 
 # ---------------------------------------------------- the families without a registry model
 def _family_meta(arch: str) -> dict[str, Any]:
-    """Every metadata field the gemma2 / phi3 / glm4 / cohere2 / mistral3 readers look at,
-    valid."""
+    """Every metadata field the gemma2 / phi3 / glm4 / cohere2 / mistral3 / qwen3moe /
+    qwen2moe readers look at, valid."""
     a = arch
     meta: dict[str, Any] = {
         "general.architecture": a,
@@ -682,6 +682,19 @@ def _family_meta(arch: str) -> dict[str, Any]:
                 f"{a}.rope.scaling.original_context_length": 16,
             },
             "glm4": {f"{a}.nextn_predict_layers": 0},
+            "qwen3moe": {
+                f"{a}.expert_count": 8,
+                f"{a}.expert_used_count": 2,
+                f"{a}.expert_feed_forward_length": 64,
+                f"{a}.expert_weights_norm": True,
+                f"{a}.expert_weights_scale": 1.0,
+            },
+            "qwen2moe": {
+                f"{a}.expert_count": 8,
+                f"{a}.expert_used_count": 2,
+                f"{a}.expert_feed_forward_length": 64,
+                f"{a}.expert_shared_feed_forward_length": 96,
+            },
             "cohere2": {f"{a}.logit_scale": 0.5, f"{a}.attention.sliding_window_pattern": 4},
             "mistral3": {
                 f"{a}.rope.scaling.type": "yarn",
@@ -698,7 +711,10 @@ def _family_meta(arch: str) -> dict[str, Any]:
 
 
 @_settings(150, 0.1)
-@given(arch=st.sampled_from(["gemma2", "phi3", "glm4", "cohere2", "mistral3"]), data=st.data())
+@given(
+    arch=st.sampled_from(["gemma2", "phi3", "glm4", "cohere2", "mistral3", "qwen3moe", "qwen2moe"]),
+    data=st.data(),
+)
 def test_new_family_metadata_fuzz(arch, data):
     from edgerun.arch import spec_from_gguf
 

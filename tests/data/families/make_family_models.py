@@ -95,6 +95,11 @@ class Variant:
     # extra arguments of convert_hf_to_gguf.py (Qwen3.5: --no-mtp, as transformers writes
     # its checkpoints without the multi-token-prediction tensors)
     convert_args: tuple[str, ...] = ()
+    # the converter's outtypes kept in the folder (the others are not written)
+    outtypes: tuple[str, ...] = OUTTYPES
+    # llama.cpp quantizations of the f32 file (llama_model_quantize), each kept as
+    # <type>.gguf with llama.cpp's own logits on it in reference.npz as llama_cpp_<type>
+    quantized: tuple[str, ...] = ()
 
 
 def _rope(**kw) -> dict:
@@ -425,6 +430,81 @@ VARIANTS = [
         {"sliding window": {"sliding_window": 4096}, "logit_scale": {"logit_scale": 1.0}},
     ),
     Variant(
+        "qwen3moe",
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeConfig",
+        dict(
+            head_dim=32,
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            norm_topk_prob=True,
+            rope_parameters=_rope(rope_theta=1000000.0),
+            tie_word_embeddings=False,
+        ),
+        "bpe",
+        "qwen2",
+        False,
+        [
+            "mixture of experts: 8 experts of width 64, top-2 per token on every layer",
+            "top-k weights renormalised (norm_topk_prob)",
+            "per-head q/k RMSNorm",
+            "untied output",
+        ],
+        {"norm_topk_prob": {"norm_topk_prob": False}},
+    ),
+    Variant(
+        "qwen3moe-q4k",
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeConfig",
+        dict(
+            hidden_size=256,
+            head_dim=32,
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=256,
+            norm_topk_prob=True,
+            initializer_range=0.1,
+            rope_parameters=_rope(rope_theta=1000000.0),
+            tie_word_embeddings=False,
+        ),
+        "bpe",
+        "qwen2",
+        False,
+        [
+            "mixture of experts: 8 experts of width 256, top-2 per token",
+            "Q4_K experts (rows of 256: K-quant super-blocks), llama.cpp's Q4_K_M mix",
+        ],
+        outtypes=(),
+        quantized=("q4_k_m",),
+    ),
+    Variant(
+        "qwen2moe",
+        "Qwen2MoeForCausalLM",
+        "Qwen2MoeConfig",
+        dict(
+            num_hidden_layers=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=96,
+            norm_topk_prob=False,
+            rope_parameters=_rope(rope_theta=1000000.0),
+            tie_word_embeddings=False,
+        ),
+        "bpe",
+        "qwen2",
+        False,
+        [
+            "mixture of experts: 8 experts of width 64, top-2 per token, weights not renormalised",
+            "shared expert of width 96 scaled by sigmoid(shared_expert_gate x)",
+            "q/k/v biases",
+            "untied output",
+        ],
+    ),
+    Variant(
         "mistral3",
         "Ministral3ForCausalLM",
         "Ministral3Config",
@@ -709,6 +789,23 @@ def _llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
     return out
 
 
+_QUANT_FTYPES = {"q4_k_m": 15, "q4_k_s": 14}  # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_K_M, _S
+
+
+def _quantize(src: Path, dst: Path, qtype: str) -> None:
+    """llama.cpp's own quantization of a GGUF (llama_model_quantize, as llama-quantize)."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = _QUANT_FTYPES[qtype]
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize {src} -> {qtype} failed ({rc})")
+
+
 def make(variant: Variant, llama_cpp: Path, check: bool) -> dict:
     folder = HERE / variant.name
     folder.mkdir(exist_ok=True)
@@ -735,14 +832,20 @@ def make(variant: Variant, llama_cpp: Path, check: bool) -> dict:
 
         model.save_pretrained(hf_dir, safe_serialization=True)
         for outtype in OUTTYPES:
+            out = folder if outtype in variant.outtypes else Path(tmp)
             _convert(
                 llama_cpp,
                 hf_dir,
                 outtype,
-                folder / f"{outtype}.gguf",
+                out / f"{outtype}.gguf",
                 variant.pre,
                 variant.convert_args,
             )
+        extra = {}
+        for qtype in variant.quantized:
+            f32 = (folder if "f32" in variant.outtypes else Path(tmp)) / "f32.gguf"
+            _quantize(f32, folder / f"{qtype}.gguf", qtype)
+            extra[f"llama_cpp_{qtype}"] = _llama_cpp_logits(folder / f"{qtype}.gguf", ids)
 
         margin = _margin(ref)
         info = {
@@ -762,9 +865,18 @@ def make(variant: Variant, llama_cpp: Path, check: bool) -> dict:
         for feature, effect in effects.items():
             if effect < 1e-2:
                 raise AssertionError(f"{variant.name}: {feature} moves the logits {effect:.2e}")
-        if check:
+        for qtype in variant.quantized:
+            got = extra[f"llama_cpp_{qtype}"]
+            err = np.abs(got - ref).max(-1) / spread
+            info.setdefault("llama_cpp_quantized_vs_transformers", {})[qtype] = {
+                "max_abs_diff": float(np.abs(got - ref).max()),
+                "max_diff_over_spread": float(err.max()),
+                "mean_diff_over_spread": float(err.mean()),
+                "argmax_agreement": float((got.argmax(-1) == ref.argmax(-1)).mean()),
+            }
+        if check and variant.outtypes:
             errors = {}
-            for outtype in OUTTYPES:
+            for outtype in variant.outtypes:
                 got = _llama_cpp_logits(folder / f"{outtype}.gguf", ids)
                 err = np.abs(got - ref).max(-1) / spread
                 errors[outtype] = {
@@ -780,9 +892,13 @@ def make(variant: Variant, llama_cpp: Path, check: bool) -> dict:
                 info["llama_cpp_vs_transformers"] = errors
                 if errors["f32"]["max_diff_over_spread"] > 1e-3:
                     raise AssertionError(f"{variant.name}: llama.cpp disagrees: {errors['f32']}")
-        info["arch"] = _gguf_arch(folder / "f32.gguf", llama_cpp)
+        first_file = (variant.outtypes or variant.quantized)[0]
+        info["arch"] = _gguf_arch(folder / f"{first_file}.gguf", llama_cpp)
     np.savez_compressed(
-        folder / "reference.npz", ids=np.asarray(ids, np.int32), logits=ref.astype(np.float32)
+        folder / "reference.npz",
+        ids=np.asarray(ids, np.int32),
+        logits=ref.astype(np.float32),
+        **{k: v.astype(np.float32) for k, v in extra.items()},
     )
     (folder / "reference.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
     return info

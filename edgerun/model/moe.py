@@ -1,0 +1,295 @@
+"""Mixture-of-experts FFN: a router picks each row's experts; the experts' gated FFNs,
+weighted by the router's probabilities, make the row's output.
+
+For rows x [n, d_model] (one prompt's tokens, or decode rows of several sequences):
+
+1. router logits = ffn_gate_inp x [n, n_expert]; probabilities = softmax(logits);
+2. each row's n_expert_used most probable experts, their probabilities renormalised to
+   sum 1 where the family says (spec.expert_norm), times spec.expert_scale;
+3. out = sum over the row's experts, in rank order, of weight * down(silu(gate x) * up x);
+4. where the layer has a shared expert: out += sigmoid(ffn_gate_inp_shexp . x) * shared(x)
+   (without that gate tensor the shared expert adds unscaled).
+
+The rows are grouped by expert: each selected expert's rows go through one batched
+matmul (qmatvec), so a pass reads each selected expert once however many rows chose it.
+Decode rows take the batched decode kernels (each row equal to a one-row pass bit for bit);
+a prompt's rows the prefill ones.
+
+Where the experts live is an :class:`ExpertSource`'s care: resident views of the file's 3-D
+tensors here (:class:`ResidentExperts`), or a cache streamed from flash under a RAM budget
+(offload/), behind the same two members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from edgerun.arch.spec import ModelSpec
+from edgerun.errors import ModelFormatError, UnsupportedError
+from edgerun.model.ffn import DenseFFN, check_shapes
+from edgerun.ops import qmatvec
+from edgerun.ops.activations import glu
+from edgerun.quant.formats import QuantTensor
+
+__all__ = [
+    "ExpertMatrices",
+    "ExpertSource",
+    "ResidentExperts",
+    "MoEFFN",
+    "route",
+    "moe_ffn",
+    "is_moe_layer",
+    "ExpertFootprint",
+    "expert_footprint",
+]
+
+# llama.cpp's clamp of the renormalising sum (the smallest normal f16), so a row whose
+# chosen probabilities all underflow divides by it rather than by 0
+_MIN_WEIGHT_SUM = np.float32(6.103515625e-5)
+
+
+class ExpertMatrices(NamedTuple):
+    """One expert's gated FFN: gate and up [expert_ff, d_model], down [d_model, expert_ff]."""
+
+    gate: QuantTensor
+    up: QuantTensor
+    down: QuantTensor
+
+
+class ExpertSource(Protocol):
+    """Where a layer's routed experts are read from."""
+
+    n_expert: int
+
+    def experts(self, ids: Sequence[int]) -> Sequence[ExpertMatrices]:
+        """The matrices of experts `ids` (distinct, ascending), in that order. A pass asks
+        once for all the experts its rows chose, so a streaming source can read them
+        together; the matrices stay valid until the next call."""
+        ...
+
+
+class ResidentExperts:
+    """Experts held in memory (for a GGUF: 2-D views of the mapped 3-D tensors)."""
+
+    __slots__ = ("n_expert", "_matrices")
+
+    def __init__(
+        self, gate: Sequence[QuantTensor], up: Sequence[QuantTensor], down: Sequence[QuantTensor]
+    ) -> None:
+        if not len(gate) == len(up) == len(down) > 0:
+            raise ValueError(
+                f"ResidentExperts: {len(gate)} gate, {len(up)} up, {len(down)} down matrices"
+            )
+        self.n_expert = len(gate)
+        self._matrices = [ExpertMatrices(*m) for m in zip(gate, up, down)]
+
+    def experts(self, ids: Sequence[int]) -> list[ExpertMatrices]:
+        return [self._matrices[e] for e in ids]
+
+    def matrices(self, e: int) -> ExpertMatrices:
+        """Expert e's matrices."""
+        return self._matrices[e]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for m in self._matrices for t in m)
+
+
+def route(
+    logits: np.ndarray, k: int, norm: bool, scale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Router logits [n, n_expert] -> (experts int64 [n, k] by falling probability, ties to
+    the lower id; weights float32 [n, k]): the chosen softmax probabilities, renormalised to
+    sum 1 when `norm`, times `scale`. Row by row, so a row's result does not depend on the
+    others in the pass."""
+    logits = np.asarray(logits, np.float32)
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    w = np.take_along_axis(e / e.sum(axis=1, keepdims=True), top, axis=1)
+    if norm:
+        w = w / np.maximum(w.sum(axis=1, keepdims=True), _MIN_WEIGHT_SUM)
+    if scale != 1.0:
+        w = w * np.float32(scale)
+    return top.astype(np.int64), w.astype(np.float32)
+
+
+class MoEFFN:
+    """A mixture-of-experts FFN on rows x [n, d_model] (module docstring). d_ff is one
+    expert's width."""
+
+    __slots__ = (
+        "router",
+        "source",
+        "n_expert",
+        "n_used",
+        "norm",
+        "scale",
+        "activation",
+        "shared",
+        "shared_gate",
+        "d_model",
+        "d_ff",
+    )
+
+    def __init__(
+        self,
+        router: QuantTensor,
+        source: ExpertSource,
+        n_used: int,
+        d_ff: int,
+        norm: bool,
+        scale: float = 1.0,
+        activation: str = "silu",
+        shared: DenseFFN | None = None,
+        shared_gate: np.ndarray | None = None,
+    ) -> None:
+        self.router, self.source = router, source
+        self.n_expert, self.d_model = router.shape
+        if source.n_expert != self.n_expert:
+            raise ValueError(
+                f"MoEFFN: router '{router.name}' scores {self.n_expert} experts, the source "
+                f"holds {source.n_expert}"
+            )
+        if not 1 <= n_used <= self.n_expert:
+            raise ValueError(f"MoEFFN: n_used {n_used} outside 1..{self.n_expert}")
+        self.n_used, self.d_ff = n_used, d_ff
+        self.norm, self.scale, self.activation = norm, float(scale), activation
+        self.shared, self.shared_gate = shared, shared_gate
+
+    def weight_matrices(self) -> list[QuantTensor]:
+        """The router, the shared expert's matrices and expert 0's: one of each matrix
+        this layer's passes read, for whoever needs their formats (the kernels' warm-up)."""
+        ms = [self.router, *self.source.experts([0])[0]]
+        if self.shared is not None:
+            ms += [self.shared.gate, self.shared.up, self.shared.down]
+        return ms
+
+    def routing(self, x: np.ndarray, decode: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Rows x [n, d_model] -> (experts [n, n_used], weights [n, n_used]) (route)."""
+        if decode:
+            logits = qmatvec.matvec_batch(self.router, x)
+        else:
+            logits = qmatvec.project(self.router, x)
+        return route(logits, self.n_used, self.norm, self.scale)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """One prompt's rows (or one decode row): x float32 [n, d_model] -> [n, d_model]."""
+        return self._forward(np.ascontiguousarray(x, np.float32), decode=False)
+
+    def decode_batch(self, x: np.ndarray) -> np.ndarray:
+        """Decode rows of different sequences, each row equal to a one-row call bit for bit
+        (the batched decode kernels; each selected expert read once for its rows)."""
+        return self._forward(np.ascontiguousarray(x, np.float32), decode=True)
+
+    def _forward(self, x: np.ndarray, decode: bool) -> np.ndarray:
+        n = x.shape[0]
+        sel, w = self.routing(x, decode)
+        k = self.n_used
+        flat = sel.reshape(-1)
+        order = np.argsort(flat, kind="stable")  # slots grouped by expert
+        ids, starts = np.unique(flat[order], return_index=True)
+        bounds = np.append(starts, flat.size)
+        y = np.empty((n * k, self.d_model), np.float32)  # slot j of row r at r * k + j
+        for j, m in enumerate(self.source.experts(ids.tolist())):
+            slots = order[bounds[j] : bounds[j + 1]]
+            xr = x[slots // k]
+            if decode:
+                g, u = qmatvec.matvec_batch_many((m.gate, m.up), xr)
+                y[slots] = qmatvec.matvec_batch(m.down, glu(g, u, self.activation))
+            else:
+                g, u = qmatvec.project_many((m.gate, m.up), xr)
+                y[slots] = qmatvec.project(m.down, glu(g, u, self.activation))
+        y = y.reshape(n, k, self.d_model)
+        out = y[:, 0] * w[:, 0:1]
+        for j in range(1, k):  # in rank order, the same for a row alone or in a batch
+            out += y[:, j] * w[:, j : j + 1]
+        if self.shared is not None:
+            s = self.shared.decode_batch(x) if decode else self.shared(x)
+            if self.shared_gate is not None:
+                z = (x * self.shared_gate).sum(axis=1, keepdims=True)
+                s *= np.float32(1.0) / (np.float32(1.0) + np.exp(-z))
+            out += s
+        return out
+
+
+def is_moe_layer(spec: ModelSpec, store, layer: int) -> bool:
+    """Whether layer `layer` routes its rows to experts: a mixture-of-experts spec and a
+    router tensor in the store (a family may keep dense FFNs on some layers)."""
+    return spec.n_expert > 0 and store.has(spec.expert_tensor("ffn_gate_inp", layer))
+
+
+def moe_ffn(store, spec: ModelSpec, layer: int, source: str, experts: ExpertSource | None = None):
+    """Layer `layer`'s MoEFFN over a WeightStore's router, shared expert and gate, each
+    checked against the spec; the routed experts from `experts`, or resident views of the
+    store's 3-D tensors (store.expert_matrices)."""
+    d, n, ff = spec.d_model, spec.n_expert, spec.expert_ff
+    router = store.matrix(spec.expert_tensor("ffn_gate_inp", layer))
+    check_shapes(((router, (n, d)),), source)
+    if experts is None:
+        get = getattr(store, "expert_matrices", None)
+        if get is None:
+            raise UnsupportedError(f"{source}: this weight store cannot hold expert tensors")
+        experts = ResidentExperts(
+            get(spec.expert_tensor("ffn_gate_exps", layer), n, (ff, d)),
+            get(spec.expert_tensor("ffn_up_exps", layer), n, (ff, d)),
+            get(spec.expert_tensor("ffn_down_exps", layer), n, (d, ff)),
+        )
+    shared = shared_gate = None
+    if store.has(spec.expert_tensor("ffn_gate_shexp", layer)):
+        shared = DenseFFN(
+            store.matrix(spec.expert_tensor("ffn_gate_shexp", layer)),
+            store.matrix(spec.expert_tensor("ffn_up_shexp", layer)),
+            store.matrix(spec.expert_tensor("ffn_down_shexp", layer)),
+            spec.activation,
+            expected=(spec.expert_shared_ff or spec.d_ff, d),
+            source=source,
+        )
+        gate_name = spec.expert_tensor("ffn_gate_inp_shexp", layer)
+        if store.has(gate_name):
+            shared_gate = store.vector(gate_name)
+            if shared_gate.shape != (d,):
+                raise ModelFormatError(
+                    f"{source}: tensor '{gate_name}' should have {d} values (d_model), found "
+                    f"{shared_gate.size}"
+                )
+    return MoEFFN(
+        router,
+        experts,
+        spec.n_expert_used,
+        ff,
+        spec.expert_norm,
+        spec.expert_scale,
+        spec.activation,
+        shared,
+        shared_gate,
+    )
+
+
+class ExpertFootprint(NamedTuple):
+    """What a model's routed experts take: `layers` MoE layers of n_expert experts each,
+    `per_expert` bytes of one expert's three matrices (the largest over the layers),
+    `total` bytes of them all, `shared` bytes of the shared experts and their routers."""
+
+    layers: int
+    per_expert: int
+    total: int
+    shared: int
+
+
+def expert_footprint(ffns: Sequence[object]) -> ExpertFootprint:
+    """The footprint of the MoEFFNs among layer executors `ffns` with resident experts
+    (ResidentExperts); zeros where there are none."""
+    layers = per_expert = total = shared = 0
+    for f in ffns:
+        if not isinstance(f, MoEFFN) or not isinstance(f.source, ResidentExperts):
+            continue
+        layers += 1
+        total += f.source.nbytes
+        per_expert = max(per_expert, max(sum(t.nbytes for t in m) for m in f.source._matrices))
+        shared += f.router.nbytes
+        if f.shared is not None:
+            shared += sum(t.nbytes for t in (f.shared.gate, f.shared.up, f.shared.down))
+    return ExpertFootprint(layers, per_expert, total, shared)

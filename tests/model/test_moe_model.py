@@ -1,0 +1,127 @@
+"""Mixture-of-experts models (qwen3moe, qwen2moe: the tiny reference models of
+tests/data/families/) through the paths a model takes: batched decode of several sequences
+equal to each alone bit for bit, a prompt pass equal to token-by-token decode within
+rounding, generate, sessions and the batching scheduler, `edgerun info`, and the refusal
+of a RAM budget (routed experts are not streamed from flash yet). Agreement with
+transformers and llama.cpp is tests/reference/test_families.py's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from together import send_together
+
+import edgerun
+from edgerun.errors import UnsupportedError
+from edgerun.model.kvcache import KVCache
+from edgerun.model.moe import MoEFFN
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "families"
+MODELS = ["qwen3moe/q8_0.gguf", "qwen2moe/q8_0.gguf", "qwen3moe-q4k/q4_k_m.gguf"]
+GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
+TEMPLATE = (
+    "{% for m in messages %}<|user|>{{ m.role }}: {{ m.content }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|user|>assistant: {% endif %}"
+)
+
+
+@pytest.mark.parametrize("path", MODELS)
+def test_batched_decode_equals_each_sequence_alone(path):
+    m = edgerun.load(DATA / path, n_ctx=64, threads=2, kv_type="f32")
+    try:
+        tr = m.transformer
+        assert all(isinstance(layer.ffn, MoEFFN) for layer in tr.layers)
+        prompts = [m.tokenize(t) for t in ("The quick brown", "Python is", "12345 and", "A")]
+        alone, caches = [], []
+        for p in prompts:  # each sequence alone: prompt, then one token at a time
+            c = KVCache(m.spec, 64, "f32")
+            rows = [tr.forward(p, c)]
+            for _ in range(4):
+                rows.append(tr.forward([int(rows[-1].argmax())], c))
+            alone.append(rows)
+        for p in prompts:
+            caches.append(KVCache(m.spec, 64, "f32"))
+            tr.forward(p, caches[-1])
+        for step in range(4):  # the four decoded together, fed the tokens each chose alone
+            tokens = [int(alone[b][step].argmax()) for b in range(4)]
+            got = tr.forward_batch(tokens, caches)
+            for b in range(4):
+                assert np.array_equal(got[b], alone[b][step + 1]), (path, step, b)
+    finally:
+        m.close()
+
+
+def test_prompt_pass_equals_token_by_token_within_rounding():
+    m = edgerun.load(DATA / "qwen3moe" / "f32.gguf", n_ctx=64, threads=2, kv_type="f32")
+    try:
+        tr, ids = m.transformer, m.tokenize("The quick brown fox jumps over the lazy dog.")
+        full = tr.forward(ids, KVCache(m.spec, 64, "f32"), all_logits=True)
+        c = KVCache(m.spec, 64, "f32")
+        steps = np.stack([tr.forward([t], c) for t in ids])
+        spread = np.ptp(full, -1)
+        assert (np.abs(full - steps).max(-1) / spread).max() < 1e-4
+    finally:
+        m.close()
+
+
+def test_generate_sessions_and_scheduler_on_a_moe_model():
+    m = edgerun.load(DATA / "qwen2moe" / "q8_0.gguf", n_ctx=256, threads=2, kv_type="f16")
+    try:
+        prompt = m.tokenize("The quick brown fox")
+        tr, cache = m.transformer, KVCache(m.spec, 64, "f32")
+        seq = [int(tr.forward(prompt, cache).argmax())]
+        for _ in range(5):
+            seq.append(int(tr.forward([seq[-1]], cache).argmax()))
+        assert "".join(m.generate(prompt, max_tokens=6, **GREEDY)) == m.detokenize(seq)
+        m.tokenizer.chat_template = TEMPLATE  # the tiny model is a base model
+        prompts = ["hello world", "the lazy dog", "x", "Numbers like 12345"]
+        sequential = [m.session().send(p, max_tokens=8, **GREEDY) for p in prompts]
+        together, most = send_together(m, prompts, max_tokens=8, **GREEDY)
+        assert together == sequential
+        assert most > 1
+    finally:
+        m.close()
+
+
+def test_ram_budget_on_a_moe_model_is_refused():
+    path = DATA / "qwen3moe" / "q8_0.gguf"
+    with pytest.raises(UnsupportedError, match=r"mixture-of-experts.*8 experts"):
+        edgerun.load(path, n_ctx=64, threads=1, ram_budget="50M")
+    plan = subprocess.run(
+        [sys.executable, "-m", "edgerun", "plan", str(path), "--ram-budget", "50M"],
+        capture_output=True,
+        text=True,
+    )
+    assert plan.returncode != 0
+    assert "not supported yet for a mixture-of-experts model" in plan.stderr
+    assert "Traceback" not in plan.stderr
+
+
+def test_info_shows_the_experts():
+    out = subprocess.run(
+        [sys.executable, "-m", "edgerun", "info", str(DATA / "qwen3moe-q4k" / "q4_k_m.gguf")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "experts:       8 per layer on 2 of 2 layers, 2 used per token" in out
+    assert "width 256" in out and "MB per expert" in out
+
+
+def test_a_pack_of_a_moe_model_gives_the_gguf_logits(tmp_path):
+    """`edgerun convert --quant keep` stores the 3-D expert tensors as 2-D [n_expert * rows,
+    cols]; the pack's experts are views of those rows, so its logits are the GGUF's."""
+    from edgerun.tools.convert import convert
+
+    src = DATA / "qwen2moe" / "q8_0.gguf"
+    pack = convert(str(src), tmp_path / "pack", "keep", progress=False)
+    ids = list(range(3, 40))
+    # no interleaved copies: a GGUF's attention would take their kernels, a pack's not
+    a = edgerun.load(src, n_ctx=64, threads=2, kv_type="f32", interleave=False)
+    b = edgerun.load(pack, n_ctx=64, threads=2, kv_type="f32", interleave=False)
+    assert all(isinstance(layer.ffn, MoEFFN) for layer in b.transformer.layers)
+    assert np.array_equal(a.logits(ids), b.logits(ids))
