@@ -120,10 +120,10 @@ class Transformer:
         layer.ffn = self.store.ffn(self.spec, i)
         ffn: FFNExecutor = layer.ffn
         s = self.spec
-        if (ffn.d_ff, ffn.d_model) != (s.d_ff, s.d_model):
+        d_ff = s.expert_ff if getattr(ffn, "n_expert", 0) else s.d_ff  # MoEFFN: per expert
+        if (ffn.d_ff, ffn.d_model) != (d_ff, s.d_model):
             raise ModelFormatError(
-                f"{source}: layer {i} FFN is {ffn.d_ff}x{ffn.d_model}, "
-                f"expected {s.d_ff}x{s.d_model}"
+                f"{source}: layer {i} FFN is {ffn.d_ff}x{ffn.d_model}, expected {d_ff}x{s.d_model}"
             )
 
     def _interleave_candidates(self) -> list[QuantTensor]:
