@@ -25,6 +25,7 @@ from edgerun.arch import (
     qwen3,
     qwen3moe,
     qwen35,
+    qwen35moe,
     smollm3,
 )
 from edgerun.arch.spec import ModelSpec, validate_spec
@@ -46,6 +47,7 @@ FAMILIES = {
     "mistral3": mistral3,
     "lfm2": lfm2,
     "qwen35": qwen35,
+    "qwen35moe": qwen35moe,
     "qwen3moe": qwen3moe,
     "qwen2moe": qwen2moe,
 }
