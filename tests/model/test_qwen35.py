@@ -1,9 +1,9 @@
 """Qwen3.5 (gated DeltaNet + gated attention) through the recurrent-state machinery, on the
-tiny reference model of tests/data/families/qwen35 (agreement with transformers is
-tests/reference/test_families.py's): a prompt equals its tokens one at a time, four
-sequences decoded together equal each alone bit for bit, a verification pass equals the
-one-token steps and rolls back exactly, and a sequence's states saved and loaded continue
-identically."""
+tiny reference models of tests/data/families/qwen35 and qwen35moe (agreement with
+transformers is tests/reference/test_families.py's): a prompt equals its tokens one at a
+time, four sequences decoded together equal each alone bit for bit, a verification pass
+equals the one-token steps and rolls back exactly, and a sequence's states saved and
+loaded continue identically."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import pytest
 import edgerun
 from edgerun.model.kvcache import KVCache
 
-MODEL = Path(__file__).resolve().parents[1] / "data" / "families" / "qwen35" / "f32.gguf"
+DATA = Path(__file__).resolve().parents[1] / "data" / "families"
 PROMPTS = [[5, 9, 13, 40, 77, 2, 3, 11], [4, 8], [150, 1, 2, 3, 5], [60, 61]]
 STEPS = [[7, 11, 19, 23], [42, 159, 0, 3], [5, 99, 98, 97], [1, 2, 3, 4]]
 
 
-@pytest.fixture(scope="module")
-def model():
-    m = edgerun.load(MODEL, n_ctx=64, threads=1, kv_type="f32")
+@pytest.fixture(scope="module", params=["qwen35", "qwen35moe"])
+def model(request):
+    m = edgerun.load(DATA / request.param / "f32.gguf", n_ctx=64, threads=1, kv_type="f32")
     yield m
     m.close()
 
