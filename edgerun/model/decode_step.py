@@ -23,7 +23,7 @@ import weakref
 import numpy as np
 
 from edgerun.model.kvcache import KVCache
-from edgerun.model.layer import ATTEND, Attention, BoundRows
+from edgerun.model.layer import ATTEND, Attention, BoundRows, StateSlot
 from edgerun.ops import norm, qmatvec
 from edgerun.ops.attention import BatchAttention
 
@@ -68,7 +68,12 @@ class _Rows(BoundRows):
             a.bind_attention(self, caches, *model._rope(n_ctx, a.base), scores, self.batch)
             for a in self.attention
         )
-        self.calls = [next(attend) if c is ATTEND else c for c in self.layout]
+        self.calls = []
+        for c in self.layout:  # a recurrent layer's slot: its calls on the caches' states
+            if isinstance(c, StateSlot):
+                self.calls += c.bind(caches)
+            else:
+                self.calls.append(next(attend) if c is ATTEND else c)
         self.key = tuple(weakref.ref(c) for c in caches)
         self._finalizers = [weakref.finalize(c, self.unbind) for c in caches]
 
@@ -102,6 +107,8 @@ class DecodeStep:
         s = self.spec
         if len(caches) * max(s.d_model, s.q_dim) >= norm.PARALLEL_MIN:
             return False
+        if s.recurrent_layers and len({id(c) for c in caches}) < len(caches):
+            return False  # one sequence's rows chain its states (the general path's)
         if len(caches) == 1:
             return True
         return BatchAttention.one_kernel([c.k for c in caches], [c.v for c in caches])

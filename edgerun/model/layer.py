@@ -51,6 +51,7 @@ __all__ = [
     "InputNorm",
     "Attention",
     "Recurrent",
+    "StateSlot",
     "Residual",
     "AddAttention",
     "FeedForward",
@@ -303,6 +304,18 @@ class Attention:
         return attend_rows, (*head, *tail)
 
 
+class StateSlot:
+    """In a bound layout: a recurrent layer's calls on the sequences' states, bound later
+    to the caches (decode_step.py): `calls(states)` with states[b] the layer's state of
+    sequence b (one sequence per row; each updated in place)."""
+
+    def __init__(self, index: int, calls: Callable[[list[LayerState]], list[Call]]) -> None:
+        self.index, self.calls = index, calls
+
+    def bind(self, caches: list) -> list[Call]:
+        return self.calls([c.state.layers[self.index] for c in caches])
+
+
 class Recurrent:
     """a = mixer(x, the sequence's state): a recurrent token mixer in place of attention
     (the protocol: state_cache.py), its state updated for the pass's tokens."""
@@ -323,7 +336,8 @@ class Recurrent:
         return self.mixer.bindable()
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
-        return self.mixer.bind(rows)
+        before, on_states, after = self.mixer.bind(rows)
+        return [*before, StateSlot(self.index, on_states), *after]
 
 
 class Residual:

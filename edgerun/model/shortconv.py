@@ -3,7 +3,7 @@ with the last L - 1 gated inputs as its per-sequence state (state_cache.py's pro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -58,7 +58,21 @@ class ShortConv:
         return [self.in_proj, self.out_proj]
 
     def bindable(self) -> bool:
-        return False
+        return True
 
-    def bind(self, rows) -> list:
-        raise NotImplementedError("the short convolution has no bound decode form")
+    def bind(self, rows) -> tuple[list, Callable[[list[LayerState]], list], list]:
+        """The bound decode form (state_cache.py's protocol): in_proj, then per sequence
+        the convolution on its state, then out_proj, on buffers of these rows."""
+        n, one = rows.n, rows.n == 1
+        bcx = np.zeros((n, 3 * self.d), np.float32)
+        y = np.zeros((n, self.d), np.float32)
+        before = rows.bind((self.in_proj,), rows.row("x"), (bcx[0] if one else bcx,))
+        after = rows.bind((self.out_proj,), y[0] if one else y, (rows.row("a"),))
+
+        def on_states(states: list[LayerState]) -> list:
+            return [
+                (shortconv_rows, (bcx[b : b + 1], self.conv, st["conv"], st["conv"], y[b : b + 1]))
+                for b, st in enumerate(states)
+            ]
+
+        return before, on_states, after

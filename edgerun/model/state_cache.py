@@ -29,8 +29,13 @@ The protocol a recurrent mixer implements (model/layer.py's Recurrent step calls
   every row is kept and a rejected draft rolls back without recompute. Row b must equal
   what `prompt(x[b:b+1], state)` would give on the same state (batched == alone).
 - `matrices() -> list[QuantTensor]`: its weight matrices (footprints, plans).
-- `bindable() -> bool` and `bind(rows)`: optional bound decode form (layer.py's
-  Step); a mixer without one returns False and the model decodes on the general path.
+- `bindable() -> bool` and `bind(rows) -> (before, on_states, after)`: the optional
+  bound decode form (decode_step.py): kernel calls on the BoundRows' buffers before
+  and after the state's part, and on_states(states) -> the calls on the sequences'
+  states (states[b]: row b's sequence's, updated in place), bound to each set of
+  caches. A mixer without one returns False and the model decodes on the general path.
+  (A verification pass, one sequence at consecutive rows, always takes the general
+  path: its rows chain the states.)
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from edgerun.errors import EdgerunError, InvalidArgumentError
+from edgerun.errors import EdgerunError, InvalidArgumentError, ModelFormatError
 from edgerun.generate.constraint import response_format_constraint
 from edgerun.generate.engine import Engine
 from edgerun.model.kvcache import KV_TYPES, KVCache, kv_types
@@ -348,8 +348,11 @@ class Session:
         _read_rows_into(path, tensors, saved_types, c, n)
         c.mark_written(n)
         c.tokens[:] = tokens
-        if state_tensors or c.state.recurrent:
-            c.state.load(_read_states(path, state_tensors), where)
+        if state_tensors or c.state.recurrent:  # a hybrid model's recurrent states
+            try:
+                c.state.load(_read_states(path, state_tensors), where)
+            except ModelFormatError as e:
+                raise SessionFileError(str(e)) from None
         sess.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
         return sess
 

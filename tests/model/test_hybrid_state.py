@@ -303,3 +303,42 @@ def test_the_scheduler_speculating_for_a_lone_request_gives_the_plain_text(hybri
         serving.close()
     assert out["half-right"][0] == out["none"][0]
     assert 0 < accepted
+
+
+def test_a_saved_session_without_its_states_is_refused(lfm2, tmp_path):
+    """A session file of a hybrid model carries its states ('state.<layer>.conv'); one
+    whose states are missing or of another shape is refused, not resumed from zeros."""
+    import json
+
+    from edgerun.serving.session import Session, SessionFileError
+
+    s = lfm2.session()
+    s.send("the theme of the day", max_tokens=4, **GREEDY)
+    path = s.save(tmp_path / "chat.safetensors")
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    assert {"state.0.conv", "state.2.conv"} <= set(header)
+    for change in ("drop", "shape"):
+        h = dict(header)
+        if change == "drop":
+            del h["state.2.conv"]
+        else:
+            h["state.2.conv"] = {**h["state.2.conv"], "shape": [1, 2 * lfm2.spec.d_model]}
+        head = json.dumps(h).encode()
+        head += b" " * (-len(head) % 8)
+        bad = tmp_path / f"{change}.safetensors"
+        bad.write_bytes(len(head).to_bytes(8, "little") + head + raw[8 + n :])
+        with pytest.raises(SessionFileError, match="state"):
+            Session.load(lfm2, bad)
+
+
+def test_a_reset_session_answers_as_a_new_one(lfm2):
+    """A session reset (its slot reused for a new conversation) starts from zero states:
+    nothing of the previous conversation's states reaches the next answer."""
+    s = lfm2.session()
+    s.send("hello world, this is the test", max_tokens=8, **GREEDY)
+    s.reset()
+    assert all(not a.any() for a in s.cache.state.arrays().values())
+    again = s.send("the theme of the day", max_tokens=8, **GREEDY)
+    assert again == lfm2.session().send("the theme of the day", max_tokens=8, **GREEDY)

@@ -14,8 +14,14 @@ from edgerun.model.kvcache import KVCache, lazy_zeros
 
 
 def _spec(n_layers: int = 4, n_kv_heads: int = 2, head_dim: int = 64) -> SimpleNamespace:
-    """The three ModelSpec fields a cache is sized by."""
-    return SimpleNamespace(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim)
+    """The ModelSpec fields a cache is sized by (every layer attends: no recurrent state)."""
+    return SimpleNamespace(
+        n_layers=n_layers,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        attention_layers=tuple(range(n_layers)),
+        recurrent_layers=(),
+    )
 
 
 def test_lazy_zeros_is_zeroed_and_writable() -> None:

@@ -64,6 +64,8 @@ SWITCHES = {
     "yarn": {"rope_scale": 0.25, "yarn_orig_context": 8, "rope_attn_factor": 1.1},
     # floor 4: the prompts' and steps' positions (0..20) take five temperatures
     "attn_temperature": {"attn_temp_scale": 0.5, "attn_temp_floor": 4},
+    # a hybrid: short-convolution layers (a recurrent state per sequence) around attention
+    "shortconv": {"layer_mixers": ("shortconv", "attention", "shortconv"), "shortconv_l_cache": 3},
 }
 
 # switches that are tensors in the file rather than spec fields
@@ -134,6 +136,15 @@ class _Reader:
             for role, n in layer_vecs.items():
                 name = s.layer_tensor(role, i)
                 self._t[name] = quantize_tensor(name, rng.uniform(0.5, 1.5, n), "f32")
+            if s.mixer(i) == "shortconv":  # its mixer's tensors (the attention's go unread)
+                d, width = s.d_model, s.shortconv_l_cache
+                for role, shape, qtype in (
+                    ("shortconv_in_proj", (3 * d, d), "q8_0"),
+                    ("shortconv_out_proj", (d, d), "q8_0"),
+                    ("shortconv_conv", (d, width), "f32"),
+                ):
+                    name = s.layer_tensor(role, i)
+                    self._t[name] = quantize_tensor(name, rng.normal(0, sd, shape), qtype)
 
     def tensor(self, name: str):
         return self._t[name]
@@ -191,6 +202,9 @@ def test_every_path_of_the_layer_is_bit_identical(switch, kv_type, head_dim):
         for a, b in zip(ref_caches, caches):
             assert a.tokens == b.tokens
             assert np.array_equal(a.k, b.k) and np.array_equal(a.v, b.v)
+            sa, sb = a.state.arrays(), b.state.arrays()
+            assert sa.keys() == sb.keys()
+            assert all(np.array_equal(sa[k], sb[k]) for k in sa)
     assert all(np.isfinite(x).all() for x in ref_logits)
 
 
