@@ -9,7 +9,7 @@ the value heads' matrices (ops/gated_delta.py has the kernels and their referenc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -111,7 +111,23 @@ class DeltaNet:
         return [self.qkv, self.gate, self.beta, self.alpha, self.out]
 
     def bindable(self) -> bool:
-        return False
+        return True
 
-    def bind(self, rows) -> list:
-        raise NotImplementedError("the gated DeltaNet has no bound decode form")
+    def bind(self, rows) -> tuple[list, Callable[[list[LayerState]], list], list]:
+        """The bound decode form (state_cache.py's protocol): the projections into buffers
+        of these rows, then per sequence the conv, delta rule and gated norm on its state
+        (the calls decode makes, so the same bits), then the output projection."""
+        n, one = rows.n, rows.n == 1
+        widths = [t.shape[0] for t in self._weights()]
+        proj = [np.zeros((n, w), np.float32) for w in widths]
+        y = np.zeros((n, self.value_dim), np.float32)
+        before = rows.bind(self._weights(), rows.row("x"), tuple(p[0] if one else p for p in proj))
+        after = rows.bind((self.out,), y[0] if one else y, (rows.row("a"),))
+
+        def mix_row(b: int, state: LayerState) -> None:
+            y[b] = self._mix([p[b : b + 1] for p in proj], state)[0]
+
+        def on_states(states: list[LayerState]) -> list:
+            return [(mix_row, (b, st)) for b, st in enumerate(states)]
+
+        return before, on_states, after
