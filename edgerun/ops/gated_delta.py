@@ -11,9 +11,12 @@ with S [dk, dv]. Value head h reads key head h % n_k_heads: llama.cpp's converte
 reorders the value heads so that the key heads tile them (its _reorder_v_heads), and the
 GGUF holds them in that order.
 
-One kernel serves a prompt (the tokens in turn, each head on its own thread) and one
-decode token, so a token gives the same bits alone, batched with other sequences, or
-replayed after a rollback.
+The delta rule runs the tokens in turn. Every one-token call takes one serial kernel, so
+a decode token gives the same bits alone, batched with other sequences, in a
+verification pass or replayed after a rollback; a prompt takes its parallel twin (the
+heads on the threads), which Numba vectorizes apart: equal to the steps within float32
+rounding, not bit for bit. The chunked (matmul) form of the rule is not here: on 2 cores
+the sequential prompt costs about what the steps do per token (benchmarks/deltanet.py).
 """
 
 from __future__ import annotations
