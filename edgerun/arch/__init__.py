@@ -25,6 +25,8 @@ from edgerun.arch import (
     qwen2moe,
     qwen3,
     qwen3moe,
+    qwen35,
+    qwen35moe,
     smollm3,
 )
 from edgerun.arch.spec import ModelSpec, validate_spec
@@ -48,6 +50,8 @@ FAMILIES = {
     "qwen2moe": qwen2moe,
     "lfm2": lfm2,
     "gemma4": gemma4,
+    "qwen35": qwen35,
+    "qwen35moe": qwen35moe,
 }
 
 

@@ -37,6 +37,18 @@ LAYER_TENSORS = {
     "shortconv_conv": "blk.{i}.shortconv.conv.weight",
     "shortconv_in_proj": "blk.{i}.shortconv.in_proj.weight",
     "shortconv_out_proj": "blk.{i}.shortconv.out_proj.weight",
+    # Qwen3.5's gated DeltaNet: the q, k, v projection (conv channels), the output gate z,
+    # beta and alpha (decay) per value head, the conv taps, dt bias, -exp(A_log), the
+    # gated norm's gain and the output projection
+    "ssm_qkv": "blk.{i}.attn_qkv.weight",
+    "ssm_gate": "blk.{i}.attn_gate.weight",
+    "ssm_beta": "blk.{i}.ssm_beta.weight",
+    "ssm_alpha": "blk.{i}.ssm_alpha.weight",
+    "ssm_conv1d": "blk.{i}.ssm_conv1d.weight",
+    "ssm_dt_bias": "blk.{i}.ssm_dt.bias",
+    "ssm_a": "blk.{i}.ssm_a",
+    "ssm_norm": "blk.{i}.ssm_norm.weight",
+    "ssm_out": "blk.{i}.ssm_out.weight",
 }
 # A mixture-of-experts FFN's tensors (model/moe.py), read on the layers that have a router:
 # the router [n_expert, d_model], the routed experts as 3-D tensors [n_expert, rows, cols]
@@ -142,6 +154,21 @@ class ModelSpec:
     # "last" (the token that saw the whole text: the default of every causal family here),
     # "mean", "cls" (the first token), or "rank" (a reranker's file, which embeds nothing)
     pooling: str = "last"
+    # per layer: its token mixer, "attention" or a recurrent mixer (RECURRENT_MIXERS: a
+    # per-sequence state instead of KV rows, model/state_cache.py); empty: every layer attends
+    layer_mixers: tuple[str, ...] = ()
+    # LFM2's short convolution: its width L (the state holds the last L - 1 inputs)
+    shortconv_l_cache: int = 0
+    # Qwen3.5's gated DeltaNet (layer_mixers "deltanet"): the conv width, the size of a
+    # key / value head (ssm.state_size), the key heads (ssm.group_count) and the value
+    # heads (ssm.time_step_rank), each value head reading key head h % ssm_k_heads
+    ssm_conv_kernel: int = 0
+    ssm_head_dim: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    # the q projection carries a gate per head after each head's q (Qwen3.5): the
+    # attention context is multiplied by sigmoid(gate) before the output projection
+    attn_output_gate: bool = False
     # mixture of experts (n_expert > 0): a layer with a router (EXPERT_TENSORS) routes each
     # row to its n_expert_used most probable of n_expert experts of width expert_ff, whose
     # softmax weights are renormalised to sum 1 where expert_norm, then multiplied by
@@ -152,11 +179,6 @@ class ModelSpec:
     expert_shared_ff: int = 0
     expert_norm: bool = False
     expert_scale: float = 1.0
-    # per layer: its token mixer, "attention" or a recurrent mixer (RECURRENT_MIXERS: a
-    # per-sequence state instead of KV rows, model/state_cache.py); empty: every layer attends
-    layer_mixers: tuple[str, ...] = ()
-    # LFM2's short convolution: its width L (the state holds the last L - 1 inputs)
-    shortconv_l_cache: int = 0
     # Per layer, where layers differ (Gemma 4); empty means every layer takes the spec-wide
     # value (head_dim, n_kv_heads, d_ff and rope_dim then hold the largest of them)
     layer_head_dims: tuple[int, ...] = ()
@@ -633,6 +655,7 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         "qk_norm",
         "post_norms",
         "parallel_blocks",
+        "attn_output_gate",
         "expert_norm",
     ):
         if not isinstance(getattr(spec, name), bool):
@@ -656,6 +679,7 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
         raise bad("shortconv_l_cache", "an integer in 0..64", sc)
     if "shortconv" in spec.layer_mixers and sc < 2:
         raise bad("shortconv_l_cache", "at least 2 with shortconv layers", sc)
+    _validate_deltanet(spec, bad)
     for b in spec.layer_rope_bases:
         if not isinstance(b, float) or not math.isfinite(b) or b <= 0:
             raise bad("layer_rope_bases", "finite floats > 0", b)
@@ -678,6 +702,34 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
                     pattern,
                 )
     return spec
+
+
+def _validate_deltanet(spec: ModelSpec, bad: Callable[..., ModelFormatError]) -> None:
+    """The gated DeltaNet sizes: integers in range; with deltanet layers, a conv of 2..64
+    taps, heads of a multiple of 16 values (the kernels' lane groups) and value heads a
+    multiple of the key heads."""
+    for name, hi in (
+        ("ssm_conv_kernel", 64),
+        ("ssm_head_dim", _MAX_HEAD_DIM),
+        ("ssm_k_heads", _MAX_HEADS),
+        ("ssm_v_heads", _MAX_HEADS),
+    ):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
+            raise bad(name, f"an integer in 0..{hi}", v)
+    if "deltanet" not in spec.layer_mixers:
+        return
+    if spec.ssm_conv_kernel < 2:
+        raise bad("ssm_conv_kernel", "at least 2 with deltanet layers", spec.ssm_conv_kernel)
+    if spec.ssm_head_dim < 16 or spec.ssm_head_dim % 16:
+        raise bad("ssm_head_dim", "a positive multiple of 16 with deltanet layers",
+                  spec.ssm_head_dim)  # fmt: skip
+    if spec.ssm_k_heads < 1 or spec.ssm_v_heads < 1 or spec.ssm_v_heads % spec.ssm_k_heads:
+        raise bad(
+            "ssm_v_heads",
+            f"a positive multiple of ssm_k_heads {spec.ssm_k_heads} with deltanet layers",
+            spec.ssm_v_heads,
+        )
 
 
 def check_experts(spec: ModelSpec, bad) -> None:

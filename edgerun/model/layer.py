@@ -206,8 +206,10 @@ class Attention:
     Its switches: q/k/v/o biases, q/k RMSNorm (per head, or over the whole projection),
     the layer's window, RoPE base or no RoPE, the attention scale (q is multiplied by
     query_scale after RoPE, so the kernels' 1/sqrt(head_dim) gives it) and the scores'
-    softcap (Gemma 2: cap * tanh(s / cap) before the softmax, inside the kernels), and the
-    attention temperature (q then times the spec's attn_temperatures at its position)."""
+    softcap (Gemma 2: cap * tanh(s / cap) before the softmax, inside the kernels), the
+    attention temperature (q then times the spec's attn_temperatures at its position), and
+    the output gate (Qwen3.5: the q projection holds each head's q then its gate, and the
+    context is multiplied by sigmoid(gate) before the output projection)."""
 
     def __init__(self, spec: ModelSpec, layer: Layer, index: int) -> None:
         self.spec, self.layer, self.index = spec, layer, index
@@ -225,6 +227,7 @@ class Attention:
         self.layered = spec.layered
         self.rope_kind = (spec.rope_dim_of(index), spec.rope_freqs_of(index))
         self.v_ones = np.ones(self.head_dim, np.float32) if spec.v_norm else None
+        self.gated = spec.attn_output_gate
 
     def heads(
         self, qkv: list[np.ndarray], positions: np.ndarray, cos: np.ndarray, sin: np.ndarray
@@ -264,9 +267,17 @@ class Attention:
     def run(self, rows: Rows) -> None:
         proj = self.layer.attn_proj
         qkv = proj.qkv_batch(rows.x) if rows.decode else proj.qkv(rows.x)
+        gate = None
+        if self.gated:  # each head's q, then its gate (Qwen3.5's attn_output_gate)
+            n, s = rows.x.shape[0], self.spec
+            qg = qkv[0].reshape(n, s.n_heads, 2, s.head_dim)
+            gate = np.ascontiguousarray(qg[:, :, 1]).reshape(n, s.q_dim)
+            qkv = [np.ascontiguousarray(qg[:, :, 0]).reshape(n, s.q_dim), *qkv[1:]]
         kind = self.rope_kind if self.layered else ()
         q, k, v = self.heads(qkv, rows.positions, *rows.rope(self.base, *kind))
         ctx = rows.attend(self.slot, q, k, v, self.window, self.softcap)
+        if gate is not None:
+            ctx = output_gate(ctx, gate, np.empty_like(ctx))
         rows.a = proj.out_batch(ctx) if rows.decode else proj.out(ctx)
         if self.layer.o_bias is not None:
             rows.a += self.layer.o_bias
@@ -278,12 +289,28 @@ class Attention:
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
         p = self.layer.attn_proj
-        qkv = rows.bind((p.q, p.k, p.v), rows.row("x"), (rows.row("q"), rows.row("k"),
+        q_out, gated = rows.row("q"), []
+        if self.gated:  # q and gate into a buffer of their own; q then split out, and the
+            # context times sigmoid(gate) after attention, as run does
+            s, n = self.spec, rows.n
+            qg = np.zeros((n, 2 * s.q_dim), np.float32)
+            gate = np.zeros((n, s.q_dim), np.float32)
+            halves = qg.reshape(n, s.n_heads, 2, s.head_dim)
+            q_out = qg[0] if n == 1 else qg
+            split = [
+                (np.copyto, (rows.q.reshape(n, s.n_heads, s.head_dim), halves[:, :, 0])),
+                (np.copyto, (gate.reshape(n, s.n_heads, s.head_dim), halves[:, :, 1])),
+            ]
+            ctx = rows.row("ctx")
+            gated = [(output_gate, (ctx, gate[0] if n == 1 else gate, ctx))]
+        qkv = rows.bind((p.q, p.k, p.v), rows.row("x"), (q_out, rows.row("k"),
                                                          rows.row("v")))  # fmt: skip
+        if self.gated:
+            qkv += split
         out = rows.bind((p.o,), rows.row("ctx"), (rows.row("a"),))
         if self.layer.o_bias is not None:
             out.append((np.add, (rows.a, self.layer.o_bias, rows.a)))
-        return [*qkv, ATTEND, *out]
+        return [*qkv, ATTEND, *gated, *out]
 
     def bind_attention(
         self, rows: BoundRows, caches: list, cos: np.ndarray, sin: np.ndarray,
@@ -317,6 +344,13 @@ class Attention:
         tail = (*kv_new, batch._kaddr, batch._vaddr, batch._nctx, np.int64(li), window, scale,
                 softcap, scores, ctx)  # fmt: skip
         return attend_rows, (*head, *tail)
+
+
+def output_gate(ctx: np.ndarray, gate: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = ctx * sigmoid(gate) (Qwen3.5's attention output gate; contiguous float32, the
+    same numpy operations in the general and the bound form, so the same bits)."""
+    np.multiply(ctx, np.float32(1.0) / (np.float32(1.0) + np.exp(-gate)), out=out)
+    return out
 
 
 class StateSlot:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import UnsupportedError
+from edgerun.model.deltanet import DeltaNet
 from edgerun.model.shortconv import ShortConv
 from edgerun.model.state_cache import RecurrentMixer
 from edgerun.model.weights import WeightStore
@@ -13,6 +14,7 @@ from edgerun.model.weights import WeightStore
 # kind -> constructor(spec, store, layer, source); its state layout: state_cache.STATE_SHAPES
 MIXER_KINDS: dict[str, Callable[[ModelSpec, WeightStore, int, str], RecurrentMixer]] = {
     "shortconv": ShortConv,
+    "deltanet": DeltaNet,
 }
 
 

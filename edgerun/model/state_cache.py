@@ -66,6 +66,12 @@ LayerState = dict[str, np.ndarray]
 STATE_SHAPES: dict[str, Callable[[ModelSpec], dict[str, tuple[int, ...]]]] = {
     # the last L - 1 gated inputs B*x, oldest first, [L - 1, d_model]
     "shortconv": lambda s: {"conv": (s.shortconv_l_cache - 1, s.d_model)},
+    # gated DeltaNet: the last L - 1 projected q, k, v inputs of its conv [L - 1, channels]
+    # and each value head's matrix [v_heads, dk, dv]
+    "deltanet": lambda s: {
+        "conv": (s.ssm_conv_kernel - 1, (2 * s.ssm_k_heads + s.ssm_v_heads) * s.ssm_head_dim),
+        "ssm": (s.ssm_v_heads, s.ssm_head_dim, s.ssm_head_dim),
+    },
 }
 
 # States kept at the ends of a sequence's latest prompt passes (the oldest goes first),

@@ -137,13 +137,7 @@ class Transformer:
                 setattr(layer, slot, None)
         layer.mixer = build_mixer(self.spec, self.store, i, source)
         layer.ffn = self.store.ffn(self.spec, i)
-        ffn: FFNExecutor = layer.ffn
-        s = self.spec
-        if (ffn.d_ff, ffn.d_model) != (s.d_ff, s.d_model):
-            raise ModelFormatError(
-                f"{source}: layer {i} FFN is {ffn.d_ff}x{ffn.d_model}, "
-                f"expected {s.d_ff}x{s.d_model}"
-            )
+        self._check_ffn(layer.ffn, i, source)
 
     def _interleave_candidates(self) -> list[QuantTensor]:
         """The matrices interleave_weights copies: resident attention and dense FFNs, and
@@ -289,11 +283,20 @@ class Transformer:
         """The norm of the residual stream after layer i: the next layer's, or the output's."""
         return self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.output_norm
 
+    def _check_ffn(self, ffn: FFNExecutor, i: int, source: str) -> None:
+        """Layer i's FFN against the spec: its width (a MoE FFN's per expert) and d_model."""
+        s = self.spec
+        d_ff = s.expert_ff if getattr(ffn, "n_expert", 0) else s.d_ff_of(i)
+        if (ffn.d_ff, ffn.d_model) != (d_ff, s.d_model):
+            raise ModelFormatError(
+                f"{source}: layer {i} FFN is {ffn.d_ff}x{ffn.d_model}, expected {d_ff}x{s.d_model}"
+            )
+
     def _check_shapes(self, layer: Layer, i: int, source: str) -> None:
         s = self.spec
         q_dim, kv_dim = s.n_heads * s.head_dim_of(i), s.kv_heads_of(i) * s.head_dim_of(i)
         want = {
-            "q": (q_dim, s.d_model),
+            "q": (q_dim * (2 if s.attn_output_gate else 1), s.d_model),
             "k": (kv_dim, s.d_model),
             "v": (kv_dim, s.d_model),
             "o": (s.d_model, q_dim),
@@ -304,12 +307,7 @@ class Transformer:
                 raise ModelFormatError(
                     f"{source}: tensor '{t.name}' (layer {i}) has shape {t.shape}, expected {shape}"
                 )
-        ffn: FFNExecutor = layer.ffn
-        d_ff = s.expert_ff if getattr(ffn, "n_expert", 0) else s.d_ff_of(i)  # MoEFFN: per expert
-        if (ffn.d_ff, ffn.d_model) != (d_ff, s.d_model):
-            raise ModelFormatError(
-                f"{source}: layer {i} FFN is {ffn.d_ff}x{ffn.d_model}, expected {d_ff}x{s.d_model}"
-            )
+        self._check_ffn(layer.ffn, i, source)
 
     def _rope(
         self, n_ctx: int, base: float | None, dim: int = 0, freqs: bool = True

@@ -61,6 +61,13 @@ QWEN2_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# Qwen3.5: as Qwen2, with combining marks (\p{M}) part of a word rather than of the
+# punctuation runs (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35).
+QWEN35_SPLIT = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+"
+    r"|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 # Tekken (Mistral Nemo, Mistral Small 3): words split at lower-to-upper case changes, every
 # digit alone, a run of punctuation takes trailing newlines and slashes. Written as llama.cpp
 # writes it (llama-vocab.cpp): "upper" is any letter but a-z, "lower" any letter but A-Z, so a
@@ -105,6 +112,7 @@ _GPT2 = PreTokenizer((GPT2_SPLIT,))
 _DEFAULT = PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]"))
 _DIGITS = PreTokenizer((r"\p{N}", GPT2_SPLIT))  # StarCoder: every digit isolated first
 _QWEN2 = PreTokenizer((QWEN2_SPLIT,))
+_QWEN35 = PreTokenizer((QWEN35_SPLIT,))
 _LLAMA3 = PreTokenizer((LLAMA3_SPLIT,), ignore_merges=True, add_bos=True)
 _LLAMA3_MERGED = PreTokenizer((LLAMA3_SPLIT,))  # Llama 3's split, every word merged
 _GLM4 = PreTokenizer((LLAMA3_SPLIT,), ignore_merges=True)
@@ -176,6 +184,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     **dict.fromkeys(("dbrx", "smaug-bpe", "chatglm-bpe"), _LLAMA3_MERGED),
     **dict.fromkeys(("glm4", "glm5"), _GLM4),
     "tekken": _TEKKEN,
+    "qwen35": _QWEN35,
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O),
 }
 

@@ -33,6 +33,8 @@ PROBES = [
     "$100 + <tag> ^~| `code` #hash @user",
     "naïve Ωμέγα мир 東京タワー 한국어 ١٢٣ ½ Ⅷ",
     "def f(x):\n    return x**2  # ok\n",
+    # combining marks (decomposed accents): words in Qwen3.5's split, symbols in Qwen2's
+    "cafe\u0301 nai\u0308ve \u0915\u093f\u0924\u093e\u092c x\u0301!",
 ]
 
 CORPUS = PROBES + TRICKY_STRINGS + SPECIAL_TOKEN_STRINGS

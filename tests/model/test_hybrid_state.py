@@ -1,9 +1,12 @@
 """A hybrid model's recurrent states (model/state_cache.py) wherever the KV cache goes, on
 a tiny random LFM2 (short-convolution layers 0 and 2, attention layers 1 and 3:
-tiny_families.py): decode rows against prompt passes, batched sequences against each
-alone, prefix reuse, speculative rollback, context limits and the RAM budget's plan.
+tiny_families.py) and, where the check is not LFM2's own, a tiny random Qwen3.5 (gated
+DeltaNet layers 0 and 2, gated attention layers 1 and 3): decode rows against prompt
+passes, batched sequences against each alone, prefix reuse, speculative rollback, context
+limits and the RAM budget's plan.
 (Sessions saved and resumed, the batching scheduler, packs and FFN offloading under a
-RAM budget: test_family_paths.py, which runs every tiny family, lfm2 included.)"""
+RAM budget: test_family_paths.py, which runs every tiny family, lfm2 and qwen35
+included.)"""
 
 from __future__ import annotations
 
@@ -26,6 +29,17 @@ def lfm2(tmp_path_factory):
     m.close()
 
 
+# the hybrid families, each with its recurrent mixer: LFM2's short convolution, Qwen3.5's
+# gated DeltaNet (with gated attention layers)
+@pytest.fixture(scope="module", params=["lfm2", "qwen35"])
+def hybrid(request, tmp_path_factory):
+    family = request.param
+    path = family_gguf(tmp_path_factory.mktemp("hybrid") / f"{family}.gguf", family)
+    m = edgerun.load(path, n_ctx=256, threads=1, kv_type="f32")
+    yield m
+    m.close()
+
+
 def _states(cache: KVCache) -> dict[str, np.ndarray]:
     return {k: a.copy() for k, a in cache.state.arrays().items()}
 
@@ -38,23 +52,26 @@ def test_only_attention_layers_hold_kv_rows(lfm2):
     assert c.state.layers[0]["conv"].shape == (2, s.d_model)
 
 
-def test_one_token_steps_follow_the_prompt_pass(lfm2):
+def test_one_token_steps_follow_the_prompt_pass(hybrid):
     """The state a prompt pass leaves continues as one-token steps would: logits of the
     whole text at once equal those of the steps, and the states end equal."""
-    tr, ids = lfm2.transformer, lfm2.tokenize("hello world, this is the test")
-    full_cache, step_cache = KVCache(lfm2.spec, 64), KVCache(lfm2.spec, 64)
+    tr, ids = hybrid.transformer, hybrid.tokenize("hello world, this is the test")
+    full_cache, step_cache = KVCache(hybrid.spec, 64), KVCache(hybrid.spec, 64)
     full = tr.forward(ids, full_cache, all_logits=True)
     steps = np.stack([tr.forward([t], step_cache) for t in ids])
     assert np.allclose(full, steps, atol=1e-4 * np.ptp(full))
     assert (full.argmax(-1) == steps.argmax(-1)).all()
     for k, a in _states(full_cache).items():
-        assert np.allclose(a, step_cache.state.arrays()[k], atol=1e-5), k
+        # the prompt's matmuls and the steps' matvecs round apart; deeper layers' states
+        # (Qwen3.5's layer 2 conv holds raw projections) carry that rounding
+        atol = max(1e-5, 3e-4 * np.abs(a).max())
+        assert np.allclose(a, step_cache.state.arrays()[k], atol=atol), k
     assert any(np.abs(a).max() > 0 for a in _states(full_cache).values())
 
 
-def test_verification_rows_equal_one_token_steps_and_keep_each_state(lfm2):
-    tr, ids = lfm2.transformer, lfm2.tokenize("the theme of the day")
-    one, many = KVCache(lfm2.spec, 64), KVCache(lfm2.spec, 64)
+def test_verification_rows_equal_one_token_steps_and_keep_each_state(hybrid):
+    tr, ids = hybrid.transformer, hybrid.tokenize("the theme of the day")
+    one, many = KVCache(hybrid.spec, 64), KVCache(hybrid.spec, 64)
     tr.forward(ids[:3], one)
     tr.forward(ids[:3], many)
     rows = tr.verify(ids[3:], many)
@@ -70,12 +87,12 @@ def test_verification_rows_equal_one_token_steps_and_keep_each_state(lfm2):
         assert np.array_equal(a, per_position[keep - 4][1][k]), k
 
 
-def test_batched_sequences_equal_each_alone_and_never_share_a_state(lfm2):
-    tr = lfm2.transformer
-    prompts = [lfm2.tokenize(p) for p in ("the theme", "hello world", "x", "thethethe")]
+def test_batched_sequences_equal_each_alone_and_never_share_a_state(hybrid):
+    tr = hybrid.transformer
+    prompts = [hybrid.tokenize(p) for p in ("the theme", "hello world", "x", "thethethe")]
     alone, batch = [], []
     for p in prompts:
-        a, b = KVCache(lfm2.spec, 64), KVCache(lfm2.spec, 64)
+        a, b = KVCache(hybrid.spec, 64), KVCache(hybrid.spec, 64)
         la, lb = tr.forward(p, a), tr.forward(p, b)
         alone.append([a, [int(la.argmax())]])
         batch.append([b, [int(lb.argmax())]])
@@ -94,18 +111,18 @@ def test_batched_sequences_equal_each_alone_and_never_share_a_state(lfm2):
     assert any(not np.array_equal(s0[k], s1[k]) for k in s0)
 
 
-def test_a_repeated_prompt_reuses_the_kept_state_and_gives_the_same_text(lfm2):
-    g = lfm2.generator
-    first = "".join(lfm2.generate("the theme of the day", max_tokens=12, **GREEDY))
-    n = len(lfm2.tokenize("the theme of the day"))
+def test_a_repeated_prompt_reuses_the_kept_state_and_gives_the_same_text(hybrid):
+    g = hybrid.generator
+    first = "".join(hybrid.generate("the theme of the day", max_tokens=12, **GREEDY))
+    n = len(hybrid.tokenize("the theme of the day"))
     assert g.cache.length > n  # the cache holds the answer past the prompt
-    second = "".join(lfm2.generate("the theme of the day", max_tokens=12, **GREEDY))
+    second = "".join(hybrid.generate("the theme of the day", max_tokens=12, **GREEDY))
     assert second == first
     assert g.stats.cached_tokens == n - 1  # the state kept at the prompt's end
     # a prompt sharing only a prefix of no kept state starts over, and is still right
-    other = "".join(lfm2.generate("the theme of the night", max_tokens=12, **GREEDY))
+    other = "".join(hybrid.generate("the theme of the night", max_tokens=12, **GREEDY))
     g.cache.clear()
-    fresh = "".join(lfm2.generate("the theme of the night", max_tokens=12, **GREEDY))
+    fresh = "".join(hybrid.generate("the theme of the night", max_tokens=12, **GREEDY))
     assert other == fresh
 
 
@@ -130,24 +147,26 @@ class _HalfRightDrafter:
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "half-right", "self"])
-def test_speculative_decoding_gives_the_plain_greedy_text(lfm2, drafter):
+def test_speculative_decoding_gives_the_plain_greedy_text(hybrid, drafter):
     """Drafts verified in one pass, rejected ones rolled back through the states kept at
     each verified position: the text equals plain greedy decoding's."""
     from edgerun.generate.speculative import ModelDrafter, Speculation
 
     prompt = "hello world, this is the test"
-    plain = "".join(lfm2.generate(prompt, max_tokens=60, draft="none", **GREEDY))
-    truth = list(lfm2.generator.cache.tokens)
+    # n-grams propose only once the text repeats: the random Qwen3.5 does after ~100 tokens
+    n = 150 if drafter == "ngram" else 60
+    plain = "".join(hybrid.generate(prompt, max_tokens=n, draft="none", **GREEDY))
+    truth = list(hybrid.generator.cache.tokens)
     if drafter == "half-right":
-        d = Speculation(_HalfRightDrafter(truth, lfm2.spec.vocab_size), 5, adaptive=False)
+        d = Speculation(_HalfRightDrafter(truth, hybrid.spec.vocab_size), 5, adaptive=False)
     elif drafter == "self":  # a model drafting for itself: every draft stands
-        d = Speculation(ModelDrafter(lfm2.engine), 4, adaptive=False)
+        d = Speculation(ModelDrafter(hybrid.engine), 4, adaptive=False)
     else:
         d = drafter
-    spec = "".join(lfm2.generate(prompt, max_tokens=60, draft=d, **GREEDY))
-    st = lfm2.generator.stats
+    spec = "".join(hybrid.generate(prompt, max_tokens=n, draft=d, **GREEDY))
+    st = hybrid.generator.stats
     assert spec == plain
-    assert lfm2.generator.cache.tokens == truth
+    assert hybrid.generator.cache.tokens == truth
     assert st.draft_tokens > 0
     if drafter == "half-right":
         assert 0 < st.accepted_tokens < st.draft_tokens
@@ -155,9 +174,9 @@ def test_speculative_decoding_gives_the_plain_greedy_text(lfm2, drafter):
         assert st.accepted_tokens == st.draft_tokens
 
 
-def test_context_limits(lfm2):
-    tr = lfm2.transformer
-    cache = KVCache(lfm2.spec, 8)
+def test_context_limits(hybrid):
+    tr = hybrid.transformer
+    cache = KVCache(hybrid.spec, 8)
     tr.forward(list(range(3, 10)), cache)
     with pytest.raises(ContextOverflowError):
         tr.forward([3, 4], cache)
@@ -181,27 +200,27 @@ def test_the_ram_budget_plan_counts_the_states_and_the_mixers(lfm2):
     assert fp.attention_bytes >= mixer + attention
 
 
-def test_sessions_sharing_a_system_prompt_copy_its_states(lfm2):
+def test_sessions_sharing_a_system_prompt_copy_its_states(hybrid):
     """The scheduler keeps a system prompt's KV rows and states once (prefix_cache); a
     later session starts from them and answers as the first one did, computed whole."""
     system = "You answer in few words."
-    first = lfm2.session(system=system)
+    first = hybrid.session(system=system)
     a = first.send("the theme of the day", max_tokens=10, **GREEDY)
-    entries = list(lfm2.engine.prefix_cache._entries.values())
+    entries = list(hybrid.engine.prefix_cache._entries.values())
     assert entries and all(e.states is not None for e in entries)
-    second = lfm2.session(system=system)
+    second = hybrid.session(system=system)
     b = second.send("the theme of the day", max_tokens=10, **GREEDY)
     assert b == a
     assert second.stats.cached_tokens == len(entries[0].tokens) > 0
 
 
-def test_a_spilled_cache_keeps_its_states(lfm2, tmp_path):
+def test_a_spilled_cache_keeps_its_states(hybrid, tmp_path):
     """An idle session's KV rows moved to disk and back (kv_spill): its states stay in
     memory, and the next step equals that of a cache never spilled."""
     from edgerun.serving import kv_spill
 
-    tr, ids = lfm2.transformer, lfm2.tokenize("hello world, this is the test")
-    spilled, kept = KVCache(lfm2.spec, 64), KVCache(lfm2.spec, 64)
+    tr, ids = hybrid.transformer, hybrid.tokenize("hello world, this is the test")
+    spilled, kept = KVCache(hybrid.spec, 64), KVCache(hybrid.spec, 64)
     tr.forward(ids, spilled)
     tr.forward(ids, kept)
     assert kv_spill.spill(spilled, tmp_path) > 0
@@ -264,18 +283,18 @@ def test_lfm2_metadata():
         spec_from_gguf(_lfm2_meta(**{"lfm2.shortconv.l_cache": 1}), "f.gguf")
 
 
-def test_the_scheduler_speculating_for_a_lone_request_gives_the_plain_text(lfm2):
+def test_the_scheduler_speculating_for_a_lone_request_gives_the_plain_text(hybrid):
     from edgerun.generate.sampling import SamplingParams
     from edgerun.generate.speculative import Speculation
     from edgerun.serving.batching import Serving
 
-    ids = lfm2.tokenize("hello world, this is the test")
+    ids = hybrid.tokenize("hello world, this is the test")
     out, accepted = {}, 0
     for name in ("none", "half-right"):
-        serving = Serving(lfm2.engine)
+        serving = Serving(hybrid.engine)
         if name != "none":
             truth = ids + out["none"][1]
-            drafter = _HalfRightDrafter(truth, lfm2.spec.vocab_size)
+            drafter = _HalfRightDrafter(truth, hybrid.spec.vocab_size)
             serving.speculation = Speculation(drafter, 5, adaptive=False)
         r = serving.scheduler.submit(ids, SamplingParams(temperature=0.0), max_tokens=30)
         r.wait()

@@ -125,6 +125,26 @@ FAMILIES: dict[str, dict[str, Any]] = {
         tied=True,
         output_norm="token_embd_norm.weight",
     ),
+    # gated DeltaNet layers 0 and 2 (conv state and per-head matrices; 2 key heads over 4
+    # value heads of 16) between attention layers whose q projection carries an output
+    # gate, with per-head q/k norms and partial RoPE; the FFN's norm is named
+    # post_attention_norm, as llama.cpp's converter writes it
+    "qwen35": dict(
+        keys={
+            "ssm.conv_kernel": (U32, 4),
+            "ssm.state_size": (U32, 16),
+            "ssm.group_count": (U32, 2),
+            "ssm.time_step_rank": (U32, 4),
+            "ssm.inner_size": (U32, 64),
+            "attention.recurrent_layers": (ARR, (BOOL, [True, False, True, False])),
+            "rope.dimension_count": (U32, HEAD_DIM // 2),
+        },
+        recurrent=(0, 2),
+        mixer="deltanet",
+        qk_norm=HEAD_DIM,
+        gated_q=True,
+        ffn_norm="post_attention_norm",
+    ),
 }
 
 
@@ -135,6 +155,25 @@ def _matrix(name: str, rows: int, cols: int, rng, qtype: str, scale: float = 0.1
 
 def _vector(name: str, values: np.ndarray) -> Tensor:
     return Tensor(name, (values.size,), values.astype(np.float32).tobytes())
+
+
+def _deltanet(b: str, rng, qtype: str) -> dict[str, Tensor]:
+    """A gated DeltaNet layer's tensors (the qwen35 family's sizes above), as llama.cpp's
+    converter names and lays them out."""
+    hk, hv, dk, taps = 2, 4, 16, 4
+    channels, value = (2 * hk + hv) * dk, hv * dk
+    conv = rng.normal(0, 0.5, (channels, taps)).astype(np.float32)
+    return {
+        "qkv": _matrix(f"{b}attn_qkv.weight", channels, D, rng, qtype),
+        "z": _matrix(f"{b}attn_gate.weight", value, D, rng, qtype),
+        "beta": _matrix(f"{b}ssm_beta.weight", hv, D, rng, qtype),
+        "alpha": _matrix(f"{b}ssm_alpha.weight", hv, D, rng, qtype),
+        "out": _matrix(f"{b}ssm_out.weight", D, value, rng, qtype),
+        "conv": Tensor(f"{b}ssm_conv1d.weight", (taps, channels), conv.tobytes()),
+        "dt": _vector(f"{b}ssm_dt.bias", rng.normal(0, 1, hv)),
+        "a": _vector(f"{b}ssm_a", -np.exp(rng.normal(0, 1, hv))),
+        "norm": _vector(f"{b}ssm_norm.weight", rng.uniform(0.6, 1.4, dk)),
+    }
 
 
 def family_gguf(
@@ -205,7 +244,7 @@ def family_gguf(
         mats = {
             role: _matrix(f"{b}{role}.weight", rows, cols, rng, qtype)
             for role, rows, cols in (
-                ("attn_q", Q_DIM, D),
+                ("attn_q", Q_DIM * (2 if f.get("gated_q") else 1), D),
                 ("attn_k", KV_DIM, D),
                 ("attn_v", KV_DIM, D),
                 ("attn_output", D, Q_DIM),
@@ -220,7 +259,11 @@ def family_gguf(
             rows = sum(t.dims[1] for t in parts)
             data = b"".join(t.data for t in parts)
             mats[name] = Tensor(f"{b}{name}.weight", (D, rows), data, parts[0].type_id)
-        if i in f.get("recurrent", ()):  # a short convolution in place of attention
+        if i in f.get("recurrent", ()) and f.get("mixer") == "deltanet":
+            for role in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                del mats[role]
+            mats.update(_deltanet(b, rng, qtype))
+        elif i in f.get("recurrent", ()):  # a short convolution in place of attention
             for role in ("attn_q", "attn_k", "attn_v", "attn_output"):
                 del mats[role]
             mats["in"] = _matrix(f"{b}shortconv.in_proj.weight", 3 * D, D, rng, qtype)
@@ -231,7 +274,8 @@ def family_gguf(
         if f.get("pre_norms", True):
             tensors.append(_vector(f"{b}attn_norm.weight", gains(D)))
             if not f.get("parallel"):  # parallel blocks norm once
-                tensors.append(_vector(f"{b}ffn_norm.weight", gains(D)))
+                ffn_norm = f.get("ffn_norm", "ffn_norm")
+                tensors.append(_vector(f"{b}{ffn_norm}.weight", gains(D)))
         if f.get("post_norms"):
             tensors.append(_vector(f"{b}post_attention_norm.weight", gains(D)))
             tensors.append(_vector(f"{b}post_ffw_norm.weight", gains(D)))

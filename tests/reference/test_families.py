@@ -18,7 +18,8 @@ Errors are measured against the spread of the reference logits at each position
   average (make_family_models.py records both in reference.json: ~0.06 and ~0.03 of the
   spread). Weights carry 8-bit blocks (llama.cpp also rounds activations to 8 bits), and
   the sharp attention of these random models (weights of std 0.2) amplifies the rounding.
-  Argmax agreement >= 0.9. Where llama.cpp cannot run a variant as transformers does
+  Argmax agreement >= 0.9 (or llama.cpp's own where that is lower: a tiny MoE's routing
+  flips under 8-bit rounding). Where llama.cpp cannot run a variant as transformers does
   (reference.json's llama_cpp_differs), fixed bounds a little above the worst of the others.
 - Argmax: f32 and f16 pick the reference's token at every position whose top-two margin
   exceeds twice the bound (where an error within the bound cannot swap them), and those
@@ -62,6 +63,8 @@ FAMILIES_TESTED = [
     "qwen2moe",
     "lfm2",
     "gemma4",
+    "qwen35",
+    "qwen35moe",
 ]
 
 # Data folders holding only llama.cpp quantizations of a variant (<type>.gguf, with llama.cpp's
@@ -149,7 +152,12 @@ def test_family_logits_match_transformers(name, outtype):
     )
 
     agree = ours.argmax(-1) == ref.argmax(-1)
-    assert agree.mean() >= MIN_ARGMAX[outtype], f"{where}: argmax agreement {agree.mean():.3f}"
+    least = MIN_ARGMAX[outtype]
+    if outtype == "q8_0":  # a tiny MoE's routing flips under 8-bit rounding: there, as
+        # much as llama.cpp's own agreement on the same file (qwen35moe: 0.86)
+        measured = info.get("llama_cpp_vs_transformers", {}).get("q8_0", {})
+        least = min(least, measured.get("argmax_agreement", least))
+    assert agree.mean() >= least, f"{where}: argmax agreement {agree.mean():.3f}"
     if outtype != "q8_0":
         top2 = np.sort(ref, axis=-1)[:, -2:]
         decided = (top2[:, 1] - top2[:, 0]) / spread > 2 * max_err

@@ -324,6 +324,9 @@ _FAMILY_KEYS = {
     "olmo2": {"attention.sliding_window": 16, "rope.freq_base_swa": 10000.0,
               "attention.sliding_window_pattern": np.array([1, 1, 1, 0] * 7 + [1, 1], bool)},
     "exaone4": {"attention.sliding_window": 16, "attention.sliding_window_pattern": 4},
+    "qwen35": {"ssm.conv_kernel": 4, "ssm.state_size": 64, "ssm.group_count": 3,
+               "ssm.time_step_rank": 9, "ssm.inner_size": 576,
+               "attention.recurrent_layers": np.array([1, 1, 1, 0] * 7 + [1, 0], bool)},
 }  # fmt: skip
 
 

@@ -68,6 +68,16 @@ SWITCHES = {
     "attn_temperature": {"attn_temp_scale": 0.5, "attn_temp_floor": 4},
     # a hybrid: short-convolution layers (a recurrent state per sequence) around attention
     "shortconv": {"layer_mixers": ("shortconv", "attention", "shortconv"), "shortconv_l_cache": 3},
+    # Qwen3.5: gated DeltaNet layers (conv and matrix states; 2 key heads over 4 value
+    # heads) around an attention layer whose q projection carries an output gate
+    "deltanet": {
+        "layer_mixers": ("deltanet", "attention", "deltanet"),
+        "ssm_conv_kernel": 4,
+        "ssm_head_dim": 16,
+        "ssm_k_heads": 2,
+        "ssm_v_heads": 4,
+    },
+    "attn_output_gate": {"attn_output_gate": True},
 }
 
 # switches that are tensors in the file rather than spec fields
@@ -90,7 +100,7 @@ class _Reader:
         vecs = {"output_norm": s.d_model}
         factors = {"rope_factors_short": s.rope_dim // 2, "rope_factors_long": s.rope_dim // 2}
         roles = {
-            "attn_q": (s.q_dim, s.d_model),
+            "attn_q": (s.q_dim * (2 if s.attn_output_gate else 1), s.d_model),
             "attn_k": (s.kv_dim, s.d_model),
             "attn_v": (s.kv_dim, s.d_model),
             "attn_output": (s.d_model, s.q_dim),
@@ -147,6 +157,8 @@ class _Reader:
                 ):
                     name = s.layer_tensor(role, i)
                     self._t[name] = quantize_tensor(name, rng.normal(0, sd, shape), qtype)
+            if s.mixer(i) == "deltanet":
+                self._deltanet(s, i, rng, sd)
         if s.per_layer_input:  # Gemma 4's per-layer embeddings
             w = s.per_layer_input * s.n_layers
             for role, shape in (("ple_token_embd", (s.vocab_size, w)),
@@ -155,6 +167,28 @@ class _Reader:
                 self._t[name] = quantize_tensor(name, rng.normal(0, 0.5, shape), "q8_0")
             name = s.global_tensors["ple_proj_norm"]
             self._t[name] = quantize_tensor(name, rng.uniform(0.5, 1.5, s.per_layer_input), "f32")
+
+    def _deltanet(self, s: ModelSpec, i: int, rng, sd: float) -> None:
+        """A gated DeltaNet layer's tensors (the attention's go unread)."""
+        dk, hk, hv, d = s.ssm_head_dim, s.ssm_k_heads, s.ssm_v_heads, s.d_model
+        channels = (2 * hk + hv) * dk
+        for role, shape, qtype in (
+            ("ssm_qkv", (channels, d), "q8_0"),
+            ("ssm_gate", (hv * dk, d), "q8_0"),
+            ("ssm_beta", (hv, d), "q8_0"),
+            ("ssm_alpha", (hv, d), "q8_0"),
+            ("ssm_out", (d, hv * dk), "q8_0"),
+            ("ssm_conv1d", (channels, s.ssm_conv_kernel), "f32"),
+        ):
+            name = s.layer_tensor(role, i)
+            self._t[name] = quantize_tensor(name, rng.normal(0, sd, shape), qtype)
+        for role, values in (
+            ("ssm_dt_bias", rng.normal(0, 1, hv)),
+            ("ssm_a", -np.exp(rng.normal(0, 1, hv))),
+            ("ssm_norm", rng.uniform(0.5, 1.5, dk)),
+        ):
+            name = s.layer_tensor(role, i)
+            self._t[name] = quantize_tensor(name, values, "f32")
 
     def tensor(self, name: str):
         return self._t[name]

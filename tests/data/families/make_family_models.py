@@ -96,6 +96,9 @@ class Variant:
     spm_symbols: tuple[str, ...] = ()
     # why llama.cpp cannot reproduce this variant (its figures are then recorded, not checked)
     llama_cpp_differs: str = ""
+    # extra arguments of convert_hf_to_gguf.py (Qwen3.5: --no-mtp, as transformers writes
+    # its checkpoints without the multi-token-prediction tensors)
+    convert_args: tuple[str, ...] = ()
     # the converter's outtypes kept in the folder (the others are not written)
     outtypes: tuple[str, ...] = OUTTYPES
     # llama.cpp quantizations of the f32 file (llama_model_quantize), each kept as
@@ -587,6 +590,83 @@ VARIANTS = [
             "the spread, above the 1e-3 it is held to"
         ),
     ),
+    Variant(
+        "qwen35",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5TextConfig",
+        dict(
+            head_dim=32,
+            layer_types=[
+                "linear_attention",
+                "full_attention",
+                "linear_attention",
+                "full_attention",
+            ],
+            rope_parameters=_rope(
+                rope_theta=1000000.0,
+                partial_rotary_factor=0.5,
+                mrope_section=[3, 3, 2],
+                mrope_interleaved=True,
+            ),
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            tie_word_embeddings=False,
+        ),
+        "bpe",
+        "qwen35",
+        False,
+        [
+            "gated DeltaNet layers 0 and 2 (conv1d, recurrent state, gated RMSNorm)",
+            "4 value heads over 2 key heads (V heads reordered by the converter)",
+            "full attention layers 1 and 3 with the output gate and per-head q/k norm",
+            "partial multi-section RoPE (16 of 32 dims, text positions)",
+            "untied output",
+        ],
+        convert_args=("--no-mtp",),
+    ),
+    Variant(
+        "qwen35moe",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5MoeTextConfig",
+        dict(
+            head_dim=32,
+            layer_types=[
+                "linear_attention",
+                "full_attention",
+                "linear_attention",
+                "full_attention",
+            ],
+            rope_parameters=_rope(
+                rope_theta=1000000.0,
+                partial_rotary_factor=0.5,
+                mrope_section=[3, 3, 2],
+                mrope_interleaved=True,
+            ),
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            tie_word_embeddings=False,
+        ),
+        "bpe",
+        "qwen35",
+        False,
+        [
+            "gated DeltaNet layers 0 and 2, full attention layers 1 and 3 (as qwen35)",
+            "mixture of experts on every layer: top 2 of 8, renormalised",
+            "a shared expert behind a sigmoid gate",
+            "untied output",
+        ],
+        convert_args=("--no-mtp",),
+    ),
 ]
 
 
@@ -776,10 +856,17 @@ runpy.run_path({script!r}, run_name="__main__")
 """
 
 
-def _convert(llama_cpp: Path, hf_dir: Path, outtype: str, out: Path, pre: str | None) -> None:
+def _convert(
+    llama_cpp: Path,
+    hf_dir: Path,
+    outtype: str,
+    out: Path,
+    pre: str | None,
+    extra: tuple[str, ...] = (),
+) -> None:
     code = _CONVERT.format(
         pre=pre,
-        args=[str(hf_dir), "--outtype", outtype, "--outfile", str(out)],
+        args=[str(hf_dir), "--outtype", outtype, "--outfile", str(out), *extra],
         script=str(llama_cpp / "convert_hf_to_gguf.py"),
     )
     env = dict(os.environ, PYTHONPATH=f"{llama_cpp / 'gguf-py'}{os.pathsep}{llama_cpp}")
@@ -854,7 +941,14 @@ def make(variant: Variant, llama_cpp: Path, check: bool) -> dict:
         model.save_pretrained(hf_dir, safe_serialization=True)
         for outtype in OUTTYPES:
             out = folder if outtype in variant.outtypes else Path(tmp)
-            _convert(llama_cpp, hf_dir, outtype, out / f"{outtype}.gguf", variant.pre)
+            _convert(
+                llama_cpp,
+                hf_dir,
+                outtype,
+                out / f"{outtype}.gguf",
+                variant.pre,
+                variant.convert_args,
+            )
         extra = {}
         for qtype in variant.quantized:
             f32 = (folder if "f32" in variant.outtypes else Path(tmp)) / "f32.gguf"
