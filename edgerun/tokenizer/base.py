@@ -268,6 +268,41 @@ class Tokenizer:
 
     # -- encoding --------------------------------------------------------------------------------
 
+    def _read_special_ids(
+        self,
+        meta: dict[str, Any],
+        types: np.ndarray,
+        end_of_turn_ids: dict[str, int | None],
+        default_add_bos: bool,
+    ) -> None:
+        """bos, eos, unk and pad ids from the metadata (each inside the vocabulary of
+        vocab_size tokens), then what _set_turn_and_special_ids sets; end_of_turn_ids: the
+        vocabulary's id of each _END_OF_TURN_TEXTS string (None where it has none), an
+        end of turn where that token is not a normal one."""
+        n = self.vocab_size
+
+        def _id(key: str) -> int | None:
+            v = _as_int(meta.get(key), key)
+            if v is None:
+                return None
+            if not 0 <= v < n:
+                raise ModelFormatError(
+                    f"GGUF metadata {key!r} = {v} is outside the vocabulary of {n} tokens"
+                )
+            return v
+
+        self.bos_id = _id("tokenizer.ggml.bos_token_id")
+        self.eos_id = _id("tokenizer.ggml.eos_token_id")
+        self.unk_id = _id("tokenizer.ggml.unknown_token_id")
+        self.pad_id = _id("tokenizer.ggml.padding_token_id")
+
+        def end_of_turn(text: str) -> int | None:
+            i = end_of_turn_ids.get(text)
+            return i if i is not None and types[i] != TOKEN_TYPE_NORMAL else None
+
+        extra_eos = [_id(k) for k in _EOT_KEYS]
+        self._set_turn_and_special_ids(meta, types, extra_eos, end_of_turn, default_add_bos)
+
     def _set_turn_and_special_ids(
         self,
         meta: dict[str, Any],

@@ -22,7 +22,6 @@ from edgerun.errors import InvalidArgumentError, ModelFormatError, UnsupportedEr
 from edgerun.tokenizer.base import (
     _BYTE_TOKEN,
     _END_OF_TURN_TEXTS,
-    _EOT_KEYS,
     MAX_TOKEN_BYTES,
     TOKEN_TYPE_BYTE,
     TOKEN_TYPE_CONTROL,
@@ -30,7 +29,6 @@ from edgerun.tokenizer.base import (
     TOKEN_TYPE_UNUSED,
     TOKEN_TYPE_USER_DEFINED,
     Tokenizer,
-    _as_int,
     _ByteTable,
     _check_len,
     _check_token_lengths,
@@ -367,30 +365,7 @@ class BPETokenizer(Tokenizer):
         self._word_cache: dict[str, list[int]] = {}
 
         # Special ids.
-        n = self.vocab_size
-
-        def _id(key: str) -> int | None:
-            v = _as_int(meta.get(key), key)
-            if v is None:
-                return None
-            if not 0 <= v < n:
-                raise ModelFormatError(
-                    f"GGUF metadata {key!r} = {v} is outside the vocabulary of {n} tokens"
-                )
-            return v
-
-        self.bos_id = _id("tokenizer.ggml.bos_token_id")
-        self.eos_id = _id("tokenizer.ggml.eos_token_id")
-        self.unk_id = _id("tokenizer.ggml.unknown_token_id")
-        self.pad_id = _id("tokenizer.ggml.padding_token_id")
-
-        def end_of_turn(text: str) -> int | None:
-            i = end_of_turn_ids.get(text)
-            return i if i is not None and types[i] != TOKEN_TYPE_NORMAL else None
-
-        self._set_turn_and_special_ids(
-            meta, types, [_id(k) for k in _EOT_KEYS], end_of_turn, kind.add_bos
-        )
+        self._read_special_ids(meta, types, end_of_turn_ids, kind.add_bos)
 
     def warm(self) -> None:
         """Load (or compile) the merge kernel. The generator's warm-up calls this: a
