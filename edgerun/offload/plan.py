@@ -154,7 +154,7 @@ class Plan:
     mode: str  # "sparse" | "dense" | "resident"
     budget: int
     floor: int
-    kv_bytes: int
+    kv_bytes: int  # the KV cache and, for a hybrid model, its recurrent states
     resident_bytes: int  # attention + norms + head + embedding rows + margins
     gate_resident: bool
     predictor_bytes: int
@@ -201,6 +201,9 @@ class Plan:
     expert_slots: int = 0
     experts_total: int = 0
     expert_bytes: int = 0
+
+    # of kv_bytes: one sequence's recurrent states, snapshots included (hybrid models)
+    state_bytes: int = 0
 
     @property
     def used_bytes(self) -> int:
@@ -323,7 +326,12 @@ class Plan:
         rows = [
             ("RAM budget", f"{self.budget / mb:,.0f} MiB" if self.budget < 1 << 60 else "none"),
             ("runtime floor (measured)", f"{self.floor / mb:,.0f} MiB"),
-            ("KV cache", f"{self.kv_bytes / mb:,.0f} MiB"),
+            ("KV cache", f"{(self.kv_bytes - self.state_bytes) / mb:,.0f} MiB"),
+            *(
+                [("recurrent states, with snapshots", _mib_or_kib(self.state_bytes))]
+                if self.state_bytes
+                else []
+            ),
             (
                 "resident: attention, norms, "
                 + (
@@ -368,6 +376,10 @@ class Plan:
             lines += [f"    {a:<{w1}}  {b:<{w2}}  {c}" for a, b, c in p]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _mib_or_kib(n: int) -> str:
+    return f"{n / MiB:,.0f} MiB" if n >= MiB else f"{n / 1024:,.0f} KiB"
 
 
 def _layers(ids) -> str:
@@ -648,6 +660,7 @@ def resident_plan(
         budget=budget,
         floor=floor,
         kv_bytes=kv,
+        state_bytes=fp.state_bytes,
         resident_bytes=file_bytes + MARGIN_BYTES,
         gate_resident=True,
         predictor_bytes=0,
@@ -870,6 +883,7 @@ def plan(
         budget=budget,
         floor=floor,
         kv_bytes=kv,
+        state_bytes=fp.state_bytes,
         resident_bytes=resident,
         gate_resident=gate_resident,
         predictor_bytes=pred,
@@ -1043,7 +1057,7 @@ def minimum_experts_budget(fp: Footprint, floor: int, n_ctx: int) -> int:
     slot = _expert_slot_bytes(fp)
     return (
         floor
-        + n_ctx * fp.kv_bytes_per_token
+        + fp.kv_bytes(n_ctx)
         + _resident_bytes(fp)
         + fp.moe_resident_bytes
         + _expert_staging_bytes()
@@ -1086,7 +1100,7 @@ def experts_plan(
         )
     L, E, k = fp.n_layers, fp.n_expert, fp.n_expert_used
     slot = slot_bytes or _expert_slot_bytes(fp)
-    kv = n_ctx * fp.kv_bytes_per_token
+    kv = fp.kv_bytes(n_ctx)
     resident = _resident_bytes(fp) + fp.moe_resident_bytes
     staging = _expert_staging_bytes()
     left = budget - floor - kv - resident - staging
@@ -1112,6 +1126,7 @@ def experts_plan(
         budget=budget,
         floor=floor,
         kv_bytes=kv,
+        state_bytes=fp.state_bytes,
         resident_bytes=resident,
         gate_resident=True,
         predictor_bytes=0,

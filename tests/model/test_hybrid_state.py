@@ -190,6 +190,7 @@ def test_context_limits(hybrid):
 def test_the_ram_budget_plan_counts_the_states_and_the_mixers(lfm2):
     from edgerun.formats.gguf import read_gguf
     from edgerun.offload.plan import footprint
+    from edgerun.offload.plan import plan as plan_budget
 
     fp = footprint(lfm2.spec, read_gguf(lfm2.path), "f32")
     assert fp.state_bytes == KVCache.state_bytes(lfm2.spec) > 0
@@ -198,6 +199,11 @@ def test_the_ram_budget_plan_counts_the_states_and_the_mixers(lfm2):
     mixer = 2 * (4 * d * d) * 34 // 32  # in_proj + out_proj of two layers, q8_0
     attention = 2 * sum(r * d for r in (64, 32, 32)) * 34 // 32 + 2 * 64 * d * 34 // 32
     assert fp.attention_bytes >= mixer + attention
+    plan = plan_budget(fp, 400 << 20, 150 << 20, 100, mode="dense")
+    assert plan.state_bytes == fp.state_bytes and plan.kv_bytes == fp.kv_bytes(100)
+    text = plan.describe()
+    assert "recurrent states, with snapshots" in text
+    assert f"{fp.state_bytes / 1024:,.0f} KiB" in text
 
 
 def test_sessions_sharing_a_system_prompt_copy_its_states(hybrid):
