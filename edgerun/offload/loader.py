@@ -545,7 +545,7 @@ class Loader:
 
             random_access_large_libraries()
             return_large_frees_to_os()
-        if self.plan.mode == "sparse":  # sparse calibration runs the resident model first
+        if self.plan.mode in ("sparse", "resident"):  # sparse calibration runs it first
             self.build_resident()
         if self.plan.mode == "experts":
             from edgerun.offload.experts import ExpertStreamStore
