@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from edgerun.arch.spec import ModelSpec
 from edgerun.errors import InvalidArgumentError
 from edgerun.tools.perplexity import calibration_text, evaluation_text, perplexity
 
@@ -37,7 +38,10 @@ class _FakeTransformer:
 
 
 def _fake(boost: float = 0.0):
-    spec = SimpleNamespace(context_length=64, n_layers=1, n_kv_heads=1, head_dim=1)
+    spec = ModelSpec(
+        arch="fake", name="fake", n_layers=1, d_model=1, d_ff=1, n_heads=1, n_kv_heads=1,
+        head_dim=1, vocab_size=8, context_length=64, norm_eps=1e-6, rope_base=1e4, rope_dim=0,
+    )  # fmt: skip
     return SimpleNamespace(
         spec=spec, tokenizer=_Tok(), transformer=_FakeTransformer(boost), threads=1
     )
