@@ -208,7 +208,8 @@ def _layer_shapes(s: ModelSpec, i: int, roles: dict, vecs: dict) -> dict:
     a layer that shares another's KV."""
     hd, kvh, ff = s.head_dim_of(i), s.kv_heads_of(i), s.d_ff_of(i)
     q_dim, kv_dim = s.n_heads * hd, kvh * hd
-    own = {"attn_q": q_dim, "attn_k": kv_dim, "attn_v": kv_dim, "ffn_gate": ff, "ffn_up": ff}
+    q_rows = q_dim * (2 if s.attn_output_gate else 1)  # each head's q, then its gate
+    own = {"attn_q": q_rows, "attn_k": kv_dim, "attn_v": kv_dim, "ffn_gate": ff, "ffn_up": ff}
     out: dict = {r: (own.get(r, shape[0]), shape[1]) for r, shape in roles.items()}
     out["attn_output"] = (s.d_model, q_dim)
     out["ffn_down"] = (s.d_model, ff)
