@@ -36,6 +36,7 @@ from offload import (  # noqa: E402  (benchmarks/offload.py)
     _join_cgroup,
     _make_cgroup,
     _peak_mb,
+    run_child,
     run_one,
 )
 
@@ -140,7 +141,6 @@ def llama_child(spec: str) -> None:
 
 def run_llama(path: str, budget: int, a) -> dict:
     """One llama.cpp child, in a memory cgroup of the budget + 5% with --cgroup."""
-    import subprocess
 
     name = f"edgerun-moe-llama-{os.getpid()}"
     g = _make_cgroup(name, int(budget * 1.05)) if a.cgroup else None
@@ -154,37 +154,9 @@ def run_llama(path: str, budget: int, a) -> dict:
         "repack": a.llama_repack,
         "cgroup": name if g else None,
     }
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(
-            [sys.executable, __file__, "--llama-child", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            timeout=a.timeout,
-        )
-    except subprocess.TimeoutExpired:
-        p = None
-    res: dict = {"wall_s": time.perf_counter() - t0, "rc": p and p.returncode}
-    if p is None:
-        res["error"] = f"no token in {a.timeout} s (killed)"
-    else:
-        for line in p.stdout.splitlines():
-            if line.startswith("RESULT "):
-                res.update(json.loads(line[7:]))
-        if p.returncode != 0:
-            lines = p.stderr.strip().splitlines() or [""]
-            res["error"] = "OOM-killed" if p.returncode in (137, -9) else lines[-1][-300:]
-        elif "tok_s" not in res:
-            res["error"] = f"{res.get('tokens', 0)} token(s) in {a.llama_seconds} s"
-    if g is not None:
-        res["max_usage_mb"] = _peak_mb(g)
-        res["failcnt"] = int((g / "memory.failcnt").read_text())
-        for _ in range(50):  # the exited child can stay a member for a moment
-            try:
-                g.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+    res = run_child(__file__, "--llama-child", spec, a.timeout, g)
+    if "error" not in res and "tok_s" not in res:
+        res["error"] = f"{res.get('tokens', 0)} token(s) in {a.llama_seconds} s"
     return res
 
 

@@ -224,19 +224,27 @@ def run_one(engine: str, path: str, budget: int | None, options, a, cgroup: bool
         "threads": a.threads,
         "cgroup": name if g else None,
     }
+    return run_child(__file__, "--child", spec, a.timeout, g)
+
+
+def run_child(script: str, flag: str, spec: dict, timeout: float, group: Path | None) -> dict:
+    """`python script flag SPEC` (the child prints `RESULT {json}`), within `timeout`
+    seconds: its result, wall time and exit status, an error where it failed (killed at
+    the timeout, OOM-killed, its last stderr line), and the memory cgroup's peak and limit
+    hits (the group is removed after)."""
     t0 = time.perf_counter()
     try:
         p = subprocess.run(
-            [sys.executable, __file__, "--child", json.dumps(spec)],
+            [sys.executable, script, flag, json.dumps(spec)],
             capture_output=True,
             text=True,
-            timeout=a.timeout,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:  # thrashing at its limit (llama.cpp at 560 MiB)
         p = None
     res: dict = {"wall_s": time.perf_counter() - t0, "rc": p and p.returncode}
     if p is None:
-        res["error"] = f"no result in {a.timeout} s (killed)"
+        res["error"] = f"no result in {timeout} s (killed)"
     else:
         for line in p.stdout.splitlines():
             if line.startswith("RESULT "):
@@ -244,12 +252,12 @@ def run_one(engine: str, path: str, budget: int | None, options, a, cgroup: bool
         if p.returncode != 0:
             lines = p.stderr.strip().splitlines() or [""]
             res["error"] = "OOM-killed" if p.returncode in (137, -9) else lines[-1][-300:]
-    if g is not None:
-        res["max_usage_mb"] = _peak_mb(g)
-        res["failcnt"] = int((g / "memory.failcnt").read_text())
+    if group is not None:
+        res["max_usage_mb"] = _peak_mb(group)
+        res["failcnt"] = int((group / "memory.failcnt").read_text())
         for _ in range(50):  # the exited child can stay a member for a moment
             try:
-                g.rmdir()
+                group.rmdir()
                 break
             except OSError:
                 time.sleep(0.1)
