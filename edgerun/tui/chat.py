@@ -46,10 +46,16 @@ def transcript(messages: list[dict[str, str]]) -> str:
     return "\n".join(parts)
 
 
-def prompt_ids(model: Any, messages: list[dict[str, str]]) -> list[int]:
+def prompt_ids(model: Any, messages: list[dict[str, str]], reasoning: str = "") -> list[int]:
     """Token ids the model will see for `messages` (chat template, or the raw transcript):
-    encode_chat's, so BOS comes once and special strings the user typed stay text."""
+    encode_chat's, so BOS comes once and special strings the user typed stay text.
+    reasoning "on" / "off": the template asked to think or not, as Model.chat's reasoning
+    ("": the template's default)."""
     if uses_template(model):
+        if reasoning:
+            from edgerun.generate.chat_turn import prepare_turn
+
+            return prepare_turn(model.tokenizer, messages, reasoning=reasoning).ids
         return model.encode_chat(messages)
     return model.tokenize(transcript(messages))
 
@@ -60,7 +66,11 @@ def reserve(model: Any, max_tokens: int) -> int:
 
 
 def fit_by_dropping(
-    model: Any, system: list[dict[str, str]], turns: list[dict[str, str]], max_tokens: int
+    model: Any,
+    system: list[dict[str, str]],
+    turns: list[dict[str, str]],
+    max_tokens: int,
+    reasoning: str = "",
 ) -> int:
     """How many leading messages of `turns` to drop so the prompt fits; -1 if none works.
 
@@ -69,7 +79,7 @@ def fit_by_dropping(
     room = model.n_ctx - reserve(model, max_tokens)
     starts = [i for i, m in enumerate(turns) if m["role"] == "user"] or [0]
     for i in starts:
-        if len(prompt_ids(model, system + turns[i:])) <= room:
+        if len(prompt_ids(model, system + turns[i:], reasoning)) <= room:
             return i
     return -1
 
@@ -222,6 +232,7 @@ class Generation:
     cancel: threading.Event
     session: Any = None  # an edgerun Session: its KV cache carries over between turns
     draft: str | None = None  # ChatSettings.draft: set on the model first (None: keep)
+    reasoning: str = ""  # ChatSettings.reasoning
 
     def __call__(self, emit: Emit) -> None:
         from edgerun.errors import ContextOverflowError
@@ -232,7 +243,7 @@ class Generation:
         try:
             if self.draft is not None:
                 model.set_draft(self.draft or None)
-            ids = prompt_ids(model, self.messages)
+            ids = prompt_ids(model, self.messages, self.reasoning)
             n = len(ids)
             if self.check and n + reserve(model, self.sampling["max_tokens"]) > model.n_ctx:
                 emit(ContextFull(n, n < model.n_ctx, gen))
@@ -282,12 +293,14 @@ class Drop:
     model: Any
     messages: list[dict[str, str]]
     max_tokens: int
+    reasoning: str = ""
 
     def __call__(self, emit: Emit) -> None:
         system = [m for m in self.messages if m["role"] == "system"]
         turns = [m for m in self.messages if m["role"] != "system"]
         try:
-            emit(Dropped(fit_by_dropping(self.model, system, turns, self.max_tokens), self.gen))
+            n = fit_by_dropping(self.model, system, turns, self.max_tokens, self.reasoning)
+            emit(Dropped(n, self.gen))
         except Exception:  # noqa: BLE001
             emit(Dropped(-1, self.gen))
 
@@ -515,10 +528,12 @@ class ChatController:
             self.cancel,
             self.session(),
             self.conv.settings.draft,
+            self.conv.settings.reasoning,
         )
 
     def drop_job(self) -> Drop:
-        return Drop(self.gen, self.model, self.messages(), self.conv.settings.max_tokens)
+        settings = self.conv.settings
+        return Drop(self.gen, self.model, self.messages(), settings.max_tokens, settings.reasoning)
 
     def stale(self, ev: Event) -> bool:
         """Whether `ev` comes from a generation abandoned since (untagged events never are)."""

@@ -127,6 +127,8 @@ class SettingsScreen(ModalScreen["SettingsResult | None"]):
                     yield Input("" if value is None else str(value), id=name)
             yield Label("Draft (ngram, a model; empty = none)")
             yield Input(self.settings.draft or "", id="draft")
+            yield Label("Reasoning (on, off; empty = the template's default)")
+            yield Input(self.settings.reasoning, id="reasoning")
             yield Label("System prompt")
             yield TextArea(self.settings.system, id="system")
             yield Label("", id="settings-error")
@@ -184,9 +186,13 @@ class SettingsScreen(ModalScreen["SettingsResult | None"]):
         except ValueError:
             problems.append("context size must be an integer")
             n_ctx = self.n_ctx
+        reasoning = self.query_one("#reasoning", Input).value.strip().lower()
+        if reasoning not in ("", "on", "off"):
+            problems.append("reasoning must be on, off or empty")
         if problems:
             err.update("; ".join(problems))
             return None
+        changes["reasoning"] = reasoning
         for name in SAMPLING_FIELDS:  # left at the model's value: stays the model's
             if getattr(self.settings, name) is None and changes[name] == self._shown(name):
                 changes[name] = None

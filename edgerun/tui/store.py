@@ -34,6 +34,8 @@ class ChatSettings:
     # speculative decoding's drafter: "ngram", a model name or path, "" for none; None
     # keeps what the model was loaded with (`edgerun chat --draft-model`)
     draft: str | None = None
+    # thinking models: "on", "off", or "" for the chat template's default
+    reasoning: str = ""
 
     def sampling(self, recommended: ModelSettings | None = None) -> dict[str, Any]:
         """Keyword arguments for Model.chat / Model.generate, None fields filled in."""

@@ -582,3 +582,40 @@ def test_controller_drives_a_turn_without_textual(model, tmp_path):
     assert events == [chat.Dropped(-1, c.gen)]
     assert c.pop_last_user().startswith("word") and c.conv.messages == []
     assert c.save() is None  # an empty conversation is not kept
+
+
+def test_the_reasoning_setting_renders_the_template_asked_to_think_or_not(model, tmp_path):
+    """Settings' reasoning "off" renders a thinking template with enable_thinking false
+    (Qwen3's: an empty <think></think> block after the generation prompt), "on" and ""
+    leave it open; anything else is refused on the settings screen."""
+    import copy
+
+    template = (Path(__file__).parents[1] / "data" / "chat_templates" / "qwen3.jinja").read_text()
+    tok = copy.copy(model.tokenizer)
+    tok.chat_template = template
+    qwen3ish = SimpleNamespace(tokenizer=tok, chat_template=template)
+    msgs = [{"role": "user", "content": "Hi"}]
+    off = model.tokenizer.decode(prompt_ids(qwen3ish, msgs, "off"))
+    on = model.tokenizer.decode(prompt_ids(qwen3ish, msgs, "on"))
+    assert off.rstrip().endswith("<think>\n\n</think>")
+    assert "<think>" not in on
+    assert prompt_ids(qwen3ish, msgs, "on") != prompt_ids(qwen3ish, msgs, "off")
+
+    async def go():
+        app = make_app(model, tmp_path)
+        async with app.run_test(size=(100, 40)) as pilot:
+            from textual.widgets import Input
+
+            await pilot.press("f2")
+            await pilot.pause()
+            app.screen.query_one("#reasoning", Input).value = "maybe"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert isinstance(app.screen, SettingsScreen)
+            app.screen.query_one("#reasoning", Input).value = "Off"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert not isinstance(app.screen, SettingsScreen)
+            assert app.conv.settings.reasoning == "off"
+
+    run(go())
