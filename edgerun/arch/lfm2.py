@@ -12,8 +12,8 @@ from edgerun.arch.spec import GLOBAL_TENSORS, ModelSpec, common_fields, meta_int
 from edgerun.errors import ModelFormatError
 
 
-def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
-    a = "lfm2"
+def spec_from_gguf(meta: dict[str, Any], source: str, a: str = "lfm2") -> ModelSpec:
+    """The spec of an LFM2 file; `a` the metadata prefix (lfm2moe's files share the rest)."""
     key = f"{a}.attention.head_count_kv"
     n_layers = meta_int(meta, f"{a}.block_count", source, hi=4096)
     kv = meta.get(key)

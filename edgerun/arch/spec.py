@@ -64,6 +64,7 @@ EXPERT_TENSORS = {
     "ffn_up_shexp": "blk.{i}.ffn_up_shexp.weight",
     "ffn_down_shexp": "blk.{i}.ffn_down_shexp.weight",
     "ffn_gate_inp_shexp": "blk.{i}.ffn_gate_inp_shexp.weight",
+    "exp_probs_b": "blk.{i}.exp_probs_b.bias",
 }
 GLOBAL_TENSORS = {
     "token_embd": "token_embd.weight",
@@ -179,6 +180,10 @@ class ModelSpec:
     expert_shared_ff: int = 0
     expert_norm: bool = False
     expert_scale: float = 1.0
+    # the router's probabilities: "softmax" over the experts, or "sigmoid" of each logit
+    # (LFM2-MoE), the experts then picked by probability plus the layer's exp_probs_b bias
+    # where the file has one (the weights stay the unbiased probabilities)
+    expert_gating: str = "softmax"
     # Per layer, where layers differ (Gemma 4); empty means every layer takes the spec-wide
     # value (head_dim, n_kv_heads, d_ff and rope_dim then hold the largest of them)
     layer_head_dims: tuple[int, ...] = ()
@@ -753,6 +758,12 @@ def check_experts(spec: ModelSpec, bad) -> None:
         raise bad("n_expert_used", f"in 1..n_expert {spec.n_expert}", spec.n_expert_used)
     if spec.expert_ff == 0:
         raise bad("expert_ff", "> 0 with experts", spec.expert_ff)
+    if spec.expert_gating not in EXPERT_GATINGS.values():
+        raise bad("expert_gating", " or ".join(EXPERT_GATINGS.values()), spec.expert_gating)
+
+
+# '<arch>.expert_gating_func' values (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*) -> gating
+EXPERT_GATINGS = {1: "softmax", 2: "sigmoid"}
 
 
 def moe_fields(meta: dict[str, Any], a: str, source: str, norm: bool) -> dict[str, Any]:
@@ -781,7 +792,22 @@ def moe_fields(meta: dict[str, Any], a: str, source: str, norm: bool) -> dict[st
         expert_shared_ff=meta_int(meta, f"{a}.expert_shared_feed_forward_length", source, 0, lo=0),
         expert_norm=bool(meta.get(key, norm)),
         expert_scale=scale or 1.0,
+        expert_gating=_expert_gating(meta, a, source),
     )
+
+
+def _expert_gating(meta: dict[str, Any], a: str, source: str) -> str:
+    """'<a>.expert_gating_func' as a gating name (absent: softmax)."""
+    key = f"{a}.expert_gating_func"
+    if key not in meta:
+        return "softmax"
+    v = meta[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v not in EXPERT_GATINGS:
+        raise ModelFormatError(
+            f"{source}: metadata field '{key}' should be one of {sorted(EXPERT_GATINGS)} "
+            f"({', '.join(EXPERT_GATINGS.values())}), found {v!r}"
+        )
+    return EXPERT_GATINGS[v]
 
 
 def _validate_layered(spec: ModelSpec, bad: Callable[[str, str, Any], Exception]) -> None:

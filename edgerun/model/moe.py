@@ -3,8 +3,10 @@ weighted by the router's probabilities, make the row's output.
 
 For rows x [n, d_model] (one prompt's tokens, or decode rows of several sequences):
 
-1. router logits = ffn_gate_inp x [n, n_expert]; probabilities = softmax(logits);
-2. each row's n_expert_used most probable experts, their probabilities renormalised to
+1. router logits = ffn_gate_inp x [n, n_expert]; probabilities = softmax(logits) (or
+   sigmoid(logits), spec.expert_gating);
+2. each row's n_expert_used most probable experts (by probability + exp_probs_b where the
+   layer has that bias), their probabilities renormalised to
    sum 1 where the family says (spec.expert_norm), times spec.expert_scale;
 3. out = sum over the row's experts, in rank order, of weight * down(silu(gate x) * up x);
 4. where the layer has a shared expert: out += sigmoid(ffn_gate_inp_shexp . x) * shared(x)
@@ -99,16 +101,29 @@ class ResidentExperts:
 
 
 def route(
-    logits: np.ndarray, k: int, norm: bool, scale: float = 1.0
+    logits: np.ndarray,
+    k: int,
+    norm: bool,
+    scale: float = 1.0,
+    gating: str = "softmax",
+    bias: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Router logits [n, n_expert] -> (experts int64 [n, k] by falling probability, ties to
-    the lower id; weights float32 [n, k]): the chosen softmax probabilities, renormalised to
-    sum 1 when `norm`, times `scale`. Row by row, so a row's result does not depend on the
-    others in the pass."""
+    the lower id; weights float32 [n, k]): the chosen probabilities (softmax over the
+    experts, or each logit's sigmoid), renormalised to sum 1 when `norm`, times `scale`.
+    bias [n_expert]: added to the probabilities to pick the experts only (LFM2-MoE's
+    exp_probs_b). Row by row, so a row's result does not depend on the others."""
     logits = np.asarray(logits, np.float32)
-    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-    e = np.exp(logits - logits.max(axis=1, keepdims=True))
-    w = np.take_along_axis(e / e.sum(axis=1, keepdims=True), top, axis=1)
+    if gating == "sigmoid":
+        probs = np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))
+    else:
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs = e / e.sum(axis=1, keepdims=True)
+    pick = logits if bias is None and gating == "softmax" else probs
+    if bias is not None:
+        pick = probs + bias
+    top = np.argsort(-pick, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, top, axis=1)
     if norm:
         w = w / np.maximum(w.sum(axis=1, keepdims=True), _MIN_WEIGHT_SUM)
     if scale != 1.0:
@@ -132,6 +147,8 @@ class MoEFFN:
         "shared_gate",
         "d_model",
         "d_ff",
+        "gating",
+        "bias",
     )
 
     def __init__(
@@ -145,6 +162,8 @@ class MoEFFN:
         activation: str = "silu",
         shared: DenseFFN | None = None,
         shared_gate: np.ndarray | None = None,
+        gating: str = "softmax",
+        bias: np.ndarray | None = None,
     ) -> None:
         self.router, self.source = router, source
         self.n_expert, self.d_model = router.shape
@@ -158,6 +177,7 @@ class MoEFFN:
         self.n_used, self.d_ff = n_used, d_ff
         self.norm, self.scale, self.activation = norm, float(scale), activation
         self.shared, self.shared_gate = shared, shared_gate
+        self.gating, self.bias = gating, bias
 
     def weight_matrices(self) -> list[QuantTensor]:
         """The router, the shared expert's matrices and expert 0's: one of each matrix
@@ -173,7 +193,7 @@ class MoEFFN:
             logits = qmatvec.matvec_batch(self.router, x)
         else:
             logits = qmatvec.project(self.router, x)
-        return route(logits, self.n_used, self.norm, self.scale)
+        return route(logits, self.n_used, self.norm, self.scale, self.gating, self.bias)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """One prompt's rows (or one decode row): x float32 [n, d_model] -> [n, d_model]."""
@@ -255,6 +275,15 @@ def moe_ffn(store, spec: ModelSpec, layer: int, source: str, experts: ExpertSour
                     f"{source}: tensor '{gate_name}' should have {d} values (d_model), found "
                     f"{shared_gate.size}"
                 )
+    bias = None
+    bias_name = spec.expert_tensor("exp_probs_b", layer)
+    if store.has(bias_name):
+        bias = store.vector(bias_name)
+        if bias.shape != (n,):
+            raise ModelFormatError(
+                f"{source}: tensor '{bias_name}' should have {n} values (n_expert), found "
+                f"{bias.size}"
+            )
     return MoEFFN(
         router,
         experts,
@@ -265,6 +294,8 @@ def moe_ffn(store, spec: ModelSpec, layer: int, source: str, experts: ExpertSour
         spec.activation,
         shared,
         shared_gate,
+        spec.expert_gating,
+        bias,
     )
 
 

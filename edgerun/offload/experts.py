@@ -117,8 +117,9 @@ class ExpertLayer:
 
 
 def expert_layers(spec, gguf, source: str) -> list[ExpertLayer]:
-    """The routed experts of every layer of a GGUF (a GGUFFile: `infos` with offsets),
-    checked against the spec's expert count and widths."""
+    """The routed experts of every layer of a GGUF that has a router (a GGUFFile: `infos`
+    with offsets; a family's dense layers have none), checked against the spec's expert
+    count and widths."""
     out = []
     want = {
         "ffn_gate_exps": (spec.expert_ff, spec.d_model),
@@ -126,6 +127,8 @@ def expert_layers(spec, gguf, source: str) -> list[ExpertLayer]:
         "ffn_down_exps": (spec.d_model, spec.expert_ff),
     }
     for i in range(spec.n_layers):
+        if spec.expert_tensor("ffn_gate_inp", i) not in gguf.infos:
+            continue  # a dense layer (model/moe.is_moe_layer)
         mats = []
         for role in EXPERT_ROLES:
             name = spec.expert_tensor(role, i)

@@ -27,7 +27,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from edgerun.errors import BudgetError, InvalidArgumentError
+from edgerun.errors import BudgetError, InvalidArgumentError, ModelFormatError
 
 MiB = 1 << 20
 # Embedding rows a long conversation touches, page-granular (4 KiB a distinct token).
@@ -1011,16 +1011,25 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
 def _moe_sizes(spec, reader, names: set[str], size: dict[str, int]) -> dict:
     """A mixture-of-experts model's Footprint fields (empty for a dense model): one
     routed expert's bytes (its gate, up and down slices of the 3-D tensors), the counts,
-    and the routers and shared experts of every layer."""
+    and what stays resident: the routers, bias and shared experts of every layer, and the
+    FFNs of the dense layers a family keeps (LFM2-MoE's first ones)."""
     if not getattr(spec, "n_expert", 0):
         return {}
     routed = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
     kept = ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
-    kept += ("ffn_gate_inp_shexp",)
+    kept += ("ffn_gate_inp_shexp", "exp_probs_b")
     resident = 0
     for i in range(spec.n_layers):
         resident += sum(size.get(spec.expert_tensor(r, i), 0) for r in kept)
-    first = [spec.expert_tensor(r, 0) for r in routed]
+        resident += sum(size.get(spec.layer_tensor(r, i), 0) for r in ("ffn_gate", "ffn_up",
+                                                                         "ffn_down"))  # fmt: skip
+    moe_layers = [i for i in range(spec.n_layers) if spec.expert_tensor(routed[0], i) in names]
+    if not moe_layers:
+        raise ModelFormatError(
+            f"{getattr(reader, 'path', 'model')}: a mixture-of-experts model "
+            f"({spec.n_expert} experts) without any '{routed[0]}' expert tensor"
+        )
+    first = [spec.expert_tensor(r, moe_layers[0]) for r in routed]
     return dict(
         expert_bytes=sum(size[n] for n in first if n in names) // spec.n_expert,
         n_expert=spec.n_expert,

@@ -21,7 +21,13 @@ from edgerun.model.kvcache import KVCache
 from edgerun.model.moe import MoEFFN
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "families"
-MODELS = ["qwen3moe/q8_0.gguf", "qwen2moe/q8_0.gguf", "qwen3moe-q4k/q4_k_m.gguf"]
+MODELS = [
+    "qwen3moe/q8_0.gguf",
+    "qwen2moe/q8_0.gguf",
+    "qwen3moe-q4k/q4_k_m.gguf",
+    "lfm2moe/q8_0.gguf",  # sigmoid routing with a bias, a dense first layer, conv states
+]
+DENSE_LEAD = {"lfm2moe/q8_0.gguf": 1}  # the models' leading dense FFN layers
 GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
 TEMPLATE = (
     "{% for m in messages %}<|user|>{{ m.role }}: {{ m.content }}<|im_end|>{% endfor %}"
@@ -34,7 +40,8 @@ def test_batched_decode_equals_each_sequence_alone(path):
     m = edgerun.load(DATA / path, n_ctx=64, threads=2, kv_type="f32")
     try:
         tr = m.transformer
-        assert all(isinstance(layer.ffn, MoEFFN) for layer in tr.layers)
+        moe = [isinstance(layer.ffn, MoEFFN) for layer in tr.layers]
+        assert moe == [i >= DENSE_LEAD.get(path, 0) for i in range(len(moe))]
         prompts = [m.tokenize(t) for t in ("The quick brown", "Python is", "12345 and", "A")]
         alone, caches = [], []
         for p in prompts:  # each sequence alone: prompt, then one token at a time

@@ -72,11 +72,11 @@ def _resident(path):
     return Transformer(spec, ResidentStore(f, str(path)), str(path))
 
 
-def _greedy(t, n: int = 8) -> tuple[list[int], list[np.ndarray]]:
+def _greedy(t, n: int = 8, prompt=None) -> tuple[list[int], list[np.ndarray]]:
     from edgerun.model.kvcache import KVCache
 
     cache = KVCache(t.spec, N_CTX, "f32")
-    logits = [np.asarray(t.forward(PROMPT, cache), np.float32).reshape(-1)]
+    logits = [np.asarray(t.forward(prompt or PROMPT, cache), np.float32).reshape(-1)]
     out = []
     for _ in range(n):
         tok = int(np.argmax(logits[-1]))
@@ -242,3 +242,24 @@ def test_a_ram_budget_streams_a_moe_through_the_api(tmp_path, smollm2_path):
     assert 2 * DIMS["top_k"] <= r["slots"] < r["total"] == LAYERS * 64
     assert r["needed"] > 0
     assert r["same"]
+
+
+def test_lfm2moe_streams_its_experts_beside_a_dense_layer_and_conv_states():
+    """LFM2-MoE (tests/data/families/lfm2moe: a dense first layer, sigmoid routing with an
+    expert bias, short-convolution states): its experts streamed at the smallest cache give
+    the resident model's greedy tokens, and the dense layer's FFN counts as resident."""
+    path = Path(__file__).resolve().parents[1] / "data" / "families" / "lfm2moe" / "q8_0.gguf"
+    prompt = [1, 40, 200, 7, 99, 300]  # the tiny vocabulary's ids
+    want_tokens, want_logits = _greedy(_resident(path), prompt=prompt)
+    spec, fp, p, store, t = _streamed(path, prefetch=True)
+    assert p.mode == "experts" and spec.expert_gating == "sigmoid"
+    f, _ = _open(path)
+    roles = ("ffn_gate", "ffn_up", "ffn_down")
+    dense = sum(f.tensor(spec.layer_tensor(r, 0)).nbytes for r in roles)
+    assert fp.moe_resident_bytes >= dense > 0
+    got_tokens, got_logits = _greedy(t, prompt=prompt)
+    assert got_tokens == want_tokens
+    for g, w in zip(got_logits, want_logits):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    assert store.stats.bytes_read > 0
+    store.close()

@@ -62,6 +62,7 @@ FAMILIES_TESTED = [
     "qwen3moe",
     "qwen2moe",
     "lfm2",
+    "lfm2moe",
     "gemma4",
     "qwen35",
     "qwen35moe",

@@ -94,6 +94,20 @@ CASES = [
 ]
 
 
+def test_sigmoid_routing_picks_by_probability_plus_bias_and_weights_by_probability():
+    """LFM2-MoE: sigmoid probabilities; the bias (exp_probs_b) changes which experts are
+    picked, never their weights."""
+    logits = np.array([[2.0, 1.0, 0.0, -1.0]], np.float32)
+    p = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    sel, w = route(logits, 2, norm=False, gating="sigmoid")
+    assert sel.tolist() == [[0, 1]]
+    np.testing.assert_allclose(w, p[:, :2], rtol=1e-6)
+    bias = np.array([0.0, 0.0, 0.0, 1.0], np.float32)  # lifts the least likely expert
+    sel_b, w_b = route(logits, 2, norm=True, gating="sigmoid", bias=bias)
+    assert sel_b.tolist() == [[3, 0]]
+    np.testing.assert_allclose(w_b, p[:, [3, 0]] / p[:, [3, 0]].sum(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("qtype,d,ff,n_expert,k,shared,norm", CASES)
 def test_moe_matches_float_reference_and_decode_rows_equal_one_row_calls(
     qtype, d, ff, n_expert, k, shared, norm

@@ -286,6 +286,31 @@ VARIANTS = [
         ],
     ),
     Variant(
+        "lfm2moe",
+        "Lfm2MoeForCausalLM",
+        "Lfm2MoeConfig",
+        dict(
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            conv_L_cache=3,
+            norm_eps=1e-5,
+            num_dense_layers=1,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            use_expert_bias=True,
+            rope_parameters=_rope(rope_theta=1000000.0),
+            tie_word_embeddings=True,
+        ),
+        "bpe",
+        "lfm2",
+        True,
+        [
+            "LFM2's short convolution on layers 0 and 2, attention on 1 and 3",
+            "a dense FFN on layer 0, then 8 experts (top 2) on layers 1-3",
+            "sigmoid router probabilities; experts picked by probability + expert bias",
+        ],
+    ),
+    Variant(
         "granite",
         "GraniteForCausalLM",
         "GraniteConfig",
@@ -810,6 +835,8 @@ def _perturb(model) -> None:
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scale
                 b.copy_(torch.rand(b.shape, generator=gen) + 0.5)
+            if name.endswith("expert_bias"):  # LFM2-MoE's routing bias (zeros at init)
+                b.copy_(torch.randn(b.shape, generator=gen) * 0.3)
 
 
 def _logits(model, ids: list[int]) -> np.ndarray:
