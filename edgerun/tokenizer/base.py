@@ -155,6 +155,27 @@ def _meta_str(meta: dict[str, Any], key: str) -> str | None:
     )
 
 
+def _merges_and_types(
+    meta: dict[str, Any], n_tokens: int, vocabulary: str
+) -> tuple[Sequence[str], np.ndarray]:
+    """A BPE vocabulary's merges (required, each of bounded length) and token types (one per
+    token; absent: all normal); vocabulary names the kind in the error for missing merges."""
+    merges = meta.get("tokenizer.ggml.merges")
+    if merges is not None:
+        merges = _str_seq(merges, "tokenizer.ggml.merges")
+        _check_token_lengths(merges, "tokenizer.ggml.merges", 2 * MAX_TOKEN_BYTES + 1)
+    if merges is None or not len(merges):
+        raise ModelFormatError(
+            f"GGUF metadata has no 'tokenizer.ggml.merges', which a {vocabulary} vocabulary needs"
+        )
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is None:
+        types = np.full(n_tokens, TOKEN_TYPE_NORMAL, dtype=np.int32)
+    types = _int_array(types)
+    _check_len("token_type", types, n_tokens)
+    return merges, types
+
+
 def _check_len(key: str, values: Any, n: int) -> None:
     if len(values) != n:
         raise ModelFormatError(

@@ -22,7 +22,6 @@ from edgerun.errors import InvalidArgumentError, ModelFormatError, UnsupportedEr
 from edgerun.tokenizer.base import (
     _BYTE_TOKEN,
     _END_OF_TURN_TEXTS,
-    MAX_TOKEN_BYTES,
     TOKEN_TYPE_BYTE,
     TOKEN_TYPE_CONTROL,
     TOKEN_TYPE_NORMAL,
@@ -30,12 +29,9 @@ from edgerun.tokenizer.base import (
     TOKEN_TYPE_USER_DEFINED,
     Tokenizer,
     _ByteTable,
-    _check_len,
-    _check_token_lengths,
-    _int_array,
     _literal_regex,
+    _merges_and_types,
     _meta_str,
-    _str_seq,
     _vocabulary,
 )
 from edgerun.tokenizer.bpe_merges import MergeTable
@@ -269,20 +265,9 @@ class BPETokenizer(Tokenizer):
         from tokenizers import pre_tokenizers
 
         tokens = _vocabulary(meta)
-        merges = meta.get("tokenizer.ggml.merges")
-        if merges is not None:
-            merges = _str_seq(merges, "tokenizer.ggml.merges")
-            _check_token_lengths(merges, "tokenizer.ggml.merges", 2 * MAX_TOKEN_BYTES + 1)
-        if merges is None or not len(merges):
-            raise ModelFormatError(
-                "GGUF metadata has no 'tokenizer.ggml.merges', which a byte-level BPE "
-                "('tokenizer.ggml.model' = 'gpt2') vocabulary needs"
-            )
-        types = meta.get("tokenizer.ggml.token_type")
-        if types is None:
-            types = np.full(len(tokens), TOKEN_TYPE_NORMAL, dtype=np.int32)
-        types = _int_array(types)
-        _check_len("token_type", types, len(tokens))
+        merges, types = _merges_and_types(
+            meta, len(tokens), "byte-level BPE ('tokenizer.ggml.model' = 'gpt2')"
+        )
 
         pre = _meta_str(meta, "tokenizer.ggml.pre") or "default"
         kind = pre_tokenizer_for(pre)

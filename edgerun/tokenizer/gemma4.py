@@ -22,18 +22,13 @@ from edgerun.errors import InvalidArgumentError, ModelFormatError
 from edgerun.tokenizer.base import (
     _BYTE_TOKEN,
     _END_OF_TURN_TEXTS,
-    MAX_TOKEN_BYTES,
     TOKEN_TYPE_BYTE,
     TOKEN_TYPE_CONTROL,
-    TOKEN_TYPE_NORMAL,
     TOKEN_TYPE_USER_DEFINED,
     Tokenizer,
     _ByteTable,
-    _check_len,
-    _check_token_lengths,
-    _int_array,
     _literal_regex,
-    _str_seq,
+    _merges_and_types,
     _vocabulary,
 )
 from edgerun.tokenizer.bpe_merges import MergeTable
@@ -54,20 +49,9 @@ class Gemma4Tokenizer(Tokenizer):
     def __init__(self, meta: dict[str, Any]) -> None:
         super().__init__()
         tokens = _vocabulary(meta)
-        merges = meta.get("tokenizer.ggml.merges")
-        if merges is not None:
-            merges = _str_seq(merges, "tokenizer.ggml.merges")
-            _check_token_lengths(merges, "tokenizer.ggml.merges", 2 * MAX_TOKEN_BYTES + 1)
-        if merges is None or not len(merges):
-            raise ModelFormatError(
-                "GGUF metadata has no 'tokenizer.ggml.merges', which a Gemma 4 BPE "
-                "('tokenizer.ggml.model' = 'gemma4') vocabulary needs"
-            )
-        types = meta.get("tokenizer.ggml.token_type")
-        if types is None:
-            types = np.full(len(tokens), TOKEN_TYPE_NORMAL, dtype=np.int32)
-        types = _int_array(types)
-        _check_len("token_type", types, len(tokens))
+        merges, types = _merges_and_types(
+            meta, len(tokens), "Gemma 4 BPE ('tokenizer.ggml.model' = 'gemma4')"
+        )
         self.vocab_size = len(tokens)
         self.token_types = types
         self._tokens = tokens
