@@ -241,6 +241,19 @@ def is_moe_layer(spec: ModelSpec, store, layer: int) -> bool:
     return spec.n_expert > 0 and store.has(spec.expert_tensor("ffn_gate_inp", layer))
 
 
+def _optional_vector(store, name: str, size: int, what: str, source: str) -> np.ndarray | None:
+    """The store's vector `name` of `size` values (`what` names the size in the error), or
+    None where the file has none."""
+    if not store.has(name):
+        return None
+    v = store.vector(name)
+    if v.shape != (size,):
+        raise ModelFormatError(
+            f"{source}: tensor '{name}' should have {size} values ({what}), found {v.size}"
+        )
+    return v
+
+
 def moe_ffn(store, spec: ModelSpec, layer: int, source: str, experts: ExpertSource | None = None):
     """Layer `layer`'s MoEFFN over a WeightStore's router, shared expert and gate, each
     checked against the spec; the routed experts from `experts`, or resident views of the
@@ -267,23 +280,10 @@ def moe_ffn(store, spec: ModelSpec, layer: int, source: str, experts: ExpertSour
             expected=(spec.expert_shared_ff or spec.d_ff, d),
             source=source,
         )
-        gate_name = spec.expert_tensor("ffn_gate_inp_shexp", layer)
-        if store.has(gate_name):
-            shared_gate = store.vector(gate_name)
-            if shared_gate.shape != (d,):
-                raise ModelFormatError(
-                    f"{source}: tensor '{gate_name}' should have {d} values (d_model), found "
-                    f"{shared_gate.size}"
-                )
-    bias = None
-    bias_name = spec.expert_tensor("exp_probs_b", layer)
-    if store.has(bias_name):
-        bias = store.vector(bias_name)
-        if bias.shape != (n,):
-            raise ModelFormatError(
-                f"{source}: tensor '{bias_name}' should have {n} values (n_expert), found "
-                f"{bias.size}"
-            )
+        shared_gate = _optional_vector(
+            store, spec.expert_tensor("ffn_gate_inp_shexp", layer), d, "d_model", source
+        )
+    bias = _optional_vector(store, spec.expert_tensor("exp_probs_b", layer), n, "n_expert", source)
     return MoEFFN(
         router,
         experts,
