@@ -1,9 +1,10 @@
-"""Row-interleaved decode kernels (edgerun/ops/qmatvec_rows16.py) against the row
-kernels (qmatvec_vnni's mv_* / mvb_*), on a model's matrix shapes, out of cache.
+"""Row-interleaved decode kernels (edgerun/ops/int8/rows16.py) against the row
+kernels (edgerun/ops/int8's mv_* / mvb_*), on a model's matrix shapes, out of cache.
 
 For each (format, rows x cols, count): `count` copies of a random matrix (as a model's
 layers stream them, larger than the last-level cache), timed as one pass over all of
-them, for 1, 2, 4 and 8 vectors; the two kernel families alternate each round; medians.
+them, for 1, 2, 4 and 8 vectors; every vector count and both kernel families alternate
+within each round; medians.
 Prints ms a pass, the speedup, and each family's n-vector cost against its one vector.
 
 Usage: python benchmarks/rows16.py [-t 2] [-r 7] [--shapes Q5_0:4864x896x48 ...]
@@ -33,11 +34,11 @@ DEFAULT = [
 ]
 
 
-def _pass(fn, mats, args) -> float:
-    t = time.perf_counter()
+def _pass(fn, mats, args, clock=time.perf_counter) -> float:
+    t = clock()
     for m in mats:
         fn(m, *args)
-    return time.perf_counter() - t
+    return clock() - t
 
 
 def main() -> None:
@@ -46,6 +47,11 @@ def main() -> None:
     ap.add_argument("-r", "--rounds", type=int, default=7)
     ap.add_argument("--shapes", nargs="+", default=DEFAULT, help="FORMAT:ROWSxCOLSxCOUNT")
     ap.add_argument("--vectors", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time the process's CPU seconds, not wall (on a host shared with other work)",
+    )
     args = ap.parse_args()
     import numba
 
@@ -67,31 +73,34 @@ def main() -> None:
         ils = [r16.interleave(qt, r, rows, cols) for r in raws]
         row_mv = getattr(v, f"mv_{name.lower()}")
         row_mvb = getattr(v, f"mvb_{name.lower()}")
-        ones: dict[str, float] = {}
+        fams = {}
         for nv in args.vectors:
             x = rng.standard_normal((nv, cols)).astype(np.float32)
             out = np.zeros((nv, rows), np.float32)
             if nv == 1:
                 e1 = np.zeros(0, np.float32)
                 a_row = (e2, e2, x[0], out[0], e1, e1)
-                fam = {"rows": (row_mv, raws, a_row), "rows16": (TRAITS[qt].mv16, ils, a_row)}
+                fams[nv] = {"rows": (row_mv, raws, a_row), "rows16": (TRAITS[qt].mv16, ils, a_row)}
             else:
                 e = np.zeros((0, 0), np.float32)
                 a = (e2, e2, x, out, e, e)
-                fam = {"rows": (row_mvb, raws, a), "rows16": (TRAITS[qt].mvb16, ils, a)}
-            times: dict[str, list[float]] = {k: [] for k in fam}
-            for fn, mats, a in fam.values():
+                fams[nv] = {"rows": (row_mvb, raws, a), "rows16": (TRAITS[qt].mvb16, ils, a)}
+            for fn, mats, a in fams[nv].values():
                 _pass(fn, mats, a)  # compile, warm
-            for _ in range(args.rounds):
+        times = {(nv, k): [] for nv, fam in fams.items() for k in fam}
+        clock = time.process_time if args.cpu_time else time.perf_counter
+        for _ in range(args.rounds):  # every vector count and family in each round
+            for nv, fam in fams.items():
                 for k, (fn, mats, a) in fam.items():
-                    times[k].append(_pass(fn, mats, a) * 1e3)
-            med = {k: statistics.median(t) for k, t in times.items()}
-            if nv == 1:
-                ones = dict(med)
-            rel = "  ".join(f"{k} {med[k] / ones[k]:.2f}x one" for k in med if k in ones)
+                    times[nv, k].append(_pass(fn, mats, a, clock) * 1e3)
+        med = {key: statistics.median(t) for key, t in times.items()}
+        one = args.vectors[0]
+        for nv in fams:
+            rel = "  ".join(f"{k} {med[nv, k] / med[one, k]:.2f}x one" for k in fams[nv])
             print(
-                f"{name} {rows}x{cols} x{count} n={nv}: rows {med['rows']:.2f} ms, rows16 "
-                f"{med['rows16']:.2f} ms ({med['rows'] / med['rows16']:.2f}x)  [{rel}]",
+                f"{name} {rows}x{cols} x{count} n={nv}: rows {med[nv, 'rows']:.2f} ms, rows16 "
+                f"{med[nv, 'rows16']:.2f} ms ({med[nv, 'rows'] / med[nv, 'rows16']:.2f}x)  "
+                f"[{rel}]",
                 flush=True,
             )
 

@@ -6,7 +6,7 @@ forward_batch over m caches for more: the rows a verification pass of m - 1 draf
 tokens runs); the row counts alternate within each round, medians over the rounds.
 
 Usage: PYTHONPATH=. python benchmarks/verify_rows.py [-m PATH] [--rows 1 2 4 8 16]
-       [--rounds 6] [--steps 4] [--threads 2]
+       [--rounds 6] [--steps 4] [--threads 2] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time CPU seconds, not wall (1 thread, on a host shared with other work)",
+    )
     args = ap.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     set_threads(args.threads)
     m = edgerun.load(str(args.model), threads=args.threads, n_ctx=256)
     tr = m.transformer
@@ -46,15 +52,16 @@ def main() -> None:
             for c in caches[:n]:
                 c.truncate(len(prompt))
             set_threads(args.threads)
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(args.steps):
                 if n == 1:
                     tr.forward([42], caches[0])
                 else:
                     tr.forward_batch([42] * n, caches[:n])
             if r:
-                res.setdefault(n, []).append((time.perf_counter() - t0) * 1e3 / args.steps)
-    print(f"{args.model.name}, {args.threads} threads, medians of {args.rounds} rounds")
+                res.setdefault(n, []).append((clock() - t0) * 1e3 / args.steps)
+    unit = "CPU" if args.cpu_time else "wall"
+    print(f"{args.model.name}, {args.threads} threads, {unit} ms, medians of {args.rounds} rounds")
     one = statistics.median(res[args.rows[0]])
     for n, v in res.items():
         md = statistics.median(v)

@@ -77,11 +77,7 @@ if _HAS_INT8:
         _v.quantize_xn(x, span, nib2, xq, xds, xs16)
         for k in prange(idx.shape[0]):
             base = np.int64(idx[k]) * stride + offset
-            if kind == _v.KIND_Q4_K:
-                out[k] = _v._row_q4_k(flat, base, nunit, xq, xds, xs16)
-            elif kind == _v.KIND_Q6_K:
-                out[k] = _v._row_q6_k(flat, base, nunit, xq, xds, xs16)
-            elif kind == _v.KIND_Q8_0:
+            if kind == _v.KIND_Q8_0:
                 out[k] = _v._row_q8_0(flat, base, nunit, xq, xds, xs16)
             elif kind == _v.KIND_Q4_1:
                 out[k] = _v._row_q4_1(flat, base, nunit, xq, xds, xs16)

@@ -21,7 +21,6 @@ import numpy as np
 
 from edgerun.ops.int8 import batch as _ib
 from edgerun.ops.int8 import blocks as _ik
-from edgerun.ops.int8 import ir as _ir
 from edgerun.ops.int8 import matvec as _im
 from edgerun.ops.int8 import rows16 as _r16
 from edgerun.ops.int8 import superblock as _sb
@@ -190,13 +189,13 @@ TRAITS: dict[QuantType, Traits] = {
         _p.mv_q4_k, **_portable(_p.KIND_Q4_K), matvec_batch=_pb.mvb_q4_k,
         mv3=_im.mv_q4_k, mvb3=_ib.mvb_q4_k, gemm_kind=_ik.KIND_Q4_K,
         superblock_kind=_sb.KIND_Q4_K, mv16=_r16.mv16_q4_k, mvb16=_r16.mvb16_q4_k,
-        sb8_decode=_ir.SB8_DECODE, sparse_rows=True, prefill_max=_xover(amx=10, vnni=14, avx2=14),
+        sb8_decode=True, sparse_rows=True, prefill_max=_xover(amx=10, vnni=14, avx2=14),
     ),
     QuantType.Q6_K: Traits(
         _p.mv_q6_k, **_portable(_p.KIND_Q6_K), matvec_batch=_pb.mvb_q6_k,
         mv3=_im.mv_q6_k, mvb3=_ib.mvb_q6_k, gemm_kind=_ik.KIND_Q6_K,
         superblock_kind=_sb.KIND_Q6_K, mv16=_r16.mv16_q6_k, mvb16=_r16.mvb16_q6_k,
-        sb8_decode=_ik.Q6K_SB8, sparse_rows=True, prefill_max=_xover(amx=10, vnni=14, avx2=6),
+        sb8_decode=True, sparse_rows=True, prefill_max=_xover(amx=10, vnni=14, avx2=6),
     ),
     QuantType.Q5_1: Traits(
         _mv_deq(_p.KIND_Q5_1), **_portable(_p.KIND_Q5_1), matvec_batch=_mvb_deq(_p.KIND_Q5_1),

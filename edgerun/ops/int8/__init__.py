@@ -2,11 +2,13 @@
 or, on CPUs with only AVX2, `vpmaddwd` on int16 activations (`DOT`; same lanes and
 int32 results).
 
-Decode has two exceptions: off the vnni path Q4_K and Q6_K take single-level int8
-activations with one scale per super-block refined per 32 by powers of two
-(quantize_x_sb8, q4_k_block8), half the multiplies for ~1e-4 KL on the logits (see
-q4_k_block8); on every int8 path Q5_0 takes a scale per 32 and Q3_G64/Q2_G64 one per 64
-(quantize_x1, "X1's formats"): 1.1-1.5x the kernels
+Decode has two exceptions: Q4_K and Q6_K take single-level int8 activations with one
+scale per super-block refined per 32 by powers of two (quantize_x_sb8, q4_k_block8, and
+the interleaved copies' rows16 kernels), half the multiplies for ~1e-4 KL on the logits
+(see q4_k_block8): a single vector's decode is bound by DRAM either way, but several
+vectors (a speculative verification pass, the batching scheduler) are bound by the
+integer dots, which one level halves; on every int8 path Q5_0 takes a scale per 32 and
+Q3_G64/Q2_G64 one per 64 (quantize_x1, "X1's formats"): 1.1-1.5x the kernels
 (benchmarks/results/decode_quality_avx2.txt has what it costs).
 
 x is quantized once per call to two-level int8 blocks of 32: q1 = rint(x / dx) with
@@ -120,9 +122,6 @@ from edgerun.ops.int8.blocks import (
     KIND_Q8_0 as KIND_Q8_0,
 )
 from edgerun.ops.int8.blocks import (
-    Q6K_SB8 as Q6K_SB8,
-)
-from edgerun.ops.int8.blocks import (
     x1_span as x1_span,
 )
 from edgerun.ops.int8.gemm import (
@@ -130,9 +129,6 @@ from edgerun.ops.int8.gemm import (
 )
 from edgerun.ops.int8.ir import (
     DOT as DOT,
-)
-from edgerun.ops.int8.ir import (
-    SB8_DECODE as SB8_DECODE,
 )
 from edgerun.ops.int8.matvec import (
     _row_k8 as _row_k8,
@@ -144,13 +140,7 @@ from edgerun.ops.int8.matvec import (
     _row_q4_1 as _row_q4_1,
 )
 from edgerun.ops.int8.matvec import (
-    _row_q4_k as _row_q4_k,
-)
-from edgerun.ops.int8.matvec import (
     _row_q5_0 as _row_q5_0,
-)
-from edgerun.ops.int8.matvec import (
-    _row_q6_k as _row_q6_k,
 )
 from edgerun.ops.int8.matvec import (
     _row_q8_0 as _row_q8_0,

@@ -40,7 +40,6 @@ from edgerun.ops.int8.blocks import (  # noqa: E402
     KIND_Q8_0,
     Q6K_DX_ORDER,
     Q6K_GROUP_SUMS,
-    Q6K_SB8,
     Q6K_SUM_ORDER,
     _block_dot,
     _fold16,
@@ -78,7 +77,6 @@ from edgerun.ops.int8.ir import (  # noqa: E402
     F32,
     I8,
     I64,
-    SB8_DECODE,
     V4F,
     V8F,
     V16F,
@@ -572,7 +570,7 @@ def _k8_rows2(kind, flat, base, nsb, cols, xb, xsb, xp, bs, v0, rv):
 
 @njit(inline="always")
 def _mvb_k8(kind, d0, d1, d2, X, o0, o1, o2):
-    """_mvb for Q4_K / Q6_K on quantize_x_sb8 activations (SB8_DECODE, Q6K_SB8): rows
+    """_mvb for Q4_K / Q6_K on quantize_x_sb8 activations: rows
     equal mv_q4_k's / mv_q6_k's."""
     nv, cols = X.shape
     n = cols // 256
@@ -619,18 +617,12 @@ def _mvb_k8(kind, d0, d1, d2, X, o0, o1, o2):
 
 @njit(parallel=True, cache=True, nogil=True)
 def mvb_q4_k(d0, d1, d2, X, o0, o1, o2):
-    if SB8_DECODE:
-        _mvb_k8(KIND_Q4_K, d0, d1, d2, X, o0, o1, o2)
-    else:
-        _mvb(KIND_Q4_K, d0, d1, d2, X, o0, o1, o2)
+    _mvb_k8(KIND_Q4_K, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mvb_q6_k(d0, d1, d2, X, o0, o1, o2):
-    if Q6K_SB8:
-        _mvb_k8(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
-    else:
-        _mvb(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
+    _mvb_k8(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)

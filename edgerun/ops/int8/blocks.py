@@ -746,11 +746,6 @@ def q6_k_block8(typingctx, a8, am, row, off, xb, xo, xsb, xp, s, bs):
 # --base <rev> --formats Q6_K -t 1`). Tried: the same for Q4_K (0.88-1.19x: it keeps
 # scaling lanes in float), phadd.d for the sums and integer scale multiplies (slower).
 Q6K_GROUP_SUMS = DOT != "vnni"
-# Q6_K decode off the vnni path on quantize_x_sb8's single-level activations (q6_k_block8),
-# as Q4_K's (SB8_DECODE): 1.35-1.40x the two-level kernel with the group sums above on
-# the 1.5B's shapes, avx2, one thread (`python benchmarks/kernel_ab.py --base <rev>
-# --formats Q6_K -t 1`).
-Q6K_SB8 = DOT != "vnni"
 Q6K_DX_ORDER = tuple(2 * (s // 2) for s in Q6K_SUM_ORDER)  # dx of scale s: xds[2 (s // 2)]
 
 

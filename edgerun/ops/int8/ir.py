@@ -25,15 +25,6 @@ F0 = np.float32(0.0)
 # 64-bit ARM, elsewhere with EDGERUN_KERNELS=int8 (see _simd.int8_dot).
 DOT = int8_dot() or "avx2"
 
-# Q4_K decode (mv_q4_k, mvb_q4_k, sparse_ffn's rows) off the vnni path takes single-level
-# int8 activations with one scale per super-block refined by powers of two
-# (quantize_x_sb8, q4_k_block8): vpmaddubsw plus a vpmaddwd that applies the sub-block
-# scales, half the multiplies of the two-level int16 words and no float scaling per
-# sub-block; its speed and logits are at q4_k_block8. The vnni path keeps the more exact
-# two-level activations: its decode is bound by DRAM, and the same kernels there gain
-# ~1.06x on the whole 1.5B decode, 1 thread (`python benchmarks/kernel_ab.py --base <rev>
-# --formats Q4_K Q6_K -t 1`, `python benchmarks/vs_llamacpp.py -m qwen2.5-coder-1.5b`).
-SB8_DECODE = DOT != "vnni"
 
 # Q5_0 and edgerun's Q3_G64 / Q2_G64 (X1's formats) decode on single-level int8
 # activations on every int8 path, one scale per 32 as llama.cpp's q8_0 (quantize_x1,
@@ -164,7 +155,7 @@ class _IR:
         products), which x86 lowers to vpmaddwd and other targets to their widening
         multiply-adds (ARM: smull/smlal)."""
         b = self.b
-        if DOT == "avx2":
+        if DOT != "int8":  # AVX-512 CPUs have AVX2's instructions
             V16I16 = _v(I16, 16)
             return b.call(self.fn("llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16]), [a, x])
         p = b.mul(b.sext(a, V16I32), b.sext(x, V16I32))
@@ -176,7 +167,7 @@ class _IR:
         "int8" path spells it in generic IR."""
         b = self.b
         V16I16, V32I16 = _v(I16, 16), _v(I16, 32)
-        if DOT == "avx2":
+        if DOT != "int8":
             f = self.fn("llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
             return b.call(f, [w, x])
         p = b.mul(b.zext(w, V32I16), b.sext(x, V32I16))

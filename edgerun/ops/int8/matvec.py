@@ -34,8 +34,6 @@ from edgerun.ops.int8.blocks import (  # noqa: E402
     KIND_Q5_K,
     KIND_Q6_K,
     KIND_Q8_0,
-    Q6K_GROUP_SUMS,
-    Q6K_SB8,
     iq4_nl_pair,
     iq4_nl_single,
     iq4_xs_block,
@@ -47,14 +45,12 @@ from edgerun.ops.int8.blocks import (  # noqa: E402
     q4_0_single,
     q4_1_pair,
     q4_1_single,
-    q4_k_block,
     q4_k_block8,
     q5_0_pair,
     q5_0_single,
     q5_1_pair,
     q5_1_single,
     q5_k_block,
-    q6_k_block,
     q6_k_block8,
     q8_0_pair,
     q8_0_single,
@@ -62,7 +58,6 @@ from edgerun.ops.int8.blocks import (  # noqa: E402
     x1_span,
 )
 from edgerun.ops.int8.ir import (  # noqa: E402
-    SB8_DECODE,
     acc4,
     acc16,
 )
@@ -148,15 +143,6 @@ def _row_q8_0(row, base, nb, xq, xds, xs16):
 
 
 @njit(inline="always")
-def _row_q4_k(row, base, nsb, xq, xds, xs16):
-    a16 = acc16()
-    am = acc16()
-    for b in range(nsb):
-        q4_k_block(a16, am, row, base + b * 144, xq, b * 512, xds, b * 16)
-    return _hsum(a16, 16) - _hsum(am, 8)
-
-
-@njit(inline="always")
 def _row_q5_k(row, base, nsb, xq, xds, xs16):
     a16 = acc16()
     am = acc16()
@@ -218,15 +204,6 @@ def _row_k8(kind, row, base, nsb, xb, xsb, xp, bs):
 
 
 @njit(inline="always")
-def _row_q6_k(row, base, nsb, xq, xds, xs16):
-    a16 = acc16()
-    ab = acc16()
-    for b in range(nsb):
-        q6_k_block(a16, ab, row, base + b * 210, xq, b * 512, xds, b * 16, xs16, b * 16)
-    return _hsum(a16, 16) - np.float32(32.0) * _hsum(ab, 16 if Q6K_GROUP_SUMS else 4)
-
-
-@njit(inline="always")
 def _row_q2_g64(row, base, nblk, xq, xds, xs16):
     a16 = acc16()
     a4 = acc4()
@@ -262,10 +239,6 @@ def _row_of(kind, row, base, n, xq, xds, xs16):
         return _row_q5_0(row, base, n, xq, xds, xs16)
     if kind == KIND_Q8_0:
         return _row_q8_0(row, base, n, xq, xds, xs16)
-    if kind == KIND_Q4_K:
-        return _row_q4_k(row, base, n, xq, xds, xs16)
-    if kind == KIND_Q6_K:
-        return _row_q6_k(row, base, n, xq, xds, xs16)
     if kind == KIND_Q2_G64:
         return _row_q2_g64(row, base, n, xq, xds, xs16)
     if kind == KIND_Q5_1:
@@ -334,15 +307,12 @@ def mv_q8_0(d0, d1, d2, x, o0, o1, o2):
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q4_k(d0, d1, d2, x, o0, o1, o2):
-    if SB8_DECODE:
-        _mv_k8(KIND_Q4_K, d0, d1, d2, x, o0, o1, o2)
-        return
-    _mv(KIND_Q4_K, d0, d1, d2, x, o0, o1, o2)
+    _mv_k8(KIND_Q4_K, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(inline="always")
 def _mv_k8(kind, d0, d1, d2, x, o0, o1, o2):
-    """mv_q4_k / mv_q6_k on quantize_x_sb8's activations (SB8_DECODE, Q6K_SB8)."""
+    """mv_q4_k / mv_q6_k on quantize_x_sb8's single-level activations."""
     cols = x.shape[0]
     n = cols // 256
     xb, xsb, xp, bs = x_k8(kind, x)
@@ -354,10 +324,7 @@ def _mv_k8(kind, d0, d1, d2, x, o0, o1, o2):
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q6_k(d0, d1, d2, x, o0, o1, o2):
-    if Q6K_SB8:
-        _mv_k8(KIND_Q6_K, d0, d1, d2, x, o0, o1, o2)
-        return
-    _mv(KIND_Q6_K, d0, d1, d2, x, o0, o1, o2)
+    _mv_k8(KIND_Q6_K, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -10,8 +10,8 @@ Here 16 rows are interleaved per block of 32 columns, in the lane order `vpdpbus
 wants with the rows across the lanes: register k (k = 0..7) of a block holds, for each
 of the 16 rows, its weights 4k..4k+3, so `vpdpbusd(acc, W_k, broadcast(x[4k:4k+4]))`
 adds four products to each row's own lane, and a block's 16 row dots end in one
-register. Per block and vector: 8 `vpdpbusd` (a broadcast x operand each, two levels
-16), one conversion, one scale product and one FMA for 16 rows, where the row layout
+register. Per block and vector: 8 `vpdpbusd` (a broadcast x operand each; two-level
+formats 16), one conversion, one scale product and one FMA for 16 rows, where the row layout
 takes 4 of each; no horizontal sums. The unpack (shared by the vectors) is the same.
 
 On 48 Q5_0 matrices 4864x896 out of cache, 2 threads, a step takes 5.6 ms for 1 vector
@@ -30,9 +30,15 @@ block of 32 columns, `GROUP_BYTES[kind]` bytes on average:
   and its two 16-weight scales), then d and dmin / d of the 16 rows
   (_interleave_q4_k, _interleave_q6_k).
 
-Activations: per block of 32 one scale dx = max|x| / 127, q1 = rint(x / dx), and for the
-two-level formats (all but Q5_0, as in the row kernels) the residual
+Activations, as the row kernels quantize them: per block of 32 one scale dx = max|x| /
+127, q1 = rint(x / dx), and for the two-level formats (Q4_0, Q4_1, Q8_0) the residual
 q2 = rint((x - q1 dx) 128 / dx); a block's value is d dx (dot(w, q1) + dot(w, q2) / 128).
+The K-quants take quantize_x_sb8's single level (one scale per 256 refined per 32 by a
+power of two), Q5_0 q1 alone. One level halves the dots a vector costs, which is what
+several vectors pay for once the unpack is shared: on the 1.5B's Q4_K 8960x1536 shape,
+1 thread, 16 vectors cost 5.0-5.2x one vector's time where two levels cost 6.8-7.2x, 4
+vectors 1.6x where they cost 1.8-1.9x (`python benchmarks/rows16.py --cpu-time -t 1
+--vectors 1 2 4 8 16 --shapes Q4_K:8960x1536x4 Q6_K:1536x8960x4`).
 The formats' offsets (-8, -16, -128, -32 per weight) are folded into the integer sums;
 Q4_1's m and Q4_K's dmin terms take one FMA with the block's activation sum.
 
@@ -55,7 +61,7 @@ from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 from edgerun.ops._simd import h2f  # noqa: E402
-from edgerun.ops.int8.activations import amax32, q8_16, qhalf  # noqa: E402
+from edgerun.ops.int8.activations import SB8_EMAX, amax32, q8_16, qhalf  # noqa: E402
 from edgerun.ops.portable.kernels import _q4k_sm  # noqa: E402
 from edgerun.quant.formats import QuantType  # noqa: E402
 
@@ -85,7 +91,9 @@ GROUP_BYTES = {
 }
 Q4K_SUPER, Q6K_SUPER = 2368, 3360
 _D_AT = {KIND_Q4_0: 256, KIND_Q4_1: 256, KIND_Q5_0: 320, KIND_Q8_0: 512}
-_LEVELS = {KIND_Q5_0: 1}  # the others: 2
+# single-level activations: Q5_0 one scale per 32 (quantize_x1), the K-quants one per 256
+# refined per 32 (quantize_x_sb8); the others two levels
+_LEVELS = {KIND_Q5_0: 1, KIND_Q4_K: 1, KIND_Q6_K: 1}
 _BIAS = {KIND_Q4_0: -8, KIND_Q5_0: -16, KIND_Q8_0: -128, KIND_Q6_K: -32}  # the others: 0
 
 I1, I8, I32, I64 = (ir.IntType(n) for n in (1, 8, 32, 64))
@@ -275,31 +283,49 @@ def _f16_at(il, g, o):
 
 # ------------------------------------------------------------------------ activations
 @njit(cache=True, nogil=True)
-def quantize_x16(X, levels, xq, xd, xs, xf, xh):
+def quantize_x16(X, levels, sb8, xq, xd, xs, xf, xh):
     """X float32 [nv, cols] -> per vector and block of 32, as the row kernels quantize
-    (int8.quantize_x, quantize_x1): xq int8 [nv, levels, cols] (q1, and q2 for
-    two levels), xd float32 [nv, nb] the scale of the integer sums (dx, or dx / 128 for
-    two levels), xs int32 [nv, nb] the sum of the integer activations (sum(q1), or
-    sum(128 q1 + q2)), xf = xd * xs (Q4_1's m term), xh int32 [nv, 2 nb] those sums per
-    16 elements (Q6_K's scales are per 16)."""
+    (int8.quantize_x, quantize_x1, quantize_x_sb8): xq int8 [nv, levels, cols] (q1, and
+    q2 for two levels), xd float32 [nv, nb] the scale of the integer sums (dx, or dx / 128
+    for two levels, or for sb8 the super-block's dx / 2^e), xs int32 [nv, nb] the sum of
+    the integer activations (sum(q1), or sum(128 q1 + q2)), xf = xd * xs (Q4_1's and
+    Q4_K's m terms), xh int32 [nv, 2 nb] those sums per 16 elements (Q6_K's scales are
+    per 16). sb8 (single level, the K-quants): one scale per 256 refined per 32 by a
+    power of two, the integers quantize_x_sb8 gives the row kernels."""
     nv, cols = X.shape
     nb = cols // 32
     x = X.reshape(-1)
     q = xq.reshape(-1)
+    amax, dsb, inv = F0, F0, F0
     for v in range(nv):
         for b in range(nb):
             xo = v * cols + 32 * b
             q1o = v * levels * cols + 32 * b
-            d = amax32(x, xo) / np.float32(127.0)
-            inv = np.float32(1.0) / d if d != F0 else F0
-            if levels == 2:
-                q2o = q1o + cols
-                inv2 = inv * np.float32(128.0)
-                t0 = qhalf(x, xo, q, q1o, q2o, d, inv, inv2)
-                t1 = qhalf(x, xo + 16, q, q1o + 16, q2o + 16, d, inv, inv2)
-                d = d / np.float32(128.0)
+            if sb8:
+                if b % 8 == 0:  # the super-block's scale
+                    amax = F0
+                    for j in range(8):
+                        amax = max(amax, amax32(x, xo + 32 * j))
+                    dsb = amax / np.float32(127.0)
+                    inv = np.float32(1.0) / dsb if dsb != F0 else F0
+                a32 = amax32(x, xo)
+                e = 0
+                while e < SB8_EMAX and a32 * np.float32(2 ** (e + 1)) <= amax:
+                    e += 1
+                f = np.float32(2**e)
+                d = dsb / f
+                t0, t1 = q8_16(x, xo, q, q1o, inv * f), q8_16(x, xo + 16, q, q1o + 16, inv * f)
             else:
-                t0, t1 = q8_16(x, xo, q, q1o, inv), q8_16(x, xo + 16, q, q1o + 16, inv)
+                d = amax32(x, xo) / np.float32(127.0)
+                inv = np.float32(1.0) / d if d != F0 else F0
+                if levels == 2:
+                    q2o = q1o + cols
+                    inv2 = inv * np.float32(128.0)
+                    t0 = qhalf(x, xo, q, q1o, q2o, d, inv, inv2)
+                    t1 = qhalf(x, xo + 16, q, q1o + 16, q2o + 16, d, inv, inv2)
+                    d = d / np.float32(128.0)
+                else:
+                    t0, t1 = q8_16(x, xo, q, q1o, inv), q8_16(x, xo + 16, q, q1o + 16, inv)
             t = t0 + t1
             xh[v, 2 * b] = np.int32(t0)
             xh[v, 2 * b + 1] = np.int32(t1)
@@ -492,7 +518,7 @@ def _block(kind, n, acc, flat, base, bi, xq, xo, vstride, xd, xs, xf, nb, v0):
 
 @njit(inline="always")
 def _levels(kind):
-    return 1 if kind == KIND_Q5_0 else 2
+    return 1 if kind == KIND_Q5_0 or kind == KIND_Q4_K or kind == KIND_Q6_K else 2
 
 
 @njit(inline="always")
@@ -522,7 +548,7 @@ def _mv16(kind, d0, d1, d2, X, o0, o1, o2):
     xs = np.empty((nv, nb), np.int32)
     xf = np.empty((nv, nb), np.float32)
     xh = np.empty((nv, 2 * nb), np.int32)
-    quantize_x16(X, lv, xq, xd, xs, xf, xh)
+    quantize_x16(X, lv, kind == KIND_Q4_K or kind == KIND_Q6_K, xq, xd, xs, xf, xh)
     xqf, xdf, xsf, xff = xq.reshape(-1), xd.reshape(-1), xs.reshape(-1), xf.reshape(-1)
     if kind == KIND_Q6_K:
         xsf = xh.reshape(-1)
