@@ -57,7 +57,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
         **common_fields(meta, a, source),
         rope_scale=rope_scaling(meta, a, source),
         rope_style="interleaved",
-        layer_nope=() if rope else (True,) * len(mixers),
+        layer_nope=() if rope else tuple(m == "attention" for m in mixers),
         embed_scale=meta_float(meta, f"{a}.embedding_scale", source, 1.0),
         attention_scale=meta_float(meta, f"{a}.attention.scale", source, 0.0, lo_open=False),
         residual_scale=meta_float(meta, f"{a}.residual_scale", source, 1.0),
