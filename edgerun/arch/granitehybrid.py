@@ -1,8 +1,9 @@
-"""IBM Granite 4.0 "H" (granitehybrid): Mamba-2 layers (model/mamba2.py) between attention
-layers, each followed by a SwiGLU FFN, dense (granite-4.0-h-micro) or a mixture of experts
-with a shared expert on every layer (granite-4.0-h-tiny: softmax router, top-k weights
-renormalised). Granite's four multipliers as in arch/granite.py. The file marks the Mamba
-layers by a head_count_kv of 0 in its per-layer array (as LFM2's convolution layers).
+"""IBM Granite 4.0 H (Mamba-2 hybrids, dense or MoE): Mamba-2 layers (model/mamba2.py)
+between attention layers, each followed by a SwiGLU FFN, dense (granite-4.0-h-micro) or a
+mixture of experts with a shared expert on every layer (granite-4.0-h-tiny: softmax router,
+top-k weights renormalised). Granite's four multipliers as in arch/granite.py. The file
+marks the Mamba layers by a head_count_kv of 0 in its per-layer array (as LFM2's
+convolution layers).
 
 RoPE: only where '.rope.scaling.finetuned' is true (Bamba; llama.cpp's switch, default
 true); Granite 4.0 H writes false, and its attention layers take no positions at all.
