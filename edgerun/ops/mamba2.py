@@ -14,15 +14,20 @@ GraniteMoeHybridMambaLayer computes the same scan in chunks of mamba_chunk_size,
 equals it up to rounding.)
 
 The state per sequence: "conv" [L - 1, conv channels] (the last inputs, oldest first) and
-"ssm" [heads, P, N]. The kernel runs the tokens in turn (no chunked form: one token's scan
-is heads x P x N multiply-adds, and a prompt costs its tokens' worth), so every token
-takes the same arithmetic alone, batched, or replayed after a rollback.
+"ssm" [heads, P, N]. The scan runs the tokens in turn (no chunked form: one token's scan is
+heads x P x N multiply-adds, and a prompt costs its tokens' worth). One token takes a
+serial kernel and a prompt its twin with the heads on the threads; both run the same
+per-(token, head) code, so a token's bits do not depend on how its rows were split into
+calls, whether it ran alone or batched, or was replayed after a rollback.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import njit
+from numba import njit, prange
+
+from edgerun.ops._simd import stack16
 
 # --------------------------------------------------------------------------------------------
 # reference (float64 numpy, token by token as llama.cpp computes it)
@@ -84,58 +89,99 @@ def mamba2_reference(
 
 
 # --------------------------------------------------------------------------------------------
-# kernel
+# kernels
 
 
 @njit(cache=True, fastmath=True, nogil=True)
-def mamba2_rows(proj, conv_t, conv_b, dt_bias, a, d, norm_w, groups, eps, conv_state, ssm, y):
-    """The mixer core over one sequence's n rows (the reference's arithmetic in float32):
-    proj [n, 2 d_inner + 2 groups N + heads], conv_t [L, C] (taps, tap L - 1 on the newest
-    input), conv_b [C], dt_bias, a, d [heads], norm_w [d_inner]; conv_state [L - 1, C] and
-    ssm [heads, P, N] are updated in place to the states after the rows; y [n, d_inner]
-    receives the gated, normed outputs (before out_proj)."""
+def _conv_silu(proj, d_inner, conv_t, conv_b, conv_state, xbc):
+    """xbc[t] = SiLU(bias + the conv over [state rows, rows' x B C]) for the n rows (their
+    x B C after z, d_inner wide); the state becomes the last L - 1 inputs."""
     n = proj.shape[0]
-    heads, p_dim, n_state = ssm.shape
-    d_inner = heads * p_dim
     taps, c_all = conv_t.shape
     k = taps - 1
-    per = heads // groups
-    gsize = d_inner // groups
-    xbc = np.empty(c_all, np.float32)
     for t in range(n):
         row = proj[t]
-        # the conv over the window [state rows, this row], SiLU; then the state shifts
+        out = xbc[t]
         for ch in range(c_all):
             acc = conv_b[ch]
             for j in range(k):
-                acc += conv_t[j, ch] * conv_state[j, ch]
+                tt = t - k + j  # an earlier row of this call, else the state
+                v = proj[tt, d_inner + ch] if tt >= 0 else conv_state[k + tt, ch]
+                acc += conv_t[j, ch] * v
             acc += conv_t[k, ch] * row[d_inner + ch]
-            xbc[ch] = acc / (np.float32(1.0) + np.exp(-acc))
-        for j in range(k - 1):
-            conv_state[j, :] = conv_state[j + 1, :]
-        if k > 0:
-            conv_state[k - 1, :] = row[d_inner : d_inner + c_all]
+            out[ch] = acc / (np.float32(1.0) + np.exp(-acc))
+    if n >= k:
+        conv_state[:] = proj[n - k :, d_inner : d_inner + c_all]
+    else:
+        conv_state[: k - n] = conv_state[n:].copy()
+        conv_state[k - n :] = proj[:, d_inner : d_inner + c_all]
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _scan_head(xbc, dt, dt_bias, a, d, groups, t, h, ssm, y, bb, cc):
+    """Token t's scan step on head h's state ssm[h] [P, N] and its outputs y[t, h's P];
+    bb, cc: [N] buffers for the group's B and C (copies the state's stores cannot alias,
+    so the SLP vectorizer packs the lanes)."""
+    heads, p_dim, n_state = ssm.shape
+    d_inner = heads * p_dim
+    g = h // (heads // groups)
+    b0 = d_inner + g * n_state
+    c0 = d_inner + groups * n_state + g * n_state
+    xt = xbc[t]
+    for i in range(n_state):
+        bb[i] = xt[b0 + i]
+        cc[i] = xt[c0 + i]
+    v = dt[t, h] + dt_bias[h]
+    dts = v if v > np.float32(20.0) else np.log1p(np.exp(v))
+    da = np.exp(dts * a[h])
+    whole = n_state - n_state % 16
+    acc = numba.carray(stack16(), 16)
+    for p in range(p_dim):
+        xv = xt[h * p_dim + p]
+        xdt = xv * dts
+        s = ssm[h, p]
+        for lane in range(16):
+            acc[lane] = np.float32(0.0)
+        for i0 in range(0, whole, 16):  # 16 lanes of the state row (the SLP vectorizer's)
+            for lane in range(16):
+                si = s[i0 + lane] * da + bb[i0 + lane] * xdt
+                s[i0 + lane] = si
+                acc[lane] += si * cc[i0 + lane]
+        total = np.float32(0.0)
+        for lane in range(16):
+            total += acc[lane]
+        for i in range(whole, n_state):
+            si = s[i] * da + bb[i] * xdt
+            s[i] = si
+            total += si * cc[i]
+        y[t, h * p_dim + p] = total + d[h] * xv
+
+
+@njit(cache=True, fastmath=True, nogil=True)
+def _scan_serial(xbc, dt, dt_bias, a, d, groups, ssm, y):
+    bb, cc = np.empty(ssm.shape[2], np.float32), np.empty(ssm.shape[2], np.float32)
+    for h in range(ssm.shape[0]):
+        for t in range(xbc.shape[0]):
+            _scan_head(xbc, dt, dt_bias, a, d, groups, t, h, ssm, y, bb, cc)
+
+
+@njit(cache=True, fastmath=True, nogil=True, parallel=True)
+def _scan_parallel(xbc, dt, dt_bias, a, d, groups, ssm, y):
+    for h in prange(ssm.shape[0]):
+        bb, cc = np.empty(ssm.shape[2], np.float32), np.empty(ssm.shape[2], np.float32)
+        for t in range(xbc.shape[0]):
+            _scan_head(xbc, dt, dt_bias, a, d, groups, t, h, ssm, y, bb, cc)
+
+
+@njit(cache=True, fastmath=True, nogil=True)
+def _gate_norm(z, norm_w, groups, eps, y):
+    """y = RMSNorm(y * SiLU(z)) over each group of channels, times the gain, per row."""
+    n, d_inner = y.shape
+    gsize = d_inner // groups
+    for t in range(n):
         yt = y[t]
-        for h in range(heads):
-            g = h // per
-            b0 = d_inner + g * n_state
-            c0 = d_inner + groups * n_state + g * n_state
-            v = row[d_inner + c_all + h] + dt_bias[h]
-            dts = v if v > np.float32(20.0) else np.log1p(np.exp(v))
-            da = np.exp(dts * a[h])
-            for p in range(p_dim):
-                xv = xbc[h * p_dim + p]
-                xdt = xv * dts
-                s = ssm[h, p]
-                acc = np.float32(0.0)
-                for i in range(n_state):
-                    si = s[i] * da + xbc[b0 + i] * xdt
-                    s[i] = si
-                    acc += si * xbc[c0 + i]
-                yt[h * p_dim + p] = acc + d[h] * xv
-        # gate by SiLU(z), then RMSNorm each group of channels
         for ch in range(d_inner):
-            zc = row[ch]
+            zc = z[t, ch]
             yt[ch] = yt[ch] * (zc / (np.float32(1.0) + np.exp(-zc)))
         for g in range(groups):
             ss = np.float32(0.0)
@@ -144,3 +190,38 @@ def mamba2_rows(proj, conv_t, conv_b, dt_bias, a, d, norm_w, groups, eps, conv_s
             inv = np.float32(1.0) / np.sqrt(ss / np.float32(gsize) + eps)
             for ch in range(g * gsize, (g + 1) * gsize):
                 yt[ch] = yt[ch] * inv * norm_w[ch]
+
+
+def mamba2_rows(
+    proj: np.ndarray,
+    conv_t: np.ndarray,
+    conv_b: np.ndarray,
+    dt_bias: np.ndarray,
+    a: np.ndarray,
+    d: np.ndarray,
+    norm_w: np.ndarray,
+    groups: int,
+    eps: float,
+    conv_state: np.ndarray,
+    ssm: np.ndarray,
+    y: np.ndarray,
+) -> None:
+    """The mixer core over one sequence's n rows (the reference's arithmetic in float32):
+    proj [n, 2 d_inner + 2 groups N + heads] float32, conv_t [L, C] (taps, tap L - 1 on the
+    newest input), conv_b [C], dt_bias, a, d [heads], norm_w [d_inner]; conv_state
+    [L - 1, C] and ssm [heads, P, N] are updated in place to the states after the rows;
+    y [n, d_inner] receives the gated, normed outputs (before out_proj).
+
+    One token takes the serial scan (a parallel region costs more than one token's
+    heads), a prompt spreads the heads over the threads: the same per-(token, head) code."""
+    n = proj.shape[0]
+    heads, p_dim = ssm.shape[0], ssm.shape[1]
+    d_inner, c_all = heads * p_dim, conv_t.shape[1]
+    if proj.shape[1] != d_inner + c_all + heads or y.shape != (n, d_inner):
+        raise ValueError(f"mamba2_rows: rows of {proj.shape[1]} for state {ssm.shape}")
+    xbc = np.empty((n, c_all), np.float32)
+    _conv_silu(proj, d_inner, conv_t, conv_b, conv_state, xbc)
+    dt = proj[:, d_inner + c_all :]
+    scan = _scan_serial if n == 1 else _scan_parallel
+    scan(xbc, dt, dt_bias, a, d, groups, ssm, y)
+    _gate_norm(proj[:, :d_inner], norm_w, groups, np.float32(eps), y)
