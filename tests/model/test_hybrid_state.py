@@ -362,6 +362,26 @@ def test_ssm_sizes_that_do_not_match_the_tensors_are_refused(tmp_path, key, valu
         edgerun.load(path, n_ctx=64, threads=1)
 
 
+@pytest.mark.parametrize(
+    "name, values, message",
+    [
+        ("blk.0.ssm_a", [-1.0] * 7 + [np.nan], "non-finite"),  # -exp(A_log) per head
+        ("blk.2.ssm_d", [1.0] * 7, "should hold 8 values"),
+        ("blk.0.ssm_conv1d.bias", [0.0] * 100, "should hold 192 values"),
+        ("blk.2.ssm_norm.weight", [1.0] * 64, "should hold 128 values"),
+    ],
+)
+def test_mamba2_vectors_of_the_wrong_size_or_not_finite_are_refused(
+    tmp_path, name, values, message
+):
+    from edgerun.errors import ModelFormatError
+
+    vectors = {name: np.asarray(values, np.float32)}
+    path = family_gguf(tmp_path / "bad.gguf", "granitehybrid", vectors=vectors)
+    with pytest.raises(ModelFormatError, match=rf"{name}.*{message}"):
+        edgerun.load(path, n_ctx=64, threads=1)
+
+
 def test_the_scheduler_speculating_for_a_lone_request_gives_the_plain_text(hybrid):
     from edgerun.generate.sampling import SamplingParams
     from edgerun.generate.speculative import Speculation
