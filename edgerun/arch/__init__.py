@@ -16,6 +16,7 @@ from edgerun.arch import (
     gemma4,
     glm4,
     granite,
+    granitehybrid,
     lfm2,
     lfm2moe,
     llama,
@@ -54,6 +55,7 @@ FAMILIES = {
     "gemma4": gemma4,
     "qwen35": qwen35,
     "qwen35moe": qwen35moe,
+    "granitehybrid": granitehybrid,
 }
 
 

@@ -49,6 +49,12 @@ LAYER_TENSORS = {
     "ssm_a": "blk.{i}.ssm_a",
     "ssm_norm": "blk.{i}.ssm_norm.weight",
     "ssm_out": "blk.{i}.ssm_out.weight",
+    # Mamba-2 (Granite 4.0 H): in_proj (z, x B C, dt), the conv's taps and bias, dt bias,
+    # -exp(A_log) and D per head, the grouped gated norm's gain and out_proj (the conv
+    # taps, dt bias, A and out_proj share the DeltaNet's names)
+    "ssm_in": "blk.{i}.ssm_in.weight",
+    "ssm_conv1d_bias": "blk.{i}.ssm_conv1d.bias",
+    "ssm_d": "blk.{i}.ssm_d",
 }
 # A mixture-of-experts FFN's tensors (model/moe.py), read on the layers that have a router:
 # the router [n_expert, d_model], the routed experts as 3-D tensors [n_expert, rows, cols]
@@ -167,6 +173,14 @@ class ModelSpec:
     ssm_head_dim: int = 0
     ssm_k_heads: int = 0
     ssm_v_heads: int = 0
+    # Mamba-2 (layer_mixers "mamba2"; its conv width is ssm_conv_kernel): mamba_heads
+    # heads of mamba_head_dim channels (d_inner = heads x head_dim), each with a
+    # [head_dim, mamba_state] state; B and C come in mamba_groups groups (head h reads
+    # group h // (heads / groups)), which also split the gated norm
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_state: int = 0
+    mamba_groups: int = 0
     # the q projection carries a gate per head after each head's q (Qwen3.5): the
     # attention context is multiplied by sigmoid(gate) before the output projection
     attn_output_gate: bool = False
@@ -685,6 +699,7 @@ def validate_spec(spec: ModelSpec, source: str) -> ModelSpec:
     if "shortconv" in spec.layer_mixers and sc < 2:
         raise bad("shortconv_l_cache", "at least 2 with shortconv layers", sc)
     _validate_deltanet(spec, bad)
+    _validate_mamba2(spec, bad)
     for b in spec.layer_rope_bases:
         if not isinstance(b, float) or not math.isfinite(b) or b <= 0:
             raise bad("layer_rope_bases", "finite floats > 0", b)
@@ -734,6 +749,33 @@ def _validate_deltanet(spec: ModelSpec, bad: Callable[..., ModelFormatError]) ->
             "ssm_v_heads",
             f"a positive multiple of ssm_k_heads {spec.ssm_k_heads} with deltanet layers",
             spec.ssm_v_heads,
+        )
+
+
+def _validate_mamba2(spec: ModelSpec, bad: Callable[..., ModelFormatError]) -> None:
+    """The Mamba-2 sizes: integers in range; with mamba2 layers, a conv of 2..64 taps,
+    positive sizes and heads a multiple of the groups."""
+    for name, hi in (
+        ("mamba_heads", _MAX_HEADS),
+        ("mamba_head_dim", _MAX_HEAD_DIM),
+        ("mamba_state", _MAX_HEAD_DIM),
+        ("mamba_groups", _MAX_HEADS),
+    ):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
+            raise bad(name, f"an integer in 0..{hi}", v)
+    if "mamba2" not in spec.layer_mixers:
+        return
+    if not 2 <= spec.ssm_conv_kernel <= 64:
+        raise bad("ssm_conv_kernel", "in 2..64 with mamba2 layers", spec.ssm_conv_kernel)
+    for name in ("mamba_heads", "mamba_head_dim", "mamba_state", "mamba_groups"):
+        if getattr(spec, name) < 1:
+            raise bad(name, "at least 1 with mamba2 layers", getattr(spec, name))
+    if spec.mamba_heads % spec.mamba_groups:
+        raise bad(
+            "mamba_heads",
+            f"a multiple of mamba_groups {spec.mamba_groups} with mamba2 layers",
+            spec.mamba_heads,
         )
 
 

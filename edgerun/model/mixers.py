@@ -7,6 +7,7 @@ from collections.abc import Callable
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import UnsupportedError
 from edgerun.model.deltanet import DeltaNet
+from edgerun.model.mamba2 import Mamba2
 from edgerun.model.shortconv import ShortConv
 from edgerun.model.state_cache import RecurrentMixer
 from edgerun.model.weights import WeightStore
@@ -15,6 +16,7 @@ from edgerun.model.weights import WeightStore
 MIXER_KINDS: dict[str, Callable[[ModelSpec, WeightStore, int, str], RecurrentMixer]] = {
     "shortconv": ShortConv,
     "deltanet": DeltaNet,
+    "mamba2": Mamba2,
 }
 
 

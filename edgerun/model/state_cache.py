@@ -72,6 +72,15 @@ STATE_SHAPES: dict[str, Callable[[ModelSpec], dict[str, tuple[int, ...]]]] = {
         "conv": (s.ssm_conv_kernel - 1, (2 * s.ssm_k_heads + s.ssm_v_heads) * s.ssm_head_dim),
         "ssm": (s.ssm_v_heads, s.ssm_head_dim, s.ssm_head_dim),
     },
+    # Mamba-2: the last L - 1 inputs of its conv over x, B, C [L - 1, d_inner + 2 groups N]
+    # and each head's matrix [heads, head_dim, N]
+    "mamba2": lambda s: {
+        "conv": (
+            s.ssm_conv_kernel - 1,
+            s.mamba_heads * s.mamba_head_dim + 2 * s.mamba_groups * s.mamba_state,
+        ),
+        "ssm": (s.mamba_heads, s.mamba_head_dim, s.mamba_state),
+    },
 }
 
 # States kept at the ends of a sequence's latest prompt passes (the oldest goes first),

@@ -136,6 +136,8 @@ def test_info_shows_each_familys_switches(paths, capsys):
         "cohere2": ["norm_kind:     layer", "parallel_blocks:True", "no RoPE:       layers 3",
                     "logit_scale:   2.0"],
         "lfm2": ["recurrent:     shortconv on layers 0, 2; state", "qk_norm:       True"],
+        "granitehybrid": ["recurrent:     mamba2 on layers 0, 2; state",
+                          "no RoPE:       layers 1, 3", "attention_scale:0.125"],
     }  # fmt: skip
     for family, lines in want.items():
         assert main(["info", str(paths[family])]) == 0

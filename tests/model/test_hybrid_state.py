@@ -1,12 +1,12 @@
 """A hybrid model's recurrent states (model/state_cache.py) wherever the KV cache goes, on
 a tiny random LFM2 (short-convolution layers 0 and 2, attention layers 1 and 3:
 tiny_families.py) and, where the check is not LFM2's own, a tiny random Qwen3.5 (gated
-DeltaNet layers 0 and 2, gated attention layers 1 and 3): decode rows against prompt
+DeltaNet layers 0 and 2, gated attention layers 1 and 3) and Granite 4.0 H (Mamba-2 layers
+0 and 2): decode rows against prompt
 passes, batched sequences against each alone, prefix reuse, speculative rollback, context
 limits and the RAM budget's plan.
 (Sessions saved and resumed, the batching scheduler, packs and FFN offloading under a
-RAM budget: test_family_paths.py, which runs every tiny family, lfm2 and qwen35
-included.)"""
+RAM budget: test_family_paths.py, which runs every tiny family, the hybrids included.)"""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def lfm2(tmp_path_factory):
 
 
 # the hybrid families, each with its recurrent mixer: LFM2's short convolution, Qwen3.5's
-# gated DeltaNet (with gated attention layers)
-@pytest.fixture(scope="module", params=["lfm2", "qwen35"])
+# gated DeltaNet (with gated attention layers), Granite 4.0 H's Mamba-2
+@pytest.fixture(scope="module", params=["lfm2", "qwen35", "granitehybrid"])
 def hybrid(request, tmp_path_factory):
     family = request.param
     path = family_gguf(tmp_path_factory.mktemp("hybrid") / f"{family}.gguf", family)
@@ -287,6 +287,99 @@ def test_lfm2_metadata():
             spec_from_gguf(_lfm2_meta(**{"lfm2.attention.head_count_kv": bad}), "f.gguf")
     with pytest.raises(ModelFormatError, match="l_cache"):
         spec_from_gguf(_lfm2_meta(**{"lfm2.shortconv.l_cache": 1}), "f.gguf")
+
+
+def _granitehybrid_meta(**over):
+    a = "granitehybrid"
+    meta = {
+        "general.architecture": a,
+        f"{a}.block_count": 4,
+        f"{a}.embedding_length": 64,
+        f"{a}.feed_forward_length": 128,
+        f"{a}.attention.head_count": 4,
+        f"{a}.attention.head_count_kv": [0, 2, 0, 2],
+        f"{a}.attention.layer_norm_rms_epsilon": 1e-5,
+        f"{a}.vocab_size": 100,
+        f"{a}.ssm.conv_kernel": 4,
+        f"{a}.ssm.state_size": 16,
+        f"{a}.ssm.group_count": 2,
+        f"{a}.ssm.time_step_rank": 8,
+        f"{a}.ssm.inner_size": 128,
+        f"{a}.rope.scaling.finetuned": False,
+        f"{a}.expert_count": 0,
+        f"{a}.expert_used_count": 0,
+    }
+    return {**meta, **{f"{a}.{k}": v for k, v in over.items()}}
+
+
+def test_granitehybrid_metadata():
+    from edgerun.arch import spec_from_gguf
+    from edgerun.errors import ModelFormatError
+
+    s = spec_from_gguf(_granitehybrid_meta())
+    assert s.layer_mixers == ("mamba2", "attention", "mamba2", "attention")
+    assert (s.mamba_heads, s.mamba_head_dim, s.mamba_state, s.mamba_groups) == (8, 16, 16, 2)
+    assert (s.ssm_conv_kernel, s.n_kv_heads, s.n_expert) == (4, 2, 0)
+    assert not any(s.rotates(i) for i in s.attention_layers)  # Granite 4.0 H: no RoPE
+    assert all(spec_from_gguf(_granitehybrid_meta(**{"rope.scaling.finetuned": True}))
+               .rotates(i) for i in range(4))  # fmt: skip
+    # the MoE form (granite-4.0-h-tiny): the experts are feed_forward_length wide
+    moe = {"expert_count": 8, "expert_used_count": 2, "feed_forward_length": 32,
+           "expert_shared_feed_forward_length": 64}  # fmt: skip
+    s = spec_from_gguf(_granitehybrid_meta(**moe))
+    assert (s.n_expert, s.n_expert_used, s.expert_ff, s.expert_shared_ff) == (8, 2, 32, 64)
+    assert s.expert_norm and s.expert_gating == "softmax"
+    for over, field in (
+        ({"ssm.inner_size": 100}, "inner_size"),  # not a multiple of the 8 heads
+        ({"ssm.group_count": 3}, "mamba_heads"),  # 8 heads over 3 groups
+        ({"ssm.group_count": 0}, "group_count"),
+        ({"ssm.conv_kernel": 1}, "conv_kernel"),
+        ({"ssm.state_size": 1 << 20}, "state_size"),
+        ({"attention.head_count_kv": [0, 2, 0]}, "head_count_kv"),
+        ({"rope.scaling.finetuned": 1}, "finetuned"),
+    ):
+        with pytest.raises(ModelFormatError, match=field):
+            spec_from_gguf(_granitehybrid_meta(**over), "f.gguf")
+
+
+@pytest.mark.parametrize(
+    "key, value, tensor",
+    [
+        ("ssm.state_size", 8, "ssm_in"),  # B and C narrower than the file's rows
+        ("ssm.time_step_rank", 4, "ssm_in"),  # fewer heads of 32: fewer dt rows
+        ("ssm.inner_size", 64, "ssm_in"),
+        ("ssm.conv_kernel", 3, "ssm_conv1d"),
+    ],
+)
+def test_ssm_sizes_that_do_not_match_the_tensors_are_refused(tmp_path, key, value, tensor):
+    from tiny_families import FAMILIES
+
+    from edgerun.errors import ModelFormatError
+
+    kind = FAMILIES["granitehybrid"]["keys"][key][0]
+    path = family_gguf(tmp_path / "bad.gguf", "granitehybrid", keys={key: (kind, value)})
+    with pytest.raises(ModelFormatError, match=rf"blk\.0\.{tensor}.*ssm metadata"):
+        edgerun.load(path, n_ctx=64, threads=1)
+
+
+@pytest.mark.parametrize(
+    "name, values, message",
+    [
+        ("blk.0.ssm_a", [-1.0] * 7 + [np.nan], "non-finite"),  # -exp(A_log) per head
+        ("blk.2.ssm_d", [1.0] * 7, "should hold 8 values"),
+        ("blk.0.ssm_conv1d.bias", [0.0] * 100, "should hold 192 values"),
+        ("blk.2.ssm_norm.weight", [1.0] * 64, "should hold 128 values"),
+    ],
+)
+def test_mamba2_vectors_of_the_wrong_size_or_not_finite_are_refused(
+    tmp_path, name, values, message
+):
+    from edgerun.errors import ModelFormatError
+
+    vectors = {name: np.asarray(values, np.float32)}
+    path = family_gguf(tmp_path / "bad.gguf", "granitehybrid", vectors=vectors)
+    with pytest.raises(ModelFormatError, match=rf"{name}.*{message}"):
+        edgerun.load(path, n_ctx=64, threads=1)
 
 
 def test_the_scheduler_speculating_for_a_lone_request_gives_the_plain_text(hybrid):

@@ -26,6 +26,7 @@ MODELS = [
     "qwen2moe/q8_0.gguf",
     "qwen3moe-q4k/q4_k_m.gguf",
     "lfm2moe/q8_0.gguf",  # sigmoid routing with a bias, a dense first layer, conv states
+    "granitehybrid-moe/q8_0.gguf",  # a shared expert on every layer, Mamba-2 states
 ]
 DENSE_LEAD = {"lfm2moe/q8_0.gguf": 1}  # the models' leading dense FFN layers
 GREEDY = dict(temperature=0.0, repeat_penalty=1.0)

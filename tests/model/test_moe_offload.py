@@ -244,19 +244,24 @@ def test_a_ram_budget_streams_a_moe_through_the_api(tmp_path, smollm2_path):
     assert r["same"]
 
 
-def test_lfm2moe_streams_its_experts_beside_a_dense_layer_and_conv_states():
+@pytest.mark.parametrize(
+    "name, dense_lead, gating",
+    [("lfm2moe", 1, "sigmoid"), ("granitehybrid-moe", 0, "softmax")],
+)
+def test_a_hybrid_moe_streams_its_experts_beside_its_recurrent_states(name, dense_lead, gating):
     """LFM2-MoE (tests/data/families/lfm2moe: a dense first layer, sigmoid routing with an
-    expert bias, short-convolution states): its experts streamed at the smallest cache give
-    the resident model's greedy tokens, and the dense layer's FFN counts as resident."""
-    path = Path(__file__).resolve().parents[1] / "data" / "families" / "lfm2moe" / "q8_0.gguf"
+    expert bias, short-convolution states) and Granite 4.0 H's MoE form (a shared expert on
+    every layer, Mamba-2 states): experts streamed at the smallest cache give the resident
+    model's greedy tokens, and a dense layer's FFN counts as resident."""
+    path = Path(__file__).resolve().parents[1] / "data" / "families" / name / "q8_0.gguf"
     prompt = [1, 40, 200, 7, 99, 300]  # the tiny vocabulary's ids
     want_tokens, want_logits = _greedy(_resident(path), prompt=prompt)
     spec, fp, p, store, t = _streamed(path, prefetch=True)
-    assert p.mode == "experts" and spec.expert_gating == "sigmoid"
+    assert p.mode == "experts" and spec.expert_gating == gating
     f, _ = _open(path)
     roles = ("ffn_gate", "ffn_up", "ffn_down")
-    dense = sum(f.tensor(spec.layer_tensor(r, 0)).nbytes for r in roles)
-    assert fp.moe_resident_bytes >= dense > 0
+    dense = sum(f.tensor(spec.layer_tensor(r, i)).nbytes for r in roles for i in range(dense_lead))
+    assert fp.moe_resident_bytes >= dense and (dense > 0) == (dense_lead > 0)
     got_tokens, got_logits = _greedy(t, prompt=prompt)
     assert got_tokens == want_tokens
     for g, w in zip(got_logits, want_logits):

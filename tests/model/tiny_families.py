@@ -145,6 +145,27 @@ FAMILIES: dict[str, dict[str, Any]] = {
         gated_q=True,
         ffn_norm="post_attention_norm",
     ),
+    # Granite 4.0 H: Mamba-2 layers 0 and 2 (d_inner 128 in 8 heads of 16, 2 groups of B
+    # and C of state size 16, a conv of 4 taps with a bias) between attention layers
+    # without RoPE; Granite's multipliers
+    "granitehybrid": dict(
+        keys={
+            "ssm.conv_kernel": (U32, 4),
+            "ssm.state_size": (U32, 16),
+            "ssm.group_count": (U32, 2),
+            "ssm.time_step_rank": (U32, 8),
+            "ssm.inner_size": (U32, 128),
+            "attention.head_count_kv": (ARR, (U32, [0, KV_HEADS, 0, KV_HEADS])),
+            "rope.scaling.finetuned": (BOOL, False),
+            "embedding_scale": (F32, 6.0),
+            "residual_scale": (F32, 0.5),
+            "attention.scale": (F32, 0.125),
+            "logit_scale": (F32, 2.0),
+        },
+        recurrent=(0, 2),
+        mixer="mamba2",
+        tied=True,
+    ),
 }
 
 
@@ -176,6 +197,31 @@ def _deltanet(b: str, rng, qtype: str) -> dict[str, Tensor]:
     }
 
 
+def _mamba2(b: str, rng, qtype: str) -> dict[str, Tensor]:
+    """A Mamba-2 layer's tensors (the granitehybrid family's sizes above), as llama.cpp's
+    converter names and lays them out (ssm_a and ssm_d [1, heads], ssm_norm [groups,
+    d_inner / groups])."""
+    heads, p_dim, groups, state, taps = 8, 16, 2, 16, 4
+    inner = heads * p_dim
+    channels = inner + 2 * groups * state
+    conv = rng.normal(0, 0.5, (channels, taps)).astype(np.float32)
+
+    def per_head(name: str, values: np.ndarray) -> Tensor:
+        return Tensor(name, (1, heads), values.astype(np.float32).tobytes())
+
+    norm = rng.uniform(0.6, 1.4, inner).astype(np.float32)
+    return {
+        "in": _matrix(f"{b}ssm_in.weight", inner + channels + heads, D, rng, qtype),
+        "out": _matrix(f"{b}ssm_out.weight", D, inner, rng, qtype),
+        "conv": Tensor(f"{b}ssm_conv1d.weight", (taps, channels), conv.tobytes()),
+        "conv_b": _vector(f"{b}ssm_conv1d.bias", rng.normal(0, 0.1, channels)),
+        "dt": _vector(f"{b}ssm_dt.bias", rng.normal(0, 1, heads)),
+        "a": per_head(f"{b}ssm_a", -np.exp(rng.normal(0, 1, heads))),
+        "d": per_head(f"{b}ssm_d", rng.normal(1, 0.3, heads)),
+        "norm": Tensor(f"{b}ssm_norm.weight", (inner // groups, groups), norm.tobytes()),
+    }
+
+
 def family_gguf(
     path: Path,
     family: str,
@@ -184,12 +230,14 @@ def family_gguf(
     d_ff: int = FF,
     vectors: dict[str, np.ndarray] | None = None,
     fused: bool = True,
+    keys: dict[str, tuple[int, Any]] | None = None,
 ) -> Path:
     """Write a tiny random `family` model to `path` (matrices in `qtype`; a wide d_ff
     gives offloading FFN rows worth streaming; vectors: 1-D tensors that replace or join
     the model's, by name, for hostile-value tests). A family that fuses matrices (Phi-3's
     attn_qkv, a gate+up ffn_up) stores them fused as its converter does, or, fused False,
-    the same rows as separate tensors."""
+    the same rows as separate tensors. keys: metadata under the family's prefix that
+    replaces its own (hostile-metadata tests), as (type, value)."""
     f = FAMILIES[family]
     a = family
     kvs: dict[str, tuple[int, Any]] = {
@@ -208,7 +256,7 @@ def family_gguf(
         f"{a}.rope.dimension_count": (U32, HEAD_DIM),
         f"{a}.attention.{f.get('norm_eps_key', 'layer_norm_rms_epsilon')}": (F32, 1e-5),
         f"{a}.vocab_size": (U32, VOCAB),
-        **{f"{a}.{k}": v for k, v in f.get("keys", {}).items()},
+        **{f"{a}.{k}": v for k, v in {**f.get("keys", {}), **(keys or {})}.items()},
         "tokenizer.ggml.model": (STR, "gpt2"),
         "tokenizer.ggml.pre": (STR, "default"),
         "tokenizer.ggml.tokens": (ARR, (STR, TOKENS)),
@@ -263,6 +311,10 @@ def family_gguf(
             for role in ("attn_q", "attn_k", "attn_v", "attn_output"):
                 del mats[role]
             mats.update(_deltanet(b, rng, qtype))
+        elif i in f.get("recurrent", ()) and f.get("mixer") == "mamba2":
+            for role in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                del mats[role]
+            mats.update(_mamba2(b, rng, qtype))
         elif i in f.get("recurrent", ()):  # a short convolution in place of attention
             for role in ("attn_q", "attn_k", "attn_v", "attn_output"):
                 del mats[role]

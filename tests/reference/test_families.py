@@ -66,6 +66,8 @@ FAMILIES_TESTED = [
     "gemma4",
     "qwen35",
     "qwen35moe",
+    "granitehybrid",
+    "granitehybrid-moe",
 ]
 
 # Data folders holding only llama.cpp quantizations of a variant (<type>.gguf, with llama.cpp's

@@ -78,6 +78,16 @@ SWITCHES = {
         "ssm_v_heads": 4,
     },
     "attn_output_gate": {"attn_output_gate": True},
+    # Granite 4.0 H: Mamba-2 layers (conv and per-head states; 4 heads of 16 over 2
+    # groups of B and C of state 16) around an attention layer
+    "mamba2": {
+        "layer_mixers": ("mamba2", "attention", "mamba2"),
+        "ssm_conv_kernel": 4,
+        "mamba_heads": 4,
+        "mamba_head_dim": 16,
+        "mamba_state": 16,
+        "mamba_groups": 2,
+    },
 }
 
 # switches that are tensors in the file rather than spec fields
@@ -159,6 +169,8 @@ class _Reader:
                     self._t[name] = quantize_tensor(name, rng.normal(0, sd, shape), qtype)
             if s.mixer(i) == "deltanet":
                 self._deltanet(s, i, rng, sd)
+            if s.mixer(i) == "mamba2":
+                self._mamba2(s, i, rng, sd)
         if s.per_layer_input:  # Gemma 4's per-layer embeddings
             w = s.per_layer_input * s.n_layers
             for role, shape in (("ple_token_embd", (s.vocab_size, w)),
@@ -186,6 +198,27 @@ class _Reader:
             ("ssm_dt_bias", rng.normal(0, 1, hv)),
             ("ssm_a", -np.exp(rng.normal(0, 1, hv))),
             ("ssm_norm", rng.uniform(0.5, 1.5, dk)),
+        ):
+            name = s.layer_tensor(role, i)
+            self._t[name] = quantize_tensor(name, values, "f32")
+
+    def _mamba2(self, s: ModelSpec, i: int, rng, sd: float) -> None:
+        """A Mamba-2 layer's tensors (the attention's go unread)."""
+        heads, inner, d = s.mamba_heads, s.mamba_heads * s.mamba_head_dim, s.d_model
+        channels = inner + 2 * s.mamba_groups * s.mamba_state
+        for role, shape, qtype in (
+            ("ssm_in", (inner + channels + heads, d), "q8_0"),
+            ("ssm_out", (d, inner), "q8_0"),
+            ("ssm_conv1d", (channels, s.ssm_conv_kernel), "f32"),
+        ):
+            name = s.layer_tensor(role, i)
+            self._t[name] = quantize_tensor(name, rng.normal(0, sd, shape), qtype)
+        for role, values in (
+            ("ssm_conv1d_bias", rng.normal(0, 0.1, channels)),
+            ("ssm_dt_bias", rng.normal(0, 1, heads)),
+            ("ssm_a", -np.exp(rng.normal(0, 1, heads))),
+            ("ssm_d", rng.normal(1, 0.3, heads)),
+            ("ssm_norm", rng.uniform(0.5, 1.5, inner)),
         ):
             name = s.layer_tensor(role, i)
             self._t[name] = quantize_tensor(name, values, "f32")

@@ -104,6 +104,9 @@ class Variant:
     # llama.cpp quantizations of the f32 file (llama_model_quantize), each kept as
     # <type>.gguf with llama.cpp's own logits on it in reference.npz as llama_cpp_<type>
     quantized: tuple[str, ...] = ()
+    # config.json fields rewritten after transformers saves the model, before conversion:
+    # the hub's spelling where it differs from transformers' (Granite 4's layer_types)
+    hub_config: dict = field(default_factory=dict)
 
 
 def _rope(**kw) -> dict:
@@ -122,6 +125,38 @@ _MISTRAL3_ROPE = {
     "llama_4_scaling_beta": 0.1,
 }
 _MISTRAL3_ROPE_NO_BETA = {**_MISTRAL3_ROPE, "llama_4_scaling_beta": 0.0}
+
+# Granite 4.0 "H": Mamba-2 layers 0 and 2, attention (no RoPE) on 1 and 3; d_inner 128 in
+# 8 heads of 16, 2 groups of B/C of state size 16, conv width 4; a chunk of 16 so that the
+# reference's chunked scan crosses chunk boundaries within the 56 test tokens
+_GRANITEHYBRID = dict(
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    mamba_n_heads=8,
+    mamba_n_groups=2,
+    mamba_d_state=16,
+    mamba_d_head=16,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_chunk_size=16,
+    mamba_conv_bias=True,
+    position_embedding_type=None,
+    embedding_multiplier=3.0,
+    residual_multiplier=0.5,
+    attention_multiplier=0.25,
+    logits_scaling=2.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
+# what the hub's Granite 4 configs write, and the only spelling llama.cpp's converter reads
+_GRANITEHYBRID_HUB = {"layer_types": ["mamba", "attention", "mamba", "attention"]}
+_GRANITEHYBRID_FEATURES = [
+    "Mamba-2 layers 0 and 2: in_proj -> z, xBC, dt; causal conv (width 4, bias) + SiLU; "
+    "selective scan over 8 heads of 16 with 2 groups of B/C (state 16), D skip; "
+    "gated RMSNorm in 2 groups; out_proj",
+    "attention without RoPE on layers 1 and 3",
+    "embedding_multiplier 3, residual_multiplier 0.5, attention_multiplier 0.25, logits_scaling 2",
+    "56 tokens: past the conv window and 3 scan chunks of 16",
+]
 
 VARIANTS = [
     Variant(
@@ -692,6 +727,39 @@ VARIANTS = [
         ],
         convert_args=("--no-mtp",),
     ),
+    Variant(
+        "granitehybrid",
+        "GraniteMoeHybridForCausalLM",
+        "GraniteMoeHybridConfig",
+        dict(
+            _GRANITEHYBRID, num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=128
+        ),
+        "bpe",
+        "refact",
+        False,
+        [*_GRANITEHYBRID_FEATURES, "dense SwiGLU FFN (shared_mlp)"],
+        hub_config=_GRANITEHYBRID_HUB,
+    ),
+    Variant(
+        "granitehybrid-moe",
+        "GraniteMoeHybridForCausalLM",
+        "GraniteMoeHybridConfig",
+        dict(
+            _GRANITEHYBRID,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            intermediate_size=32,
+            shared_intermediate_size=64,
+        ),
+        "bpe",
+        "refact",
+        False,
+        [
+            *_GRANITEHYBRID_FEATURES,
+            "8 experts (top 2, softmax over the picked) plus a shared expert on every layer",
+        ],
+        hub_config=_GRANITEHYBRID_HUB,
+    ),
 ]
 
 
@@ -837,6 +905,10 @@ def _perturb(model) -> None:
                 b.copy_(torch.rand(b.shape, generator=gen) + 0.5)
             if name.endswith("expert_bias"):  # LFM2-MoE's routing bias (zeros at init)
                 b.copy_(torch.randn(b.shape, generator=gen) * 0.3)
+        for name, p in model.named_parameters():
+            # Mamba-2's per-head decay and skip (log(1..heads) and ones at init)
+            if name.endswith(("mamba.A_log", "mamba.D")):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.3)
 
 
 def _logits(model, ids: list[int]) -> np.ndarray:
@@ -966,6 +1038,9 @@ def make(variant: Variant, llama_cpp: Path, check: bool) -> dict:
             effects[feature] = float((np.abs(_logits(other, ids) - ref).max(-1) / spread).max())
 
         model.save_pretrained(hf_dir, safe_serialization=True)
+        if variant.hub_config:
+            saved = json.loads((hf_dir / "config.json").read_text())
+            (hf_dir / "config.json").write_text(json.dumps({**saved, **variant.hub_config}))
         for outtype in OUTTYPES:
             out = folder if outtype in variant.outtypes else Path(tmp)
             _convert(
