@@ -129,13 +129,15 @@ class DecodeStep:
     def kernels(self, cache: KVCache) -> list[Call]:
         """One call of each compiled kernel a one-token step on `cache` runs, bound to this
         step's buffers, the embedding's and the output head's included: the attention's
-        first, then the matvecs', then the small ones (their compile times' order). A first
-        run compiles them in parallel processes, one a part (Engine.warm_part "decode:i");
-        each runs once on scratch values, which none of them needs in any order."""
+        first, then the matvecs' and the embedding's, then the small ones (their compile
+        times' order). A first run compiles them in parallel processes, one a part
+        (Engine.warm_part "decode:i"); each runs once on scratch values, which none of
+        them needs in any order."""
         model = self.model
         r = self._bound(1, [cache])
         head = (qmatvec.matvec, (model.output, r.x[0]))
-        calls: dict = {"embed": (model.embed, (model.check_ids([0]),)), "head": head}
+        embed = (model.embed, (model.check_ids([0]),))  # a K-quant's row dequantiser: 6 s
+        calls: dict = {"embed": embed, "head": head}
         for kernel, args in r.calls:
             if isinstance(kernel, Dispatcher):
                 calls.setdefault(kernel, (kernel, args))
@@ -144,7 +146,8 @@ class DecodeStep:
             module = getattr(call[0], "__module__", "") or ""
             if module.startswith("edgerun.ops.attention"):
                 return 0
-            return 1 if call is head or ".int8." in module or ".portable." in module else 2
+            heavy = call is head or call is embed
+            return 1 if heavy or ".int8." in module or ".portable." in module else 2
 
         return sorted(calls.values(), key=rank)
 
