@@ -266,7 +266,7 @@ print(json.dumps(dict(names=names, after=sum(1 for ev in rec.buffer if ev[1].is_
     names = res["names"]
     assert names[0] == "attend_one64" and len(set(names)) == len(names)
     assert names.index("matvec") < names.index("prepare_token")  # the output head's
-    assert {"embed", "add_normed", "_glu_rows_serial"} <= set(names)
+    assert {"Transformer.embed", "add_normed", "_glu_rows_serial"} <= set(names)
     assert res["after"] == 0  # nothing left for the whole step to compile or load
 
 
