@@ -95,7 +95,9 @@ class FirstRun:
     def _tick(self, st: PoolState) -> None:
         bar = self._open()
         done = (1 if self.loaded_at is not None or self._any_loaded() else 0) + len(st.done)
-        running = ", ".join(st.running) or ("loading the model" if not done else "-")
+        # "decode:i" parts: one kernel each of the decode step
+        shown = dict.fromkeys("decode step" if p.startswith("decode:") else p for p in st.running)
+        running = ", ".join(shown) or ("loading the model" if not done else "-")
         # no square brackets: rich reads them as markup
         what = f"compiling kernels ({running}; {st.functions} functions done)"
         if not is_terminal(self.stream):  # whole lines carry the time themselves
