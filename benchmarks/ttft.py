@@ -12,7 +12,10 @@ warm run, for comparison). For each it reports the first token (process start ->
 byte on stdout), the total, the command's own peak RSS (its stats line), the peak of the
 process tree's summed RSS (sampled every 50 ms with psutil: children included, a page
 shared by two processes counted twice), the CPU time of the tree (user + sys: less
-sensitive to other load than wall time), the warm-up line and the load average.
+sensitive to other load than wall time), the warm-up line and the load average; and the
+CPU each process of the tree spent until the first token, whose sum over the host's CPUs
+bounds the first token's wall time on a quiet host from below (a busy host's wall times
+say little).
 
 Usage: python benchmarks/ttft.py [-m MODEL] [-r 5]
        python benchmarks/ttft.py --cold [-m MODEL] [--threads N]
@@ -65,7 +68,9 @@ def warm_ttft(model: str, runs: int) -> None:
     )
 
 
-def _tree_rss(pid: int) -> int:
+def _tree_rss(pid: int, cpu: dict[int, float] | None = None) -> int:
+    """The summed RSS of pid's process tree; cpu: each process's CPU seconds so far
+    (user + sys) are noted in it by pid (an exited child keeps its last reading)."""
     import psutil
 
     try:
@@ -77,6 +82,9 @@ def _tree_rss(pid: int) -> int:
     for q in procs:
         try:
             total += q.memory_info().rss
+            if cpu is not None:
+                t = q.cpu_times()
+                cpu[q.pid] = t.user + t.system
         except psutil.NoSuchProcess:
             pass
     return total
@@ -92,11 +100,12 @@ def generate_run(model: str | None, env: dict, extra: list[str]) -> dict:
     t0 = time.perf_counter()
     child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     peak = [0]
+    cpu: dict[int, float] = {}  # pid -> CPU seconds, sampled
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss(child.pid))
+            peak[0] = max(peak[0], _tree_rss(child.pid, cpu))
             done.wait(0.05)
 
     threading.Thread(target=sample, daemon=True).start()
@@ -105,6 +114,8 @@ def generate_run(model: str | None, env: dict, extra: list[str]) -> dict:
     reader.start()
     first = child.stdout.read(1)  # the first byte of the answer
     t_first = time.perf_counter() - t0
+    _tree_rss(child.pid, cpu)
+    cpu_first = dict(cpu)  # each process's CPU until the first token
     out = first + child.stdout.read()
     rc = child.wait()
     total = time.perf_counter() - t0
@@ -122,6 +133,11 @@ def generate_run(model: str | None, env: dict, extra: list[str]) -> dict:
         own_peak_mib=int(own.group(1)) if own else None,
         tree_peak_mib=peak[0] / 2**20,
         cpu_s=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        cpu_first_s=sum(cpu_first.values()),
+        cpu_first_parent_s=cpu_first.get(child.pid, 0.0),
+        cpu_first_children_s=sorted(
+            (v for k, v in cpu_first.items() if k != child.pid), reverse=True
+        ),
         warmup=warm.group(1) if warm else "",
         answer=out.decode(errors="replace").strip(),
         load=load,
@@ -140,6 +156,13 @@ def cold_ttft(model: str | None, extra: list[str], show: bool) -> None:
                 f"peak RSS {r['own_peak_mib']} MiB (the command), "
                 f"{r['tree_peak_mib']:.0f} MiB (process tree, summed) | {r['warmup']} | "
                 f"load average {r['load'][0]:.1f} on {os.cpu_count()} CPUs"
+            )
+            kids = ", ".join(f"{c:.1f}" for c in r["cpu_first_children_s"])
+            quiet = max(r["cpu_first_s"] / (os.cpu_count() or 1), r["cpu_first_parent_s"])
+            print(
+                f"  until the first token: CPU {r['cpu_first_s']:.1f} s (the command "
+                f"{r['cpu_first_parent_s']:.1f} s, its compile children {kids or '-'}); "
+                f"on a quiet host of {os.cpu_count()} CPUs that is >= {quiet:.1f} s of wall time"
             )
             print(f"  answer: {r['answer'][:100]!r}")
             if show:

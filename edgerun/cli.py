@@ -560,13 +560,14 @@ def _start_first_run(args: argparse.Namespace, offload: dict):
     if offload.get("ram_budget") is not None or offload.get("gpu_budget") is not None:
         return None
     from edgerun.api import resolve_model
+    from edgerun.generate.engine import DECODE_KERNEL_PARTS
     from edgerun.offload.loader import kv_type_for
     from edgerun.tools.first_run import FirstRun
 
     path = resolve_model(args.model)
-    # every answer's parts, the longest (decode) first; "gemm" joins them once the
-    # prompt's length is known (Engine.answer_parts)
-    parts = ["tokenizer", "decode", "prompt"]
+    # every answer's parts, the first token's (the decode step's kernels, one a part)
+    # first; "gemm" joins them once the prompt's length is known (Engine.answer_parts)
+    parts = ["tokenizer", *DECODE_KERNEL_PARTS, "decode", "prompt"]
     run = FirstRun.start(path, kv_type_for(args.kv_type, None), parts, offload.get("interleave"))
     if run is not None:
         try:
@@ -887,7 +888,7 @@ def _cmd_warm(args: argparse.Namespace) -> int:
     import time
 
     from edgerun.api import resolve_model
-    from edgerun.generate.engine import WARM_PARTS
+    from edgerun.generate.engine import DECODE_KERNEL_PARTS, WARM_PARTS
     from edgerun.offload.loader import kv_type_for
     from edgerun.tools.first_run import FirstRun
 
@@ -896,7 +897,9 @@ def _cmd_warm(args: argparse.Namespace) -> int:
     # is left alone with a long one at the end
     longest_first = ("batch", "decode", "prompt", "gemm", "rows", "tokenizer")
     every = sorted(WARM_PARTS, key=longest_first.index)
-    parts = ("tokenizer", "decode", "prompt") if args.answer else every
+    parts = ["tokenizer", "decode", "prompt"] if args.answer else every
+    at = parts.index("decode")  # the decode step's kernels one a part first, in parallel
+    parts[at:at] = DECODE_KERNEL_PARTS
     interleave = False if args.no_interleave else None
     t0 = time.perf_counter()
     run = FirstRun.start(path, kv_type_for(args.kv_type, None), parts, interleave)

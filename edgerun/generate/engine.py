@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 # re-exports them for callers that import them from here.
 __all__ = [
     "CONTEXT_POLICIES",
+    "DECODE_KERNEL_PARTS",
     "Engine",
     "EngineHooks",
     "GenerationStats",
@@ -55,6 +56,10 @@ __all__ = [
 
 # The warm-up's parts (Engine.warm_part), in the order warm_up runs them.
 WARM_PARTS = ("tokenizer", "prompt", "decode", "batch", "gemm", "rows")
+# The decode step's kernels one a part, longest compile first (DecodeStep.kernels): a
+# first run's processes compile them in parallel before "decode" runs the whole step.
+# A model with fewer kernels has empty slots; "decode" compiles any past the last.
+DECODE_KERNEL_PARTS = tuple(f"decode:{i}" for i in range(8))
 PREFILL_CHUNK = 256  # tokens per forward call: bounds the attention score buffer
 # The fewest prompt tokens per forward call a RAM budget may choose.
 MIN_PREFILL_CHUNK = 16
@@ -200,6 +205,10 @@ class Engine:
         # one-token step (a prompt's last token), so the rest of a prompt runs on its
         # kernels as soon as they are cached.
         self.kernels_pending: Callable[[], object] | None = None
+        # True while a first run's children still compile the prompt's kernels: the
+        # prompt then goes through the one-token step, whose kernels come first
+        # (tools/first_run.py); None once they are cached.
+        self.prompt_kernels_pending: Callable[[], bool] | None = None
         self._identity: str | None = None
 
     @property
@@ -274,6 +283,7 @@ class Engine:
         - "gemm": the prefill GEMM of each weight format (prompts past its batched limit);
         - "decode": one token through the bound decode step (which every prompt's last
           token takes too, Generator.prefill);
+        - "decode:i" (DECODE_KERNEL_PARTS): the i-th of that step's kernels alone;
         - "batch": one decode step of two sequences (serving/batching.py);
         - "rows": the row kernels' decode of every format and an offloaded head's sketch
           scores (parts held or moved after the warm-up under a RAM budget).
@@ -290,6 +300,8 @@ class Engine:
                 compute_thread().call(qmatvec.warm_prefill, _weight_formats(model))
             elif part == "decode":
                 model.forward(ids[-1:], KVCache(spec, 1, self.kv_type))
+            elif part in DECODE_KERNEL_PARTS:
+                compute_thread().call(self._warm_decode_kernel, DECODE_KERNEL_PARTS.index(part))
             elif part == "batch":
                 pair = [KVCache(spec, 1, self.kv_type) for _ in range(2)]
                 model.forward_batch(ids, pair)
@@ -299,6 +311,13 @@ class Engine:
                 raise InvalidArgumentError(
                     f"unknown warm-up part {part!r}; expected one of {', '.join(WARM_PARTS)}"
                 )
+
+    def _warm_decode_kernel(self, i: int) -> None:
+        """Run the i-th kernel of the one-token step once (none past the last)."""
+        kernels = self.transformer.decode_kernels(KVCache(self.spec, 1, self.kv_type))
+        if i < len(kernels):
+            kernel, args = kernels[i]
+            kernel(*args)
 
     def _warm_rows(self) -> None:
         """The row kernels' decode for the matrices without interleaved copies (the copies'
@@ -447,13 +466,30 @@ class Generator:
             self.kernel_wait_s += time.perf_counter() - t0
 
     def _forward_chunks(self, ids: list[int]) -> None:
-        """Append `ids` to the cache, prefill_chunk tokens per forward call."""
+        """Append `ids` to the cache, prefill_chunk tokens per forward call (one token a
+        call while a first run still compiles the prompt's kernels)."""
         step = self.prefill_chunk
-        for i in range(0, len(ids), step):
-            self._pace(decode=False)
+        i = 0
+        while i < len(ids):
+            n = 1 if self._prompt_kernels_pending() else step
+            self._pace(decode=n == 1)
             with self.lock:
-                self.model.forward(ids[i : i + step], self.cache)
+                self.model.forward(ids[i : i + n], self.cache)
                 self.engine.after_prompt_chunk()
+            i += n
+
+    def _prompt_kernels_pending(self) -> bool:
+        """Whether other processes still compile the prompt's kernels (a first run): the
+        prompt's tokens then take the one-token step one by one, once its kernels are
+        ready; the rest of the prompt takes its own kernels once they are."""
+        pending = self.engine.prompt_kernels_pending
+        if pending is None:
+            return False
+        if pending():
+            self._kernels_ready()
+            return True
+        self.engine.prompt_kernels_pending = None
+        return False
 
     @staticmethod
     def _slid(ids: list[int], keep: int) -> list[int]:

@@ -21,9 +21,10 @@ from __future__ import annotations
 import weakref
 
 import numpy as np
+from numba.core.dispatcher import Dispatcher
 
 from edgerun.model.kvcache import KVCache
-from edgerun.model.layer import ATTEND, Attention, BoundRows, StateSlot
+from edgerun.model.layer import ATTEND, Attention, BoundRows, Call, StateSlot
 from edgerun.ops import norm, qmatvec
 from edgerun.ops.attention import BatchAttention
 
@@ -39,7 +40,7 @@ class _Rows(BoundRows):
     def __init__(self, step: DecodeStep, n: int) -> None:
         super().__init__(step.spec, n)
         model = step.model
-        # the program's calls, ATTEND where a layer's attention kernel goes
+        # the program's calls, ATTEND where a layer's attention kernels go
         self.layout: list = list(model.input_norm.bind(self))
         self.attention: list[Attention] = []  # in the order of the ATTEND slots
         for steps in model.program:
@@ -73,7 +74,7 @@ class _Rows(BoundRows):
             if isinstance(c, StateSlot):
                 self.calls += c.bind(caches)
             else:
-                self.calls.append(next(attend) if c is ATTEND else c)
+                self.calls += next(attend) if c is ATTEND else [c]
         self.key = tuple(weakref.ref(c) for c in caches)
         self._finalizers = [weakref.finalize(c, self.unbind) for c in caches]
 
@@ -124,6 +125,31 @@ class DecodeStep:
             rows = self._rows[n] = _Rows(self, n)
         rows.bind_caches(self, caches)
         return rows
+
+    def kernels(self, cache: KVCache) -> list[Call]:
+        """One call of each compiled kernel a one-token step on `cache` runs, bound to this
+        step's buffers, the embedding's and the output head's included: the attention's
+        first, then the matvecs' and the embedding's, then the small ones (their compile
+        times' order). A first run compiles them in parallel processes, one a part
+        (Engine.warm_part "decode:i"); each runs once on scratch values, which none of
+        them needs in any order."""
+        model = self.model
+        r = self._bound(1, [cache])
+        head = (qmatvec.matvec, (model.output, r.x[0]))
+        embed = (model.embed, (model.check_ids([0]),))  # a K-quant's row dequantiser: 6 s
+        calls: dict = {"embed": embed, "head": head}
+        for kernel, args in r.calls:
+            if isinstance(kernel, Dispatcher):
+                calls.setdefault(kernel, (kernel, args))
+
+        def rank(call: Call) -> int:
+            module = getattr(call[0], "__module__", "") or ""
+            if module.startswith("edgerun.ops.attention"):
+                return 0
+            heavy = call is head or call is embed
+            return 1 if heavy or ".int8." in module or ".portable." in module else 2
+
+        return sorted(calls.values(), key=rank)
 
     def __call__(self, token: int, cache: KVCache) -> np.ndarray:
         """Logits float32 [vocab] of `token` after what `cache` holds; appends it."""

@@ -38,7 +38,7 @@ from edgerun.ops.token_step import (
     add_normed,
     add_rows,
     attend_rows,
-    attend_token,
+    token_calls,
 )
 from edgerun.quant.formats import QuantTensor
 
@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 NONE = np.empty(0, np.float32)  # an absent bias or norm, as the fused kernels take it
-ATTEND = object()  # in a bound layout: the attention kernel, bound later to the caches
+ATTEND = object()  # in a bound layout: the attention kernels, bound later to the caches
 
 
 class Layer:
@@ -315,10 +315,11 @@ class Attention:
     def bind_attention(
         self, rows: BoundRows, caches: list, cos: np.ndarray, sin: np.ndarray,
         scores: np.ndarray, batch,
-    ) -> Call:  # fmt: skip
-        """The fused attention kernel (ops/token_step) on these caches: biases, q/k norm,
-        RoPE, the KV store and attention in one call. batch: the caches'
-        ops/attention.BatchAttention for several sequences (None for one)."""
+    ) -> list[Call]:  # fmt: skip
+        """The fused attention kernels (ops/token_step) on these caches: biases, q/k norm,
+        RoPE, the KV store and attention in two calls for one sequence (token_calls), one
+        for several. batch: the caches' ops/attention.BatchAttention for several
+        sequences (None for one)."""
         layer = self.layer
         vectors = tuple(
             NONE if t is None else t
@@ -336,14 +337,14 @@ class Attention:
         window = np.int64(self.window)
         if batch is None:
             c = caches[0]
-            return attend_token, (*head, c.k[li], c.v[li], window, scale, softcap, scores, ctx)
+            return token_calls(head, c.k[li], c.v[li], window, scale, softcap, scores, ctx)
         kv_new = tuple(  # each new row as the caches store it (a row: their last axis)
             np.zeros((rows.n, s.n_kv_heads, a.shape[-1]), a.dtype)
             for a in (caches[0].k, caches[0].v)
         )
         tail = (*kv_new, batch._kaddr, batch._vaddr, batch._nctx, np.int64(li), window, scale,
                 softcap, scores, ctx)  # fmt: skip
-        return attend_rows, (*head, *tail)
+        return [(attend_rows, (*head, *tail))]
 
 
 def output_gate(ctx: np.ndarray, gate: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -507,6 +507,12 @@ class Transformer:
             self._decode_key = key
         return self._decode_step or None
 
+    def decode_kernels(self, cache: KVCache) -> list[tuple]:
+        """One call of each kernel a one-token step on `cache` runs (DecodeStep.kernels;
+        none where the bound step does not take this model or cache)."""
+        step = self._step()
+        return step.kernels(cache) if step is not None and step.takes([cache]) else []
+
     def _executors(self) -> tuple:
         return (qmatvec.kernel_path(), qmatvec.matvec_many, self.head) + tuple(
             (layer.attn_proj, layer.ffn) for layer in self.layers

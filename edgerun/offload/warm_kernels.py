@@ -311,6 +311,16 @@ class KernelPool:
         self._wait(lambda: all(p in st.done or p in st.failed for p in parts), tick)
         return all(p in st.done for p in parts)
 
+    def marked(self, part: str) -> bool:
+        """Whether an earlier pool compiled `part` (its marker exists)."""
+        return _marked(self.path, self.kv_type, self.kernels, self.interleave, part)
+
+    def finished(self, parts: Iterable[str]) -> bool:
+        """Whether each of `parts` is compiled, failed or was never asked for (no wait)."""
+        st = self.state
+        with self.cond:
+            return all(p in st.done or p in st.failed or p not in st.parts for p in parts)
+
     def _wait(self, ready: Callable[[], bool], tick: Callable[[PoolState], object] | None) -> bool:
         with self.cond:
             while True:
@@ -335,6 +345,7 @@ class KernelPool:
         """Let the children finish what they were handed and exit (wait: for them)."""
         with self.cond:
             self.closing = True
+            self.state.failed.update(self.queue)  # never started: not compiled
             self.queue.clear()
             for child in self.children:
                 self._dispatch(child)

@@ -209,7 +209,7 @@ def _attend_row(qi, kh, vh, lo, hi, scale, softcap, sc, o):
 
 # The one-row kernels run without fastmath: a reassociated sum (the softmax's total, a
 # vectorised tail) rounds as the surrounding compiled code lets LLVM reorder it, and
-# token_step.attend_token compiles _attention into itself, so the bound decode step's
+# token_step.attend_rows_at compiles _attention into itself, so the bound decode step's
 # rows would stop equalling the general path's bit for bit.
 @njit(cache=True, parallel=True, nogil=True)
 def _attention(q, k, v, start, window, scale, softcap, scores, out):

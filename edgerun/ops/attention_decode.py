@@ -402,17 +402,50 @@ def attend_many(q, klike, vlike, kaddr, vaddr, nctx, layer, starts, window, scal
                      cap, out)  # fmt: skip
 
 
+# One kernel per head size, each compiling its own copy of the job loop: a model runs one
+# of them, and compiling the three in one function tripled the first run's longest
+# compile (SmolLM2: 22 of its 74 s of compile CPU; one head size is a third of that).
+# `positions[0]` is the token's position, so a bound decode step's call (decode_step.py)
+# reads the position its buffer holds without rebinding.
 @njit(cache=True, parallel=True, nogil=True)
-def attend_one(q, kc, vc, pos, window, scale, out, softcap=0.0):
+def attend_one64(q, kc, vc, positions, window, scale, out, softcap):
+    _attend_one(64, q, kc, vc, positions[0], window, scale, softcap, out)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def attend_one128(q, kc, vc, positions, window, scale, out, softcap):
+    _attend_one(128, q, kc, vc, positions[0], window, scale, softcap, out)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def attend_one256(q, kc, vc, positions, window, scale, out, softcap):
+    _attend_one(256, q, kc, vc, positions[0], window, scale, softcap, out)
+
+
+_ATTEND_ONE = {64: attend_one64, 128: attend_one128, 256: attend_one256}
+
+
+def attend_one_kernel(head_dim: int):
+    """The decode attention kernel of a head size `supports`: called as
+    kernel(q [hq, hd], kc, vc, positions, window (int64), scale (float32), out [hq, hd],
+    softcap (float32)) with the token at positions[0]."""
+    return _ATTEND_ONE[head_dim]
+
+
+def attend_one(
+    q: np.ndarray,
+    kc: np.ndarray,
+    vc: np.ndarray,
+    pos: int,
+    window: int,
+    scale: float,
+    out: np.ndarray,
+    softcap: float = 0.0,
+) -> None:
     """Decode attention of one token: q [hq, hd] (C-contiguous float32) at position pos
     against the caches kc, vc [hkv, n_ctx, row] (float32, fp16 bits or q8_0 / q4_0
     blocks, position pos already stored) -> out [hq, hd]. `supports(hd)` must hold.
     softcap > 0: Gemma 2's logit softcapping."""
-    hd = q.shape[1]
-    cap = np.float32(softcap)
-    if hd == 64:
-        _attend_one(64, q, kc, vc, pos, window, scale, cap, out)
-    elif hd == 128:
-        _attend_one(128, q, kc, vc, pos, window, scale, cap, out)
-    else:
-        _attend_one(256, q, kc, vc, pos, window, scale, cap, out)
+    kernel = _ATTEND_ONE[q.shape[1]]
+    positions = np.array([pos], np.int64)
+    kernel(q, kc, vc, positions, np.int64(window), np.float32(scale), out, np.float32(softcap))

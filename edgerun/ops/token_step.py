@@ -1,11 +1,18 @@
-"""One decode token's small ops in two kernels: the attention block and the residual.
+"""One decode token's small ops in a few kernels: the attention block and the residual.
 
 A decode step of a small model runs ~10 small ops a layer around its matvecs (bias,
 q/k norm, RoPE, the KV store, attention, residual adds, norms). Called one by one
 from Python, their wrappers cost more than their arithmetic: SmolLM2-135M spent
-~4.3 ms of a 14 ms token (2 threads) between kernels. These two kernels run them in
-one call each, through the same compiled kernels the one-by-one path calls, so the
-results are equal bit for bit (decode_step.py holds the sequence).
+~4.3 ms of a 14 ms token (2 threads) between kernels. Here they run in a few calls,
+through the same compiled kernels the one-by-one path calls, so the results are equal
+bit for bit (decode_step.py holds the sequence).
+
+The attention block is two calls (`token_calls`): `prepare_token` (biases, norms, RoPE,
+the KV store) and the decode attention kernel of the model's head size. One kernel for
+both compiled the attention of every head size and the general fallback into itself:
+26.5 s of CPU on a first run, the longest compile before the first token. Apart, each
+compiles and caches on its own, in parallel processes (offload/warm_kernels.py), and
+only the head size the model has; the second call costs about a microsecond a layer.
 """
 
 from __future__ import annotations
@@ -15,13 +22,14 @@ from numba import njit, types
 from numba.extending import overload
 
 from edgerun.ops.attention import _attention, _attention_batch
-from edgerun.ops.attention_decode import attend_one, takes
+from edgerun.ops.attention_decode import attend_one_kernel, supports
 from edgerun.ops.kv_blocks import put_row
 from edgerun.ops.norm import _layernorm_serial, _rmsnorm_serial
 from edgerun.ops.rope import _rope_inplace_serial
 
 __all__ = [
-    "attend_token",
+    "prepare_token",
+    "token_calls",
     "attend_rows",
     "add_normed",
     "add_layernormed",
@@ -92,17 +100,16 @@ def _put_impl(dst, src):
 
 
 @njit(cache=True, nogil=True)
-def attend_token(
+def prepare_token(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin, neox,
-    q_scale, q_temps, kc, vc, window, scale, softcap, scores, ctx,
+    q_scale, q_temps, kc, vc,
 ):  # fmt: skip
-    """One token's attention block after its q, k, v projections (1-D, written in place):
-    biases (empty arrays: none), q/k RMSNorm in groups of the norm's width (a head, or
-    the whole projection; empty: none), RoPE at positions[0], q times q_scale (1: none)
-    then times q_temps[position] (the attention temperature per position; empty: none),
-    k and v stored into the layer's cache kc, vc [kv_heads, n_ctx, row] (f32, f16 bits or
-    q8_0 / q4_0 blocks), then attention into ctx [q_dim] (scores capped by softcap when
-    > 0). scores: [heads, >= position + 1]."""
+    """One token's attention block after its q, k, v projections (1-D, written in place),
+    up to the attention itself: biases (empty arrays: none), q/k RMSNorm in groups of the
+    norm's width (a head, or the whole projection; empty: none), RoPE at positions[0], q
+    times q_scale (1: none) then times q_temps[position] (the attention temperature per
+    position; empty: none), k and v stored into the layer's cache kc, vc [kv_heads, n_ctx,
+    row] (f32, f16 bits or q8_0 / q4_0 blocks)."""
     hkv = kc.shape[0]
     hd = k.shape[0] // hkv
     hq = q.shape[0] // hd
@@ -112,7 +119,6 @@ def attend_token(
         for j in range(k.shape[0]):
             k[j] += k_bias[j]
             v[j] += v_bias[j]
-    q2 = q.reshape(hq, hd)
     k2 = k.reshape(hkv, hd)
     v2 = v.reshape(hkv, hd)
     if q_norm.shape[0]:
@@ -134,10 +140,37 @@ def attend_token(
     for h in range(hkv):
         _put(kc[h, pos], k2[h])
         _put(vc[h, pos], v2[h])
-    if takes(hd):
-        attend_one(q2, kc, vc, pos, window, scale, ctx.reshape(hq, hd), softcap)
+
+
+@njit(cache=True, nogil=True)
+def attend_rows_at(q, kc, vc, positions, window, scale, softcap, scores, ctx):
+    """The one-row decode attention (ops/attention._attention) of q [1, hq, hd] at
+    positions[0] -> ctx [1, hq, hd]: head sizes the split-position kernel does not take."""
+    _attention(q, kc, vc, positions[0], window, scale, softcap, scores, ctx)
+
+
+def token_calls(
+    head: tuple, kc: np.ndarray, vc: np.ndarray, window: np.int64, scale: np.float32,
+    softcap: np.float32, scores: np.ndarray, ctx: np.ndarray,
+) -> list[tuple]:  # fmt: skip
+    """The bound decode step's calls (kernel, args) for one token's attention block:
+    head = (q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin,
+    neox, q_scale, q_temps) as prepare_token takes them, then attention of q into ctx
+    [q_dim] against the layer's caches kc, vc (scores capped by softcap when > 0;
+    scores: [heads, >= position + 1], for head sizes the split kernel does not take)."""
+    q, k, positions = head[0], head[1], head[9]
+    hd = k.shape[0] // kc.shape[0]
+    hq = q.shape[0] // hd
+    calls = [(prepare_token, (*head, kc, vc))]
+    if supports(hd):
+        attend = attend_one_kernel(hd)
+        args = (q.reshape(hq, hd), kc, vc, positions, window, scale, ctx.reshape(hq, hd), softcap)
+        calls.append((attend, args))
     else:
-        _attention(q3, kc, vc, pos, window, scale, softcap, scores, ctx.reshape(1, hq, hd))
+        q3, ctx3 = q.reshape(1, hq, hd), ctx.reshape(1, hq, hd)
+        calls.append((attend_rows_at, (q3, kc, vc, positions, window, scale, softcap, scores,
+                                       ctx3)))  # fmt: skip
+    return calls
 
 
 def _as_cache(src, dst):
@@ -179,7 +212,7 @@ def attend_rows(
     q_scale, q_temps, k_new, v_new, kaddr, vaddr, nctx, layer, window, scale, softcap, scores,
     ctx,
 ):  # fmt: skip
-    """attend_token for n >= 2 sequences' decode rows q [n, q_dim], k, v [n, kv_dim], each
+    """token_calls' work for n >= 2 sequences' decode rows q [n, q_dim], k, v [n, kv_dim], each
     against its own cache (kaddr, vaddr, nctx: ops/attention.BatchAttention's addresses):
     the general path's batched steps (parallel RoPE, _attention_batch). k_new, v_new:
     [n, kv_heads, row] of the caches' key and value types (f16 bits and q8_0 / q4_0 blocks
@@ -236,8 +269,10 @@ def add_normed(h, a, post_norm, eps, scale, norm, x):
             h[i, j] += a[i, j]
     if norm.shape[0]:
         _rmsnorm_serial(h, norm, eps, x)
-    else:
-        x[:] = h
+    else:  # a loop: `x[:] = h` compiles Numba's shape-mismatch message (3.8 s of CPU)
+        for i in range(h.shape[0]):
+            for j in range(h.shape[1]):
+                x[i, j] = h[i, j]
 
 
 @njit(cache=True, nogil=True)

@@ -126,7 +126,7 @@ def merge_word(ids, keys, ranks, merged):
     nxt[n - 1] = -1
     alive = np.ones(n, np.bool_)
     heap = np.empty(2 * n + 2, np.int64)  # n initial pairs + at most 2 per merge, less pops
-    h = 0
+    h = np.int64(0)  # not the literal 0: its callees would compile a variant for it
     for i in range(n - 1):
         h = _queue_pair(heap, h, sym, nxt, i, keys, ranks)
     left = n
@@ -149,7 +149,8 @@ def merge_word(ids, keys, ranks, merged):
         left -= 1
         if h + 2 > heap.shape[0]:  # never in practice; keeps the pushes in bounds
             bigger = np.empty(2 * heap.shape[0], np.int64)
-            bigger[:h] = heap[:h]
+            for i in range(h):  # a loop: a slice copy compiles Numba's shape-mismatch message
+                bigger[i] = heap[i]
             heap = bigger
         if prv[pos] >= 0:
             h = _queue_pair(heap, h, sym, nxt, prv[pos], keys, ranks)

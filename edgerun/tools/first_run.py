@@ -6,8 +6,10 @@ meanwhile and peaked at 640 MiB for a 98 MB model). Here `edgerun generate` and
 `edgerun warm` hand the warm-up's parts to a KernelPool (offload/warm_kernels.py): one
 child a core compiles into Numba's disk cache while this process shows what happens and
 then only loads the kernels. `generate` asks only for what one answer runs
-(Engine.answer_parts) and starts its prompt as soon as the prompt's kernels are cached;
-the decode step's may still be compiling then, and the first decode step waits for them.
+(Engine.answer_parts). The first token needs only the decode step's kernels: they are
+compiled first, one kernel a part (engine.DECODE_KERNEL_PARTS) so that every child takes
+some, and the prompt goes through the one-token step until its own kernels are cached
+(Generator._forward_chunks); the prompt's kernels compile after the decode step's.
 
 On a terminal the progress is a bar (steps done of all, the functions compiled, the time);
 elsewhere (a log, a pipe) one whole line per step.
@@ -21,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from edgerun.generate.engine import DECODE_KERNEL_PARTS
 from edgerun.generate.sequence import WarmUp
 from edgerun.offload.warm_kernels import KernelPool, PoolState
 from edgerun.runtime.progress import Advance, is_terminal, progress_bar
@@ -38,6 +41,7 @@ class FirstRun:
         self.bar: Advance | None = None
         self._bar_cm = None
         self.here: list[str] = []  # functions this process compiled itself (none, normally)
+        self.first_step: list[str] = []  # the parts the first one-token step waits for
         self._listener = _compile_listener(self.here)
         from numba.core import event
 
@@ -91,7 +95,9 @@ class FirstRun:
     def _tick(self, st: PoolState) -> None:
         bar = self._open()
         done = (1 if self.loaded_at is not None or self._any_loaded() else 0) + len(st.done)
-        running = ", ".join(st.running) or ("loading the model" if not done else "-")
+        # "decode:i" parts: one kernel each of the decode step
+        shown = dict.fromkeys("decode step" if p.startswith("decode:") else p for p in st.running)
+        running = ", ".join(shown) or ("loading the model" if not done else "-")
         # no square brackets: rich reads them as markup
         what = f"compiling kernels ({running}; {st.functions} functions done)"
         if not is_terminal(self.stream):  # whole lines carry the time themselves
@@ -111,27 +117,40 @@ class FirstRun:
     def wait_loaded(self) -> None:
         """Wait until a child loaded the model and compiled the tokenizer's kernel, so this
         process's load and prompt encoding find theirs (the interleaved copies', the
-        merge kernel) in the cache."""
-        self.pool.submit(["tokenizer"], first=True)
-        self.pool.wait_loaded(self._tick)
-        self.pool.wait(["tokenizer"], self._tick)
+        merge kernel) in the cache. Where the tokenizer's part was cached by an earlier
+        run, the load's kernels were too (its child loaded the model first)."""
+        if not self.pool.marked("tokenizer"):
+            self.pool.submit(["tokenizer"], first=True)
+            self.pool.wait_loaded(self._tick)
+            self.pool.wait(["tokenizer"], self._tick)
         self.loaded_at = time.perf_counter()
 
     def warm(self, model, parts: Sequence[str]) -> None:
-        """Have `parts` compiled; wait for all but "decode" and load them into `model`;
-        the model's first one-token step (the prompt's last token) waits for "decode",
-        so the rest of the prompt runs meanwhile. The display stays up until then."""
-        self.pool.submit(parts, first=True)
-        now = [p for p in parts if p != "decode"]
-        self.pool.wait(now, self._tick)
-        if "decode" in parts and "decode" not in self.pool.state.done:
-            model.engine.kernels_pending = self._wait_decode
+        """Have `parts` compiled, the decode step's kernels first; load the tokenizer's
+        into `model` (wait_loaded waited for it) and return. The model's first one-token
+        step waits for the decode step's kernels, and its prompt takes one-token steps
+        while the prompt's kernels ("prompt", "gemm") still compile. The display stays up
+        until the first step may run."""
+        decode = [*DECODE_KERNEL_PARTS, "decode"] if "decode" in parts else []
+        later = [p for p in parts if p not in decode and p != "tokenizer"]
+        self.pool.submit([*decode, *later], first=True)
+        engine = model.engine
+        if decode:
+            self.first_step = list(DECODE_KERNEL_PARTS)
+            cache = engine.new_cache(1)
+            n = len(engine.transformer.decode_kernels(cache))
+            if n == 0 or n > len(DECODE_KERNEL_PARTS):  # kernels the parts do not cover
+                self.first_step.append("decode")
+            engine.kernels_pending = self._wait_decode
         else:
             self._close_bar()
-        model.warm_up(now)  # loads what the children cached
+        prompt = [p for p in later if p in ("prompt", "gemm")]
+        if prompt:
+            engine.prompt_kernels_pending = lambda: not self.pool.finished(prompt)
+        model.warm_up([p for p in parts if p not in decode and p not in later])
 
     def _wait_decode(self) -> None:
-        self.pool.wait(["decode"], self._tick)
+        self.pool.wait(self.first_step, self._tick)
         self._close_bar()
 
     def wait_all(self) -> None:

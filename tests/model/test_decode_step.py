@@ -234,3 +234,55 @@ def test_half_bits_rounds_as_numpy():
         nan = np.isnan(f)
         assert np.array_equal(got[~nan], want.view(np.uint16)[~nan])
         assert np.isnan(got.view(np.float16)[nan]).all()
+
+
+def test_the_step_kernels_one_a_part_cover_the_step(smollm2_path, tmp_path):
+    """A first run compiles the step's kernels one a part in parallel processes
+    (Engine.warm_part "decode:i"): attention first, then the matvecs; after all of them
+    the whole step ("decode") finds every kernel it runs loaded already."""
+    import json
+    import subprocess
+    import sys
+
+    code = f"""
+import json
+from numba.core import event
+import edgerun
+from edgerun.generate.engine import DECODE_KERNEL_PARTS
+from edgerun.model.kvcache import KVCache
+m = edgerun.load({str(smollm2_path)!r}, n_ctx=16, threads=1)
+e = m.engine
+kernels = e.transformer.decode_kernels(KVCache(e.spec, 1, e.kv_type))
+names = [getattr(k, "__qualname__", getattr(k, "__name__", "?")) for k, _ in kernels]
+for part in DECODE_KERNEL_PARTS:
+    e.warm_part(part)
+with event.install_recorder("numba:compile") as rec:
+    e.warm_part("decode")
+print(json.dumps(dict(names=names, after=sum(1 for ev in rec.buffer if ev[1].is_start))))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    names = res["names"]
+    assert names[0] == "attend_one64" and len(set(names)) == len(names)
+    assert names.index("matvec") < names.index("prepare_token")  # the output head's
+    assert {"Transformer.embed", "add_normed", "_glu_rows_serial"} <= set(names)
+    assert res["after"] == 0  # nothing left for the whole step to compile or load
+
+
+def test_the_attention_is_two_calls_on_the_cache(smollm2):
+    """One sequence's bound attention: prepare_token (biases, norms, RoPE, the KV store),
+    then the split-position kernel of the model's head size, which reads the position
+    from the step's positions buffer (rebinding nothing between tokens)."""
+    from edgerun.ops.attention_decode import attend_one64
+    from edgerun.ops.token_step import prepare_token
+
+    tr = smollm2.transformer
+    tr._decode_step = None
+    cache = KVCache(tr.spec, 8, "f16")
+    tr.forward([1, 2], cache)
+    tr.forward([3], cache)
+    calls = [k for k, _ in tr._decode_step._rows[1].calls]
+    assert calls.count(prepare_token) == calls.count(attend_one64) == tr.spec.n_layers
+    at = calls.index(prepare_token)
+    assert calls[at + 1] is attend_one64

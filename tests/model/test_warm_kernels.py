@@ -146,6 +146,54 @@ def test_a_child_that_dies_leaves_its_part_to_the_caller(fake_model):
     assert not part_marker(fake_model, "f32", "vnni", "auto", "die").exists()
 
 
+def test_parts_never_started_count_as_finished_once_the_pool_closes(fake_model):
+    from edgerun.offload.warm_kernels import KernelPool
+
+    cmd = [sys.executable, "-c", _FAKE_CHILD]
+    pool = KernelPool.start(fake_model, "f32", "vnni", ["decode"], workers=1, command=cmd)
+    assert pool is not None
+    assert pool.wait(["decode"]) and pool.finished(["decode", "never asked"])
+    with pool.cond:  # queued, not handed to the (idle) child yet
+        pool.state.parts.append("prompt")
+        pool.queue.append("prompt")
+    assert not pool.finished(["prompt"])
+    pool.close()
+    # a prompt waiting on it takes its own kernels (compiling them) rather than wait on
+    assert pool.finished(["prompt"]) and "prompt" not in pool.state.done
+
+
+def test_a_prompt_takes_one_token_steps_while_its_kernels_compile(smollm2, monkeypatch):
+    """A first run's prompt goes through the one-token step while other processes still
+    compile the prompt's kernels (waiting once for the step's own), then in chunks."""
+    import numpy as np
+
+    from edgerun.generate.engine import Generator
+
+    e = smollm2.engine
+    sizes = []
+    cls = type(e.transformer)
+    real = cls.forward
+
+    def spy(self, tokens, cache, all_logits=False):
+        sizes.append(len(tokens))
+        return real(self, tokens, cache, all_logits)
+
+    ids = list(range(10, 20))
+    ref = Generator(e).prefill(ids)
+    monkeypatch.setattr(cls, "forward", spy)
+    pending = iter([True] * 3 + [False] * 100)
+    waited = []
+    e.kernels_pending = lambda: waited.append(1)
+    e.prompt_kernels_pending = lambda: next(pending)
+    gen = Generator(e)
+    logits = gen.prefill(ids)
+    assert sizes == [1, 1, 1, 6, 1] and waited == [1]
+    assert e.prompt_kernels_pending is None and e.kernels_pending is None
+    assert gen.cache.tokens == ids
+    # other kernels round differently: close, the same next token
+    assert np.argmax(logits) == np.argmax(ref) and np.allclose(logits, ref, atol=0.05)
+
+
 def test_first_run_prints_whole_lines_off_a_terminal(fake_model):
     import io
 
