@@ -140,21 +140,24 @@ def _sign(j):
     return np.float32(1.0 - 2.0 * (((np.int64(j) * 2654435761) >> 17) & 1))
 
 
-@njit(inline="always")
+@njit(nogil=True)
 def _hadamard(x, o, n):
-    """x[o:o + n] <- H x[o:o + n] for each group of G columns (normalised: H H = 1)."""
+    """x[o:o + n] <- H x[o:o + n] for each group of G columns (normalised: H H = 1).
+    A called function, not an inlined one: inlined into the overloads below, its loops
+    made Numba warn about its variables' scope at every compile."""
     g = n & -n
     norm = np.float32(1.0 / np.sqrt(np.float64(g)))
     for base in range(o, o + n, g):
-        h = 1
-        while h < g:
+        for stage in range(31):
+            h = 1 << stage
+            if h >= g:
+                break
             for i in range(base, base + g, 2 * h):
                 for j in range(i, i + h):
                     a = x[j]
                     b = x[j + h]
                     x[j] = a + b
                     x[j + h] = a - b
-            h *= 2
         for j in range(base, base + g):
             x[j] *= norm
 
