@@ -56,7 +56,8 @@ PAGE_BYTES = 4096
 # type); it is stored as raw uint16 bits because Numba has no float16 on the CPU, and
 # the attention kernel widens each value as it reads it. q8_0 and q4_0 hold ggml's
 # 32-value blocks (ops/kv_blocks.py: int8 elements for q8_0, uint8 for q4_0), a row of
-# head_dim / 32 blocks per position, which the kernels dequantise as they read them.
+# head_dim / 32 blocks per position, which the kernels dequantise as they read them;
+# those rows hold R x, x rotated by kv_blocks' fixed orthogonal transform.
 KV_TYPES = {
     "f32": np.dtype(np.float32),
     "f16": np.dtype(np.uint16),

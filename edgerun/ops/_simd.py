@@ -171,6 +171,28 @@ def tree_sum16(builder, p):
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
+def sum_lanes16(b, vecs):
+    """IR: 16 <16 x float> -> one <16 x float> whose lane j is the sum of vecs[j]'s lanes:
+    pairs of vectors exchange halves and add, 4 rounds (8 + 4 + 2 + 1 adds)."""
+    width = 16  # lanes each vector's keys still occupy
+    while len(vecs) > 1:
+        half = width // 2
+        keys = 16 // width
+        lo, hi = [], []
+        for base in (0, 16):
+            for key in range(keys):
+                lo += [base + key * width + i for i in range(half)]
+                hi += [base + key * width + half + i for i in range(half)]
+        mlo = ir.Constant(ir.VectorType(_I32, 16), lo)
+        mhi = ir.Constant(ir.VectorType(_I32, 16), hi)
+        vecs = [
+            b.fadd(b.shuffle_vector(x, y, mlo), b.shuffle_vector(x, y, mhi))
+            for x, y in zip(vecs[0::2], vecs[1::2])
+        ]
+        width = half
+    return vecs[0]
+
+
 @intrinsic
 def zero16(typingctx, acc):
     """acc[0:16] = 0 (acc: a stack16() pointer)."""

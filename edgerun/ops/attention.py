@@ -22,8 +22,12 @@ from edgerun.ops.kv_blocks import (
     BLOCK_BYTES,
     dequantize_rows,
     quantize_rows,
+    rotate_rows,
+    rotated_queries,
     row_width,
     scratch,
+    unrotate_output,
+    unrotate_rows,
     values,
 )
 
@@ -175,8 +179,10 @@ def _attend_row(qi, kh, vh, lo, hi, scale, softcap, sc, o):
     softcap > 0). The one body both kernels inline, so a batched decode row equals the
     single-sequence one bit for bit. kh, vh: one KV head's cache rows, flat (row t at
     value t * hd; f32, f16 bits, or q8_0 / q4_0 blocks dequantised a few rows at a time);
-    qi, sc, o: C-contiguous."""
+    qi, sc, o: C-contiguous. Quantised blocks hold rotated rows: qi is rotated to score
+    them and o turned back from their weighted sum (kv_blocks)."""
     hd = qi.shape[0]
+    qi = rotated_queries(kh, qi, hd)
     kbuf = scratch(kh, 4 * hd)
     a0, a1, a2, a3 = stack16(), stack16(), stack16(), stack16()
     m = np.float32(-np.inf)
@@ -205,6 +211,7 @@ def _attend_row(qi, kh, vh, lo, hi, scale, softcap, sc, o):
         sc[t] = e
         total += e
     _weighted_sum(o, sc, vh, lo, hi, np.float32(1.0) / total)
+    unrotate_output(vh, o, hd)
 
 
 # The one-row kernels run without fastmath: a reassociated sum (the softmax's total, a
@@ -307,7 +314,12 @@ def attention(
         np.ascontiguousarray(v),
     )
     if attention_tiled.supports(n, hd):  # prefill: query rows in register tiles
+        if k.dtype in BLOCK_BYTES:  # rotated key blocks score R q (kv_blocks)
+            q = q.copy()
+            rotate_rows(q.reshape(-1, hd))
         attention_tiled.attention_tiled(q, k, v, start, window, out.reshape(n, hq, hd), softcap)
+        if v.dtype in BLOCK_BYTES:  # the weighted rotated values: R out
+            unrotate_rows(out.reshape(-1, hd))
         return out.reshape(n, hq * hd)
     s32, cap = np.float32(1.0 / np.sqrt(hd)), np.float32(softcap)
     if n == 1 and attention_decode.supports(hd):  # decode: the split-position kernel

@@ -25,6 +25,8 @@ Keys and values are addressed in values (position * head_dim + column) whatever 
 cache holds: f32 and f16 rows are read in place; q8_0 / q4_0 blocks (ops/kv_blocks.py)
 are dequantised as a job reaches them, 16 key rows at a time into an L1 buffer that
 every head of the group scores, and the chunk's value rows into a buffer of the job's.
+Those blocks hold rotated rows (kv_blocks: R k, R v): the query is rotated once before
+the jobs and the merged output turned back once after them.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from edgerun.ops._simd import (
     _V16F,
@@ -44,10 +46,19 @@ from edgerun.ops._simd import (
     max16,
     stack16,
     store16,
+    sum_lanes16,
     vsum16,
     zero16,
 )
-from edgerun.ops.kv_blocks import scratch, values
+from edgerun.ops.kv_blocks import (
+    BLOCK,
+    BLOCK_BYTES,
+    rotated_queries,
+    scratch,
+    unrotate_output,
+    values,
+)
+from edgerun.ops.kv_dot import block_axpy2, scores16_blocks
 
 CHUNK = 256  # most positions a job scores (a multiple of 16)
 JOBS = 8  # fewest jobs a sequence is cut into, where each gets MIN_CHUNK positions
@@ -65,28 +76,6 @@ def supports(head_dim: int) -> bool:
 def takes(head_dim):
     """`supports` inside compiled code (token_step, attention's batched rows)."""
     return head_dim in HEAD_DIMS
-
-
-def _sum_lanes16(b, vecs):
-    """IR: 16 <16 x float> -> one <16 x float> whose lane j is the sum of vecs[j]'s lanes:
-    pairs of vectors exchange halves and add, 4 rounds (8 + 4 + 2 + 1 adds)."""
-    width = 16  # lanes each vector's keys still occupy
-    while len(vecs) > 1:
-        half = width // 2
-        keys = 16 // width
-        lo, hi = [], []
-        for base in (0, 16):
-            for key in range(keys):
-                lo += [base + key * width + i for i in range(half)]
-                hi += [base + key * width + half + i for i in range(half)]
-        mlo = ir.Constant(ir.VectorType(_I32, 16), lo)
-        mhi = ir.Constant(ir.VectorType(_I32, 16), hi)
-        vecs = [
-            b.fadd(b.shuffle_vector(x, y, mlo), b.shuffle_vector(x, y, mhi))
-            for x, y in zip(vecs[0::2], vecs[1::2])
-        ]
-        width = half
-    return vecs[0]
 
 
 @intrinsic
@@ -124,7 +113,7 @@ def scores16(typingctx, hd, q, qi, k, ki, nvalid, scale, out, oi):
                 p = b.fmul(qv[c], kv, flags=("contract",))
                 acc = p if acc is None else b.fadd(acc, p, flags=("contract",))
             accs.append(acc)
-        s = _sum_lanes16(b, accs)
+        s = sum_lanes16(b, accs)
         sv = b.insert_element(ir.Constant(_V16F, None), sc, ir.Constant(_I32, 0))
         s = b.fmul(s, b.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_I32, 16), None)))
         lanes = ir.Constant(ir.VectorType(_I64, 16), list(range(16)))
@@ -221,6 +210,88 @@ def _weighted_rows2(o, oa, ob, p, pa, pb, v, vi, nk, hd):
         store16(o, ob + c + 48, b3, one)
 
 
+def _score_keys(HD, q, qb, group, kf, kr, nk, chunk, scale, sc):
+    """sc[g * chunk + t] = scale * (head qb / hd + g of flat q) . key kr / hd + t of kf,
+    for t < nk (then -inf up to a multiple of 16)."""
+
+
+@overload(_score_keys, inline="always", prefer_literal=True)
+def _score_keys_impl(HD, q, qb, group, kf, kr, nk, chunk, scale, sc):
+    if kf.dtype in (types.int8, types.uint8):  # q8_0 / q4_0 blocks, read in place
+        bb = BLOCK_BYTES[np.dtype(kf.dtype.name)]
+
+        def blocks(HD, q, qb, group, kf, kr, nk, chunk, scale, sc):
+            hd = HD
+            rb = hd // BLOCK * bb  # a row's bytes
+            kb = kr // BLOCK * bb
+            for tb in range(0, nk, 16):
+                nv = min(16, nk - tb)
+                for g in range(group):
+                    scores16_blocks(HD, q, qb + g * hd, kf, kb + tb * rb, nv, scale, sc,
+                                    g * chunk + tb)  # fmt: skip
+
+        return blocks
+
+    def rows(HD, q, qb, group, kf, kr, nk, chunk, scale, sc):
+        hd = HD
+        kbuf = scratch(kf, 16 * hd)  # empty: f32 / f16 rows are read in place
+        for tb in range(0, nk, 16):
+            nv = min(16, nk - tb)
+            ka, ko = values(kf, kr + tb * hd, nv * hd, kbuf)
+            for g in range(group):
+                scores16(HD, q, qb + g * hd, ka, ko, nv, scale, sc, g * chunk + tb)
+
+    return rows
+
+
+def _weigh_values(HD, po, o0, group, sc, chunk, vf, vr, nk):
+    """po[o0 + g hd : + hd] = sum_t sc[g * chunk + t] (value row vr / hd + t of vf) for
+    t < nk, each head g of the group (unnormalised)."""
+
+
+@overload(_weigh_values, inline="always", prefer_literal=True)
+def _weigh_values_impl(HD, po, o0, group, sc, chunk, vf, vr, nk):
+    if vf.dtype in (types.int8, types.uint8):  # q8_0 / q4_0 blocks, read in place
+        bb = BLOCK_BYTES[np.dtype(vf.dtype.name)]
+
+        def blocks(HD, po, o0, group, sc, chunk, vf, vr, nk):
+            hd = HD
+            rb = hd // BLOCK * bb
+            vb = vr // BLOCK * bb
+            a0, a1, b0, b1 = stack16(), stack16(), stack16(), stack16()
+            one = np.float32(1.0)
+            for g in range(0, group, 2):
+                h = min(g + 1, group - 1)  # an odd group's last head pairs with itself
+                for blk in range(hd // BLOCK):
+                    zero16(a0)
+                    zero16(a1)
+                    zero16(b0)
+                    zero16(b1)
+                    at = vb + blk * bb
+                    for t in range(nk):
+                        block_axpy2(a0, a1, b0, b1, sc[g * chunk + t], sc[h * chunk + t], vf,
+                                    at + t * rb)  # fmt: skip
+                    c = blk * BLOCK
+                    store16(po, o0 + g * hd + c, a0, one)
+                    store16(po, o0 + g * hd + c + 16, a1, one)
+                    store16(po, o0 + h * hd + c, b0, one)
+                    store16(po, o0 + h * hd + c + 16, b1, one)
+
+        return blocks
+
+    def rows(HD, po, o0, group, sc, chunk, vf, vr, nk):
+        hd = HD
+        va, vo = values(vf, vr, nk * hd, scratch(vf, chunk * hd))  # f32 / f16: in place
+        for g in range(0, group - 1, 2):
+            _weighted_rows2(po, o0 + g * hd, o0 + (g + 1) * hd, sc, g * chunk, (g + 1) * chunk,
+                            va, vo, nk, hd)  # fmt: skip
+        if group & 1:
+            g = group - 1
+            weighted_rows(po, o0 + g * hd, sc, g * chunk, va, vo, nk, hd, hd, np.float32(1.0))
+
+    return rows
+
+
 @njit(inline="always")
 def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, chunk, scale, softcap, po, pm, job):
     """Heads qb / hd .. + group of flat q against positions t0 .. t0 + nk (nk <= chunk)
@@ -229,13 +300,8 @@ def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, chunk, scale, softcap, po,
     softcap > 0: the scaled scores are capped (capped_score) before the softmax."""
     hd = HD
     sc = np.empty(group * chunk, np.float32)  # head g's scores at g * chunk
-    kbuf, vbuf = scratch(kf, 16 * hd), scratch(vf, chunk * hd)  # empty unless blocks
     kr = kvb + t0 * hd
-    for tb in range(0, nk, 16):
-        nv = min(16, nk - tb)
-        ka, ko = values(kf, kr + tb * hd, nv * hd, kbuf)
-        for g in range(group):
-            scores16(HD, q, qb + g * hd, ka, ko, nv, scale, sc, g * chunk + tb)
+    _score_keys(HD, q, qb, group, kf, kr, nk, chunk, scale, sc)
     if softcap > 0:
         for g in range(group):
             for t in range(g * chunk, g * chunk + nk):
@@ -244,14 +310,7 @@ def _chunk_job(HD, q, qb, group, kf, vf, kvb, t0, nk, chunk, scale, softcap, po,
         m, total = _softmax_chunk(sc, g * chunk, nk)
         pm[job, g, 0] = m
         pm[job, g, 1] = total
-    o0 = job * group * hd
-    va, vo = values(vf, kr, nk * hd, vbuf)
-    for g in range(0, group - 1, 2):
-        _weighted_rows2(po, o0 + g * hd, o0 + (g + 1) * hd, sc, g * chunk, (g + 1) * chunk,
-                        va, vo, nk, hd)  # fmt: skip
-    if group & 1:
-        g = group - 1
-        weighted_rows(po, o0 + g * hd, sc, g * chunk, va, vo, nk, hd, hd, np.float32(1.0))
+    _weigh_values(HD, po, job * group * hd, group, sc, chunk, vf, kr, nk)
 
 
 @njit(inline="always")
@@ -314,7 +373,8 @@ def _attend_one(HD, q, kc, vc, pos, window, scale, softcap, out):
     njobs = hkv * nch
     po = np.empty(njobs * group * hd, np.float32)
     pm = np.empty((njobs, group, 2), np.float32)
-    qf, kf, vf, of = q.reshape(-1), kc.reshape(-1), vc.reshape(-1), out.reshape(-1)
+    kf, vf, of = kc.reshape(-1), vc.reshape(-1), out.reshape(-1)
+    qf = rotated_queries(kf, q.reshape(-1), hd)  # R q against rotated key blocks
     for job in prange(njobs):
         kh = job // nch
         t0 = lo + (job - kh * nch) * chunk
@@ -324,6 +384,7 @@ def _attend_one(HD, q, kc, vc, pos, window, scale, softcap, out):
     for h in range(hq):
         kh = h // group
         _merge(po, pm, kh * nch, nch, group, h - kh * group, hd, of, h * hd)
+    unrotate_output(vf, of, hd)
 
 
 @intrinsic
@@ -359,7 +420,7 @@ def _attend_many(HD, q, klike, vlike, kaddr, vaddr, nctx, layer, starts, window,
     njobs = n * per
     po = np.empty(njobs * group * hd, np.float32)
     pm = np.empty((njobs, group, 2), np.float32)
-    qf, of = q.reshape(-1), out.reshape(-1)
+    qf, of = rotated_queries(klike, q.reshape(-1), hd), out.reshape(-1)
     kitem, vitem = klike.itemsize, vlike.itemsize
     for job in prange(njobs):
         b = job // per
@@ -379,6 +440,7 @@ def _attend_many(HD, q, klike, vlike, kaddr, vaddr, nctx, layer, starts, window,
             kh = h // group
             j0 = b * per + kh * most
             _merge(po, pm, j0, nch[b], group, h - kh * group, hd, of, (b * hq + h) * hd)
+    unrotate_output(vlike, of, hd)
 
 
 @njit(cache=True, parallel=True, nogil=True)

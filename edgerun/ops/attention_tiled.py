@@ -23,7 +23,9 @@ batched decoding matches bit for bit.
 
 A q8_0 / q4_0 cache (ops/kv_blocks.py) is read in place: its key blocks are dequantised
 into K^T as f16 keys are widened there, and each job dequantises the two value blocks
-of a position's 64 columns into an L1 buffer as its P V tile reaches them.
+of a position's 64 columns into an L1 buffer as its P V tile reaches them. Those rows
+are stored rotated (kv_blocks: R k, R v): attention.attention rotates the queries before
+this kernel and turns its output back after it.
 """
 
 from __future__ import annotations

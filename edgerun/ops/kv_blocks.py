@@ -14,6 +14,16 @@ column), as they address f32 and f16 ones; `values` hands them a span of values 
 float32: the cache itself where it is f32 or f16 (their vector loads widen f16), the
 span's blocks dequantised into a small buffer of the caller's otherwise. A quantised
 cache is read in place, a few rows at a time, and never copied whole.
+
+A quantised row holds its values rotated: R x = H (s * x), s a fixed +-1 per column and
+H the normalised Walsh-Hadamard transform over each group of G columns (G the largest
+power of two dividing head_dim), as QuaRot / SpinQuant rotate. R is orthogonal, so
+(R q) . (R k) = q . k and sum_t p_t R v_t = R (sum_t p_t v_t): the attention kernels
+rotate the query once per head (`rotated_queries`) and turn the output back
+(`unrotate_output`) and score and sum on the stored blocks as they are. What the rotation
+buys: a channel that carries an outlier in every row (Qwen2.5's keys, from their bias)
+spreads over all G columns instead of setting one 32-value block's scale, so the other
+values of that block keep their resolution. f32 and f16 caches are not rotated.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from edgerun.ops._simd import h2f
 
 BLOCK = 32  # values a block holds
 BLOCK_BYTES = {np.dtype(np.int8): 34, np.dtype(np.uint8): 18}  # q8_0, q4_0
+ROTATION = "hadamard-signs/1"  # what a saved session records of its blocks' rotation
 
 
 def row_width(dtype: np.dtype, head_dim: int) -> int:
@@ -122,9 +133,115 @@ def _dequantize_q4_0(src, o, dst, do):
         dst[do + j + 16] = d * np.float32((b >> 4) - 8)
 
 
+@njit(inline="always")
+def _sign(j):
+    """Column j's fixed sign: a bit of a multiplicative hash of j (structured rows, such
+    as one constant channel, do not line up with a Hadamard row)."""
+    return np.float32(1.0 - 2.0 * (((np.int64(j) * 2654435761) >> 17) & 1))
+
+
+@njit(nogil=True)
+def _hadamard(x, o, n):
+    """x[o:o + n] <- H x[o:o + n] for each group of G columns (normalised: H H = 1).
+    A called function, not an inlined one: inlined into the overloads below, its loops
+    made Numba warn about its variables' scope at every compile."""
+    g = n & -n
+    norm = np.float32(1.0 / np.sqrt(np.float64(g)))
+    for base in range(o, o + n, g):
+        for stage in range(31):
+            h = 1 << stage
+            if h >= g:
+                break
+            for i in range(base, base + g, 2 * h):
+                for j in range(i, i + h):
+                    a = x[j]
+                    b = x[j + h]
+                    x[j] = a + b
+                    x[j + h] = a - b
+        for j in range(base, base + g):
+            x[j] *= norm
+
+
+@njit(inline="always")
+def rotate(x, o, n):
+    """x[o:o + n] <- R x[o:o + n], the rotation a quantised row is stored in."""
+    for j in range(n):
+        x[o + j] *= _sign(j)
+    _hadamard(x, o, n)
+
+
+@njit(inline="always")
+def unrotate(x, o, n):
+    """x[o:o + n] <- R^T x[o:o + n] (R's inverse)."""
+    _hadamard(x, o, n)
+    for j in range(n):
+        x[o + j] *= _sign(j)
+
+
+def rotation(head_dim: int) -> np.ndarray:
+    """R as a float64 matrix [head_dim, head_dim] (R x: the row as stored), for references."""
+    g = head_dim & -head_dim
+    h = np.ones((1, 1))
+    while h.shape[0] < g:
+        h = np.block([[h, h], [h, -h]])
+    j = np.arange(head_dim, dtype=np.int64)
+    signs = 1.0 - 2.0 * (((j * 2654435761) >> 17) & 1)
+    return np.kron(np.eye(head_dim // g), h / np.sqrt(g)) * signs[None, :]
+
+
+def rotated_queries(cache, q, hd):
+    """q (flat float32, rows of hd) as scores against `cache`'s rows need it: q itself
+    for f32 / f16 caches, a copy with each row rotated (R q) for quantised ones."""
+
+
+@overload(rotated_queries, inline="always")
+def _rotated_queries_impl(cache, q, hd):
+    if cache.dtype in (types.int8, types.uint8):
+
+        def impl(cache, q, hd):
+            r = q.copy()
+            for o in range(0, r.shape[0], hd):
+                rotate(r, o, hd)
+            return r
+
+        return impl
+    return lambda cache, q, hd: q
+
+
+def unrotate_output(cache, out, hd):
+    """out (flat float32, rows of hd) weighted from `cache`'s value rows <- R^T out where
+    those rows are quantised (stored rotated); nothing for f32 / f16 caches."""
+
+
+@overload(unrotate_output, inline="always")
+def _unrotate_output_impl(cache, out, hd):
+    if cache.dtype in (types.int8, types.uint8):
+
+        def impl(cache, out, hd):
+            for o in range(0, out.shape[0], hd):
+                unrotate(out, o, hd)
+
+        return impl
+    return lambda cache, out, hd: None
+
+
+@njit(cache=True, nogil=True)
+def rotate_rows(x: np.ndarray) -> None:
+    """x [m, n] float32 <- each row rotated (R x), in place."""
+    for i in range(x.shape[0]):
+        rotate(x[i], 0, x.shape[1])
+
+
+@njit(cache=True, nogil=True)
+def unrotate_rows(x: np.ndarray) -> None:
+    """x [m, n] float32 <- each row turned back (R^T x), in place."""
+    for i in range(x.shape[0]):
+        unrotate(x[i], 0, x.shape[1])
+
+
 def put_row(dst, src):
     """dst[:] = the float32 values src as a cache row of dst's element type stores them
-    (f32 as is; q8_0 / q4_0 blocks). f16 rows are token_step's (its rounding)."""
+    (f32 as is; q8_0 / q4_0 blocks of R src). f16 rows are token_step's (its rounding)."""
 
 
 @overload(put_row, inline="always")
@@ -132,15 +249,19 @@ def _put_row_impl(dst, src):
     if dst.dtype == types.int8:
 
         def impl(dst, src):
-            for b in range(src.shape[0] // BLOCK):
-                _quantize_q8_0(src, b * BLOCK, dst, b * 34)
+            x = src.copy()
+            rotate(x, 0, x.shape[0])
+            for b in range(x.shape[0] // BLOCK):
+                _quantize_q8_0(x, b * BLOCK, dst, b * 34)
 
         return impl
     if dst.dtype == types.uint8:
 
         def impl(dst, src):
-            for b in range(src.shape[0] // BLOCK):
-                _quantize_q4_0(src, b * BLOCK, dst, b * 18)
+            x = src.copy()
+            rotate(x, 0, x.shape[0])
+            for b in range(x.shape[0] // BLOCK):
+                _quantize_q4_0(x, b * BLOCK, dst, b * 18)
 
         return impl
     if dst.dtype == types.float32:
@@ -155,7 +276,8 @@ def _put_row_impl(dst, src):
 
 @njit(cache=True, nogil=True)
 def quantize_rows(src: np.ndarray, dst: np.ndarray) -> None:
-    """src [m, head_dim] float32 -> dst [m, row width] of q8_0 (int8) or q4_0 (uint8)."""
+    """src [m, head_dim] float32 -> dst [m, row width] of q8_0 (int8) or q4_0 (uint8)
+    blocks of each row rotated (R src)."""
     for i in range(src.shape[0]):
         put_row(dst[i], src[i])
 
@@ -163,7 +285,8 @@ def quantize_rows(src: np.ndarray, dst: np.ndarray) -> None:
 def values(src, v0, n, buf):
     """Values v0 .. v0 + n of a cache's flat elements as float32 (or f16 bits) ->
     (array, index of value v0 in it): (src, v0) for f32 and f16, else the blocks holding
-    them dequantised into buf[:n] and (buf, 0). v0 and n: multiples of 32 for blocks."""
+    them dequantised into buf[:n] and (buf, 0), still rotated (R x, as stored). v0 and
+    n: multiples of 32 for blocks."""
 
 
 @overload(values, inline="always")
@@ -206,9 +329,11 @@ def _scratch_impl(src, n):
 
 @njit(cache=True, nogil=True)
 def dequantize_rows(src: np.ndarray, dst: np.ndarray) -> None:
-    """src [m, row width] of q8_0 (int8) or q4_0 (uint8) blocks -> dst [m, head_dim]."""
+    """src [m, row width] of q8_0 (int8) or q4_0 (uint8) blocks -> dst [m, head_dim], the
+    rows' values (R^T of the dequantised blocks)."""
     hd = dst.shape[1]
     for i in range(src.shape[0]):
         row, at = values(src[i], 0, hd, dst[i])
         for j in range(hd):
             dst[i, j] = row[at + j]
+        unrotate(dst[i], 0, hd)

@@ -20,10 +20,10 @@ import numpy as np
 from edgerun.errors import EdgerunError, InvalidArgumentError, ModelFormatError
 from edgerun.generate.constraint import response_format_constraint
 from edgerun.generate.engine import Engine
-from edgerun.model.kvcache import KV_TYPES, KVCache, kv_types
+from edgerun.model.kvcache import KV_TYPES, QUANTISED_KV_TYPES, KVCache, kv_types
 from edgerun.offload.io import drop_page_cache
 from edgerun.ops.attention import cache_floats, cache_values
-from edgerun.ops.kv_blocks import row_width
+from edgerun.ops.kv_blocks import ROTATION, row_width
 from edgerun.runtime.atomic import write_atomic
 from edgerun.serving import kv_spill
 from edgerun.serving.batching import Request, ResponseStats, Serving
@@ -245,6 +245,7 @@ class Session:
                 "model": self.engine.identity,
                 "model_name": self.engine.name,
                 "kv_type": c.kv_type,
+                "kv_rotation": ROTATION,  # how q8_0 / q4_0 rows are stored (kv_blocks)
                 "n_ctx": str(c.n_ctx),
                 "tokens": json.dumps(tokens),
                 "messages": json.dumps(self.messages, ensure_ascii=False),
@@ -318,6 +319,13 @@ class Session:
                 f"{where}: field 'kv_type' is {kv_type!r}, expected one of "
                 f"{', '.join(KV_TYPES)} or 'K/V'"
             ) from None
+        quantised = sorted({t for t in saved_types.values() if t in QUANTISED_KV_TYPES})
+        if quantised and meta.get("kv_rotation") != ROTATION:
+            raise SessionFileError(
+                f"{where}: field 'kv_rotation' is {meta.get('kv_rotation')!r}, expected "
+                f"{ROTATION!r}: its {'/'.join(quantised)} rows were stored by an edgerun that "
+                "did not rotate them; resume it there and save it as f16, or start it anew"
+            )
         s = engine.spec
         n = len(tokens)
         state_tensors = {k: tensors.pop(k) for k in list(tensors) if k.startswith("state.")}

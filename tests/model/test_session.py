@@ -56,6 +56,19 @@ def test_resume_gives_the_same_tokens_as_uninterrupted(smollm2_path, kv_type, tm
         b = resumed.send("Which one is red?", max_tokens=24, **GREEDY)
         assert a == b
         assert resumed.stats.cached_tokens >= n - 2  # the history was not recomputed
+        raw = path.read_bytes()  # as saved before q8_0 / q4_0 rows were stored rotated
+        hlen = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8 : 8 + hlen])
+        assert header["__metadata__"].pop("kv_rotation") == "hadamard-signs/1"
+        head = json.dumps(header).encode()
+        head += b" " * (-len(head) % 8)
+        old = tmp_path / "old.safetensors"
+        old.write_bytes(len(head).to_bytes(8, "little") + head + raw[8 + hlen :])
+        if kv_type.startswith("q"):
+            with pytest.raises(SessionFileError, match="'kv_rotation' is None.*did not rotate"):
+                Session.load(m, old)
+        else:  # f32 / f16 rows are not rotated: such a file loads as before
+            assert Session.load(m, old).cache.tokens == Session.load(m, path).cache.tokens
     finally:
         m.close()
 

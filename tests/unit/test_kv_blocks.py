@@ -1,6 +1,7 @@
-"""KV caches of q8_0 / q4_0 blocks (ops/kv_blocks.py): rows as ggml quantises them, and
-every attention kernel reading them in place against the float64 reference on the same
-dequantised values; batched decode rows equal single ones bit for bit."""
+"""KV caches of q8_0 / q4_0 blocks (ops/kv_blocks.py): rows rotated (R x) then quantised
+as ggml quantises them, every attention kernel reading them in place against the float64
+reference on the same dequantised values; batched decode rows equal single ones bit for
+bit."""
 
 from __future__ import annotations
 
@@ -11,14 +12,49 @@ from edgerun.ops import attention as A
 from edgerun.ops import attention_decode as D
 from edgerun.ops import attention_tiled as T
 from edgerun.ops.attention import cache_floats, cache_values
-from edgerun.ops.kv_blocks import dequantize_rows, quantize_rows, row_width
+from edgerun.ops.kv_blocks import (
+    dequantize_rows,
+    quantize_rows,
+    rotate_rows,
+    rotation,
+    row_width,
+    unrotate_rows,
+)
 from edgerun.quant.legacy import Q4_0, Q8_0
 
 TYPES = {"q8_0": np.dtype(np.int8), "q4_0": np.dtype(np.uint8)}
 
 
+@pytest.mark.parametrize("hd", [256, 96])
+def test_rotation_is_orthogonal_and_the_kernels_apply_it(hd):
+    r = rotation(hd)
+    assert np.allclose(r @ r.T, np.eye(hd), atol=1e-12)
+    assert len(np.unique(np.abs(r[r != 0]))) == 1  # +-1/sqrt(G), G = 32 for 96
+    x = np.random.default_rng(1).standard_normal((5, hd)).astype(np.float32)
+    y = x.copy()
+    rotate_rows(y)
+    np.testing.assert_allclose(y, x @ r.T, rtol=1e-5, atol=1e-5)
+    unrotate_rows(y)
+    np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5)
+
+
+def test_rotation_spreads_a_channel_outlier():
+    """A key channel far larger than the rest in every row (Qwen2.5's, from its k bias)
+    sets its block's q4_0 scale; rotated, the other channels keep their resolution."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((64, 128)).astype(np.float32)
+    x[:, 5] += 60.0
+    rows = np.empty((64, row_width(TYPES["q4_0"], 128)), TYPES["q4_0"])
+    quantize_rows(x, rows)
+    back = cache_floats(rows, 128)
+    plain = Q4_0.dequantize_blocks(Q4_0.quantize_blocks(x.reshape(-1, 32))).reshape(64, 128)
+    rest = np.arange(32) != 5  # the outlier's block
+    err = np.abs(back - x)[:, :32][:, rest].mean()
+    assert err < 0.3 * np.abs(plain - x)[:, :32][:, rest].mean()
+
+
 @pytest.mark.parametrize("kind", sorted(TYPES))
-def test_rows_are_ggml_blocks_and_dequantise_as_ggml(kind):
+def test_rows_are_ggml_blocks_of_rotated_rows(kind):
     fmt = {"q8_0": Q8_0, "q4_0": Q4_0}[kind]
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((40, 128)) * 5).astype(np.float32)
@@ -26,13 +62,15 @@ def test_rows_are_ggml_blocks_and_dequantise_as_ggml(kind):
     x[3, 32:64] = 1e-30  # a scale below f16's range
     rows = np.empty((40, row_width(TYPES[kind], 128)), TYPES[kind])
     quantize_rows(x, rows)
-    want = fmt.quantize_blocks(x.reshape(-1, 32)).reshape(40, -1)
+    rx = x.copy()
+    rotate_rows(rx)
+    want = fmt.quantize_blocks(rx.reshape(-1, 32)).reshape(40, -1)
     assert np.array_equal(rows.view(np.uint8), want)
     back = np.empty((40, 128), np.float32)
     dequantize_rows(rows, back)
-    assert np.array_equal(
-        back, fmt.dequantize_blocks(want.reshape(-1, want.shape[1] // 4)).reshape(40, 128)
-    )
+    stored = fmt.dequantize_blocks(want.reshape(-1, want.shape[1] // 4)).reshape(40, 128)
+    unrotate_rows(stored)
+    assert np.array_equal(back, stored)
     err = np.abs(back - x).max(axis=1) / np.abs(x).max(axis=1).clip(1e-30)
     assert err.max() < {"q8_0": 0.01, "q4_0": 0.15}[kind]
 

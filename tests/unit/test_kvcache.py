@@ -103,7 +103,9 @@ def test_quantised_cache_bytes_are_exact_fractions_of_f16(kv_type, ratio) -> Non
 
 @pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
 def test_quantised_cache_stores_ggml_blocks(kv_type) -> None:
-    """Rows are ggml's blocks of the values (quant/legacy's reference quantiser)."""
+    """Rows are ggml's blocks of the rotated values R x (quant/legacy's reference
+    quantiser; ops/kv_blocks.rotate_rows applies R)."""
+    from edgerun.ops.kv_blocks import rotate_rows
     from edgerun.quant.legacy import Q4_0, Q8_0
 
     fmt = {"q8_0": Q8_0, "q4_0": Q4_0}[kv_type]
@@ -111,10 +113,12 @@ def test_quantised_cache_stores_ggml_blocks(kv_type) -> None:
     rng = np.random.default_rng(3)
     k = (rng.standard_normal((3, 2, 64)) * 10).astype(np.float32)
     v = rng.standard_normal((3, 2, 64)).astype(np.float32)
-    v[1, 0, :32] = 0  # an all-zero block: scale 0
+    v[1, 0] = 0  # an all-zero row: scale 0
     cache.store(2, 5, k, v)
     for got, x in ((cache.k, k), (cache.v, v)):
-        want = fmt.quantize_blocks(x.transpose(1, 0, 2).reshape(-1, 32)).reshape(2, 3, -1)
+        rx = x.transpose(1, 0, 2).reshape(-1, 64).copy()
+        rotate_rows(rx)
+        want = fmt.quantize_blocks(rx.reshape(-1, 32)).reshape(2, 3, -1)
         assert np.array_equal(got[2, :, 5:8].view(np.uint8), want)
         assert not got[2, :, :5].any() and not got[1].any()
 
