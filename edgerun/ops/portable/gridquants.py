@@ -5,9 +5,10 @@ and IQ1_S (layouts: edgerun.quant.gridquants).
   operations (bit-exact), which portable.kernels.deq_row calls for these kinds; the
   GEMM, the batched decode and the embedding rows go through it.
 - `mv_grid(kind, data, x, out)`: decode matvec, fused: per group of 8 (IQ2, IQ1) or 4
-  (IQ3) weights one grid row times its signs times x, summed per sub-block and scaled
-  once per sub-block (d * s * sum), with no dequantized row in memory. It equals
-  dequantize-then-dot to float32 rounding, not bit for bit.
+  (IQ3) weights one grid row times its signs times x into 8 lane accumulators (a
+  sub-block's sum, scaled once: d * s * sum, into 8 more), with no dequantized row in
+  memory. It equals dequantize-then-dot to float32 rounding, not bit for bit. Sums into
+  lanes, not one scalar: a scalar's chain of dependent adds ran ~40x slower.
 
 The grids live as float32 tables (the level vectors) and the signs as +1/-1 float32
 tables (KSIGNS's 128 patterns; all 256 bytes for IQ2_S and IQ3_S, which store the sign
@@ -20,10 +21,11 @@ from edgerun.runtime import numba_env
 
 numba_env.configure()
 
+import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-from edgerun.ops._simd import h2f  # noqa: E402
+from edgerun.ops._simd import h2f, stack16  # noqa: E402
 from edgerun.quant.gridquants import IQ1_DELTA  # noqa: E402
 from edgerun.quant.iq_grids import (  # noqa: E402
     IQ1S_GRID,
@@ -79,193 +81,214 @@ def _u16(a, i):
     return np.int32(a[i]) | (np.int32(a[i + 1]) << 8)
 
 
+# the same on row r of a 2-D array (a view per row costs an NRT reference count)
 @njit(inline="always")
-def _put8(o, db, g, s):
-    """o[0:8] = db * g * s with s = +-1 (the reference's (db * grid) * signs)."""
-    for j in range(8):
-        o[j] = db * g[j] * s[j]
+def _f162(a, r, i):
+    return h2f(np.uint16(a[r, i]) | (np.uint16(a[r, i + 1]) << np.uint16(8)))
 
 
 @njit(inline="always")
-def _put4(o, db, g, s):
+def _u322(a, r, i):
+    return (
+        np.uint32(a[r, i])
+        | (np.uint32(a[r, i + 1]) << np.uint32(8))
+        | (np.uint32(a[r, i + 2]) << np.uint32(16))
+        | (np.uint32(a[r, i + 3]) << np.uint32(24))
+    )
+
+
+@njit(inline="always")
+def _u162(a, r, i):
+    return np.int32(a[r, i]) | (np.int32(a[r, i + 1]) << 8)
+
+
+@njit(inline="always")
+def _put(dst, o, db, g, gi, s, si, n):
+    """dst[o:o+n] = db * g[gi, :n] * s[si, :n] with s = +-1 (the reference's
+    (db * grid) * signs)."""
+    for j in range(n):
+        dst[o + j] = db * g[gi, j] * s[si, j]
+
+
+@njit(inline="always")
+def _put_shift(dst, o, db, g, gi, s, si, s0):
+    """As _put for a 4-level grid row whose signs are s[si, s0:s0+4]."""
     for j in range(4):
-        o[j] = db * g[j] * s[j]
+        dst[o + j] = db * g[gi, j] * s[si, s0 + j]
 
 
 @njit(cache=True, nogil=True)
 def deq_grid(kind, row, dst):
-    """One row of raw super-blocks -> float32 dst [cols], bit-exact with the reference."""
+    """One row of raw super-blocks -> float32 dst [cols], bit-exact with the reference.
+    Flat offsets throughout: a slice per group costs an NRT reference count."""
     for b in range(dst.shape[0] // 256):
-        o = dst[b * 256 : b * 256 + 256]
+        o = b * 256
         if kind == KIND_IQ2_XXS:
-            blk = row[b * 66 : b * 66 + 66]
-            d = _f16(blk, 0)
+            p = b * 66
+            d = _f16(row, p)
             for ib in range(8):
-                aux = _u32(blk, 2 + 8 * ib + 4)
+                aux = _u32(row, p + 2 + 8 * ib + 4)
                 db = d * (HALF + np.float32(aux >> np.uint32(28))) * QUARTER
                 for l in range(4):
                     si = (aux >> np.uint32(7 * l)) & np.uint32(127)
-                    g = G2XXS[blk[2 + 8 * ib + l]]
-                    _put8(o[32 * ib + 8 * l :], db, g, KSIGN8[si])
+                    gi = row[p + 2 + 8 * ib + l]
+                    _put(dst, o + 32 * ib + 8 * l, db, G2XXS, gi, KSIGN8, si, 8)
         elif kind == KIND_IQ2_XS:
-            blk = row[b * 74 : b * 74 + 74]
-            d = _f16(blk, 0)
+            p = b * 74
+            d = _f16(row, p)
             for k in range(16):
-                sc = (blk[66 + (k >> 1)] >> (4 * (k & 1))) & 15
+                sc = (row[p + 66 + (k >> 1)] >> (4 * (k & 1))) & 15
                 db = d * (HALF + np.float32(sc)) * QUARTER
                 for l in range(2):
-                    q = _u16(blk, 2 + 4 * k + 2 * l)
-                    _put8(o[16 * k + 8 * l :], db, G2XS[q & 511], KSIGN8[q >> 9])
+                    q = _u16(row, p + 2 + 4 * k + 2 * l)
+                    _put(dst, o + 16 * k + 8 * l, db, G2XS, q & 511, KSIGN8, q >> 9, 8)
         elif kind == KIND_IQ2_S:
-            blk = row[b * 82 : b * 82 + 82]
-            d = _f16(blk, 0)
+            p = b * 82
+            d = _f16(row, p)
             for k in range(16):
-                sc = (blk[74 + (k >> 1)] >> (4 * (k & 1))) & 15
+                sc = (row[p + 74 + (k >> 1)] >> (4 * (k & 1))) & 15
                 db = d * (HALF + np.float32(sc)) * QUARTER
                 for l in range(2):
                     i = 2 * k + l
-                    q = np.int32(blk[2 + i]) | (
-                        ((np.int32(blk[66 + (i >> 2)]) >> (2 * (i & 3))) & 3) << 8
-                    )
-                    _put8(o[8 * i :], db, G2S[q], SIGN8[blk[34 + i]])
+                    qh = (np.int32(row[p + 66 + (i >> 2)]) >> (2 * (i & 3))) & 3
+                    q = np.int32(row[p + 2 + i]) | (qh << 8)
+                    _put(dst, o + 8 * i, db, G2S, q, SIGN8, row[p + 34 + i], 8)
         elif kind == KIND_IQ3_XXS:
-            blk = row[b * 98 : b * 98 + 98]
-            d = _f16(blk, 0)
+            p = b * 98
+            d = _f16(row, p)
             for ib in range(8):
-                aux = _u32(blk, 66 + 4 * ib)
+                aux = _u32(row, p + 66 + 4 * ib)
                 db = d * (HALF + np.float32(aux >> np.uint32(28))) * HALF
                 for l in range(4):
-                    s8 = KSIGN8[(aux >> np.uint32(7 * l)) & np.uint32(127)]
-                    oo = o[32 * ib + 8 * l :]
-                    _put4(oo, db, G3XXS[blk[2 + 8 * ib + 2 * l]], s8)
-                    _put4(oo[4:], db, G3XXS[blk[2 + 8 * ib + 2 * l + 1]], s8[4:])
+                    si = (aux >> np.uint32(7 * l)) & np.uint32(127)
+                    oo = o + 32 * ib + 8 * l
+                    g0 = row[p + 2 + 8 * ib + 2 * l]
+                    g1 = row[p + 2 + 8 * ib + 2 * l + 1]
+                    _put_shift(dst, oo, db, G3XXS, g0, KSIGN8, si, 0)
+                    _put_shift(dst, oo + 4, db, G3XXS, g1, KSIGN8, si, 4)
         elif kind == KIND_IQ3_S:
-            blk = row[b * 110 : b * 110 + 110]
-            d = _f16(blk, 0)
+            p = b * 110
+            d = _f16(row, p)
             for ib in range(8):
-                sc = (blk[106 + (ib >> 1)] >> (4 * (ib & 1))) & 15
+                sc = (row[p + 106 + (ib >> 1)] >> (4 * (ib & 1))) & 15
                 db = d * np.float32(1 + 2 * sc)
                 for l in range(4):
-                    s8 = SIGN8[blk[74 + 4 * ib + l]]
-                    oo = o[32 * ib + 8 * l :]
+                    sb = row[p + 74 + 4 * ib + l]
                     for h in range(2):
                         i = 8 * ib + 2 * l + h
-                        q = np.int32(blk[2 + i]) | (
-                            ((np.int32(blk[66 + (i >> 3)]) >> (i & 7)) & 1) << 8
-                        )
-                        _put4(oo[4 * h :], db, G3S[q], s8[4 * h :])
+                        qh = (np.int32(row[p + 66 + (i >> 3)]) >> (i & 7)) & 1
+                        q = np.int32(row[p + 2 + i]) | (qh << 8)
+                        _put_shift(dst, o + 32 * ib + 8 * l + 4 * h, db, G3S, q, SIGN8, sb, 4 * h)
         elif kind == KIND_IQ1_S:
-            blk = row[b * 50 : b * 50 + 50]
-            d = _f16(blk, 0)
+            p = b * 50
+            d = _f16(row, p)
             for ib in range(8):
-                qh = _u16(blk, 34 + 2 * ib)
+                qh = _u16(row, p + 34 + 2 * ib)
                 dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
                 delta = -IQ1_DELTA if qh & 0x8000 else IQ1_DELTA
                 for l in range(4):
-                    g = G1S[np.int32(blk[2 + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)]
-                    oo = o[32 * ib + 8 * l :]
+                    gi = np.int32(row[p + 2 + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)
+                    oo = o + 32 * ib + 8 * l
                     for j in range(8):
-                        oo[j] = dl * (g[j] + delta)
+                        dst[oo + j] = dl * (G1S[gi, j] + delta)
 
 
 @njit(inline="always")
-def _dot8(g, s, x):
-    a = F0
+def _lanes(lane, o, g, gi, s, si, s0, x, xo, n):
+    """lane[o + j] += g[gi, j] s[si, s0 + j] x[xo + j] over j < n."""
+    for j in range(n):
+        lane[o + j] += g[gi, j] * s[si, s0 + j] * x[xo + j]
+
+
+@njit(inline="always")
+def _flush(lane, db):
+    """Lanes 8..15 += db * lanes 0..7 (one sub-block's sum, scaled), which restart at 0."""
     for j in range(8):
-        a += g[j] * s[j] * x[j]
-    return a
+        lane[8 + j] += db * lane[j]
+        lane[j] = F0
 
 
 @njit(inline="always")
-def _dot4(g, s, x):
-    a = F0
-    for j in range(4):
-        a += g[j] * s[j] * x[j]
-    return a
-
-
-@njit(cache=True, nogil=True)
-def row_dot(kind, row, x):
-    """sum_j W[row, j] x[j] for one row of raw super-blocks (the fused decode form)."""
-    acc = F0
+def _row_dot(kind, data, r, x, lane):
+    """sum_j W[r, j] x[j] for row r of raw super-blocks (the fused decode form): 8 lanes
+    sum a sub-block's grid x signs x x, 8 more the scaled sub-block sums."""
+    for j in range(16):
+        lane[j] = F0
     for b in range(x.shape[0] // 256):
-        xb = x[b * 256 : b * 256 + 256]
+        xo = b * 256
         if kind == KIND_IQ2_XXS:
-            blk = row[b * 66 : b * 66 + 66]
-            d = _f16(blk, 0)
+            p = b * 66
+            d = _f162(data, r, p)
             for ib in range(8):
-                aux = _u32(blk, 2 + 8 * ib + 4)
-                sub = F0
+                aux = _u322(data, r, p + 2 + 8 * ib + 4)
                 for l in range(4):
                     si = (aux >> np.uint32(7 * l)) & np.uint32(127)
-                    sub += _dot8(G2XXS[blk[2 + 8 * ib + l]], KSIGN8[si], xb[32 * ib + 8 * l :])
-                acc += d * (HALF + np.float32(aux >> np.uint32(28))) * QUARTER * sub
+                    gi = data[r, p + 2 + 8 * ib + l]
+                    _lanes(lane, 0, G2XXS, gi, KSIGN8, si, 0, x, xo + 32 * ib + 8 * l, 8)
+                _flush(lane, d * (HALF + np.float32(aux >> np.uint32(28))) * QUARTER)
         elif kind == KIND_IQ2_XS:
-            blk = row[b * 74 : b * 74 + 74]
-            d = _f16(blk, 0)
+            p = b * 74
+            d = _f162(data, r, p)
             for k in range(16):
-                sc = (blk[66 + (k >> 1)] >> (4 * (k & 1))) & 15
-                sub = F0
+                sc = (data[r, p + 66 + (k >> 1)] >> (4 * (k & 1))) & 15
                 for l in range(2):
-                    q = _u16(blk, 2 + 4 * k + 2 * l)
-                    sub += _dot8(G2XS[q & 511], KSIGN8[q >> 9], xb[16 * k + 8 * l :])
-                acc += d * (HALF + np.float32(sc)) * QUARTER * sub
+                    q = _u162(data, r, p + 2 + 4 * k + 2 * l)
+                    _lanes(lane, 0, G2XS, q & 511, KSIGN8, q >> 9, 0, x, xo + 16 * k + 8 * l, 8)
+                _flush(lane, d * (HALF + np.float32(sc)) * QUARTER)
         elif kind == KIND_IQ2_S:
-            blk = row[b * 82 : b * 82 + 82]
-            d = _f16(blk, 0)
+            p = b * 82
+            d = _f162(data, r, p)
             for k in range(16):
-                sc = (blk[74 + (k >> 1)] >> (4 * (k & 1))) & 15
-                sub = F0
+                sc = (data[r, p + 74 + (k >> 1)] >> (4 * (k & 1))) & 15
                 for l in range(2):
                     i = 2 * k + l
-                    q = np.int32(blk[2 + i]) | (
-                        ((np.int32(blk[66 + (i >> 2)]) >> (2 * (i & 3))) & 3) << 8
-                    )
-                    sub += _dot8(G2S[q], SIGN8[blk[34 + i]], xb[8 * i :])
-                acc += d * (HALF + np.float32(sc)) * QUARTER * sub
+                    qh = (np.int32(data[r, p + 66 + (i >> 2)]) >> (2 * (i & 3))) & 3
+                    q = np.int32(data[r, p + 2 + i]) | (qh << 8)
+                    _lanes(lane, 0, G2S, q, SIGN8, data[r, p + 34 + i], 0, x, xo + 8 * i, 8)
+                _flush(lane, d * (HALF + np.float32(sc)) * QUARTER)
         elif kind == KIND_IQ3_XXS:
-            blk = row[b * 98 : b * 98 + 98]
-            d = _f16(blk, 0)
+            p = b * 98
+            d = _f162(data, r, p)
             for ib in range(8):
-                aux = _u32(blk, 66 + 4 * ib)
-                sub = F0
+                aux = _u322(data, r, p + 66 + 4 * ib)
                 for l in range(4):
-                    s8 = KSIGN8[(aux >> np.uint32(7 * l)) & np.uint32(127)]
-                    xx = xb[32 * ib + 8 * l :]
-                    sub += _dot4(G3XXS[blk[2 + 8 * ib + 2 * l]], s8, xx)
-                    sub += _dot4(G3XXS[blk[2 + 8 * ib + 2 * l + 1]], s8[4:], xx[4:])
-                acc += d * (HALF + np.float32(aux >> np.uint32(28))) * HALF * sub
+                    si = (aux >> np.uint32(7 * l)) & np.uint32(127)
+                    xx = xo + 32 * ib + 8 * l
+                    g0 = data[r, p + 2 + 8 * ib + 2 * l]
+                    g1 = data[r, p + 2 + 8 * ib + 2 * l + 1]
+                    _lanes(lane, 0, G3XXS, g0, KSIGN8, si, 0, x, xx, 4)
+                    _lanes(lane, 4, G3XXS, g1, KSIGN8, si, 4, x, xx + 4, 4)
+                _flush(lane, d * (HALF + np.float32(aux >> np.uint32(28))) * HALF)
         elif kind == KIND_IQ3_S:
-            blk = row[b * 110 : b * 110 + 110]
-            d = _f16(blk, 0)
+            p = b * 110
+            d = _f162(data, r, p)
             for ib in range(8):
-                sc = (blk[106 + (ib >> 1)] >> (4 * (ib & 1))) & 15
-                sub = F0
+                sc = (data[r, p + 106 + (ib >> 1)] >> (4 * (ib & 1))) & 15
                 for l in range(4):
-                    s8 = SIGN8[blk[74 + 4 * ib + l]]
-                    xx = xb[32 * ib + 8 * l :]
-                    for h in range(2):
-                        i = 8 * ib + 2 * l + h
-                        q = np.int32(blk[2 + i]) | (
-                            ((np.int32(blk[66 + (i >> 3)]) >> (i & 7)) & 1) << 8
-                        )
-                        sub += _dot4(G3S[q], s8[4 * h :], xx[4 * h :])
-                acc += d * np.float32(1 + 2 * sc) * sub
+                    sb = data[r, p + 74 + 4 * ib + l]
+                    xx = xo + 32 * ib + 8 * l
+                    i = 8 * ib + 2 * l
+                    qh = np.int32(data[r, p + 66 + (i >> 3)]) >> (i & 7)
+                    q0 = np.int32(data[r, p + 2 + i]) | ((qh & 1) << 8)
+                    q1 = np.int32(data[r, p + 3 + i]) | ((qh & 2) << 7)
+                    _lanes(lane, 0, G3S, q0, SIGN8, sb, 0, x, xx, 4)
+                    _lanes(lane, 4, G3S, q1, SIGN8, sb, 4, x, xx + 4, 4)
+                _flush(lane, d * np.float32(1 + 2 * sc))
         elif kind == KIND_IQ1_S:
-            blk = row[b * 50 : b * 50 + 50]
-            d = _f16(blk, 0)
+            p = b * 50
+            d = _f162(data, r, p)
             for ib in range(8):
-                qh = _u16(blk, 34 + 2 * ib)
+                qh = _u162(data, r, p + 34 + 2 * ib)
                 delta = -IQ1_DELTA if qh & 0x8000 else IQ1_DELTA
-                sub = F0
-                xs = F0
                 for l in range(4):
-                    g = G1S[np.int32(blk[2 + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)]
-                    xx = xb[32 * ib + 8 * l :]
+                    gi = np.int32(data[r, p + 2 + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)
+                    xx = xo + 32 * ib + 8 * l
                     for j in range(8):
-                        sub += g[j] * xx[j]
-                        xs += xx[j]
-                acc += d * np.float32(2 * ((qh >> 12) & 7) + 1) * (sub + delta * xs)
+                        lane[j] += (G1S[gi, j] + delta) * x[xx + j]
+                _flush(lane, d * np.float32(2 * ((qh >> 12) & 7) + 1))
+    acc = F0
+    for j in range(8):
+        acc += lane[8 + j]
     return acc
 
 
@@ -273,4 +296,5 @@ def row_dot(kind, row, x):
 def mv_grid(kind, data, x, out):
     """Decode matvec y = W @ x of a grid format, fused (row_dot per row)."""
     for r in prange(data.shape[0]):
-        out[r] = row_dot(kind, data[r], x)
+        lane = numba.carray(stack16(), 16)
+        out[r] = _row_dot(kind, data, r, x, lane)
