@@ -145,13 +145,17 @@ def _deq_kernels(kind: int, gemm_kind: int, mv3: Callable) -> dict:
 
 def _grid_kernels(kind: int) -> dict:
     """A row of a grid format (IQ2_XXS .. IQ1_S): the fused portable decode matvec
-    (portable.gridquants.mv_grid) on every path, batched decode, GEMM and embedding rows
-    through dequantized rows (portable.kernels.deq_row); no int8 kernels."""
+    and batched decode (portable.gridquants.mv_grid, mvb_grid: equal bit for bit) on every
+    path; GEMM and embedding rows through dequantized rows (portable.kernels.deq_row); no
+    int8 kernels."""
 
     def mv(d, x, o):
         _pg.mv_grid(kind, d, x, o)
 
-    return {"matvec": mv, **_portable(kind), "matvec_batch": _mvb_deq(kind)}
+    def mvb(d, X, o):
+        _pg.mvb_grid(kind, d, X, o)
+
+    return {"matvec": mv, **_portable(kind), "matvec_batch": mvb}
 
 
 def _gemm(kind: int) -> Callable:

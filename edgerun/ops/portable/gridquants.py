@@ -298,3 +298,14 @@ def mv_grid(kind, data, x, out):
     for r in prange(data.shape[0]):
         lane = numba.carray(stack16(), 16)
         out[r] = _row_dot(kind, data, r, x, lane)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_grid(kind, data, X, out):
+    """Batched decode out[v] = W @ X[v]: mv_grid's row sums for each vector (the row read
+    from cache after the first), so every row equals mv_grid's bit for bit."""
+    n = X.shape[0]
+    for r in prange(data.shape[0]):
+        lane = numba.carray(stack16(), 16)
+        for v in range(n):
+            out[v, r] = _row_dot(kind, data, r, X[v], lane)
