@@ -3,9 +3,9 @@
 FORMATS maps each QuantType to its class (layout, quantize_blocks, dequantize_blocks) in
 one module per family: floats (F32, F16, BF16), legacy (GGML's 32-element blocks), kquants
 (GGML's 256-element super-blocks), iquants (GGML's non-linear IQ4 formats), gridquants
-(GGML's 1-3 bit grid formats IQ1_S..IQ3_S), lowbit
-(edgerun's own G64 formats). A new format is an enum member and a row here plus its class;
-its kernels are one row of ops/traits.py.
+(GGML's 1-3 bit grid formats, IQ1_S to IQ3_S), lowbit (edgerun's own G64 formats). A new
+format is an enum member and a row here plus its class; its kernels are one row of
+ops/traits.py.
 
 A QuantTensor never owns a float copy of a quantized matrix: `data` is a
 uint8 view of the raw blocks (usually over an mmap), one row per output row.
