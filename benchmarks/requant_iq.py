@@ -79,6 +79,8 @@ def quantize(
     pruned = (ctypes.c_int32 * (len(prune) + 1))(*prune, -1)
     if prune:
         params.prune_layers = ctypes.cast(pruned, type(params.prune_layers))
+        # the embedding stays whole: Q4_K quantizes it in seconds, an IQ type in minutes
+        params.token_embedding_type = 12  # GGML_TYPE_Q4_K
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
     if rc != 0:
         raise SystemExit(f"llama_model_quantize ftype {ftype}: rc {rc}")

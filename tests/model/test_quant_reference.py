@@ -103,6 +103,11 @@ LLAMA_CPP_FORMATS = [
     QuantType.IQ4_XS,
     QuantType.Q5_1,
     QuantType.IQ4_NL,
+    QuantType.IQ3_S,
+    QuantType.IQ3_XXS,
+    QuantType.IQ2_S,
+    QuantType.IQ2_XS,
+    QuantType.IQ2_XXS,
 ]
 
 
