@@ -25,6 +25,7 @@ from edgerun.ops.int8 import matvec as _im
 from edgerun.ops.int8 import rows16 as _r16
 from edgerun.ops.int8 import superblock as _sb
 from edgerun.ops.portable import batch as _pb
+from edgerun.ops.portable import gridquants as _pg
 from edgerun.ops.portable import kernels as _p
 from edgerun.ops.portable import lowbit as _pl
 from edgerun.quant.formats import QuantType
@@ -141,6 +142,21 @@ def _deq_kernels(kind: int, gemm_kind: int, mv3: Callable) -> dict:
     }
 
 
+def _grid_kernels(kind: int) -> dict:
+    """A row of a grid format (IQ2_XXS .. IQ1_S): the fused portable decode matvec
+    and batched decode (portable.gridquants.mv_grid, mvb_grid: equal bit for bit) on every
+    path; GEMM and embedding rows through dequantized rows (portable.kernels.deq_row); no
+    int8 kernels."""
+
+    def mv(d, x, o):
+        _pg.mv_grid(kind, d, x, o)
+
+    def mvb(d, X, o):
+        _pg.mvb_grid(kind, d, X, o)
+
+    return {"matvec": mv, **_portable(kind), "matvec_batch": mvb}
+
+
 def _gemm(kind: int) -> Callable:
     def gemm(data, X, out):
         _p.mm_kernel(kind, data, X, out, _MM_ROW_BLOCK)
@@ -217,6 +233,12 @@ TRAITS: dict[QuantType, Traits] = {
         mv3=_im.mv_iq4_xs, mvb3=_ib.mvb_iq4_xs, gemm_kind=_ik.KIND_IQ4_XS,
         prefill_max=_xover(amx=10, vnni=14, avx2=14),
     ),
+    QuantType.IQ2_XXS: Traits(**_grid_kernels(_pg.KIND_IQ2_XXS)),
+    QuantType.IQ2_XS: Traits(**_grid_kernels(_pg.KIND_IQ2_XS)),
+    QuantType.IQ2_S: Traits(**_grid_kernels(_pg.KIND_IQ2_S)),
+    QuantType.IQ3_XXS: Traits(**_grid_kernels(_pg.KIND_IQ3_XXS)),
+    QuantType.IQ3_S: Traits(**_grid_kernels(_pg.KIND_IQ3_S)),
+    QuantType.IQ1_S: Traits(**_grid_kernels(_pg.KIND_IQ1_S)),
     QuantType.Q2_K: Traits(**_deq_kernels(_p.KIND_Q2_K, _ik.KIND_Q2_K, _im.mv_q2_k)),
     QuantType.Q3_K: Traits(**_deq_kernels(_p.KIND_Q3_K, _ik.KIND_Q3_K, _im.mv_q3_k)),
     QuantType.Q3_G64: Traits(

@@ -2,9 +2,10 @@
 
 FORMATS maps each QuantType to its class (layout, quantize_blocks, dequantize_blocks) in
 one module per family: floats (F32, F16, BF16), legacy (GGML's 32-element blocks), kquants
-(GGML's 256-element super-blocks), iquants (GGML's non-linear IQ4 formats), lowbit
-(edgerun's own G64 formats). A new format is an enum member and a row here plus its class;
-its kernels are one row of ops/traits.py.
+(GGML's 256-element super-blocks), iquants (GGML's non-linear IQ4 formats), gridquants
+(GGML's 1-3 bit grid formats, IQ1_S to IQ3_S), lowbit (edgerun's own G64 formats). A new
+format is an enum member and a row here plus its class; its kernels are one row of
+ops/traits.py.
 
 A QuantTensor never owns a float copy of a quantized matrix: `data` is a
 uint8 view of the raw blocks (usually over an mmap), one row per output row.
@@ -17,7 +18,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from edgerun.quant import floats, iquants, kquants, legacy, lowbit
+from edgerun.quant import floats, gridquants, iquants, kquants, legacy, lowbit
 from edgerun.quant.block import BlockFormat
 
 
@@ -36,7 +37,13 @@ class QuantType(IntEnum):
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
     IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
     IQ4_XS = 23
     BF16 = 30
     # edgerun's own low-bit formats (not GGML ids): see edgerun.quant.lowbit
@@ -61,6 +68,12 @@ FORMATS: dict[QuantType, type[BlockFormat]] = {
     QuantType.Q6_K: kquants.Q6_K,
     QuantType.IQ4_NL: iquants.IQ4_NL,
     QuantType.IQ4_XS: iquants.IQ4_XS,
+    QuantType.IQ2_XXS: gridquants.IQ2_XXS,
+    QuantType.IQ2_XS: gridquants.IQ2_XS,
+    QuantType.IQ2_S: gridquants.IQ2_S,
+    QuantType.IQ3_XXS: gridquants.IQ3_XXS,
+    QuantType.IQ3_S: gridquants.IQ3_S,
+    QuantType.IQ1_S: gridquants.IQ1_S,
     QuantType.Q3_G64: lowbit.Q3_G64,
     QuantType.Q2_G64: lowbit.Q2_G64,
 }

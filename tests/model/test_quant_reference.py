@@ -103,6 +103,11 @@ LLAMA_CPP_FORMATS = [
     QuantType.IQ4_XS,
     QuantType.Q5_1,
     QuantType.IQ4_NL,
+    QuantType.IQ3_S,
+    QuantType.IQ3_XXS,
+    QuantType.IQ2_S,
+    QuantType.IQ2_XS,
+    QuantType.IQ2_XXS,
 ]
 
 
@@ -216,3 +221,26 @@ def test_bad_row_length():
     elems, nbytes = BLOCK_LAYOUT[QuantType.Q4_1]
     with pytest.raises(ValueError):
         dequantize(QuantType.Q4_1, np.zeros((2, nbytes + 1), np.uint8))
+
+
+@pytest.mark.parametrize(
+    "table,cls",
+    [
+        ("IQ2XXS_GRID", "IQ2_XXS"),
+        ("IQ2XS_GRID", "IQ2_XS"),
+        ("IQ2S_GRID", "IQ2_S"),
+        ("IQ3XXS_GRID", "IQ3_XXS"),
+        ("IQ3S_GRID", "IQ3_S"),
+        ("IQ1S_GRID", "IQ1_S"),
+    ],
+)
+def test_iq_grids_are_gguf_pys(table, cls):
+    """Every entry of the grid tables (edgerun.quant.iq_grids, generated from
+    ggml-common.h) equals gguf-py's grid, and the sign patterns its ksigns."""
+    from edgerun.quant import iq_grids
+
+    ref = getattr(gguf.quants, cls)
+    ref.init_grid()
+    ours = getattr(iq_grids, table)
+    assert np.array_equal(ours.astype(np.float32), ref.grid.reshape(ours.shape))
+    assert np.array_equal(iq_grids.KSIGNS, np.frombuffer(gguf.quants.IQ2_XXS.ksigns, np.uint8))

@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from edgerun.ops._simd import bf2f, dot16, h2f, hsum16, stack16, u2f  # noqa: E402
+from edgerun.ops.portable.gridquants import GRID_KINDS, KIND_IQ2_XXS, deq_grid  # noqa: E402
 from edgerun.quant.iquants import KVALUES  # noqa: E402
 
 F0 = np.float32(0.0)
@@ -306,7 +307,8 @@ KIND_Q5_K = 12
 KIND_IQ4_NL = 13
 KIND_IQ4_XS = 14
 # the formats whose decode dequantizes a row and dots it (mv_deq, batch.mvb_deq)
-DEQ_KINDS = (KIND_Q5_1, KIND_Q2_K, KIND_Q3_K, KIND_Q5_K, KIND_IQ4_NL, KIND_IQ4_XS)
+DEQ_KINDS = (KIND_Q5_1, KIND_Q2_K, KIND_Q3_K, KIND_Q5_K, KIND_IQ4_NL, KIND_IQ4_XS, *GRID_KINDS)
+# the grid formats (IQ2_XXS .. IQ1_S) take kinds KIND_IQ2_XXS and up: portable.gridquants
 
 # IQ4's 16 levels as float32 (the reference's KVALUES[q].astype(float32))
 IQ4_LEVELS = KVALUES.astype(np.float32)
@@ -432,7 +434,9 @@ def mv_deq(kind, data, x, out):
 def deq_row(kind, row, dst):
     """Dequantize one row of raw bytes into dst (float32 [cols]), same float ops as reference."""
     cols = dst.shape[0]
-    if kind >= KIND_Q5_1:
+    if kind >= KIND_IQ2_XXS:
+        deq_grid(kind, row, dst)
+    elif kind >= KIND_Q5_1:
         _deq_new(kind, row, dst)
     elif kind == KIND_F32:
         for j in range(cols):

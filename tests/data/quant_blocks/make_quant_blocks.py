@@ -2,16 +2,18 @@
 
 Run by hand (not by the tests), from the repository root:
 
-    PYTHONPATH=$PWD python tests/data/quant_blocks/make_quant_blocks.py [QUANT_MODELS]
+    PYTHONPATH=$PWD python tests/data/quant_blocks/make_quant_blocks.py [QUANT_MODELS [IQ_MODELS]]
 
 QUANT_MODELS (default $EDGERUN_QUANT_MODELS or /work/quant_models) holds llama.cpp's
 requantisations of the registry's Qwen2.5-Coder models (llama_cpp.llama_model_quantize with
 allow_requantize; see benchmarks/vs_llamacpp.py --agreement). They are the only files of
 these formats edgerun has; the 0.5B's 896-column matrices fall back to Q5_1 / IQ4_NL there,
-the 1.5B's take the K and IQ4_XS types. For each format the script takes 8 rows of two
-tensors: the rows with the smallest and the largest max|w| (the extremes of the block
-scales) and 6 rows spread evenly over the tensor. The .npz stores, per tensor, under the
-entry "<format>/<tensor name>":
+the 1.5B's take the K and IQ4_XS types. IQ_MODELS (default $EDGERUN_IQ_MODELS or
+/work/models) holds the 1.5B's 1-3 bit IQ files that benchmarks/requant_iq.py writes (with
+an imatrix; "-2L": the first two layers only, --keep-layers 2). For each format the
+script takes 8 rows of two tensors: the rows with the smallest and the largest max|w|
+(the extremes of the block scales) and 6 rows spread evenly over the tensor. The .npz
+stores, per tensor, under the entry "<format>/<tensor name>":
 
     <entry>/raw        uint8 (rows, row bytes): the rows' blocks as the file holds them
     <entry>/ggml_type  int: the GGML type number
@@ -45,6 +47,30 @@ SOURCES = {
     QuantType.IQ4_NL: ("qwen0.5b-iq4_nl.gguf", ("blk.5.attn_q.weight", "blk.3.ffn_down.weight")),
 }
 
+# the same from IQ_MODELS
+IQ_SOURCES = {
+    QuantType.IQ3_S: (
+        "qwen2.5-coder-1.5b-instruct-iq3_s.gguf",
+        ("blk.0.attn_q.weight", "blk.20.ffn_gate.weight"),
+    ),
+    QuantType.IQ3_XXS: (
+        "qwen2.5-coder-1.5b-instruct-iq3_xxs-2L.gguf",
+        ("blk.0.ffn_gate.weight", "blk.1.ffn_down.weight"),
+    ),
+    QuantType.IQ2_S: (
+        "qwen2.5-coder-1.5b-instruct-iq3_xxs-2L.gguf",
+        ("blk.0.attn_q.weight", "blk.1.attn_k.weight"),
+    ),
+    QuantType.IQ2_XS: (
+        "qwen2.5-coder-1.5b-instruct-iq2_xs-2L.gguf",
+        ("blk.0.attn_q.weight", "blk.1.ffn_gate.weight"),
+    ),
+    QuantType.IQ2_XXS: (
+        "qwen2.5-coder-1.5b-instruct-iq2_xxs-2L.gguf",
+        ("blk.0.attn_q.weight", "blk.1.ffn_gate.weight"),
+    ),
+}
+
 
 def pick_rows(w: np.ndarray, n: int) -> np.ndarray:
     """The rows with the smallest and largest max|w|, plus n - 2 spread evenly."""
@@ -58,10 +84,12 @@ def pick_rows(w: np.ndarray, n: int) -> np.ndarray:
     return np.array(sorted(rows), np.int64)
 
 
-def main(models: str) -> None:
+def main(models: str, iq_models: str) -> None:
     arrays: dict[str, np.ndarray] = {}
-    for q, (fname, names) in SOURCES.items():
-        f = read_gguf(os.path.join(models, fname))
+    sources = [(models, q, fname, names) for q, (fname, names) in SOURCES.items()]
+    sources += [(iq_models, q, fname, names) for q, (fname, names) in IQ_SOURCES.items()]
+    for folder, q, fname, names in sources:
+        f = read_gguf(os.path.join(folder, fname))
         for name in names:
             t = f.tensor(name)
             if t.qtype != q:
@@ -85,5 +113,6 @@ if __name__ == "__main__":
     main(
         sys.argv[1]
         if len(sys.argv) > 1
-        else os.environ.get("EDGERUN_QUANT_MODELS", "/work/quant_models")
+        else os.environ.get("EDGERUN_QUANT_MODELS", "/work/quant_models"),
+        sys.argv[2] if len(sys.argv) > 2 else os.environ.get("EDGERUN_IQ_MODELS", "/work/models"),
     )
