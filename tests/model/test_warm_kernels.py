@@ -162,16 +162,18 @@ def test_parts_never_started_count_as_finished_once_the_pool_closes(fake_model):
     assert pool.finished(["prompt"]) and "prompt" not in pool.state.done
 
 
-def test_a_prompt_takes_one_token_steps_while_its_kernels_compile(smollm2, monkeypatch):
+def test_a_prompt_takes_one_token_steps_while_its_kernels_compile(smollm2_path, monkeypatch):
     """A first run's prompt goes through the one-token step while other processes still
-    compile the prompt's kernels (waiting once for the step's own), then in chunks."""
+    compile the prompt's kernels (waiting once for the step's own), then in chunks. A
+    model of its own: the test sets the engine's first-run hooks."""
     import numpy as np
 
+    import edgerun
     from edgerun.generate.engine import Generator
 
-    e = smollm2.engine
+    e = edgerun.load(smollm2_path, n_ctx=256, threads=2).engine
     sizes = []
-    cls = type(e.transformer)
+    cls = type(Generator(e).model)  # what a generator's prefill calls
     real = cls.forward
 
     def spy(self, tokens, cache, all_logits=False):
