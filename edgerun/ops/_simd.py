@@ -30,6 +30,7 @@ from numba.extending import intrinsic, overload  # noqa: E402
 
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
 
 
 def _to_i16(builder, v):
@@ -191,6 +192,19 @@ def sum_lanes16(b, vecs):
         ]
         width = half
     return vecs[0]
+
+
+def store_scores16(context, b, out_type, out, oi, accs, scale, nvalid):
+    """IR: out.flat[oi:oi+16] = scale * (lane j: the sum of accs[j]'s lanes) for j <
+    nvalid, -inf in the other lanes (rows that were not read); out a float32 array of
+    numba type out_type, oi and nvalid int64."""
+    s = b.fmul(sum_lanes16(b, accs), _splat16(b, scale))
+    lanes = ir.Constant(ir.VectorType(_I64, 16), list(range(16)))
+    nvv = b.insert_element(ir.Constant(ir.VectorType(_I64, 16), None), nvalid, ir.Constant(_I32, 0))
+    nvv = b.shuffle_vector(nvv, nvv, ir.Constant(ir.VectorType(_I32, 16), None))
+    s = b.select(b.icmp_signed("<", lanes, nvv), s, ir.Constant(_V16F, [float("-inf")] * 16))
+    data = context.make_array(out_type)(context, b, out).data
+    b.store(s, b.bitcast(b.gep(data, [oi]), _V16F.as_pointer()), align=4)
 
 
 @intrinsic

@@ -38,7 +38,6 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from edgerun.ops._simd import (
-    _V16F,
     _is_c_array,
     _load16,
     axpy16,
@@ -46,7 +45,7 @@ from edgerun.ops._simd import (
     max16,
     stack16,
     store16,
-    sum_lanes16,
+    store_scores16,
     vsum16,
     zero16,
 )
@@ -113,15 +112,7 @@ def scores16(typingctx, hd, q, qi, k, ki, nvalid, scale, out, oi):
                 p = b.fmul(qv[c], kv, flags=("contract",))
                 acc = p if acc is None else b.fadd(acc, p, flags=("contract",))
             accs.append(acc)
-        s = sum_lanes16(b, accs)
-        sv = b.insert_element(ir.Constant(_V16F, None), sc, ir.Constant(_I32, 0))
-        s = b.fmul(s, b.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_I32, 16), None)))
-        lanes = ir.Constant(ir.VectorType(_I64, 16), list(range(16)))
-        nvv = b.insert_element(ir.Constant(ir.VectorType(_I64, 16), None), nv, ir.Constant(_I32, 0))
-        nvv = b.shuffle_vector(nvv, nvv, ir.Constant(ir.VectorType(_I32, 16), None))
-        s = b.select(b.icmp_signed("<", lanes, nvv), s, ir.Constant(_V16F, [float("-inf")] * 16))
-        data = context.make_array(sig.args[7])(context, b, oa).data
-        b.store(s, b.bitcast(b.gep(data, [oi_]), _V16F.as_pointer()), align=4)
+        store_scores16(context, b, sig.args[7], oa, oi_, accs, sc, nv)
         return context.get_dummy_value()
 
     sig = types.none(hd, q, qi, k, ki, nvalid, types.float32, out, oi)

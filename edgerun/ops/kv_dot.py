@@ -24,7 +24,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from edgerun.ops._simd import _V16F, _acc_ptr, _is_c_array, _load16, _splat16, sum_lanes16
+from edgerun.ops._simd import _V16F, _acc_ptr, _is_c_array, _load16, _splat16, store_scores16
 
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _V16I8 = ir.VectorType(_I8, 16)
@@ -100,14 +100,7 @@ def scores16_blocks(typingctx, hd, q, qi, k, kb, nvalid, scale, out, oi):
                 p = b.fmul(p, _splat16(b, d), flags=("contract",))
                 acc = p if acc is None else b.fadd(acc, p, flags=("contract",))
             accs.append(acc)
-        s = sum_lanes16(b, accs)
-        s = b.fmul(s, _splat16(b, sc))
-        lanes = ir.Constant(ir.VectorType(_I64, 16), list(range(16)))
-        nvv = b.insert_element(ir.Constant(ir.VectorType(_I64, 16), None), nv, ir.Constant(_I32, 0))
-        nvv = b.shuffle_vector(nvv, nvv, ir.Constant(ir.VectorType(_I32, 16), None))
-        s = b.select(b.icmp_signed("<", lanes, nvv), s, ir.Constant(_V16F, [float("-inf")] * 16))
-        data = context.make_array(sig.args[7])(context, b, oa).data
-        b.store(s, b.bitcast(b.gep(data, [oi_]), _V16F.as_pointer()), align=4)
+        store_scores16(context, b, sig.args[7], oa, oi_, accs, sc, nv)
         return context.get_dummy_value()
 
     sig = types.none(hd, q, qi, k, kb, nvalid, types.float32, out, oi)
