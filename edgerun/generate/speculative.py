@@ -167,6 +167,7 @@ class ModelDrafter:
         self.cache = engine.new_cache(n_ctx)
         self.resident_bytes = 0  # set by whoever loaded the draft model (api: its bytes)
         self.seconds = 0.0  # time spent drafting (prefix included)
+        self.steps = 0  # forward calls of the last proposal (the catch-up included)
         self.owner: object = None  # what keeps the draft engine alive (api: its Model)
 
     def check_vocabulary(self, target: Engine, target_name: str | None = None) -> None:
@@ -197,19 +198,25 @@ class ModelDrafter:
         t0 = time.perf_counter()
         history = list(history)
         out: list[int] = []
+        steps = 0
         with self.engine.lock:  # the cache too: one proposal at a time
-            if len(history) - cache.reusable(cache.common_prefix(history)) > ONE_BY_ONE:
+            behind = len(history) - cache.reusable(cache.common_prefix(history))
+            if behind > ONE_BY_ONE:
                 self.prefill(history)  # a prompt: in chunks, all but the last token
+                steps += behind - 1  # as many one-token steps as the chunks stand for
             reuse = cache.reusable(min(cache.common_prefix(history), len(history) - 1))
             cache.truncate(reuse)
             for t in history[reuse:]:  # the few tokens since the last proposal: one-token steps
                 logits = model.forward([t], cache)
+                steps += 1
             while True:
                 tok = int(np.argmax(logits))
                 out.append(tok)
                 if len(out) == k:
                     break
                 logits = model.forward([tok], cache)
+                steps += 1
+        self.steps = steps
         self.seconds += time.perf_counter() - t0
         return out
 
@@ -282,9 +289,16 @@ class DraftLength:
         for i in range(seen):
             self.acceptance += w * ((1.0 if i < accepted else 0.0) - self.acceptance)
 
-    def timed(self, rows: int, seconds: float, draft_seconds: float, drafted: int) -> None:
+    def timed(
+        self, rows: int, seconds: float, draft_seconds: float, drafted: int, draft_steps: int = 0
+    ) -> None:
         """Fold a pass's measured time in: one-token passes set the unit, longer ones
-        the cost of an extra row, and the drafter's time per drafted token its cost."""
+        the cost of an extra row, and the drafter's time per step its cost. draft_steps:
+        the draft model's forward steps for this proposal, the catch-up on the tokens
+        since its last one included (0: a drafter without steps, per drafted token). A
+        drafting pass catches up about one token, so a step is what a drafted token
+        costs; a probe after idle passes catches up several, which per drafted token
+        would price the draft out for good."""
         w = 0.2
         if rows == 1:
             self.one_pass_s = seconds if not self.one_pass_s else self.one_pass_s
@@ -295,7 +309,7 @@ class DraftLength:
         extra = max(0.0, seconds / self.one_pass_s - 1.0) / (rows - 1)
         self.row_cost += w * (min(extra, 2.0) - self.row_cost)
         if drafted:
-            d = draft_seconds / drafted / self.one_pass_s
+            d = draft_seconds / (draft_steps or drafted) / self.one_pass_s
             self.draft_cost += w * (min(d, 2.0) - self.draft_cost)
 
 
@@ -378,7 +392,8 @@ class Speculation:
         else:
             with lock:
                 rows = self._run(model, cache, token, drafts)
-        length.timed(len(drafts) + 1, time.perf_counter() - t1, t1 - t0, len(drafts))
+        steps = getattr(self.drafter, "steps", 0) if drafts else 0
+        length.timed(len(drafts) + 1, time.perf_counter() - t1, t1 - t0, len(drafts), steps)
         stats.draft_tokens += len(drafts)
         stats.decode_passes += 1
         return rows, drafts, base

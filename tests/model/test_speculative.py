@@ -215,6 +215,26 @@ def test_draft_length_backs_off_and_grows():
     assert length.best() == 8
 
 
+def test_a_probe_after_idle_passes_prices_a_draft_step_not_its_catch_up():
+    """A draft model that sat out a few passes catches up on their tokens before it
+    drafts one: its cost is the time per forward step, so a good draft keeps drafting."""
+    length = DraftLength(4, draft_cost=0.4, row_cost=0.1)
+    for _ in range(20):
+        length.update(8, 7)  # acceptance ~0.87
+    length.timed(1, 1.0, 0.0, 0)  # a one-token pass: the unit
+    for _ in range(20):  # a probe: 9 steps (8 tokens behind, then the draft) for 1 token
+        length.timed(2, 1.1, 9 * 0.45, 1, draft_steps=9)
+    assert abs(length.draft_cost - 0.45) < 0.01 and abs(length.row_cost - 0.1) < 0.01
+    assert length.best() >= 1  # it drafts
+    per_token = DraftLength(4, draft_cost=0.4, row_cost=0.1)
+    for _ in range(20):
+        per_token.update(8, 7)
+    per_token.timed(1, 1.0, 0.0, 0)
+    for _ in range(20):  # the same time counted per drafted token prices it out
+        per_token.timed(2, 1.1, 9 * 0.45, 1)
+    assert per_token.best() == 0
+
+
 def test_the_scheduler_drafts_for_a_lone_request_and_batches_several(smollm2):
     from edgerun.serving.batching import Serving
 
