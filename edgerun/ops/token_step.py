@@ -9,8 +9,8 @@ bit for bit (decode_step.py holds the sequence).
 
 The attention block is two calls (`token_calls`): `prepare_token` (biases, norms, RoPE,
 the KV store) and the decode attention kernel of the model's head size. One kernel for
-both compiled the attention of every head size and the general fallback into itself:
-26.5 s of CPU on a first run, the longest compile before the first token. Apart, each
+both would compile the attention of every head size and the general fallback into
+itself (26.5 s of CPU on a first run, the longest compile before the first token). Apart, each
 compiles and caches on its own, in parallel processes (offload/warm_kernels.py), and
 only the head size the model has; the second call costs about a microsecond a layer.
 """
