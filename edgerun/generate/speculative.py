@@ -14,9 +14,9 @@ standard accept/reject rule (Leviathan et al., arXiv 2211.17192): a draft d is k
 probability p(d), and on rejection the token is drawn from p without d, renormalised.
 
 Drafters (the `Drafter` protocol):
-- NgramDrafter: prompt lookup. The longest recent match of the last n tokens earlier in
-  the text (prompt and output) proposes what followed it: code edits, rewrites, quotes.
-  No match proposes nothing, so text where nothing repeats costs nothing.
+- NgramDrafter: prompt lookup. The earlier place in the text (prompt and output) that
+  matches its end longest proposes what followed it: code edits, rewrites, quotes. No
+  match proposes nothing, so text where nothing repeats costs nothing.
 - ModelDrafter: a small model of the same vocabulary with its own KV cache, decoding k
   tokens greedily after the common prefix of its cache and the text.
 
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 # The longest draft by default: n-gram drafts are free to make, a model's cost a pass each.
-DEFAULT_DRAFT_TOKENS = {"ngram": 8, "model": 5}
+DEFAULT_DRAFT_TOKENS = {"ngram": 16, "model": 5}
 
 
 @runtime_checkable
@@ -70,27 +70,35 @@ class Drafter(Protocol):
 
 
 class NgramDrafter:
-    """Prompt lookup decoding: the latest earlier occurrence of the text's last n tokens
-    (n from max_ngram down to min_ngram, the longest first) proposes the tokens that
-    followed it. Keeps one dict per n from n-gram to the end position of its latest
-    occurrence, extended as the text grows (and rebuilt when a new text diverges), so a
-    proposal costs a few dict lookups."""
+    """Prompt lookup decoding: the earlier occurrence of the text's end that matches it
+    longest (at least min_ngram tokens, measured up to max_ngram; the latest among equals)
+    proposes the tokens that followed it. Keeps, per min_ngram-gram, the end positions of
+    its latest `per_key` occurrences that have a token after them, extended as the text
+    grows (and rebuilt when a new text diverges), so a proposal costs a few dict lookups
+    and at most per_key * max_ngram token comparisons.
+
+    `match_length` is the last proposal's match (0: none): how far the text's end agrees
+    with the place it copies from. A long match is a copy in progress (a rewrite, a quote)
+    and is usually followed further; a match of a token or two is often a coincidence, so
+    DraftLength keeps its acceptance per match length."""
 
     name = "ngram"
     resident_bytes = 0
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 2) -> None:
+    def __init__(self, max_ngram: int = 16, min_ngram: int = 1, per_key: int = 16) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidArgumentError(
                 f"n-gram sizes must satisfy 1 <= min_ngram <= max_ngram, got {min_ngram}, "
                 f"{max_ngram}"
             )
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        if per_key < 1:
+            raise InvalidArgumentError(f"per_key must be >= 1, got {per_key}")
+        self.max_ngram, self.min_ngram, self.per_key = max_ngram, min_ngram, per_key
         self.tokens: list[int] = []
-        # per n: n-gram -> end index (inclusive) of its latest occurrence that has a
-        # token after it
-        self._last: dict[int, dict[tuple[int, ...], int]] = {}
-        self._indexed = 0  # end positions < this are in the dicts
+        # min_ngram-gram -> end indices (inclusive) of its latest occurrences, oldest first
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+        self._indexed = 0  # end positions < this are in the dict
+        self.match_length = 0
         # the Generator and the scheduler's thread may share one drafter
         self._lock = threading.Lock()
 
@@ -98,30 +106,43 @@ class NgramDrafter:
         h = self.tokens
         n = len(h)
         if len(history) < n or list(history[:n]) != h:
-            self.tokens, self._last, self._indexed = [], {}, 0
+            self.tokens, self._ends, self._indexed = [], {}, 0
         self.tokens.extend(int(t) for t in history[len(self.tokens) :])
-        h = self.tokens
-        for size in range(self.min_ngram, self.max_ngram + 1):
-            table = self._last.setdefault(size, {})
-            # n-grams ending at e, for e whose next token exists (e <= len - 2)
-            for e in range(max(self._indexed, size - 1), len(h) - 1):
-                table[tuple(h[e - size + 1 : e + 1])] = e
+        h, size = self.tokens, self.min_ngram
+        # n-grams ending at e, for e whose next token exists (e <= len - 2)
+        for e in range(max(self._indexed, size - 1), len(h) - 1):
+            ends = self._ends.setdefault(tuple(h[e - size + 1 : e + 1]), [])
+            ends.append(e)
+            if len(ends) > self.per_key:
+                del ends[0]
         self._indexed = max(self._indexed, len(h) - 1)
 
+    def _match(self) -> tuple[int, int]:
+        """(end index of the best earlier occurrence, its match length); (-1, 0): none."""
+        h, size = self.tokens, self.min_ngram
+        n = len(h)
+        if n <= size:
+            return -1, 0
+        best, best_len = -1, 0
+        for e in reversed(self._ends.get(tuple(h[-size:]), ())):
+            m = size
+            while m < self.max_ngram and e - m >= 0 and h[e - m] == h[n - 1 - m]:
+                m += 1
+            if m > best_len:
+                best, best_len = e, m
+        return best, best_len
+
     def propose(self, history: Sequence[int], k: int) -> list[int]:
+        self.match_length = 0
         if k <= 0 or not history:
             return []
         with self._lock:
             self._sync(history)
-            h = self.tokens
-            for size in range(min(self.max_ngram, len(h) - 1), self.min_ngram - 1, -1):
-                end = self._last.get(size, {}).get(tuple(h[-size:]))
-                if end is not None:
-                    return h[end + 1 : end + 1 + k]
-            return []
+            end, self.match_length = self._match()
+            return self.tokens[end + 1 : end + 1 + k] if end >= 0 else []
 
     def close(self) -> None:
-        self.tokens, self._last, self._indexed = [], {}, 0
+        self.tokens, self._ends, self._indexed = [], {}, 0
 
 
 def check_same_vocabulary(target, draft, target_name: str, draft_name: str) -> None:
@@ -224,13 +245,30 @@ class ModelDrafter:
         self.cache.clear()
 
 
+# An n-gram draft's acceptance depends on how long its match is (NgramDrafter.match_length):
+# DraftLength keeps one running acceptance per bucket of at least 1, 2, 3, 4 and 8 matched
+# tokens. The priors are the per-token acceptance of each bucket over Qwen2.5-Coder-1.5B's
+# greedy answers to benchmarks/speculative.py's edit, code and prose prompts.
+MATCH_BUCKETS = (8, 4, 3, 2, 1)
+MATCH_PRIOR = {1: 0.25, 2: 0.6, 3: 0.75, 4: 0.87, 8: 0.96}
+
+
+def match_bucket(match: int) -> int:
+    """The bucket of a match length (0: no match)."""
+    for b in MATCH_BUCKETS:
+        if match >= b:
+            return b
+    return 0
+
+
 class DraftLength:
     """How many tokens to draft next: the k in [0, max_tokens] that maximises the
     expected tokens per second, (1 - a^(k+1)) / (1 - a) tokens for a pass that costs
     1 + k * (row + draft) one-token passes, from the running acceptance a of drafted
-    tokens and the measured costs of an extra verification row and of a drafted token
-    (drafter seconds / one-token pass seconds). When no draft pays, it still drafts one
-    token every `probe` passes, so a text that starts repeating is noticed."""
+    tokens (for an n-gram draft, the acceptance of its match length's bucket) and the
+    measured costs of an extra verification row and of a drafted token (drafter seconds /
+    one-token pass seconds). When no draft pays, it still drafts one token every `probe`
+    passes, so a text that starts repeating is noticed."""
 
     def __init__(
         self,
@@ -250,16 +288,26 @@ class DraftLength:
         self.probe = probe
         self.adaptive = adaptive
         self.acceptance = prior
+        self.by_match = dict(MATCH_PRIOR)  # bucket -> acceptance (n-gram drafts)
         self._idle = 0
         self.one_pass_s = 0.0  # EMA of a one-token pass's seconds (0: none measured yet)
 
     def reset(self) -> None:
-        """A new generation: its acceptance starts from the prior again."""
+        """A new generation: its acceptances start from the priors again."""
         self.acceptance = self.prior
+        self.by_match = dict(MATCH_PRIOR)
         self._idle = 0
 
-    def best(self) -> int:
-        a = min(self.acceptance, 0.999)
+    def best(self, match: int | None = None) -> int:
+        """The best length for the running acceptance, or for a draft whose match
+        length is `match` (0: no match, nothing to draft)."""
+        if match is None:
+            a = self.acceptance
+        elif not match_bucket(match):
+            return 0
+        else:
+            a = self.by_match[match_bucket(match)]
+        a = min(a, 0.999)
         cost = self.row_cost + self.draft_cost
         best_k, best_rate = 0, 1.0
         for k in range(1, self.max_tokens + 1):
@@ -268,10 +316,11 @@ class DraftLength:
                 best_k, best_rate = k, rate
         return best_k
 
-    def next(self) -> int:
+    def next(self, match: int | None = None) -> int:
+        """The length of the next draft; `match`: an n-gram draft's match length."""
         if not self.adaptive:
             return self.max_tokens
-        k = self.best()
+        k = self.best(match)
         if k == 0 and self.max_tokens:
             self._idle += 1
             if self._idle >= self.probe:
@@ -279,15 +328,22 @@ class DraftLength:
                 return 1
         return k
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, match: int | None = None) -> None:
         """Fold one verification's outcome in: the drafts accepted, then the one rejected
-        (the drafts after a rejection tell nothing)."""
+        (the drafts after a rejection tell nothing); into the bucket of `match` for an
+        n-gram draft."""
         if drafted <= 0:
             return
         seen = accepted + (1 if accepted < drafted else 0)
         w = 0.15
+        b = match_bucket(match) if match is not None else 0
+        a = self.by_match[b] if b else self.acceptance
         for i in range(seen):
-            self.acceptance += w * ((1.0 if i < accepted else 0.0) - self.acceptance)
+            a += w * ((1.0 if i < accepted else 0.0) - a)
+        if b:
+            self.by_match[b] = a
+        else:
+            self.acceptance = a
 
     def timed(
         self, rows: int, seconds: float, draft_seconds: float, drafted: int, draft_steps: int = 0
@@ -323,6 +379,9 @@ class Speculation:
         always that long."""
         kind = "ngram" if isinstance(drafter, NgramDrafter) else "model"
         self.drafter = drafter
+        # an n-gram draft's length follows its match length (DraftLength.by_match)
+        self.by_match = kind == "ngram"
+        self._match: int | None = None  # the match length of the drafts in flight
         self.length = DraftLength(
             DEFAULT_DRAFT_TOKENS[kind] if max_tokens is None else max_tokens,
             draft_cost=0.0 if kind == "ngram" else 0.4,
@@ -375,9 +434,18 @@ class Speculation:
         input; `accept` then samples from them."""
         length, stats = self.length, seq.stats
         left = seq.max_tokens - stats.generated_tokens  # tokens the rows may give
-        k = min(length.next(), cache.room() - 1, left - 1)
+        limit = min(cache.room() - 1, left - 1)
         t0 = time.perf_counter()
-        drafts = self.drafter.propose(seq.history, k)[:k] if k > 0 else []
+        self._match = None
+        if self.by_match:  # proposing is free: its match length sets how many to keep
+            k = min(length.max_tokens, limit)
+            drafts = self.drafter.propose(seq.history, k)[:k] if k > 0 else []
+            if drafts:
+                self._match = self.drafter.match_length
+                drafts = drafts[: length.next(self._match)]
+        else:
+            k = min(length.next(), limit)
+            drafts = self.drafter.propose(seq.history, k)[:k] if k > 0 else []
         vocab = model.spec.vocab_size
         for j, d in enumerate(drafts):
             if not 0 <= d < vocab:
@@ -419,4 +487,4 @@ class Speculation:
                 break
         cache.truncate(base + i + 1)
         seq.stats.accepted_tokens += i
-        self.length.update(len(drafts), i)
+        self.length.update(len(drafts), i, self._match)

@@ -204,6 +204,30 @@ def test_ngram_drafter_proposes_what_followed_the_latest_longest_match():
     assert d.propose([5, 6, 7, 5, 6], 0) == []
 
 
+def test_ngram_drafter_reports_its_match_length_and_takes_one_token_matches():
+    d = NgramDrafter()
+    h = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
+    assert d.propose(h, 2) == [4, 5] and d.match_length == 3
+    assert d.propose([7, 8, 9, 8], 3) == [9, 8] and d.match_length == 1
+    assert d.propose([1, 2, 3], 2) == [] and d.match_length == 0
+
+
+def test_an_ngram_draft_length_follows_its_match_length():
+    """A long match is a copy in progress, a one-token match often a coincidence: each
+    match length keeps its own acceptance, so one does not shorten the other's drafts."""
+    length = DraftLength(16, row_cost=0.12)
+    assert length.next(match=12) > length.next(match=1) >= 1  # the priors
+    assert length.next(match=0) == 0  # nothing matched: nothing to draft
+    for _ in range(30):
+        length.update(8, 0, match=2)
+    assert length.best(match=2) == 0
+    assert length.best(match=12) >= 8
+    for _ in range(30):
+        length.update(16, 16, match=1)
+    assert length.best(match=1) == 16
+    assert length.acceptance == length.prior  # a model draft's acceptance is apart
+
+
 def test_draft_length_backs_off_and_grows():
     length = DraftLength(8, row_cost=0.3, probe=4)
     for _ in range(30):
