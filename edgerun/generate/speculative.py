@@ -435,6 +435,10 @@ class Speculation:
         length, stats = self.length, seq.stats
         left = seq.max_tokens - stats.generated_tokens  # tokens the rows may give
         limit = min(cache.room() - 1, left - 1)
+        state = getattr(cache, "state", None)
+        rows_cap = getattr(state, "max_verify_rows", None)
+        if rows_cap is not None:  # each row keeps a copy of a hybrid model's states
+            limit = min(limit, rows_cap - 1)
         t0 = time.perf_counter()
         self._match = None
         if self.by_match:  # proposing is free: its match length sets how many to keep

@@ -53,11 +53,15 @@ from edgerun.quant.formats import QuantTensor
 __all__ = [
     "STATE_SHAPES",
     "MAX_SNAPSHOTS",
+    "SNAPSHOT_BYTES",
+    "VERIFY_STATE_BYTES",
     "LayerState",
     "StateCache",
     "RecurrentMixer",
     "PassStates",
+    "snapshot_count",
     "state_shapes",
+    "verify_rows",
 ]
 
 LayerState = dict[str, np.ndarray]
@@ -84,9 +88,29 @@ STATE_SHAPES: dict[str, Callable[[ModelSpec], dict[str, tuple[int, ...]]]] = {
 }
 
 # States kept at the ends of a sequence's latest prompt passes (the oldest goes first),
-# counted in the RAM budget (StateCache.bytes_for). A verification pass keeps the state
-# after each of its rows besides, until the next one: a speculative pass's few copies.
+# counted in the RAM budget (StateCache.bytes_for): at most MAX_SNAPSHOTS, and no more
+# than SNAPSHOT_BYTES hold beyond the first (a Mamba-2 model's states reach ~74 MiB a
+# sequence: one snapshot, not four). A verification pass keeps the state after each of its
+# rows besides, until the next one, so its rows are capped by VERIFY_STATE_BYTES (at least
+# 2 rows: one drafted token) where the states are large.
 MAX_SNAPSHOTS = 4
+SNAPSHOT_BYTES = 64 << 20
+VERIFY_STATE_BYTES = 256 << 20
+
+
+def snapshot_count(state_bytes: int) -> int:
+    """How many snapshots a sequence whose live states take `state_bytes` keeps."""
+    if state_bytes <= 0:
+        return MAX_SNAPSHOTS
+    return max(1, min(MAX_SNAPSHOTS, 1 + SNAPSHOT_BYTES // state_bytes))
+
+
+def verify_rows(state_bytes: int) -> int | None:
+    """The most rows a verification pass of one sequence may run when its live states
+    take `state_bytes` (each row keeps a copy); None: no cap (no states)."""
+    if state_bytes <= 0:
+        return None
+    return max(2, VERIFY_STATE_BYTES // state_bytes)
 
 
 class RecurrentMixer(Protocol):
@@ -136,13 +160,22 @@ class StateCache:
         }
         self.snapshots: dict[int, dict[int, LayerState]] = {}  # position -> states
         self._verified: set[int] = set()  # positions the last verification pass kept
+        one = self.state_bytes(spec)
+        self.max_snapshots = snapshot_count(one)
+        self.max_verify_rows = verify_rows(one)
 
     @staticmethod
-    def bytes_for(spec: ModelSpec, snapshots: int = MAX_SNAPSHOTS) -> int:
-        """Bytes one sequence's states take, with room for `snapshots` copies."""
+    def state_bytes(spec: ModelSpec) -> int:
+        """Bytes one sequence's live states take (0: a model that only attends)."""
         shapes = [shape for named in state_shapes(spec).values() for shape in named.values()]
-        one = sum(4 * math.prod(shape) for shape in shapes)
-        return one * (1 + snapshots)
+        return sum(4 * math.prod(shape) for shape in shapes)
+
+    @staticmethod
+    def bytes_for(spec: ModelSpec, snapshots: int | None = None) -> int:
+        """Bytes one sequence's states take, with room for `snapshots` copies (None: as
+        many as a StateCache of this spec keeps)."""
+        one = StateCache.state_bytes(spec)
+        return one * (1 + (snapshot_count(one) if snapshots is None else snapshots))
 
     @property
     def recurrent(self) -> bool:
@@ -171,12 +204,12 @@ class StateCache:
 
     def keep(self, position: int, layers: dict[int, LayerState]) -> None:
         """Keep `layers` (owned from here on) as the states at `position`, and at most
-        MAX_SNAPSHOTS such (the oldest goes first; a verification pass's are apart)."""
+        max_snapshots such (the oldest goes first; a verification pass's are apart)."""
         self.snapshots.pop(position, None)
         self._verified.discard(position)
         self.snapshots[position] = layers
         kept = [p for p in self.snapshots if p not in self._verified]
-        for p in kept[: max(0, len(kept) - MAX_SNAPSHOTS)]:
+        for p in kept[: max(0, len(kept) - self.max_snapshots)]:
             del self.snapshots[p]
 
     def keep_verified(self, states: dict[int, dict[int, LayerState]]) -> None:

@@ -174,6 +174,30 @@ def test_speculative_decoding_gives_the_plain_greedy_text(hybrid, drafter):
         assert st.accepted_tokens == st.draft_tokens
 
 
+def test_large_states_cap_the_rows_of_a_verification_pass(hybrid, monkeypatch):
+    """Each verification row keeps a copy of the states: where they are large, a pass
+    runs at most state_cache.verify_rows rows and the text stays the plain one."""
+    from edgerun.generate.speculative import ModelDrafter, Speculation
+    from edgerun.model import state_cache
+
+    prompt = "hello world, this is the test"
+    plain = "".join(hybrid.generate(prompt, max_tokens=30, draft="none", **GREEDY))
+    one = state_cache.StateCache.state_bytes(hybrid.spec)
+    monkeypatch.setattr(state_cache, "VERIFY_STATE_BYTES", 3 * one)
+    rows = []
+    verify = hybrid.engine.transformer.verify
+    monkeypatch.setattr(
+        hybrid.engine.transformer, "verify", lambda t, c: rows.append(len(t)) or verify(t, c)
+    )
+    # the generator's cache was made before: it takes the cap a new one would
+    cap = state_cache.verify_rows(one)
+    monkeypatch.setattr(hybrid.generator.cache.state, "max_verify_rows", cap)
+    d = Speculation(ModelDrafter(hybrid.engine), 6, adaptive=False)
+    spec = "".join(hybrid.generate(prompt, max_tokens=30, draft=d, **GREEDY))
+    assert spec == plain
+    assert rows and max(rows) == 3
+
+
 def test_context_limits(hybrid):
     tr = hybrid.transformer
     cache = KVCache(hybrid.spec, 8)

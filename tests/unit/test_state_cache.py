@@ -9,6 +9,7 @@ import pytest
 
 from edgerun.arch.spec import ModelSpec, validate_spec
 from edgerun.errors import InvalidArgumentError, ModelFormatError
+from edgerun.model import state_cache
 from edgerun.model.kvcache import KVCache
 from edgerun.model.state_cache import MAX_SNAPSHOTS, PassStates, StateCache
 
@@ -111,6 +112,28 @@ def test_snapshots_are_bounded():
     for p in range(1, MAX_SNAPSHOTS + 3):
         st.snapshot(p)
     assert st.positions() == list(range(3, MAX_SNAPSHOTS + 3))
+
+
+def test_large_states_keep_fewer_snapshots_and_cap_verification_rows(monkeypatch):
+    """A Mamba-2 model's states take tens of MiB a sequence: one snapshot, not four, and
+    a verification pass (a state copy a row) of a few rows, not sixteen."""
+    small = StateCache(SPEC)
+    assert small.max_snapshots == MAX_SNAPSHOTS and small.max_verify_rows >= 16
+    one = StateCache.state_bytes(SPEC)  # 128 bytes here: allowances of that scale
+    monkeypatch.setattr(state_cache, "SNAPSHOT_BYTES", one)
+    monkeypatch.setattr(state_cache, "VERIFY_STATE_BYTES", 3 * one)
+    big = StateCache(SPEC)
+    assert big.max_snapshots == 2 and big.max_verify_rows == 3
+    assert StateCache.bytes_for(SPEC) == one * 3
+    for p in range(1, 6):
+        big.snapshot(p)
+    assert big.positions() == [4, 5]
+    monkeypatch.setattr(state_cache, "SNAPSHOT_BYTES", one // 2)
+    monkeypatch.setattr(state_cache, "VERIFY_STATE_BYTES", one // 2)
+    huge = StateCache(SPEC)
+    assert huge.max_snapshots == 1 and huge.max_verify_rows == 2  # one drafted token
+    attn_only = StateCache(ModelSpec(**{**SPEC.__dict__, "layer_mixers": ()}))
+    assert attn_only.max_verify_rows is None
 
 
 def test_save_and_load_arrays():
