@@ -264,7 +264,8 @@ def match_bucket(match: int) -> int:
 class DraftLength:
     """How many tokens to draft next: the k in [0, max_tokens] that maximises the
     expected tokens per second, (1 - a^(k+1)) / (1 - a) tokens for a pass that costs
-    1 + k * (row + draft) one-token passes, from the running acceptance a of drafted
+    verify(k + 1) + k * draft one-token passes (verify: the measured cost of a pass of
+    that many rows, else 1 + k * row), from the running acceptance a of drafted
     tokens (for an n-gram draft, the acceptance of its match length's bucket) and the
     measured costs of an extra verification row and of a drafted token (drafter seconds /
     one-token pass seconds). When no draft pays, it still drafts one token every `probe`
@@ -291,6 +292,11 @@ class DraftLength:
         self.by_match = dict(MATCH_PRIOR)  # bucket -> acceptance (n-gram drafts)
         self._idle = 0
         self.one_pass_s = 0.0  # EMA of a one-token pass's seconds (0: none measured yet)
+        # rows -> EMA of a pass of that many rows, in one-token passes: the batched
+        # kernels' cost per row grows with the rows (on Qwen2.5-1.5B, 2 threads: 1.05x
+        # one pass at 2 rows, 2.0x at 8, 3.8x at 16), so a line through it misprices
+        # long drafts; rows not measured yet take the line (row_cost)
+        self.pass_cost: dict[int, float] = {}
 
     def reset(self) -> None:
         """A new generation: its acceptances start from the priors again."""
@@ -308,10 +314,10 @@ class DraftLength:
         else:
             a = self.by_match[match_bucket(match)]
         a = min(a, 0.999)
-        cost = self.row_cost + self.draft_cost
         best_k, best_rate = 0, 1.0
         for k in range(1, self.max_tokens + 1):
-            rate = (1 - a ** (k + 1)) / (1 - a) / (1 + k * cost)
+            verify = self.pass_cost.get(k + 1, 1 + k * self.row_cost)
+            rate = (1 - a ** (k + 1)) / (1 - a) / (verify + k * self.draft_cost)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
@@ -362,8 +368,12 @@ class DraftLength:
             return
         if not self.one_pass_s:
             return
-        extra = max(0.0, seconds / self.one_pass_s - 1.0) / (rows - 1)
+        ratio = seconds / self.one_pass_s
+        extra = max(0.0, ratio - 1.0) / (rows - 1)
         self.row_cost += w * (min(extra, 2.0) - self.row_cost)
+        ratio = min(max(ratio, 1.0), 1.0 + 2.0 * (rows - 1))
+        before = self.pass_cost.get(rows)
+        self.pass_cost[rows] = ratio if before is None else before + w * (ratio - before)
         if drafted:
             d = draft_seconds / (draft_steps or drafted) / self.one_pass_s
             self.draft_cost += w * (min(d, 2.0) - self.draft_cost)

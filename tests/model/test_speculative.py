@@ -239,6 +239,20 @@ def test_draft_length_backs_off_and_grows():
     assert length.best() == 8
 
 
+def test_long_drafts_are_priced_by_what_their_passes_measured():
+    """The batched kernels' cost per row grows with the rows: a length is priced by the
+    measured cost of a pass of that many rows, not by a line through short passes."""
+    length = DraftLength(16, row_cost=0.05)
+    length.by_match[8] = 0.96
+    length.timed(1, 1.0, 0.0, 0)
+    assert length.best(match=12) == 16  # a line of 0.05 a row: 17 rows cost 1.8
+    for rows, cost in ((2, 1.05), (9, 2.0), (17, 6.5)):
+        for _ in range(30):
+            length.timed(rows, cost, 0.0, 0)
+    assert abs(length.pass_cost[17] - 6.5) < 0.01
+    assert length.best(match=12) < 16
+
+
 def test_a_probe_after_idle_passes_prices_a_draft_step_not_its_catch_up():
     """A draft model that sat out a few passes catches up on their tokens before it
     drafts one: its cost is the time per forward step, so a good draft keeps drafting."""
