@@ -5,9 +5,10 @@ a minute, and no RAM plan counts it. Measured on a fresh machine: the first
 `--ram-budget 800M` run of Qwen2.5-Coder-1.5B in an 840 MiB cgroup compiled beside
 its held rows (823 MiB anonymous) and thrashed at the limit for over 20 minutes
 (memory.failcnt 236 million) without a token. So before a budgeted load whose kernels
-were never compiled, a child loads the model resident (mapped: its pages are clean
-and the kernel reclaims them under the limit), compiles and caches every kernel the
-model's formats use, and exits. The parent then loads them from Numba's disk cache.
+were never compiled, a child loads the model resident on stand-in weights (the file's
+tensor table over zero pages, offload/stand_in.py: no weight is read or resident),
+compiles and caches every kernel the model's formats use, and exits. The parent then
+loads them from Numba's disk cache.
 
 The child itself must fit the budget too: Numba keeps what every compile allocated
 until the process exits (Qwen2.5-Coder-0.5B: 664 MiB anonymous after all 173 kernels,
@@ -22,10 +23,13 @@ kernel sources, kernel path and KV type, so later loads skip the children.
 
 KernelPool is the same idea for a resident first run (`edgerun generate`, `edgerun
 warm`): the warm-up's parts (engine.WARM_PARTS) go to one child per free core, each of
-which loads the model and compiles the parts it is handed (runtime/numba_cache_lock.py
-keeps their shared cache whole). The serving process only loads from the cache: measured
-on SmolLM2, compiling in-process took its peak RSS from 230 to 640 MiB. It starts its
-prompt once the prompt's parts are cached and waits for the decode step's before its
+which loads the model on stand-in weights and compiles the parts it is handed
+(runtime/numba_cache_lock.py keeps their shared cache whole). The stand-ins keep each
+child to Numba's and LLVM's memory: with the model's own weights and interleaved copies
+in every child, the first run's processes together would hold 2.8x a warm run's RSS
+(Qwen2.5-Coder-1.5B: 3724 vs 1321 MiB). The serving process only loads from the cache:
+measured on SmolLM2, compiling in-process took its peak RSS from 230 to 640 MiB. It
+starts its prompt once the prompt's parts are cached and waits for the decode step's before its
 first decode step. A marker per part records what is cached.
 """
 
