@@ -210,7 +210,7 @@ class KernelPool:
             return None
         if workers is None:
             workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-            workers = min(workers, children_that_fit(path))
+            workers = min(workers, children_that_fit())
         from edgerun.runtime.numba_cache_lock import install
 
         install()  # this process may compile beside the children (a part that failed)
@@ -366,19 +366,18 @@ class KernelPool:
             child.proc.wait()
 
 
-# What one KernelPool child holds beyond the model file's size (its interleaved copies
-# are about that size): Numba and LLVM while compiling. Measured peaks: SmolLM2 (98 MB)
-# about 450 MiB a child.
+# What one KernelPool child holds: the interpreter, the tokenizer, Numba and LLVM while
+# compiling (its weights are stand-ins, offload/stand_in.py). Measured peaks of the two
+# children of a first answer: SmolLM2 328 and 297 MiB, Qwen2.5-Coder-1.5B 391 and 328.
 CHILD_COMPILE_BYTES = 384 << 20
 
 
-def children_that_fit(path: str | os.PathLike) -> int:
+def children_that_fit() -> int:
     """How many KernelPool children the memory left holds at once (at least one: a lone
     child needs no more than the serving process's own compile would)."""
     from edgerun.runtime.sysinfo import memory_headroom_bytes
 
-    per_child = Path(path).stat().st_size + CHILD_COMPILE_BYTES
-    return max(1, memory_headroom_bytes() // per_child)
+    return max(1, memory_headroom_bytes() // CHILD_COMPILE_BYTES)
 
 
 def _marked(path: str | os.PathLike, kv_type: str, kernels: str, mode: str, part: str) -> bool:
