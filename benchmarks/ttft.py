@@ -158,8 +158,9 @@ def generate_run(model: str | None, env: dict, extra: list[str]) -> dict:
 def cold_ttft(model: str | None, extra: list[str], show: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="edgerun-cold-") as tmp:
         env = dict(os.environ, NUMBA_CACHE_DIR=os.path.join(tmp, "numba"))
+        runs = {}
         for label in ("cold", "warm"):
-            r = generate_run(model, env, extra)
+            r = runs[label] = generate_run(model, env, extra)
             print(
                 f"{label}: first token {r['first_token_s']:.1f} s, total {r['total_s']:.1f} s, "
                 f"CPU (user+sys, all processes) {r['cpu_s']:.1f} s, "
@@ -179,6 +180,16 @@ def cold_ttft(model: str | None, extra: list[str], show: bool) -> None:
             print(f"  answer: {r['answer'][:100]!r}")
             if show:
                 print("  stderr:\n    " + "\n    ".join(r["stderr"].strip().splitlines()))
+        cold, warm = runs["cold"], runs["warm"]
+        own = (
+            f"{cold['own_peak_mib'] / warm['own_peak_mib']:.2f}x"
+            if cold["own_peak_mib"] and warm["own_peak_mib"]
+            else "-"
+        )
+        print(
+            f"first run / warm run: peak RSS {own} (the command), "
+            f"{cold['tree_peak_mib'] / warm['tree_peak_mib']:.2f}x (process tree, summed)"
+        )
 
 
 def main(argv=None) -> int:
