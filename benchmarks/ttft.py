@@ -11,11 +11,11 @@ command's generate step) with NUMBA_CACHE_DIR pointing at a new temporary direct
 warm run, for comparison). For each it reports the first token (process start -> first
 byte on stdout), the total, the command's own peak RSS (its stats line), the peak of the
 process tree's summed RSS (sampled every 50 ms with psutil: children included, a page
-shared by two processes counted twice), the CPU time of the tree (user + sys: less
-sensitive to other load than wall time), the warm-up line and the load average; and the
-CPU each process of the tree spent until the first token, whose sum over the host's CPUs
-bounds the first token's wall time on a quiet host from below (a busy host's wall times
-say little).
+shared by two processes counted twice), each compile child's peak RSS, the CPU time of
+the tree (user + sys: less sensitive to other load than wall time), the warm-up line and
+the load average; and the CPU each process of the tree spent until the first token, whose
+sum over the host's CPUs bounds the first token's wall time on a quiet host from below (a
+busy host's wall times say little).
 
 Usage: python benchmarks/ttft.py [-m MODEL] [-r 5]
        python benchmarks/ttft.py --cold [-m MODEL] [--threads N]
@@ -68,9 +68,12 @@ def warm_ttft(model: str, runs: int) -> None:
     )
 
 
-def _tree_rss(pid: int, cpu: dict[int, float] | None = None) -> int:
+def _tree_rss(
+    pid: int, cpu: dict[int, float] | None = None, peaks: dict[int, int] | None = None
+) -> int:
     """The summed RSS of pid's process tree; cpu: each process's CPU seconds so far
-    (user + sys) are noted in it by pid (an exited child keeps its last reading)."""
+    (user + sys) are noted in it by pid (an exited child keeps its last reading); peaks:
+    each process's largest RSS sampled so far, by pid."""
     import psutil
 
     try:
@@ -81,7 +84,10 @@ def _tree_rss(pid: int, cpu: dict[int, float] | None = None) -> int:
     total = 0
     for q in procs:
         try:
-            total += q.memory_info().rss
+            rss = q.memory_info().rss
+            total += rss
+            if peaks is not None:
+                peaks[q.pid] = max(peaks.get(q.pid, 0), rss)
             if cpu is not None:
                 t = q.cpu_times()
                 cpu[q.pid] = t.user + t.system
@@ -101,11 +107,12 @@ def generate_run(model: str | None, env: dict, extra: list[str]) -> dict:
     child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     peak = [0]
     cpu: dict[int, float] = {}  # pid -> CPU seconds, sampled
+    peaks: dict[int, int] = {}  # pid -> its largest RSS sampled
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss(child.pid, cpu))
+            peak[0] = max(peak[0], _tree_rss(child.pid, cpu, peaks))
             done.wait(0.05)
 
     threading.Thread(target=sample, daemon=True).start()
@@ -132,6 +139,9 @@ def generate_run(model: str | None, env: dict, extra: list[str]) -> dict:
         total_s=total,
         own_peak_mib=int(own.group(1)) if own else None,
         tree_peak_mib=peak[0] / 2**20,
+        children_peak_mib=sorted(
+            (v / 2**20 for k, v in peaks.items() if k != child.pid), reverse=True
+        ),
         cpu_s=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         cpu_first_s=sum(cpu_first.values()),
         cpu_first_parent_s=cpu_first.get(child.pid, 0.0),
@@ -148,8 +158,9 @@ def generate_run(model: str | None, env: dict, extra: list[str]) -> dict:
 def cold_ttft(model: str | None, extra: list[str], show: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="edgerun-cold-") as tmp:
         env = dict(os.environ, NUMBA_CACHE_DIR=os.path.join(tmp, "numba"))
+        runs = {}
         for label in ("cold", "warm"):
-            r = generate_run(model, env, extra)
+            r = runs[label] = generate_run(model, env, extra)
             print(
                 f"{label}: first token {r['first_token_s']:.1f} s, total {r['total_s']:.1f} s, "
                 f"CPU (user+sys, all processes) {r['cpu_s']:.1f} s, "
@@ -164,9 +175,21 @@ def cold_ttft(model: str | None, extra: list[str], show: bool) -> None:
                 f"{r['cpu_first_parent_s']:.1f} s, its compile children {kids or '-'}); "
                 f"on a quiet host of {os.cpu_count()} CPUs that is >= {quiet:.1f} s of wall time"
             )
+            kids = ", ".join(f"{m:.0f}" for m in r["children_peak_mib"])
+            print(f"  peak RSS of each compile child: {kids or '-'} MiB")
             print(f"  answer: {r['answer'][:100]!r}")
             if show:
                 print("  stderr:\n    " + "\n    ".join(r["stderr"].strip().splitlines()))
+        cold, warm = runs["cold"], runs["warm"]
+        own = (
+            f"{cold['own_peak_mib'] / warm['own_peak_mib']:.2f}x"
+            if cold["own_peak_mib"] and warm["own_peak_mib"]
+            else "-"
+        )
+        print(
+            f"first run / warm run: peak RSS {own} (the command), "
+            f"{cold['tree_peak_mib'] / warm['tree_peak_mib']:.2f}x (process tree, summed)"
+        )
 
 
 def main(argv=None) -> int:

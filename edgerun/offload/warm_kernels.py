@@ -5,9 +5,10 @@ a minute, and no RAM plan counts it. Measured on a fresh machine: the first
 `--ram-budget 800M` run of Qwen2.5-Coder-1.5B in an 840 MiB cgroup compiled beside
 its held rows (823 MiB anonymous) and thrashed at the limit for over 20 minutes
 (memory.failcnt 236 million) without a token. So before a budgeted load whose kernels
-were never compiled, a child loads the model resident (mapped: its pages are clean
-and the kernel reclaims them under the limit), compiles and caches every kernel the
-model's formats use, and exits. The parent then loads them from Numba's disk cache.
+were never compiled, a child loads the model resident on stand-in weights (the file's
+tensor table over zero pages, offload/stand_in.py: no weight is read or resident),
+compiles and caches every kernel the model's formats use, and exits. The parent then
+loads them from Numba's disk cache.
 
 The child itself must fit the budget too: Numba keeps what every compile allocated
 until the process exits (Qwen2.5-Coder-0.5B: 664 MiB anonymous after all 173 kernels,
@@ -22,10 +23,13 @@ kernel sources, kernel path and KV type, so later loads skip the children.
 
 KernelPool is the same idea for a resident first run (`edgerun generate`, `edgerun
 warm`): the warm-up's parts (engine.WARM_PARTS) go to one child per free core, each of
-which loads the model and compiles the parts it is handed (runtime/numba_cache_lock.py
-keeps their shared cache whole). The serving process only loads from the cache: measured
-on SmolLM2, compiling in-process took its peak RSS from 230 to 640 MiB. It starts its
-prompt once the prompt's parts are cached and waits for the decode step's before its
+which loads the model on stand-in weights and compiles the parts it is handed
+(runtime/numba_cache_lock.py keeps their shared cache whole). The stand-ins keep each
+child to Numba's and LLVM's memory: with the model's own weights and interleaved copies
+in every child, the first run's processes together would hold 2.8x a warm run's RSS
+(Qwen2.5-Coder-1.5B: 3724 vs 1321 MiB). The serving process only loads from the cache:
+measured on SmolLM2, compiling in-process took its peak RSS from 230 to 640 MiB. It
+starts its prompt once the prompt's parts are cached and waits for the decode step's before its
 first decode step. A marker per part records what is cached.
 """
 
@@ -206,7 +210,7 @@ class KernelPool:
             return None
         if workers is None:
             workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-            workers = min(workers, children_that_fit(path))
+            workers = min(workers, children_that_fit())
         from edgerun.runtime.numba_cache_lock import install
 
         install()  # this process may compile beside the children (a part that failed)
@@ -362,19 +366,18 @@ class KernelPool:
             child.proc.wait()
 
 
-# What one KernelPool child holds beyond the model file's size (its interleaved copies
-# are about that size): Numba and LLVM while compiling. Measured peaks: SmolLM2 (98 MB)
-# about 450 MiB a child.
+# What one KernelPool child holds: the interpreter, the tokenizer, Numba and LLVM while
+# compiling (its weights are stand-ins, offload/stand_in.py). Measured peaks of the two
+# children of a first answer: SmolLM2 328 and 297 MiB, Qwen2.5-Coder-1.5B 391 and 328.
 CHILD_COMPILE_BYTES = 384 << 20
 
 
-def children_that_fit(path: str | os.PathLike) -> int:
+def children_that_fit() -> int:
     """How many KernelPool children the memory left holds at once (at least one: a lone
     child needs no more than the serving process's own compile would)."""
     from edgerun.runtime.sysinfo import memory_headroom_bytes
 
-    per_child = Path(path).stat().st_size + CHILD_COMPILE_BYTES
-    return max(1, memory_headroom_bytes() // per_child)
+    return max(1, memory_headroom_bytes() // CHILD_COMPILE_BYTES)
 
 
 def _marked(path: str | os.PathLike, kv_type: str, kernels: str, mode: str, part: str) -> bool:

@@ -13,6 +13,11 @@ Two modes:
   engine.WarmUp counts them; S: seconds since its start).
   Its compiles hold runtime/numba_cache_lock's per-function lock: its siblings write
   the same cache.
+
+Both load stand-in weights (offload/stand_in.py, unless --real-weights): the file's
+tensor table with zero pages for rows and interleaved copies, so a child holds Numba's
+and LLVM's memory and the tokenizer, not its own copy of the model, and compiles the
+kernel signatures the real weights take.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from edgerun.offload.warm_kernels import PARTIAL
 from edgerun.runtime.sysinfo import proc_status_bytes
@@ -63,13 +70,35 @@ def _watch_compiles(
     event.register("numba:compile", Ceiling())
 
 
+@contextmanager
+def stand_in_weights(on: bool = True) -> Iterator[None]:
+    """While open, edgerun.load reads a GGUF's matrices as zero pages and gives them
+    zero-page interleaved copies (offload/stand_in.py): the two places a load reads or
+    makes weight bytes, swapped in this process only (a compile child)."""
+    if not on:
+        yield
+        return
+    from edgerun import api
+    from edgerun.offload.stand_in import StandInFile, stand_in_interleave
+    from edgerun.ops import qmatvec
+
+    read, interleave = api.read_gguf, qmatvec.interleave
+    api.read_gguf = lambda path: StandInFile(read(path))
+    qmatvec.interleave = stand_in_interleave
+    try:
+        yield
+    finally:
+        api.read_gguf, qmatvec.interleave = read, interleave
+
+
 def _serve(a: argparse.Namespace, started: float, counts: list[int]) -> int:
     import edgerun
     from edgerun.runtime.numba_cache_lock import install
 
     install()  # before the first compile: the load's own kernels are shared too
     interleave = {"on": True, "off": False}.get(a.interleave)
-    m = edgerun.load(a.path, n_ctx=16, threads=1, kv_type=a.kv_type, interleave=interleave)
+    with stand_in_weights(not a.real_weights):
+        m = edgerun.load(a.path, n_ctx=16, threads=1, kv_type=a.kv_type, interleave=interleave)
     print(f"loaded {counts[1]} {time.perf_counter() - started:.1f}", flush=True)
     for line in sys.stdin:
         part = line.strip()
@@ -102,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="--serve: the interleaved decode copies, as the parent loads them",
     )
+    ap.add_argument(
+        "--real-weights",
+        action="store_true",
+        help="load the model's weights and copies instead of stand-ins (a comparison)",
+    )
     a = ap.parse_args(argv)
     started = time.perf_counter()
     counts = [0, 0]
@@ -111,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     from edgerun.api import load
 
     # the budgeted parent runs the row kernels (interleaved copies are resident-only)
-    m = load(a.path, n_ctx=16, threads=1, kv_type=a.kv_type, interleave=False)
+    with stand_in_weights(not a.real_weights):
+        m = load(a.path, n_ctx=16, threads=1, kv_type=a.kv_type, interleave=False)
     m.warm_up()
     print(f"compiled {counts[0]} {time.perf_counter() - started:.1f}")
     return 0
