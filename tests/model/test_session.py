@@ -399,8 +399,11 @@ def test_centred_keys_save_resume_and_convert(tmp_path):
     from edgerun.model.kvcache import KEY_CENTRE
     from edgerun.ops.attention import cache_floats, cache_values
 
-    tiny = Path(__file__).resolve().parents[1] / "data" / "families" / "qwen2" / "q8_0.gguf"
+    data = Path(__file__).resolve().parents[1] / "data"
+    tiny = data / "families" / "qwen2" / "q8_0.gguf"
+    template = (data / "chat_templates" / "qwen3.jinja").read_text()  # the file has none
     m = edgerun.load(tiny, n_ctx=128, threads=1, kv_type="q8_0")
+    m.tokenizer.chat_template = template
     try:
         centre = m.transformer.key_centres
         assert centre is not None
@@ -431,6 +434,7 @@ def test_centred_keys_save_resume_and_convert(tmp_path):
     finally:
         m.close()
     m = edgerun.load(tiny, n_ctx=128, threads=1, kv_type="f16")
+    m.tokenizer.chat_template = template
     try:
         resumed = Session.load(m, path)
         assert resumed.cache.key_centre is None
