@@ -12,6 +12,10 @@ through it, averaged over heads and query positions:
   the trained context (those channels of RoPE(bias) are constant up to that angle); a
   constant subtracted from every key moves each query's scores by one constant, which
   the softmax removes exactly (models without a logit softcap);
+- mean-centred: of k - the mean of RoPE_p(bias) over the trained context's positions p
+  (the constant nearest every position's RoPE(bias) in the mean square);
+- pi/3-centred: as bias-centred, on the pairs RoPE turns < pi / 3 (what
+  model/kvcache.key_centre stores: no trained position keeps more offset than without);
 - data-centred: of k - mean over positions (an upper bound on what a centre buys).
 
     python benchmarks/kv_key_outliers.py [-m qwen2.5-coder-1.5b-instruct-q4_k_m.gguf]
@@ -31,9 +35,10 @@ from edgerun.quant.legacy import Q4_0, Q8_0
 MODEL = Path.home() / ".cache/edgerun/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 
 
-def _layer0(path: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(q [n, heads, hd], k [n, kv heads, hd] after RoPE, the k bias [kv heads, hd],
-    trained context) of layer 0 on n tokens of argparse.py (a Qwen2-layout GGUF)."""
+def _layer0(path: str, n: int) -> tuple[np.ndarray, ...]:
+    """(q [n, heads, hd], k [n, kv heads, hd] after RoPE, the k bias on the slow pairs
+    [kv heads, hd], the mean of RoPE(k bias) over the trained positions, trained context)
+    of layer 0 on n tokens of argparse.py (a Qwen2-layout GGUF)."""
     import llama_cpp
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -72,7 +77,12 @@ def _layer0(path: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]
     ctx = int(meta[f"{arch}.context_length"])
     bias = get("blk.0.attn_k.bias").reshape(kv_heads, hd)
     slow = np.tile(inv * ctx < 0.5, 2)  # the pairs RoPE turns < 0.5 rad over the context
-    return rope(q), rope(k), np.where(slow, bias, 0.0), ctx
+    # the mean of RoPE_p(bias) over the trained context's positions
+    z = np.exp(1j * np.arange(ctx)[:, None] * inv).mean(0)
+    a1, a2 = bias[:, : hd // 2], bias[:, hd // 2 :]
+    mean = np.concatenate([a1 * z.real - a2 * z.imag, a2 * z.real + a1 * z.imag], -1)
+    third = np.tile(inv * ctx < np.pi / 3, 2)  # model/kvcache.key_centre's pairs
+    return rope(q), rope(k), np.where(slow, bias, 0.0), mean, np.where(third, bias, 0.0), ctx
 
 
 def _attention_kl(q: np.ndarray, k: np.ndarray, kk: np.ndarray) -> float:
@@ -98,7 +108,7 @@ def main() -> None:
     ap.add_argument("-m", "--model", default=str(MODEL))
     ap.add_argument("-n", type=int, default=768, help="tokens")
     args = ap.parse_args()
-    q, k, centre, ctx = _layer0(args.model, args.n)
+    q, k, centre, mean, third, ctx = _layer0(args.model, args.n)
     hd = k.shape[-1]
     r = rotation(hd)
     data = k.mean(0, keepdims=True)
@@ -107,7 +117,9 @@ def main() -> None:
           f"{np.sqrt(((k - centre) ** 2).mean()):.2f}, after the data centre "
           f"{np.sqrt(((k - data) ** 2).mean()):.2f}")  # fmt: skip
     print(f"  {'type':<5} {'plain':>9} {'rotated':>9} {'bias-centred':>13} {'+ rotated':>10} "
-          f"{'data-centred + rotated':>23}   (mean attention KL)")  # fmt: skip
+          f"{'mean-centred + rotated':>23} {'pi/3-centred + rotated':>23} "
+          f"{'data-centred + rotated':>23}"
+          "   (mean attention KL)")  # fmt: skip
     for name, fmt in (("q8_0", Q8_0), ("q4_0", Q4_0)):
 
         def rounded(a: np.ndarray, fmt=fmt) -> np.ndarray:
@@ -119,10 +131,13 @@ def main() -> None:
             rounded(k @ r.T) @ r,
             rounded(k - centre) + centre,
             rounded((k - centre) @ r.T) @ r + centre,
+            rounded((k - mean) @ r.T) @ r + mean,
+            rounded((k - third) @ r.T) @ r + third,
             rounded((k - data) @ r.T) @ r + data,
         )
         kl = [_attention_kl(q, k, kk) for kk in kinds]
-        print(f"  {name:<5} {kl[0]:9.4g} {kl[1]:9.4g} {kl[2]:13.4g} {kl[3]:10.4g} {kl[4]:23.4g}")
+        print(f"  {name:<5} {kl[0]:9.4g} {kl[1]:9.4g} {kl[2]:13.4g} {kl[3]:10.4g} "
+              f"{kl[4]:23.4g} {kl[5]:23.4g} {kl[6]:23.4g}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def _logits(model, ids: list[int], kv_type: str, step: int, decode: int) -> np.n
     """float32 [len(ids) - 1, vocab]: the next-token logits after each of ids[:-1]: the
     first len(ids) - decode positions `step` at a time, the rest one at a time."""
     tr = model.transformer
-    cache = KVCache(model.spec, len(ids), kv_type)
+    cache = tr.new_cache(len(ids), kv_type)  # quantised keys centred, as the engine's
     rows = []
     split = len(ids) - 1 - decode
     for i in range(0, split, step):
@@ -106,7 +106,7 @@ def speed(model, types: list[str], depth: int, n: int, rounds: int) -> None:
     rng = np.random.default_rng(0)
     caches = {}
     for t in types:
-        c = caches[t] = KVCache(spec, depth + n + 1, t)
+        c = caches[t] = tr.new_cache(depth + n + 1, t)
         for layer in range(spec.n_layers):
             for p in range(0, depth, 512):
                 m = min(512, depth - p)
@@ -114,24 +114,32 @@ def speed(model, types: list[str], depth: int, n: int, rounds: int) -> None:
                 c.store(layer, p, k, v)
         c.tokens[:] = rng.integers(0, spec.vocab_size, depth).tolist()
     times: dict[str, list[float]] = {t: [] for t in types}
+    cpu: dict[str, list[float]] = {t: [] for t in types}
+    load = []
     for r in range(rounds + 1):  # round 0 warms the kernels up, untimed
         order = types if r % 2 else types[::-1]
         for t in order:
             c = caches[t]
             c.truncate(depth)
             tok = 1
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(n):
                 tok = int(np.argmax(tr.forward([tok], c)))
             if r:
                 times[t].append(n / (time.perf_counter() - t0))
+                cpu[t].append(n / (time.process_time() - c0))
+        load.append(os.getloadavg()[0])
     print(f"  decode tok/s at a {depth}-token context ({n} tokens a run, {rounds} rounds, "
-          "median [min..max]; shared machine: noisy)")  # fmt: skip
+          "median [min..max]; shared machine: noisy), and tokens per CPU second (with -t 1: "
+          f"the time the process ran, less sensitive to the other load); load average "
+          f"{min(load):.1f}..{max(load):.1f}")  # fmt: skip
     for t in types:
-        s = times[t]
+        s, u = times[t], cpu[t]
         kib = KVCache.bytes_for(spec, 1, t) / 1024
-        print(f"  {t:<6} {statistics.median(s):7.2f} [{min(s):.2f}..{max(s):.2f}]"
-              f"  KV {kib:g} KiB/token", flush=True)  # fmt: skip
+        ratio = KVCache.bytes_for(spec, 1, t) / KVCache.bytes_for(spec, 1, "f16")
+        print(f"  {t:<6} {statistics.median(s):7.2f} [{min(s):.2f}..{max(s):.2f}]  CPU "
+              f"{statistics.median(u):7.2f} [{min(u):.2f}..{max(u):.2f}]"
+              f"  KV {kib:g} KiB/token ({ratio:.4f}x f16)", flush=True)  # fmt: skip
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from edgerun.generate.engine import (
 from edgerun.generate.sequence import GenerationStats, WarmUp
 from edgerun.generate.settings import ModelSettings
 from edgerun.generate.speculative import ModelDrafter, NgramDrafter, Speculation
-from edgerun.model.kvcache import KVCache, kv_type_asked
+from edgerun.model.kvcache import kv_type_asked
 from edgerun.model.transformer import Transformer
 from edgerun.offload.budget import KV_LOAN_MARGIN, trim_heap_after_prompt_chunk
 from edgerun.offload.loader import (
@@ -436,7 +436,7 @@ class Model:
             raise InvalidArgumentError("logits() needs at least one token id")
         check_token_ids(ids, self.spec.vocab_size)
         set_threads(self.threads)
-        cache = KVCache(self.spec, len(ids), self.kv_type)
+        cache = self.transformer.new_cache(len(ids), self.kv_type)
         step = self.engine.prefill_chunk
         parts = [
             self.transformer.forward(ids[i : i + step], cache, all_logits=True)

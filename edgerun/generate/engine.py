@@ -217,7 +217,7 @@ class Engine:
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         """An empty KV cache of this model (n_ctx None: the engine's context window)."""
-        return KVCache(self.spec, self.n_ctx if n_ctx is None else n_ctx, self.kv_type)
+        return self.transformer.new_cache(self.n_ctx if n_ctx is None else n_ctx, self.kv_type)
 
     # -- the hooks --------------------------------------------------------------------
     def after_prompt_chunk(self) -> None:

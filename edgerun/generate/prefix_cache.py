@@ -25,6 +25,7 @@ class SharedPrefix:
     v: np.ndarray
     last_used: float = 0.0
     states: dict[int, LayerState] | None = None
+    key_centre: np.ndarray | None = None  # what its key rows were stored less of
 
     @property
     def nbytes(self) -> int:
@@ -45,6 +46,11 @@ class SharedPrefix:
                 f"a shared prefix of KV types {self.k.dtype}/{self.v.dtype} cannot seed a "
                 f"cache of {cache.kv_type}; one PrefixCache serves caches of one KV type"
             )
+        if not _same_centre(self.key_centre, cache.key_centre):
+            raise InvalidArgumentError(
+                "a shared prefix's keys were stored less another key centre than this "
+                "cache's (model/kvcache.key_centre); one PrefixCache serves one model"
+            )
         cache.k[:, :, :n] = self.k
         cache.v[:, :, :n] = self.v
         cache.mark_written(n)
@@ -52,6 +58,12 @@ class SharedPrefix:
         if self.states is not None:
             cache.state.set_layers(self.states)
         self.last_used = time.monotonic()
+
+
+def _same_centre(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a is b or np.array_equal(a, b)
 
 
 class PrefixCache:
@@ -100,7 +112,7 @@ class PrefixCache:
             if room is not None and n * cache.position_bytes > room:
                 return
             k, v = cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy()
-            e = SharedPrefix(key, k, v, states=states)
+            e = SharedPrefix(key, k, v, states=states, key_centre=cache.key_centre)
             if e.nbytes > self.max_bytes:
                 return
             e.last_used = time.monotonic()

@@ -64,7 +64,10 @@ class _Rows(BoundRows):
         n_ctx = max(c.n_ctx for c in caches)
         scores = np.zeros((self.n * s.n_heads, n_ctx), np.float32)
         if self.n > 1:  # BatchAttention checks the caches and holds their addresses
-            self.batch = BatchAttention([c.k for c in caches], [c.v for c in caches], [0] * self.n)
+            self.batch = BatchAttention(
+                [c.k for c in caches], [c.v for c in caches], [0] * self.n,
+                [c.key_centre for c in caches],
+            )  # fmt: skip
         attend = iter(
             a.bind_attention(self, caches, *model._rope(n_ctx, a.base), scores, self.batch)
             for a in self.attention
@@ -112,7 +115,9 @@ class DecodeStep:
             return False  # one sequence's rows chain its states (the general path's)
         if len(caches) == 1:
             return True
-        return BatchAttention.one_kernel([c.k for c in caches], [c.v for c in caches])
+        return BatchAttention.one_kernel(
+            [c.k for c in caches], [c.v for c in caches], [c.key_centre for c in caches]
+        )
 
     def close(self) -> None:
         """Let go of the caches bound to (a replaced step must not keep them alive)."""

@@ -16,7 +16,7 @@ import numpy as np
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ContextOverflowError, InvalidArgumentError, UnsupportedError
 from edgerun.model.state_cache import StateCache
-from edgerun.ops.attention import cache_values
+from edgerun.ops.attention import cache_floats, cache_values
 from edgerun.ops.kv_blocks import row_width
 
 
@@ -65,6 +65,10 @@ KV_TYPES = {
     "q4_0": np.dtype(np.uint8),
 }
 QUANTISED_KV_TYPES = ("q8_0", "q4_0")
+
+# What a saved session records of its key rows' centre (key_centre): a cache with
+# quantised keys stores k - c, c the k bias on the pairs RoPE turns < pi / 3.
+KEY_CENTRE = "k-bias-slow-rope/1"
 
 
 def check_kv_type(kv_type: str) -> str:
@@ -124,6 +128,38 @@ def check_head_dim(kv_type: str, head_dim: int) -> None:
             )
 
 
+def key_centre(
+    bias: np.ndarray, cos: np.ndarray, sin: np.ndarray, positions: int, neox: bool
+) -> np.ndarray:
+    """The part of a layer's k bias that stays constant under RoPE over `positions` (the
+    trained context), float32 [kv_heads, head_dim]: RoPE at position 0 of the bias on
+    each pair RoPE turns by less than pi / 3 over those positions and on the dims it does
+    not turn, 0 on the other pairs. bias [kv_heads, head_dim]; cos, sin: the layer's RoPE
+    tables (>= 2 positions; row 1 gives each pair's angle per position).
+
+    Why: Qwen2.5's k bias reaches 354 on the pairs RoPE barely turns, an offset shared
+    by every key of a layer and head that sets every 32-value block's scale, so q4_0
+    keeps nothing of the rest (benchmarks/kv_key_outliers.py). A cache of quantised keys
+    stores k - c instead: each query's scores move by the constant q . c, which the
+    softmax removes exactly (without an attention softcap, whose tanh would not). Any c is
+    exact; this one leaves each centred pair an offset |R(a) b - b| = 2 sin(a / 2) |b| <=
+    |b| at every trained position (a < pi / 3), so no position keeps more than it would
+    without the centre, and the early positions of a long context (a ~ 0) nearly none.
+    The mean of RoPE_p(bias) over the positions does worse at the lengths chats reach
+    (kv_key_outliers: it moves the centre toward angles only far positions take). It is
+    known before any token, so every cache of a model holds the same."""
+    theta = np.abs(np.arctan2(sin[1], cos[1]).astype(np.float64))
+    slow = theta * float(positions) < np.pi / 3
+    half = cos.shape[1]
+    b = np.asarray(bias, np.float64)
+    c = b.copy()  # the dims past the rotated ones stay constant
+    i0 = np.arange(half) if neox else np.arange(0, 2 * half, 2)
+    i1 = i0 + half if neox else i0 + 1
+    for i in (i0, i1):  # RoPE at position 0: the tables' scale (cos[0]), no turn
+        c[:, i] = np.where(slow, b[:, i] * cos[0].astype(np.float64), 0.0)
+    return c.astype(np.float32)
+
+
 def written_slabs(spec: ModelSpec) -> int:
     """The (layer, KV head) slabs of [n_ctx, row] a cache writes: every one, but where
     layers differ (Gemma 4) only those of the layers storing their own KV, each of its
@@ -139,9 +175,20 @@ class KVCache:
     or f16 (row: head_dim values) or of q8_0 / q4_0 blocks (row: head_dim / 32 blocks'
     bytes), indexed by ModelSpec.kv_slot. kv_type: one type for both, or "K/V"
     (check_kv_type). `state`: the sequence's recurrent states (state_cache.py; empty for
-    a model that only attends), which belong to the same tokens."""
+    a model that only attends), which belong to the same tokens.
 
-    def __init__(self, spec: ModelSpec, n_ctx: int, kv_type: str = "f32") -> None:
+    key_centre: the model's key centres [attention layers, kv_heads, head_dim]
+    (Transformer.key_centres; None: none); kept only where the keys are q8_0 / q4_0,
+    whose rows then hold k - centre (kvcache.key_centre says why). f16 and f32 keys are
+    stored as they are."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        n_ctx: int,
+        kv_type: str = "f32",
+        key_centre: np.ndarray | None = None,
+    ) -> None:
         if n_ctx <= 0:
             raise ContextOverflowError(f"context size must be positive, got {n_ctx}")
         self.kv_type = check_kv_type(kv_type)
@@ -159,6 +206,8 @@ class KVCache:
             shape = (n_attn, spec.n_kv_heads, n_ctx, row_width(dtype, spec.head_dim))
             arrays.append(lazy_zeros(shape, dtype))
         self.k, self.v = arrays
+        quantised = self.k_type in QUANTISED_KV_TYPES
+        self.key_centre = key_centre if quantised and not self.layered else None
         self.n_ctx = n_ctx
         self.tokens: list[int] = []  # ids whose keys/values are stored, in order
         self.written = 0  # positions written since the pages were last given back
@@ -246,6 +295,8 @@ class KVCache:
     def store(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """k, v [n, kv_heads, head_dim] (float32) for positions start .. start + n - 1."""
         n = k.shape[0]
+        if self.key_centre is not None:
+            k = k - self.key_centre[layer]
         k, v = cache_values(k, self.k.dtype), cache_values(v, self.v.dtype)
         if self.layered:  # the layer's own head count and head_dim (Gemma 4)
             dk, dv = self.layer(layer)
@@ -256,6 +307,21 @@ class KVCache:
         self.k[layer, :, start : start + n] = k.transpose(1, 0, 2)
         self.v[layer, :, start : start + n] = v.transpose(1, 0, 2)
         self.written = max(self.written, start + n)
+
+    @property
+    def key_centre_name(self) -> str:
+        """What the key rows hold beyond the keys: KEY_CENTRE where they are centred,
+        "none" where they are the keys themselves (a saved session records it)."""
+        return "none" if self.key_centre is None else KEY_CENTRE
+
+    def key_floats(self, rows: np.ndarray, layer: int | slice) -> np.ndarray:
+        """Key rows [..., kv_heads, positions, row] of `layer` (an index or a slice of
+        layers, as rows were cut) of this cache as float32 keys: the rows' values plus
+        the centre they were stored less of."""
+        k = cache_floats(rows, self.spec.head_dim)
+        if self.key_centre is not None:
+            k += self.key_centre[layer][..., :, None, :]
+        return k
 
     def layer(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Layer i's keys and values [kv_heads, n_ctx, row] as its attention reads them:

@@ -34,6 +34,7 @@ from edgerun.ops import activations, qmatvec
 from edgerun.ops.norm import _layernorm_serial, _rmsnorm_serial, layernorm, rmsnorm
 from edgerun.ops.rope import rope_inplace
 from edgerun.ops.token_step import (
+    NO_CENTRE,
     add_layernormed,
     add_normed,
     add_rows,
@@ -335,15 +336,18 @@ class Attention:
         head = (q, k, v, *vectors, self.eps, rows.positions, cos, sin, self.neox, self.q_scale,
                 temps)  # fmt: skip
         window = np.int64(self.window)
+        centre = caches[0].key_centre  # one for every cache of a batch (BatchAttention)
+        centre = NO_CENTRE if centre is None else centre[li]
         if batch is None:
             c = caches[0]
-            return token_calls(head, c.k[li], c.v[li], window, scale, softcap, scores, ctx)
+            return token_calls(head, c.k[li], c.v[li], window, scale, softcap, scores, ctx,
+                               centre)  # fmt: skip
         kv_new = tuple(  # each new row as the caches store it (a row: their last axis)
             np.zeros((rows.n, s.n_kv_heads, a.shape[-1]), a.dtype)
             for a in (caches[0].k, caches[0].v)
         )
         tail = (*kv_new, batch._kaddr, batch._vaddr, batch._nctx, np.int64(li), window, scale,
-                softcap, scores, ctx)  # fmt: skip
+                softcap, scores, ctx, centre)  # fmt: skip
         return [(attend_rows, (*head, *tail))]
 
 

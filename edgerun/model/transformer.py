@@ -14,8 +14,8 @@ from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ModelFormatError
 from edgerun.model.decode_step import DecodeStep
 from edgerun.model.ffn import DenseFFN, FFNExecutor
-from edgerun.model.kvcache import KVCache
-from edgerun.model.layer import InputNorm, Layer, Rows, Step, layer_matrices, layer_steps
+from edgerun.model.kvcache import KVCache, key_centre
+from edgerun.model.layer import Attention, InputNorm, Layer, Rows, Step, layer_matrices, layer_steps
 from edgerun.model.mixers import build_mixer
 from edgerun.model.per_layer import PerLayerInputs
 from edgerun.model.state_cache import PassStates
@@ -507,6 +507,43 @@ class Transformer:
             self._decode_key = key
         return self._decode_step or None
 
+    @property
+    def key_centres(self) -> np.ndarray | None:
+        """Each attention layer's key centre [attention layers, kv_heads, head_dim]
+        (kvcache.key_centre: the k bias on the pairs RoPE barely turns), which a
+        cache of q8_0 / q4_0 keys subtracts from every key; None where no centre applies:
+        no k bias, an attention softcap (tanh(s / cap) of a shifted score is no longer a
+        shifted score, so the softmax would change), layers that differ in shape (Gemma
+        4). A layer whose k bias a k norm follows has a zero centre (the norm's output
+        carries no fixed offset). Computed once; every cache of this model shares it."""
+        if not hasattr(self, "_key_centres"):
+            self._key_centres = self._compute_key_centres()
+        return self._key_centres
+
+    def _compute_key_centres(self) -> np.ndarray | None:
+        s = self.spec
+        if s.attn_softcap > 0 or s.layered:
+            return None
+        out = np.zeros((len(s.attention_layers), s.n_kv_heads, s.head_dim), np.float32)
+        found = False
+        for steps in self.program:
+            for step in steps:
+                if not isinstance(step, Attention):
+                    continue
+                layer, bias = step.layer, step.layer.k_bias
+                if bias is None or layer.k_norm is not None:
+                    continue
+                cos, sin = self._rope(2, step.base)
+                b = np.asarray(bias, np.float32).reshape(s.n_kv_heads, s.head_dim)
+                out[step.slot] = key_centre(b, cos, sin, s.context_length, step.neox)
+                found = True
+        return out if found else None
+
+    def new_cache(self, n_ctx: int, kv_type: str = "f32") -> KVCache:
+        """An empty KV cache of this model: kv_type's rows, keys centred where they are
+        quantised (key_centres)."""
+        return KVCache(self.spec, n_ctx, kv_type, self.key_centres)
+
     def decode_kernels(self, cache: KVCache) -> list[tuple]:
         """One call of each kernel a one-token step on `cache` runs (DecodeStep.kernels;
         none where the bound step does not take this model or cache)."""
@@ -624,7 +661,10 @@ class Transformer:
             attend = self._layered_rows_attend(caches, starts)
         else:
             ctx = np.empty((len(tokens), self.spec.q_dim), np.float32)
-            batch = BatchAttention([c.k for c in caches], [c.v for c in caches], starts)
+            batch = BatchAttention(
+                [c.k for c in caches], [c.v for c in caches], starts,
+                [c.key_centre for c in caches],
+            )  # fmt: skip
 
             def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
                 batch(li, q, k, v, window, ctx, softcap)

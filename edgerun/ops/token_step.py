@@ -99,17 +99,29 @@ def _put_impl(dst, src):
     return impl
 
 
+@njit(inline="always")
+def _centre(k, centre):
+    """k [rows, head_dim] -= centre [kv_heads, head_dim] (row r: head r % kv_heads),
+    where centre is not empty."""
+    hkv = centre.shape[0]
+    if hkv:
+        for r in range(k.shape[0]):
+            for j in range(k.shape[1]):
+                k[r, j] -= centre[r % hkv, j]
+
+
 @njit(cache=True, nogil=True)
 def prepare_token(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin, neox,
-    q_scale, q_temps, kc, vc,
+    q_scale, q_temps, kc, vc, k_centre,
 ):  # fmt: skip
     """One token's attention block after its q, k, v projections (1-D, written in place),
     up to the attention itself: biases (empty arrays: none), q/k RMSNorm in groups of the
     norm's width (a head, or the whole projection; empty: none), RoPE at positions[0], q
     times q_scale (1: none) then times q_temps[position] (the attention temperature per
-    position; empty: none), k and v stored into the layer's cache kc, vc [kv_heads, n_ctx,
-    row] (f32, f16 bits or q8_0 / q4_0 blocks)."""
+    position; empty: none), k less k_centre [kv_heads, head_dim] (the cache's key centre,
+    model/kvcache.key_centre; empty: none) and v stored into the layer's cache kc, vc
+    [kv_heads, n_ctx, row] (f32, f16 bits or q8_0 / q4_0 blocks)."""
     hkv = kc.shape[0]
     hd = k.shape[0] // hkv
     hq = q.shape[0] // hd
@@ -137,6 +149,7 @@ def prepare_token(
         t = q_temps[pos]
         for j in range(q.shape[0]):
             q[j] *= t
+    _centre(k2, k_centre)
     for h in range(hkv):
         _put(kc[h, pos], k2[h])
         _put(vc[h, pos], v2[h])
@@ -149,19 +162,23 @@ def attend_rows_at(q, kc, vc, positions, window, scale, softcap, scores, ctx):
     _attention(q, kc, vc, positions[0], window, scale, softcap, scores, ctx)
 
 
+NO_CENTRE = np.zeros((0, 0), np.float32)  # a cache's keys stored as they are
+
+
 def token_calls(
     head: tuple, kc: np.ndarray, vc: np.ndarray, window: np.int64, scale: np.float32,
-    softcap: np.float32, scores: np.ndarray, ctx: np.ndarray,
+    softcap: np.float32, scores: np.ndarray, ctx: np.ndarray, k_centre: np.ndarray = NO_CENTRE,
 ) -> list[tuple]:  # fmt: skip
     """The bound decode step's calls (kernel, args) for one token's attention block:
     head = (q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin,
     neox, q_scale, q_temps) as prepare_token takes them, then attention of q into ctx
     [q_dim] against the layer's caches kc, vc (scores capped by softcap when > 0;
-    scores: [heads, >= position + 1], for head sizes the split kernel does not take)."""
+    scores: [heads, >= position + 1], for head sizes the split kernel does not take).
+    k_centre: the layer's key centre [kv_heads, head_dim] (NO_CENTRE: none)."""
     q, k, positions = head[0], head[1], head[9]
     hd = k.shape[0] // kc.shape[0]
     hq = q.shape[0] // hd
-    calls = [(prepare_token, (*head, kc, vc))]
+    calls = [(prepare_token, (*head, kc, vc, k_centre))]
     if supports(hd):
         attend = attend_one_kernel(hd)
         args = (q.reshape(hq, hd), kc, vc, positions, window, scale, ctx.reshape(hq, hd), softcap)
@@ -210,13 +227,14 @@ def _as_cache_impl(src, dst):
 def attend_rows(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin, neox,
     q_scale, q_temps, k_new, v_new, kaddr, vaddr, nctx, layer, window, scale, softcap, scores,
-    ctx,
+    ctx, k_centre,
 ):  # fmt: skip
     """token_calls' work for n >= 2 sequences' decode rows q [n, q_dim], k, v [n, kv_dim], each
     against its own cache (kaddr, vaddr, nctx: ops/attention.BatchAttention's addresses):
     the general path's batched steps (parallel RoPE, _attention_batch). k_new, v_new:
     [n, kv_heads, row] of the caches' key and value types (f16 bits and q8_0 / q4_0 blocks
-    are written there)."""
+    are written there); k_centre: the caches' key centre of the layer [kv_heads, head_dim]
+    (one for all of them; empty: none), taken from the keys before they are stored."""
     n = q.shape[0]
     hkv = k_new.shape[1]
     hd = k.shape[1] // hkv
@@ -245,6 +263,7 @@ def attend_rows(
             t = q_temps[positions[i]]
             for j in range(q.shape[1]):
                 q[i, j] *= t
+    _centre(k.reshape(n * hkv, hd), k_centre)
     kn = _as_cache(k, k_new)
     vn = _as_cache(v, v_new)
     _attention_batch(

@@ -20,7 +20,7 @@ import numpy as np
 from edgerun.errors import EdgerunError, InvalidArgumentError, ModelFormatError
 from edgerun.generate.constraint import response_format_constraint
 from edgerun.generate.engine import Engine
-from edgerun.model.kvcache import KV_TYPES, QUANTISED_KV_TYPES, KVCache, kv_types
+from edgerun.model.kvcache import KEY_CENTRE, KV_TYPES, QUANTISED_KV_TYPES, KVCache, kv_types
 from edgerun.offload.io import drop_page_cache
 from edgerun.ops.attention import cache_floats, cache_values
 from edgerun.ops.kv_blocks import ROTATION, row_width
@@ -246,6 +246,7 @@ class Session:
                 "model_name": self.engine.name,
                 "kv_type": c.kv_type,
                 "kv_rotation": ROTATION,  # how q8_0 / q4_0 rows are stored (kv_blocks)
+                "kv_key_centre": c.key_centre_name,  # what the key rows hold less (kvcache)
                 "n_ctx": str(c.n_ctx),
                 "tokens": json.dumps(tokens),
                 "messages": json.dumps(self.messages, ensure_ascii=False),
@@ -326,6 +327,17 @@ class Session:
                 f"{ROTATION!r}: its {'/'.join(quantised)} rows were stored by an edgerun that "
                 "did not rotate them; resume it there and save it as f16, or start it anew"
             )
+        # the centre the saved key rows were stored less of; an older file's keys have none
+        centre_name = meta.get("kv_key_centre", "none")
+        saved_centre = engine.transformer.key_centres if centre_name == KEY_CENTRE else None
+        if centre_name not in ("none", KEY_CENTRE) or (
+            centre_name == KEY_CENTRE and saved_centre is None
+        ):
+            raise SessionFileError(
+                f"{where}: field 'kv_key_centre' is {centre_name!r}, expected 'none' or "
+                f"{KEY_CENTRE!r} (a model with a k bias); resume it with the edgerun and "
+                "model that saved it and save it as f16, or start it anew"
+            )
         s = engine.spec
         n = len(tokens)
         state_tensors = {k: tensors.pop(k) for k in list(tensors) if k.startswith("state.")}
@@ -353,7 +365,7 @@ class Session:
         sess.system = system
         c = sess.cache
         engine.before_kv_write(c, n)
-        _read_rows_into(path, tensors, saved_types, c, n)
+        _read_rows_into(path, tensors, saved_types, c, n, saved_centre)
         c.mark_written(n)
         c.tokens[:] = tokens
         if state_tensors or c.state.recurrent:  # a hybrid model's recurrent states
@@ -466,11 +478,14 @@ def _read_rows_into(
     saved_types: dict[str, str],
     cache: KVCache,
     n: int,
+    saved_centre: np.ndarray | None = None,
 ) -> None:
     """Rows [0, n) of the session file's k and v (`tensors`, _read_session_header's, of
-    the KV types `saved_types`) into the cache, a layer at a time, converted to the
-    cache's own type where it differs (through float32: a session saved with q8_0 keys
-    resumes on an f16 cache and back, its values rounded as that type rounds), read with
+    the KV types `saved_types`; its key rows stored less `saved_centre`, None: none) into
+    the cache, a layer at a time, converted to the cache's own type and key centre where
+    either differs (through float32: a session saved with q8_0 keys resumes on an f16
+    cache and back, its values rounded as that type rounds, the centre added back and
+    taken off as each cache stores its keys), read with
     plain reads (not mapped: mapped pages would count in the process's RSS beside the
     cache) and dropped from the page cache as they are used: loading holds one layer's
     rows beyond the cache."""
@@ -491,10 +506,24 @@ def _read_rows_into(
                 if hasattr(os, "posix_fadvise"):  # the rows just read, on this descriptor
                     os.posix_fadvise(fd, at, layer_rows.nbytes, os.POSIX_FADV_DONTNEED)
                 at += layer_rows.nbytes
-                if saved == cache_type:
+                centres = (saved_centre, cache.key_centre) if name == "k" else (None, None)
+                same_centre = (
+                    centres[0] is None
+                    and centres[1] is None
+                    or (
+                        centres[0] is not None
+                        and centres[1] is not None
+                        and np.array_equal(centres[0], centres[1])
+                    )
+                )
+                if saved == cache_type and same_centre:
                     dst[layer, :, :n] = layer_rows
                 else:
                     floats = cache_floats(layer_rows, cache.spec.head_dim)
+                    if centres[0] is not None:
+                        floats += centres[0][layer][:, None, :]
+                    if centres[1] is not None:
+                        floats -= centres[1][layer][:, None, :]
                     dst[layer, :, :n] = cache_values(floats, dst.dtype)
     except OSError as e:
         raise SessionFileError(f"{where} cannot be read: {e.strerror or e}") from None

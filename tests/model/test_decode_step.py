@@ -27,7 +27,7 @@ def _both(tr, kv_type: str, prompts: list[list[int]], steps: list[list[int]]):
     cache takes `forward`, several `forward_batch`."""
     out = []
     for bound in (True, False):
-        caches = [KVCache(tr.spec, 32 + 5 * i, kv_type) for i in range(len(prompts))]
+        caches = [tr.new_cache(32 + 5 * i, kv_type) for i in range(len(prompts))]
         for prompt, c in zip(prompts, caches):
             tr.forward(prompt, c)
         logits = []

@@ -386,3 +386,59 @@ def test_shared_prefixes_are_kept_only_in_the_kv_window_left(model):
     finally:
         model.engine.kv_budget_tokens = saved
         model.engine.prefix_cache.clear()
+
+
+def test_centred_keys_save_resume_and_convert(tmp_path):
+    """A model with a k bias (the tiny Qwen2) stores q8_0 keys less its key centre: a
+    saved session records it, resumes with the same rows and tokens, and on an f16
+    cache gets the keys back (centre added); a file that records no centre (its keys
+    stored as they are) is centred as it is read."""
+    from pathlib import Path
+
+    import edgerun
+    from edgerun.model.kvcache import KEY_CENTRE
+    from edgerun.ops.attention import cache_floats, cache_values
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    tiny = data / "families" / "qwen2" / "q8_0.gguf"
+    template = (data / "chat_templates" / "qwen3.jinja").read_text()  # the file has none
+    m = edgerun.load(tiny, n_ctx=128, threads=1, kv_type="q8_0")
+    m.tokenizer.chat_template = template
+    try:
+        centre = m.transformer.key_centres
+        assert centre is not None
+        s = m.session()
+        s.send("Say hi.", max_tokens=6, **GREEDY)
+        assert s.cache.key_centre is centre
+        path = s.save(tmp_path / "q8.safetensors")
+        raw = path.read_bytes()
+        hlen = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8 : 8 + hlen])
+        assert header["__metadata__"]["kv_key_centre"] == KEY_CENTRE
+        n = s.cache.length
+        saved_k = s.cache.k[:, :, :n].copy()
+        resumed = Session.load(m, path)
+        np.testing.assert_array_equal(resumed.cache.k[:, :, :n], saved_k)
+        assert resumed.send("Again.", max_tokens=6, **GREEDY) == s.send(
+            "Again.", max_tokens=6, **GREEDY
+        )
+        del header["__metadata__"]["kv_key_centre"]  # keys saved as they are
+        head = json.dumps(header).encode()
+        head += b" " * (-len(head) % 8)
+        old = tmp_path / "old.safetensors"
+        old.write_bytes(len(head).to_bytes(8, "little") + head + raw[8 + hlen :])
+        got = Session.load(m, old).cache.k[:, :, :n]
+        hd = m.spec.head_dim
+        want = cache_values(cache_floats(saved_k, hd) - centre[:, :, None, :], np.int8)
+        np.testing.assert_array_equal(got, want)
+    finally:
+        m.close()
+    m = edgerun.load(tiny, n_ctx=128, threads=1, kv_type="f16")
+    m.tokenizer.chat_template = template
+    try:
+        resumed = Session.load(m, path)
+        assert resumed.cache.key_centre is None
+        keys = cache_floats(saved_k, hd) + centre[:, :, None, :]
+        np.testing.assert_array_equal(resumed.cache.k[:, :, :n], cache_values(keys, np.uint16))
+    finally:
+        m.close()

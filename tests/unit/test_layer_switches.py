@@ -275,7 +275,7 @@ STEPS = [[7, 11, 19], [23, 42, 159], [0, 3, 5], [99, 98, 97]]
 def _run(tr: Transformer, bound: bool, batched: bool, kv_type: str):
     """Prompts, then decode STEPS (batched: all sequences in one step; else one at a time)
     with the bound step on or off. Returns the logits of every step and the caches."""
-    caches = [KVCache(tr.spec, 32, kv_type) for _ in PROMPTS]
+    caches = [tr.new_cache(32, kv_type) for _ in PROMPTS]  # keys centred where quantised
     out = [tr.forward(p, c, all_logits=True) for p, c in zip(PROMPTS, caches)]
     for tokens in STEPS:
         if bound:
