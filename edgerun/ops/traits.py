@@ -225,13 +225,13 @@ TRAITS: dict[QuantType, Traits] = {
     QuantType.Q5_K: Traits(
         _mv_deq(_p.KIND_Q5_K), **_portable(_p.KIND_Q5_K), matvec_batch=_mvb_deq(_p.KIND_Q5_K),
         mv3=_im.mv_q5_k, mvb3=_ib.mvb_q5_k, gemm_kind=_ik.KIND_Q5_K,
-        prefill_max=_xover(amx=10, vnni=14, avx2=14),
+        superblock_kind=_sb.KIND_Q5_K, prefill_max=_xover(amx=10, vnni=14, avx2=14),
     ),
     QuantType.IQ4_XS: Traits(
         _mv_deq(_p.KIND_IQ4_XS), **_portable(_p.KIND_IQ4_XS),
         matvec_batch=_mvb_deq(_p.KIND_IQ4_XS),
         mv3=_im.mv_iq4_xs, mvb3=_ib.mvb_iq4_xs, gemm_kind=_ik.KIND_IQ4_XS,
-        prefill_max=_xover(amx=10, vnni=14, avx2=14),
+        superblock_kind=_sb.KIND_IQ4_XS, prefill_max=_xover(amx=10, vnni=14, avx2=14),
     ),
     QuantType.IQ2_XXS: Traits(**_grid_kernels(_pg.KIND_IQ2_XXS)),
     QuantType.IQ2_XS: Traits(**_grid_kernels(_pg.KIND_IQ2_XS)),
@@ -239,8 +239,12 @@ TRAITS: dict[QuantType, Traits] = {
     QuantType.IQ3_XXS: Traits(**_grid_kernels(_pg.KIND_IQ3_XXS)),
     QuantType.IQ3_S: Traits(**_grid_kernels(_pg.KIND_IQ3_S)),
     QuantType.IQ1_S: Traits(**_grid_kernels(_pg.KIND_IQ1_S)),
-    QuantType.Q2_K: Traits(**_deq_kernels(_p.KIND_Q2_K, _ik.KIND_Q2_K, _im.mv_q2_k)),
-    QuantType.Q3_K: Traits(**_deq_kernels(_p.KIND_Q3_K, _ik.KIND_Q3_K, _im.mv_q3_k)),
+    QuantType.Q2_K: Traits(
+        **_deq_kernels(_p.KIND_Q2_K, _ik.KIND_Q2_K, _im.mv_q2_k), superblock_kind=_sb.KIND_Q2_K
+    ),
+    QuantType.Q3_K: Traits(
+        **_deq_kernels(_p.KIND_Q3_K, _ik.KIND_Q3_K, _im.mv_q3_k), superblock_kind=_sb.KIND_Q3_K
+    ),
     QuantType.Q3_G64: Traits(
         _pl.mv_q3_g64, _pl.mm_q3_g64, _pl.emb_q3_g64,
         mv3=_im.mv_q3_g64, mvb3=_ib.mvb_q3_g64, gemm_kind=_ik.KIND_Q3_G64,
