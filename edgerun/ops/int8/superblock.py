@@ -1,4 +1,5 @@
-"""Prefill GEMM for Q4_K and Q6_K on int16 words: integer accumulation over super-blocks.
+"""Prefill GEMM for the K-quants (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K) and IQ4_XS on int16 words:
+integer accumulation over super-blocks.
 
 `int8.mm_int8` scales every int32 lane in float (a convert, a multiply of the
 weight and activation scales, an fma per 8 lanes and token), because its activations
@@ -18,7 +19,13 @@ At 128 tokens on Qwen2.5-1.5B's shapes it runs 1.4-2.4x the per-32 GEMM on avx2 
 `benchmarks/results/superblock_gemm.txt`).
 Its int16 dot is `vpdpwssd` zmm on the "vnni" path and int8's `_IR.madd16`
 elsewhere (vpmaddwd on "avx2", generic IR on "int8"); qmatvec routes every int8 path's
-K-quant prefill here.
+K-quant prefill here. The other formats fold their scales the same way (prep_sb: Q5_K
+q * sc with Q4_K's mins, IQ4_XS level * sc, Q3_K (q - 4) * sc, Q2_K q * sc with a bias
+per 16 elements); at 128 tokens on Qwen2.5-1.5B's shapes they run 1.4-2.6x the per-32
+GEMM (one thread, CPU time, Zen 4).
+On "vnni" a step takes 4 weight rows for 4 tokens (gemm_rows_sb: each token's words
+loaded once for the 4 rows, 16 zmm accumulators of the 32): 1.05-1.2x one row a step
+on Zen 4, one thread; 2 or 3 rows a step gain less.
 Tried: two weight rows per step, each token's words loaded once for both (0.81-0.85x on
 avx2, 64 tokens, one thread: more live registers than loads saved).
 """
@@ -35,6 +42,7 @@ from llvmlite import ir  # noqa: E402
 from numba import njit, prange, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
+from edgerun.ops._simd import tree_sum16  # noqa: E402
 from edgerun.ops.int8.activations import (  # noqa: E402
     amax32,
 )
@@ -79,6 +87,7 @@ from edgerun.ops.portable.kernels import _f16at  # noqa: E402
 SUPER = 256  # elements per K-quant super-block (one activation scale each)
 _RB = 16  # weight rows unpacked per parallel task
 _SPAN = 6  # super-blocks per column span (1536 columns)
+_ROWS = 4  # weight rows per step of the vnni GEMM (gemm_rows_sb)
 V16I16, V32I16, V128I16 = _v(I16, 16), _v(I16, 32), _v(I16, 128)
 V8I16, V64I16 = _v(I16, 8), _v(I16, 64)
 
@@ -419,6 +428,89 @@ def gemm4_sb(typingctx, a0, a1, a2, a3, W, wo, wd, xw, xo, xstride, xsb, so, sst
     return types.void(a0, a1, a2, a3, W, wo, wd, xw, xo, xstride, xsb, so, sstride), codegen
 
 
+@intrinsic
+def gemm_rows_sb(
+    typingctx, acc, W, wo, ws, wd, do, ds, xw, xo, xs, xsb, so, ss,
+    b16, bo, bs, x16, x16o, x16s, nrows, bias,
+):  # fmt: skip
+    """AVX512-VNNI: one super-block of nrows (a literal) weight rows for 4 tokens: with
+    a_rt = acc[16 (4 r + t):][:16], w_r = W[wo + r ws:][:256], x_t = xw[xo + t xs:][:256],
+        a_rt += cvt(dot16(w_r, x_t)) * wd[do + r ds] * xsb[so + t ss]
+    (dot16: the 16 int32 lanes of 8 vpdpwssd) and, where bias (a literal bool), the
+    16-element groups' biases a_rt += b16[bo + r bs:][:16] * x16[x16o + t x16s:][:16].
+    Each token's words are loaded once for all the rows (gemm4_sb loads them once per
+    row): nrows * 4 int32 accumulators, nrows + 1 loads per nrows * 4 vpdpwssd."""
+    if not isinstance(nrows, types.IntegerLiteral) or not isinstance(bias, types.BooleanLiteral):
+        return None
+    nr, with_bias = nrows.literal_value, bias.literal_value
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        wo, ws, do, ds, xo, xs, so, ss = (args[k] for k in (2, 3, 5, 6, 8, 9, 11, 12))
+        bo, bs, x16o, x16s = (args[k] for k in (14, 15, 17, 18))
+
+        def at(base, stride, k):
+            return b.add(base, b.mul(stride, ir.Constant(stride.type, k))) if k else base
+
+        f = r.fn("llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32, V16I32, V16I32])
+        dots = [[ir.Constant(V16I32, [0] * 16)] * 4 for _ in range(nr)]
+        wrow = [at(wo, ws, i) for i in range(nr)]
+        xtok = [at(xo, xs, t) for t in range(4)]
+        for g in range(8):
+            wv = [
+                b.bitcast(r.load(1, b.add(wrow[i], ir.Constant(wo.type, 32 * g)), V32I16), V16I32)
+                for i in range(nr)
+            ]
+            for t in range(4):
+                xv = r.load(7, b.add(xtok[t], ir.Constant(xo.type, 32 * g)), V32I16)
+                xv = b.bitcast(xv, V16I32)
+                for i in range(nr):
+                    dots[i][t] = b.call(f, [dots[i][t], wv[i], xv])
+        sx = [r.load(10, at(so, ss, t), ir.FloatType()) for t in range(4)]
+        xb = [r.load(16, at(x16o, x16s, t), V16F) for t in range(4)] if with_bias else []
+        for i in range(nr):
+            dr = r.load(4, at(do, ds, i), ir.FloatType())
+            bv = r.load(13, at(bo, bs, i), V16F) if with_bias else None
+            for t in range(4):
+                p = r.ptr(0, ir.Constant(I32, 16 * (4 * i + t)), V16F)
+                a = b.load(p, align=4)
+                a = r.fma(b.sitofp(dots[i][t], V16F), r.splat(b.fmul(dr, sx[t]), 16), a)
+                if with_bias:
+                    a = r.fma(bv, xb[t], a)
+                b.store(a, p, align=4)
+        return context.get_dummy_value()
+
+    sig = types.void(
+        acc, W, wo, ws, wd, do, ds, xw, xo, xs, xsb, so, ss, b16, bo, bs, x16, x16o, x16s,
+        nrows, bias,
+    )  # fmt: skip
+    return sig, codegen
+
+
+@intrinsic
+def sums_rows(typingctx, acc, part, po, ps, nrows):
+    """part[po + t ps + r] += sum(acc[16 (4 r + t):][:16]) for nrows (a literal) rows and
+    4 tokens, each sum a tree of vector adds."""
+    if not isinstance(nrows, types.IntegerLiteral):
+        return None
+    nr = nrows.literal_value
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        po, ps = args[2], args[3]
+        for i in range(nr):
+            for t in range(4):
+                v = tree_sum16(b, r.ptr(0, ir.Constant(I32, 16 * (4 * i + t)), ir.FloatType()))
+                o = b.add(po, b.add(b.mul(ps, ir.Constant(ps.type, t)), ir.Constant(po.type, i)))
+                p = r.ptr(1, o, ir.FloatType())
+                b.store(b.fadd(b.load(p), v), p)
+        return context.get_dummy_value()
+
+    return types.void(acc, part, po, ps, nrows), codegen
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def mm_superblock(kind, data, X, out):
     """out [n, rows] = X [n, cols] @ W.T for a matrix of one of KINDS (Q4_K, Q6_K, Q5_K,
@@ -448,13 +540,36 @@ def mm_superblock(kind, data, X, out):
         Wf = W.reshape(-1)
         bf = b16.reshape(-1)
         part = np.zeros((n4, _RB), np.float32)
+        partf = part.reshape(-1)
+        wdf = wd.reshape(-1)
+        blk = np.zeros(16 * 4 * _ROWS, np.float32)
         # columns in spans of _SPAN super-blocks, so that a token tile's words (4 x 512 B
         # per super-block) stay in L1 while the tile's rows stream from L2
         for c0 in range(0, nsb, _SPAN):
             c1 = min(nsb, c0 + _SPAN)
             for tt in range(n4 // 4):
                 t0 = tt * 4
-                for i in range(nr):
+                i0 = 0
+                if _DOT == "vnni":  # _ROWS rows a step, then the rest one by one
+                    while i0 + _ROWS <= nr:
+                        blk[:] = F0
+                        for s in range(c0, c1):
+                            if bias:
+                                gemm_rows_sb(
+                                    blk, Wf, i0 * cols + s * SUPER, cols, wdf, i0 * nsb + s,
+                                    nsb, xw, t0 * cols + s * SUPER, cols, xsb, t0 * nsb + s,
+                                    nsb, bf, i0 * x16w + s * 16, x16w, xs16f,
+                                    t0 * x16w + s * 16, x16w, _ROWS, True,
+                                )  # fmt: skip
+                            else:
+                                gemm_rows_sb(
+                                    blk, Wf, i0 * cols + s * SUPER, cols, wdf, i0 * nsb + s,
+                                    nsb, xw, t0 * cols + s * SUPER, cols, xsb, t0 * nsb + s,
+                                    nsb, bf, 0, 0, xs16f, 0, 0, _ROWS, False,
+                                )  # fmt: skip
+                        sums_rows(blk, partf, t0 * _RB + i0, _RB, _ROWS)
+                        i0 += _ROWS
+                for i in range(i0, nr):
                     a0 = acc16()
                     a1 = acc16()
                     a2 = acc16()
