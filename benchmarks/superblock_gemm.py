@@ -1,13 +1,13 @@
 """The K-quant prefill GEMM on one scale per super-block against the per-32 int8 GEMM.
 
     python benchmarks/superblock_gemm.py            # 2 threads, 128 tokens
-    python benchmarks/superblock_gemm.py -t 1 -n 64
+    python benchmarks/superblock_gemm.py -t 1 -n 64 -f Q5_K,IQ4_XS
 
-Both kernels run in the same process on the same random Q4_K / Q6_K blocks of
-Qwen2.5-1.5B's shapes, alternating, median of the repeats: `qmatvec_vnni.mm_int8` (one
+Both kernels run in the same process on the same random K-quant blocks of
+Qwen2.5-1.5B's shapes, alternating, median of the repeats: `int8.mm_int8` (one
 activation scale per 32 elements; what every other block format's prefill runs) and
-`qmatmul_superblock.mm_superblock` (what `qmatvec.matmul` runs for Q4_K / Q6_K on the
-int8 paths: avx2, vnni, int8). Needs an x86 CPU with AVX2.
+`int8.superblock.mm_superblock` (what `qmatvec.matmul` runs for the K-quants and IQ4_XS
+on the int8 paths: avx2, vnni, int8). Needs an x86 CPU with AVX2.
 """
 
 from __future__ import annotations
@@ -30,15 +30,12 @@ from edgerun.ops import qmatvec as qm  # noqa: E402
 from edgerun.quant.formats import QuantTensor, QuantType  # noqa: E402
 from edgerun.quant.reference import random_blocks  # noqa: E402
 
-SHAPES = [
-    ("Q4_K", 8960, 1536),
-    ("Q4_K", 1536, 1536),
-    ("Q6_K", 1536, 8960),
-    ("Q6_K", 8960, 1536),
-]
+FORMATS = ("Q4_K", "Q6_K", "Q5_K", "IQ4_XS", "Q3_K", "Q2_K")
+# (rows, cols): ffn_gate/up, attn_q/output, ffn_down
+SHAPES = [(8960, 1536), (1536, 1536), (1536, 8960)]
 
 
-def alternate(runs: dict, repeats: int) -> dict[str, float]:
+def alternate(runs: dict, repeats: int, clock=time.perf_counter) -> dict[str, float]:
     """Each callable once to compile / warm, then `repeats` alternating rounds: the
     median seconds of each (both sides see the same machine drift)."""
     times: dict[str, list[float]] = {key: [] for key in runs}
@@ -46,9 +43,9 @@ def alternate(runs: dict, repeats: int) -> dict[str, float]:
         f()
     for _ in range(repeats):
         for key, f in runs.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             f()
-            times[key].append(time.perf_counter() - t0)
+            times[key].append(clock() - t0)
     return {key: float(np.median(t)) for key, t in times.items()}
 
 
@@ -57,6 +54,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--tokens", type=int, default=128)
     ap.add_argument("-r", "--repeats", type=int, default=5)
+    ap.add_argument("-f", "--formats", default=",".join(FORMATS))
     args = ap.parse_args()
     if qm.kernel_path() not in qm.INT8_PATHS:
         sys.exit(f"needs an int8 kernel path; this CPU runs {qm.kernel_path()!r}")
@@ -66,23 +64,26 @@ def main() -> None:
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     n = args.tokens
-    print(f"{args.threads} threads, {n} tokens, median of {args.repeats} alternating runs")
-    head = f"{'shape':16} {'per-32 ms':>10} {'GMAC/s':>7} {'super-block ms':>15} {'GMAC/s':>7}"
+    # one thread: the process's CPU time, which other processes on a shared host barely move
+    clock = time.process_time if args.threads == 1 else time.perf_counter
+    what = "CPU" if args.threads == 1 else "wall"
+    print(f"{args.threads} threads, {n} tokens, median {what} time of {args.repeats} alternating")
+    head = f"{'shape':18} {'per-32 ms':>10} {'GMAC/s':>7} {'super-block ms':>15} {'GMAC/s':>7}"
     print(head + f" {'ratio':>6}")
-    for fmt, rows, cols in SHAPES:
+    for fmt, (rows, cols) in ((f, s) for f in args.formats.split(",") for s in SHAPES):
         q = QuantType[fmt]
-        kind = sb.KIND_Q4_K if q == QuantType.Q4_K else sb.KIND_Q6_K
+        t = qm.TRAITS[q]
         w = QuantTensor("w", q, (rows, cols), random_blocks(q, rows, cols, rng))
         data = np.ascontiguousarray(w.data).view(np.uint8).reshape(rows, -1)
         X = rng.standard_normal((n, cols)).astype(np.float32)
         out = np.empty((n, rows), np.float32)
-        args_ = (kind, data, X, out)
-        runs = {"old": lambda a=args_: v.mm_int8(*a), "new": lambda a=args_: sb.mm_superblock(*a)}
-        med = alternate(runs, args.repeats)
+        old, new = (t.gemm_kind, data, X, out), (t.superblock_kind, data, X, out)
+        runs = {"old": lambda a=old: v.mm_int8(*a), "new": lambda a=new: sb.mm_superblock(*a)}
+        med = alternate(runs, args.repeats, clock)
         to, tn = med["old"], med["new"]
         macs = rows * cols * n
         print(
-            f"{fmt} {rows}x{cols:<6} {to * 1e3:>10.1f} {macs / to / 1e9:>7.1f} "
+            f"{fmt:6} {rows}x{cols:<6} {to * 1e3:>10.1f} {macs / to / 1e9:>7.1f} "
             f"{tn * 1e3:>15.1f} {macs / tn / 1e9:>7.1f} {to / tn:>5.2f}x"
         )
 

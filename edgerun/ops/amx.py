@@ -41,6 +41,7 @@ from numba.extending import intrinsic  # noqa: E402
 
 from edgerun.ops.int8.blocks import (  # noqa: E402
     KIND_Q4_K,
+    KIND_Q6_K,
 )
 from edgerun.ops.int8.gemm import (  # noqa: E402
     prep_row,
@@ -57,7 +58,12 @@ from edgerun.ops.int8.ir import (  # noqa: E402
     _store,
     _v,
 )
-from edgerun.ops.int8.superblock import q4k_sb_words, q6k_half_words, quantize_tokens_sb  # noqa: E402
+from edgerun.ops.int8.superblock import (  # noqa: E402
+    mm_superblock,
+    q4k_sb_words,
+    q6k_half_words,
+    quantize_tokens_sb,
+)
 from edgerun.ops.portable.kernels import _f16at  # noqa: E402
 
 TILE = 16  # weight rows (and tokens) per tile
@@ -388,7 +394,12 @@ def mm_superblock_amx(kind, data, X, out, nparts):
     data uint8 [rows, row bytes], cols a multiple of 256, on AMX tiles. The row tiles
     are split into nparts contiguous parts (one buffer set each). Tried (within noise or
     slower): column spans keeping the tile's weights in L1 across all tokens,
-    tile-contiguous weight bytes, a fourth C tile, an epilogue one super-block behind."""
+    tile-contiguous weight bytes, a fourth C tile, an epilogue one super-block behind.
+    The other super-block kinds (Q5_K, IQ4_XS, Q3_K, Q2_K) take the AVX-512 GEMM: the
+    tiles' unpack and epilogue (a bias per 32 elements) know Q4_K and Q6_K only."""
+    if kind != KIND_Q4_K and kind != KIND_Q6_K:
+        mm_superblock(kind, data, X, out)
+        return
     n, cols = X.shape
     ng = (n + TILE - 1) // TILE
     XL, XH, DX, XS = activation_tiles(X, ng)

@@ -46,7 +46,9 @@ ROUTES = ("amx", "vnni", "avx2", "int8")
 # - amx: tiles pass the batched kernels at ~10 tokens on Q4_K/Q6_K (Qwen2.5-1.5B, 12
 #   tokens: 218 against 251 ms per forward), ~24 on the block formats (0.5B, SmolLM2).
 # - vnni: the AVX-512 GEMMs at ~14 on Q4_K/Q6_K (16 tokens: 307 against 313 ms), ~28 on
-#   the block formats.
+#   the block formats; the super-block GEMM at ~12 on Q5_K and IQ4_XS (Qwen2.5-1.5B's
+#   three shapes through qmatvec.matmul, each route forced by MVB_PREFILL_MAX, one
+#   thread, CPU time: GEMM over batched 0.93 / 1.02 at 12 tokens, 1.14 / 1.18 at 8).
 # - avx2: GEMM over batched time reaches 1.0 at 6 tokens for Q6_K, ~14 for Q4_K, 12 for
 #   Q8_0, ~24 for Q4_0/Q4_1; Q5_0 and the G64 formats stay above 1.1 up to 512 tokens
 #   (their batched kernels multiply single-level int8 from L1, the GEMM two-level int16
@@ -225,13 +227,13 @@ TRAITS: dict[QuantType, Traits] = {
     QuantType.Q5_K: Traits(
         _mv_deq(_p.KIND_Q5_K), **_portable(_p.KIND_Q5_K), matvec_batch=_mvb_deq(_p.KIND_Q5_K),
         mv3=_im.mv_q5_k, mvb3=_ib.mvb_q5_k, gemm_kind=_ik.KIND_Q5_K,
-        prefill_max=_xover(amx=10, vnni=14, avx2=14),
+        superblock_kind=_sb.KIND_Q5_K, prefill_max=_xover(amx=10, vnni=12, avx2=14),
     ),
     QuantType.IQ4_XS: Traits(
         _mv_deq(_p.KIND_IQ4_XS), **_portable(_p.KIND_IQ4_XS),
         matvec_batch=_mvb_deq(_p.KIND_IQ4_XS),
         mv3=_im.mv_iq4_xs, mvb3=_ib.mvb_iq4_xs, gemm_kind=_ik.KIND_IQ4_XS,
-        prefill_max=_xover(amx=10, vnni=14, avx2=14),
+        superblock_kind=_sb.KIND_IQ4_XS, prefill_max=_xover(amx=10, vnni=12, avx2=14),
     ),
     QuantType.IQ2_XXS: Traits(**_grid_kernels(_pg.KIND_IQ2_XXS)),
     QuantType.IQ2_XS: Traits(**_grid_kernels(_pg.KIND_IQ2_XS)),
@@ -239,8 +241,12 @@ TRAITS: dict[QuantType, Traits] = {
     QuantType.IQ3_XXS: Traits(**_grid_kernels(_pg.KIND_IQ3_XXS)),
     QuantType.IQ3_S: Traits(**_grid_kernels(_pg.KIND_IQ3_S)),
     QuantType.IQ1_S: Traits(**_grid_kernels(_pg.KIND_IQ1_S)),
-    QuantType.Q2_K: Traits(**_deq_kernels(_p.KIND_Q2_K, _ik.KIND_Q2_K, _im.mv_q2_k)),
-    QuantType.Q3_K: Traits(**_deq_kernels(_p.KIND_Q3_K, _ik.KIND_Q3_K, _im.mv_q3_k)),
+    QuantType.Q2_K: Traits(
+        **_deq_kernels(_p.KIND_Q2_K, _ik.KIND_Q2_K, _im.mv_q2_k), superblock_kind=_sb.KIND_Q2_K
+    ),
+    QuantType.Q3_K: Traits(
+        **_deq_kernels(_p.KIND_Q3_K, _ik.KIND_Q3_K, _im.mv_q3_k), superblock_kind=_sb.KIND_Q3_K
+    ),
     QuantType.Q3_G64: Traits(
         _pl.mv_q3_g64, _pl.mm_q3_g64, _pl.emb_q3_g64,
         mv3=_im.mv_q3_g64, mvb3=_ib.mvb_q3_g64, gemm_kind=_ik.KIND_Q3_G64,

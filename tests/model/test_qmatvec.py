@@ -182,31 +182,59 @@ def test_matvec_zero_and_extreme_inputs(path):
     _check(qm.matvec(w, x), w, x, path)
 
 
+def _f16_bytes(v: float) -> np.ndarray:
+    return np.frombuffer(np.float16(v).tobytes(), np.uint8)
+
+
+# the folded weight (int16 word) of every element of _extreme_kquant's super-blocks
+EXTREME_WORD = {
+    QuantType.Q4_K: 945.0,
+    QuantType.Q6_K: 4096.0,
+    QuantType.Q5_K: 1953.0,
+    QuantType.IQ4_XS: 4064.0,
+    QuantType.Q3_K: 128.0,
+    QuantType.Q2_K: 45.0,
+}
+
+
 def _extreme_kquant(q: QuantType, rows: int, nsb: int) -> QuantTensor:
-    """Super-blocks at the int16/int32 limits of the avx2 super-block GEMM: Q4_K with
+    """Super-blocks at the int16/int32 limits of the super-block GEMM, d = 1: Q4_K with
     every q = 15, sc = 63, m = 0 (folded weight 945); Q6_K with every q = 0, sc = -128
-    (folded weight (0 - 32) * -128 = 4096)."""
-    if q == QuantType.Q4_K:
-        blk = np.zeros(144, np.uint8)
-        blk[0:2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    ((0 - 32) * -128 = 4096); Q5_K q = 31, sc = 63 (1953); IQ4_XS level -127, scale
+    0 - 32 (4064); Q3_K q = 0 - 4, sc = 0 - 32 (128); Q2_K q = 3, sc = 15, m = 0 (45)."""
+    if q in (QuantType.Q4_K, QuantType.Q5_K):
+        qs = 16 if q == QuantType.Q4_K else 48
+        blk = np.zeros(qs + 128, np.uint8)
+        blk[0:2] = _f16_bytes(1.0)
         blk[4:8] = 0xFF  # sc 0..3 = 63, top bits of sc 4..7
         blk[12:16] = 0x0F  # low bits of sc 4..7 (= 15), m 4..7 = 0
-        blk[16:] = 0xFF
-    else:
+        blk[16:] = 0xFF  # Q5_K: qh and qs
+    elif q == QuantType.Q6_K:
         blk = np.zeros(210, np.uint8)
         blk[192:208] = 0x80  # int8 -128
-        blk[208:210] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+        blk[208:210] = _f16_bytes(1.0)
+    elif q == QuantType.IQ4_XS:
+        blk = np.zeros(136, np.uint8)  # scales 0 (- 32), nibbles 0 (level -127)
+        blk[0:2] = _f16_bytes(1.0)
+    elif q == QuantType.Q3_K:
+        blk = np.zeros(110, np.uint8)  # hmask 0 (- 4), qs 0, scales 0 (- 32)
+        blk[108:110] = _f16_bytes(1.0)
+    else:
+        blk = np.zeros(84, np.uint8)
+        blk[0:16] = 0x0F  # sc 15, m 0
+        blk[16:80] = 0xFF
+        blk[80:82] = _f16_bytes(1.0)
     data = np.tile(blk, (rows, nsb))
     return QuantTensor("extreme", q, (rows, 256 * nsb), data)
 
 
-@pytest.mark.parametrize("q", [QuantType.Q4_K, QuantType.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("q", list(EXTREME_WORD), ids=lambda q: q.name)
 def test_matmul_kquant_int32_limits(path, q):
     """Largest folded weights times largest activations: the int32 lane sums of the
     super-block GEMM must not wrap (a wrap flips signs: a relative error near 1)."""
     w = _extreme_kquant(q, 5, 3)
     wf = dequantize(q, w.data)
-    assert np.all(wf == (945.0 if q == QuantType.Q4_K else 4096.0))
+    assert np.all(wf == EXTREME_WORD[q])
     x = np.full((6, 768), 3.0, np.float32)
     x[:, ::7] = -3.0
     x[2] *= 1e3

@@ -1,4 +1,5 @@
-"""Prefill GEMM for Q4_K and Q6_K on int16 words: integer accumulation over super-blocks.
+"""Prefill GEMM for the K-quants (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K) and IQ4_XS on int16 words:
+integer accumulation over super-blocks.
 
 `int8.mm_int8` scales every int32 lane in float (a convert, a multiply of the
 weight and activation scales, an fma per 8 lanes and token), because its activations
@@ -18,7 +19,13 @@ At 128 tokens on Qwen2.5-1.5B's shapes it runs 1.4-2.4x the per-32 GEMM on avx2 
 `benchmarks/results/superblock_gemm.txt`).
 Its int16 dot is `vpdpwssd` zmm on the "vnni" path and int8's `_IR.madd16`
 elsewhere (vpmaddwd on "avx2", generic IR on "int8"); qmatvec routes every int8 path's
-K-quant prefill here.
+K-quant prefill here. The other formats fold their scales the same way (prep_sb: Q5_K
+q * sc with Q4_K's mins, IQ4_XS level * sc, Q3_K (q - 4) * sc, Q2_K q * sc with a bias
+per 16 elements); at 128 tokens on Qwen2.5-1.5B's shapes they run 1.4-2.6x the per-32
+GEMM (one thread, CPU time, Zen 4).
+On "vnni" a step takes 4 weight rows for 4 tokens (gemm_rows_sb: each token's words
+loaded once for the 4 rows, 16 zmm accumulators of the 32): 1.05-1.2x one row a step
+on Zen 4, one thread; 2 or 3 rows a step gain less.
 Tried: two weight rows per step, each token's words loaded once for both (0.81-0.85x on
 avx2, 64 tokens, one thread: more live registers than loads saved).
 """
@@ -35,14 +42,21 @@ from llvmlite import ir  # noqa: E402
 from numba import njit, prange, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
+from edgerun.ops._simd import tree_sum16  # noqa: E402
 from edgerun.ops.int8.activations import (  # noqa: E402
     amax32,
 )
 from edgerun.ops.int8.blocks import (  # noqa: E402
+    KIND_IQ4_XS,
+    KIND_Q2_K,
+    KIND_Q3_K,
     KIND_Q4_K,
+    KIND_Q5_K,
     KIND_Q6_K,
+    iq4_xs_block,
     q4k_nibbles,
     q4k_scale_bytes,
+    q5_k_block,
 )
 from edgerun.ops.int8.gemm import (  # noqa: E402
     fma16,
@@ -52,12 +66,15 @@ from edgerun.ops.int8.gemm import (  # noqa: E402
 from edgerun.ops.int8.ir import (  # noqa: E402
     _IR,
     F0,
+    I8,
     I16,
     I32,
     V8F,
     V8I32,
     V16F,
+    V16I8,
     V16I32,
+    V32I8,
     _acc_add,
     _store,
     _v,
@@ -70,7 +87,9 @@ from edgerun.ops.portable.kernels import _f16at  # noqa: E402
 SUPER = 256  # elements per K-quant super-block (one activation scale each)
 _RB = 16  # weight rows unpacked per parallel task
 _SPAN = 6  # super-blocks per column span (1536 columns)
+_ROWS = 4  # weight rows per step of the vnni GEMM (gemm_rows_sb)
 V16I16, V32I16, V128I16 = _v(I16, 16), _v(I16, 32), _v(I16, 128)
+V8I16, V64I16 = _v(I16, 8), _v(I16, 64)
 
 
 # ------------------------------------------------------------------ activations
@@ -189,15 +208,172 @@ def st_q6k128(typingctx, W, wo, flat, o, h):
     return types.void(W, wo, flat, o, h), codegen
 
 
+# The other K-quant formats, on the same words: (d, the -bias of each 16 elements or
+# None, the int16 words of each 64 elements) of the super-block at byte off of array
+# arg 2 (the layout the blocks' chunk helpers read). Lane sums stay exact in int32 as
+# for Q6_K: |w| <= 1953 (Q5_K: q * sc, 31 * 63), 4064 (IQ4_XS: level * (ls - 32)), 128
+# (Q3_K: (q - 4) * (sc - 32)), 45 (Q2_K: q * (sc & 15)).
+def _scale64(r, sc16, k0, k1):
+    """<64 x i16> of scale k0 for the first 32 elements and k1 for the last 32 (sc16 a
+    vector of i16 scales)."""
+    return r.shuf(sc16, sc16, [k0] * 32 + [k1] * 32)
+
+
+def _q5k_words(r, off):
+    """Q5_K: w = q * sc (q 0..31), bias -dmin m per 32 elements (Q4_K's scale bytes)."""
+    b = r.b
+    dm, sc8, mn8 = q4k_scale_bytes(r, 2, off)
+    d = b.extract_element(dm, ir.Constant(I32, 0))
+    dmin = b.extract_element(dm, ir.Constant(I32, 1))
+    neg = b.fsub(ir.Constant(V8F, [-0.0] * 8), b.fmul(r.splat(dmin, 8), b.uitofp(mn8, V8F)))
+    sc = b.zext(sc8, V8I16)
+    words = [
+        b.mul(b.zext(q5_k_block.chunk(r, off, g), V64I16), _scale64(r, sc, 2 * g, 2 * g + 1))
+        for g in range(4)
+    ]
+    return d, r.shuf(neg, neg, [k // 2 for k in range(16)]), words
+
+
+def _iq4xs_words(r, off):
+    """IQ4_XS: w = level * (ls - 32), ls the 6-bit scale of each 32 elements (low 4 bits
+    in scales_l at byte 4, high 2 in scales_h at byte 2); no bias."""
+    b = r.b
+    sl = r.load(2, off, _v(I8, 4), 4)
+    lo = b.lshr(r.shuf(sl, sl, [0, 0, 1, 1, 2, 2, 3, 3]), r.const(_v(I8, 8), [0, 4] * 4))
+    lo = b.zext(b.and_(lo, r.splat_i8(8, 15)), V8I16)
+    sh = r.splat(r.load(2, off, I16, 2), 8)
+    hi = b.and_(b.lshr(sh, r.const(V8I16, list(range(0, 16, 2)))), r.const(V8I16, [3] * 8))
+    sc = b.sub(b.or_(lo, b.shl(hi, r.const(V8I16, [4] * 8))), r.const(V8I16, [32] * 8))
+    c128 = ir.Constant(V64I16, [128] * 64)
+    words = []
+    for g in range(4):  # the chunk holds level + 128 as u8
+        lv = b.sub(b.zext(iq4_xs_block.chunk(r, off, g), V64I16), c128)
+        words.append(b.mul(lv, _scale64(r, sc, 2 * g, 2 * g + 1)))
+    return r.f16(2, off), None, words
+
+
+def _crumbs64(r, q32, j):
+    """The 2-bit fields at shifts j and j + 2 of the 32 bytes q32, one after the other:
+    <64 x i8>, each 0..3 (elements 64 k .. 64 k + 63 of a half for j = 4 k)."""
+    b = r.b
+    three = r.splat_i8(32, 3)
+    a = b.and_(b.lshr(q32, r.splat_i8(32, j)) if j else q32, three)
+    c = b.and_(b.lshr(q32, r.splat_i8(32, j + 2)), three)
+    return r.concat(a, c)
+
+
+def _q3k_words(r, off):
+    """Q3_K (hmask[32] at 0, qs[64] at 32, 12 scale bytes at 96, d at 108): w = (q2 + 4
+    hbit - 4) * (sc - 32), sc the 6-bit scale of each 16 elements; no bias."""
+    b = r.b
+    s = r.load(2, off, V16I8, 96)  # 12 scale bytes (+4 ignored)
+    lo = r.shuf(s, s, [*range(8), *range(8)])
+    lo = b.and_(b.lshr(lo, r.const(V16I8, [0] * 8 + [4] * 8)), r.splat_i8(16, 15))
+    hi = r.shuf(s, s, [8, 9, 10, 11] * 4)
+    hi = b.lshr(hi, r.const(V16I8, [0] * 4 + [2] * 4 + [4] * 4 + [6] * 4))
+    hi = b.and_(hi, r.splat_i8(16, 3))
+    sc8 = b.sub(b.or_(lo, b.shl(hi, r.splat_i8(16, 4))), r.splat_i8(16, 32))
+    sc = b.sext(sc8, V16I16)
+    hm = r.load(2, off, V32I8)
+    one = r.splat_i8(32, 1)
+    words = []
+    for h in range(2):
+        q32 = r.load(2, off, V32I8, 32 + 32 * h)
+        for k in range(2):  # elements 128 h + 64 k ..: bit fields 4k, 4k + 2
+            u = _crumbs64(r, q32, 4 * k)
+            j = 4 * h + 2 * k  # hmask bit of the first 32
+            ha = b.and_(b.lshr(hm, r.splat_i8(32, j)) if j else hm, one)
+            hb = b.and_(b.lshr(hm, r.splat_i8(32, j + 1)), one)
+            u = b.or_(u, b.shl(r.concat(ha, hb), r.splat_i8(64, 2)))
+            v = b.sub(b.zext(u, V64I16), ir.Constant(V64I16, [4] * 64))
+            g = 8 * h + 4 * k  # scale of the first 16
+            words.append(
+                b.mul(v, r.shuf(sc, sc, [g] * 16 + [g + 1] * 16 + [g + 2] * 16 + [g + 3] * 16))
+            )
+    return r.f16(2, off, 108), None, words
+
+
+def _q2k_words(r, off):
+    """Q2_K (scales[16] at 0, qs[64] at 16, d, dmin at 80): w = q * (sc & 15), bias
+    -dmin (sc >> 4) per 16 elements."""
+    b = r.b
+    s = r.load(2, off, V16I8)
+    dm = r.f16x(2, off, 2, 80)
+    d = b.extract_element(dm, ir.Constant(I32, 0))
+    dmin = b.extract_element(dm, ir.Constant(I32, 1))
+    mn = b.uitofp(b.lshr(s, r.splat_i8(16, 4)), V16F)
+    neg = b.fsub(ir.Constant(V16F, [-0.0] * 16), b.fmul(r.splat(dmin, 16), mn))
+    sc = b.zext(b.and_(s, r.splat_i8(16, 15)), V16I16)
+    words = []
+    for h in range(2):
+        q32 = r.load(2, off, V32I8, 16 + 32 * h)
+        for k in range(2):
+            u = b.zext(_crumbs64(r, q32, 4 * k), V64I16)
+            g = 8 * h + 4 * k
+            words.append(
+                b.mul(u, r.shuf(sc, sc, [g] * 16 + [g + 1] * 16 + [g + 2] * 16 + [g + 3] * 16))
+            )
+    return d, neg, words
+
+
+_WORDS = {
+    KIND_Q5_K: _q5k_words,
+    KIND_IQ4_XS: _iq4xs_words,
+    KIND_Q3_K: _q3k_words,
+    KIND_Q2_K: _q2k_words,
+}
+
+
+@intrinsic
+def prep_sb(typingctx, W, wo, flat, o, wd, so, b16, bo, kind):
+    """One super-block of a Q5_K, IQ4_XS, Q3_K or Q2_K row (kind a literal) at flat[o] ->
+    W[wo:wo+256] (int16 words, scales folded in, element order), wd[so] = d and, for the
+    kinds with a bias, b16[bo:bo+16] = the bias of each 16 elements."""
+    if not isinstance(kind, types.IntegerLiteral):
+        return None
+    words_of = _WORDS[kind.literal_value]
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        d, bias, words = words_of(r, args[3])
+        builder.store(d, r.ptr(4, args[5], ir.FloatType()))
+        if bias is not None:
+            _store(r, 6, args[7], bias)
+        for g, v in enumerate(words):
+            _store(r, 0, builder.add(args[1], ir.Constant(args[1].type, 64 * g)), v)
+        return context.get_dummy_value()
+
+    return types.void(W, wo, flat, o, wd, so, b16, bo, kind), codegen
+
+
+@njit(cache=True, nogil=True)
+def has_bias(kind):
+    """Whether the kind's rows carry a bias per 16 elements (b16): Q4_K, Q5_K, Q2_K."""
+    return kind == KIND_Q4_K or kind == KIND_Q5_K or kind == KIND_Q2_K
+
+
 @njit(cache=True, nogil=True)
 def prep_row_sb(kind, flat, base, cols, W, wd, b16):
     """Unpack one weight row: W int16 [cols] weights with the sub-block scales folded in,
     wd [cols // 256] the super-block scales d, b16 [cols // 16] the bias of each 16
-    elements (Q4_K: -dmin * m; Q6_K: 0, its -32 is folded into W)."""
+    elements (Q4_K, Q5_K: -dmin * m; Q2_K: -dmin * (sc >> 4); the others: none, their
+    offsets folded into W)."""
     nsb = cols // SUPER
     if kind == KIND_Q4_K:
         for s in range(nsb):
             prep_q4k_sb(W, s * SUPER, wd, s, b16, s * 16, flat, base + s * 144)
+    elif kind == KIND_Q5_K:
+        for s in range(nsb):
+            prep_sb(W, s * SUPER, flat, base + s * 176, wd, s, b16, s * 16, KIND_Q5_K)
+    elif kind == KIND_IQ4_XS:
+        for s in range(nsb):
+            prep_sb(W, s * SUPER, flat, base + s * 136, wd, s, b16, s * 16, KIND_IQ4_XS)
+    elif kind == KIND_Q3_K:
+        for s in range(nsb):
+            prep_sb(W, s * SUPER, flat, base + s * 110, wd, s, b16, s * 16, KIND_Q3_K)
+    elif kind == KIND_Q2_K:
+        for s in range(nsb):
+            prep_sb(W, s * SUPER, flat, base + s * 84, wd, s, b16, s * 16, KIND_Q2_K)
     else:
         for s in range(nsb):
             o = base + s * 210
@@ -252,10 +428,93 @@ def gemm4_sb(typingctx, a0, a1, a2, a3, W, wo, wd, xw, xo, xstride, xsb, so, sst
     return types.void(a0, a1, a2, a3, W, wo, wd, xw, xo, xstride, xsb, so, sstride), codegen
 
 
+@intrinsic
+def gemm_rows_sb(
+    typingctx, acc, W, wo, ws, wd, do, ds, xw, xo, xs, xsb, so, ss,
+    b16, bo, bs, x16, x16o, x16s, nrows, bias,
+):  # fmt: skip
+    """AVX512-VNNI: one super-block of nrows (a literal) weight rows for 4 tokens: with
+    a_rt = acc[16 (4 r + t):][:16], w_r = W[wo + r ws:][:256], x_t = xw[xo + t xs:][:256],
+        a_rt += cvt(dot16(w_r, x_t)) * wd[do + r ds] * xsb[so + t ss]
+    (dot16: the 16 int32 lanes of 8 vpdpwssd) and, where bias (a literal bool), the
+    16-element groups' biases a_rt += b16[bo + r bs:][:16] * x16[x16o + t x16s:][:16].
+    Each token's words are loaded once for all the rows (gemm4_sb loads them once per
+    row): nrows * 4 int32 accumulators, nrows + 1 loads per nrows * 4 vpdpwssd."""
+    if not isinstance(nrows, types.IntegerLiteral) or not isinstance(bias, types.BooleanLiteral):
+        return None
+    nr, with_bias = nrows.literal_value, bias.literal_value
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        wo, ws, do, ds, xo, xs, so, ss = (args[k] for k in (2, 3, 5, 6, 8, 9, 11, 12))
+        bo, bs, x16o, x16s = (args[k] for k in (14, 15, 17, 18))
+
+        def at(base, stride, k):
+            return b.add(base, b.mul(stride, ir.Constant(stride.type, k))) if k else base
+
+        f = r.fn("llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32, V16I32, V16I32])
+        dots = [[ir.Constant(V16I32, [0] * 16)] * 4 for _ in range(nr)]
+        wrow = [at(wo, ws, i) for i in range(nr)]
+        xtok = [at(xo, xs, t) for t in range(4)]
+        for g in range(8):
+            wv = [
+                b.bitcast(r.load(1, b.add(wrow[i], ir.Constant(wo.type, 32 * g)), V32I16), V16I32)
+                for i in range(nr)
+            ]
+            for t in range(4):
+                xv = r.load(7, b.add(xtok[t], ir.Constant(xo.type, 32 * g)), V32I16)
+                xv = b.bitcast(xv, V16I32)
+                for i in range(nr):
+                    dots[i][t] = b.call(f, [dots[i][t], wv[i], xv])
+        sx = [r.load(10, at(so, ss, t), ir.FloatType()) for t in range(4)]
+        xb = [r.load(16, at(x16o, x16s, t), V16F) for t in range(4)] if with_bias else []
+        for i in range(nr):
+            dr = r.load(4, at(do, ds, i), ir.FloatType())
+            bv = r.load(13, at(bo, bs, i), V16F) if with_bias else None
+            for t in range(4):
+                p = r.ptr(0, ir.Constant(I32, 16 * (4 * i + t)), V16F)
+                a = b.load(p, align=4)
+                a = r.fma(b.sitofp(dots[i][t], V16F), r.splat(b.fmul(dr, sx[t]), 16), a)
+                if with_bias:
+                    a = r.fma(bv, xb[t], a)
+                b.store(a, p, align=4)
+        return context.get_dummy_value()
+
+    sig = types.void(
+        acc, W, wo, ws, wd, do, ds, xw, xo, xs, xsb, so, ss, b16, bo, bs, x16, x16o, x16s,
+        nrows, bias,
+    )  # fmt: skip
+    return sig, codegen
+
+
+@intrinsic
+def sums_rows(typingctx, acc, part, po, ps, nrows):
+    """part[po + t ps + r] += sum(acc[16 (4 r + t):][:16]) for nrows (a literal) rows and
+    4 tokens, each sum a tree of vector adds."""
+    if not isinstance(nrows, types.IntegerLiteral):
+        return None
+    nr = nrows.literal_value
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        po, ps = args[2], args[3]
+        for i in range(nr):
+            for t in range(4):
+                v = tree_sum16(b, r.ptr(0, ir.Constant(I32, 16 * (4 * i + t)), ir.FloatType()))
+                o = b.add(po, b.add(b.mul(ps, ir.Constant(ps.type, t)), ir.Constant(po.type, i)))
+                p = r.ptr(1, o, ir.FloatType())
+                b.store(b.fadd(b.load(p), v), p)
+        return context.get_dummy_value()
+
+    return types.void(acc, part, po, ps, nrows), codegen
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def mm_superblock(kind, data, X, out):
-    """out [n, rows] = X [n, cols] @ W.T for a Q4_K (kind 7) or Q6_K (kind 8) matrix
-    data uint8 [rows, row bytes], cols a multiple of 256."""
+    """out [n, rows] = X [n, cols] @ W.T for a matrix of one of KINDS (Q4_K, Q6_K, Q5_K,
+    IQ4_XS, Q3_K, Q2_K) data uint8 [rows, row bytes], cols a multiple of 256."""
     n, cols = X.shape
     n4 = (n + 3) // 4 * 4
     xw2, xsb2, xs16 = quantize_tokens_sb(X, n4)
@@ -267,6 +526,7 @@ def mm_superblock(kind, data, X, out):
     nsb = cols // SUPER
     x16w = xs16.shape[1]
     xs16f = xs16.reshape(-1)
+    bias = has_bias(kind)
     for c in prange((rows + _RB - 1) // _RB):
         res = acc4()
         rv = numba.carray(res, 4)
@@ -280,13 +540,36 @@ def mm_superblock(kind, data, X, out):
         Wf = W.reshape(-1)
         bf = b16.reshape(-1)
         part = np.zeros((n4, _RB), np.float32)
+        partf = part.reshape(-1)
+        wdf = wd.reshape(-1)
+        blk = np.zeros(16 * 4 * _ROWS, np.float32)
         # columns in spans of _SPAN super-blocks, so that a token tile's words (4 x 512 B
         # per super-block) stay in L1 while the tile's rows stream from L2
         for c0 in range(0, nsb, _SPAN):
             c1 = min(nsb, c0 + _SPAN)
             for tt in range(n4 // 4):
                 t0 = tt * 4
-                for i in range(nr):
+                i0 = 0
+                if _DOT == "vnni":  # _ROWS rows a step, then the rest one by one
+                    while i0 + _ROWS <= nr:
+                        blk[:] = F0
+                        for s in range(c0, c1):
+                            if bias:
+                                gemm_rows_sb(
+                                    blk, Wf, i0 * cols + s * SUPER, cols, wdf, i0 * nsb + s,
+                                    nsb, xw, t0 * cols + s * SUPER, cols, xsb, t0 * nsb + s,
+                                    nsb, bf, i0 * x16w + s * 16, x16w, xs16f,
+                                    t0 * x16w + s * 16, x16w, _ROWS, True,
+                                )  # fmt: skip
+                            else:
+                                gemm_rows_sb(
+                                    blk, Wf, i0 * cols + s * SUPER, cols, wdf, i0 * nsb + s,
+                                    nsb, xw, t0 * cols + s * SUPER, cols, xsb, t0 * nsb + s,
+                                    nsb, bf, 0, 0, xs16f, 0, 0, _ROWS, False,
+                                )  # fmt: skip
+                        sums_rows(blk, partf, t0 * _RB + i0, _RB, _ROWS)
+                        i0 += _ROWS
+                for i in range(i0, nr):
                     a0 = acc16()
                     a1 = acc16()
                     a2 = acc16()
@@ -307,7 +590,7 @@ def mm_superblock(kind, data, X, out):
                             t0 * nsb + s,
                             nsb,
                         )
-                    if kind == KIND_Q4_K:  # the mins: one 16-group per super-block
+                    if bias:  # the mins (Q2_K: per 16): one 16-group per super-block
                         for s in range(c0, c1):
                             bo = i * x16w + s * 16
                             fma16(a0, bf, bo, xs16f, t0 * x16w + s * 16)
@@ -322,4 +605,4 @@ def mm_superblock(kind, data, X, out):
                 out[t, r0 + i] = part[t, i]
 
 
-KINDS = (KIND_Q4_K, KIND_Q6_K)
+KINDS = (KIND_Q4_K, KIND_Q6_K, KIND_Q5_K, KIND_IQ4_XS, KIND_Q3_K, KIND_Q2_K)
