@@ -243,10 +243,12 @@ TRAITS: dict[QuantType, Traits] = {
     QuantType.IQ3_S: Traits(**_grid_kernels(_pg.KIND_IQ3_S)),
     QuantType.IQ1_S: Traits(**_grid_kernels(_pg.KIND_IQ1_S)),
     QuantType.Q2_K: Traits(
-        **_deq_kernels(_p.KIND_Q2_K, _ik.KIND_Q2_K, _im.mv_q2_k, _ib.mvb_q2_k)
+        **_deq_kernels(_p.KIND_Q2_K, _ik.KIND_Q2_K, _im.mv_q2_k, _ib.mvb_q2_k),
+        mv16=_r16.mv16_q2_k, mvb16=_r16.mvb16_q2_k,
     ),
     QuantType.Q3_K: Traits(
-        **_deq_kernels(_p.KIND_Q3_K, _ik.KIND_Q3_K, _im.mv_q3_k, _ib.mvb_q3_k)
+        **_deq_kernels(_p.KIND_Q3_K, _ik.KIND_Q3_K, _im.mv_q3_k, _ib.mvb_q3_k),
+        mv16=_r16.mv16_q3_k, mvb16=_r16.mvb16_q3_k,
     ),
     QuantType.Q3_G64: Traits(
         _pl.mv_q3_g64, _pl.mm_q3_g64, _pl.emb_q3_g64,

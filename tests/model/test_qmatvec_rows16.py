@@ -21,8 +21,10 @@ FORMATS = [
     QuantType.Q6_K,
     QuantType.Q5_K,
     QuantType.IQ4_XS,
+    QuantType.Q3_K,
+    QuantType.Q2_K,
 ]
-KQUANTS = (QuantType.Q4_K, QuantType.Q6_K, QuantType.Q5_K, QuantType.IQ4_XS)
+KQUANTS = tuple(q for q in FORMATS if q.name.endswith("_K") or q.name == "IQ4_XS")
 
 pytestmark = pytest.mark.skipif(
     "vnni" not in qm.available_paths(), reason="the interleaved kernels need AVX-512 VNNI"
@@ -102,6 +104,31 @@ def _deinterleave(q: QuantType, il: np.ndarray, rows: int, cols: int) -> np.ndar
         sc = rec[..., 256:272].view(np.int8).astype(np.float32)  # [g, nsb, 8, 16]
         scale = (d[:, :, None, :] * sc).reshape(-1, nb, 16).transpose(0, 2, 1)[..., None]
         return (w * scale).reshape(-1, cols)[:rows]
+    if q in (QuantType.Q3_K, QuantType.Q2_K):  # 8 records, then d (and Q2_K's dmin)
+        q3 = q == QuantType.Q3_K
+        rec_bytes, sup_bytes = (224, r16.Q3K_SUPER) if q3 else (160, r16.Q2K_SUPER)
+        sup = il.reshape(il.shape[0], nb // 8, sup_bytes)
+        rec = sup[:, :, : 8 * rec_bytes].reshape(-1, nb, rec_bytes)
+        planes = rec[..., :128].reshape(-1, nb, 2, 64)
+        w = np.stack([(planes[:, :, k // 4] >> (2 * (k % 4))) & 3 for k in range(8)], axis=2)
+        w = w.astype(np.int16)  # [g, nb, 8, 64]
+        e = 8 * rec_bytes
+        d = sup[:, :, e : e + 32].copy().view(np.float16).astype(np.float32)  # [g, nsb, 16]
+        if q3:
+            masks = np.unpackbits(rec[..., 128:192], bitorder="little").reshape(-1, nb, 8, 64)
+            w = w + 4 * masks.astype(np.int16) - 4
+            sc = rec[..., 192:224].view(np.int8).astype(np.float32).reshape(-1, nb // 8, 8, 2, 16)
+            ml = np.zeros_like(sc)
+        else:
+            raw = rec[..., 128:160].reshape(-1, nb // 8, 8, 2, 16)
+            sc = (raw & 15).astype(np.float32)
+            dmin = sup[:, :, e + 32 : e + 64].copy().view(np.float16).astype(np.float32)
+            ml = dmin[:, :, None, None, :] * (raw >> 4).astype(np.float32)
+        w = w.reshape(-1, nb, 8, 16, 4).transpose(0, 3, 1, 2, 4).reshape(-1, 16, nb, 32)
+        ds = (d[:, :, None, None, :] * sc).reshape(-1, nb, 2, 16).transpose(0, 3, 1, 2)
+        ml = ml.reshape(-1, nb, 2, 16).transpose(0, 3, 1, 2)
+        out = np.repeat(ds, 16, axis=-1) * w.astype(np.float32) - np.repeat(ml, 16, axis=-1)
+        return out.reshape(-1, cols)[:rows]
     blk = il.reshape(il.shape[0], nb, gb)
     if q == QuantType.Q8_0:
         w = blk[:, :, :512].reshape(-1, nb, 8, 16, 4).astype(np.int16) - 128
