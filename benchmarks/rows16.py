@@ -23,6 +23,10 @@ from edgerun.ops.int8 import rows16 as r16
 from edgerun.ops.traits import TRAITS
 from edgerun.quant.formats import QuantType
 from edgerun.quant.quantize import quantize
+from edgerun.quant.reference import random_blocks
+
+QUANTIZABLE = {QuantType.Q4_0, QuantType.Q4_1, QuantType.Q5_0, QuantType.Q8_0}
+QUANTIZABLE |= {QuantType.Q4_K, QuantType.Q5_K, QuantType.Q6_K}
 
 # Qwen2.5-0.5B's and SmolLM2-135M's block-format shapes (gate/up, attention, head)
 DEFAULT = [
@@ -55,8 +59,6 @@ def main() -> None:
     args = ap.parse_args()
     import numba
 
-    from edgerun.ops import int8 as v
-
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     e2 = np.zeros((0, 1), np.uint8)
@@ -65,14 +67,16 @@ def main() -> None:
         name, dims = spec.split(":")
         rows, cols, count = (int(t) for t in dims.split("x"))
         qt = QuantType[name]
-        w = rng.standard_normal((rows, cols)).astype(np.float32)
-        base = quantize(w, qt).reshape(rows, -1)
+        if qt in QUANTIZABLE:
+            w = rng.standard_normal((rows, cols)).astype(np.float32)
+            base = quantize(w, qt).reshape(rows, -1)
+        else:  # a format this tree cannot quantize to (IQ4_XS): random valid blocks
+            base = random_blocks(qt, rows, cols, rng)
         raws = [base.copy() for _ in range(count)]
         for r in raws:
             r.flags.writeable = False
         ils = [r16.interleave(qt, r, rows, cols) for r in raws]
-        row_mv = getattr(v, f"mv_{name.lower()}")
-        row_mvb = getattr(v, f"mvb_{name.lower()}")
+        row_mv, row_mvb = TRAITS[qt].mv3, TRAITS[qt].mvb3
         fams = {}
         for nv in args.vectors:
             x = rng.standard_normal((nv, cols)).astype(np.float32)

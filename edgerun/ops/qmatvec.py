@@ -18,7 +18,7 @@ with AVX-512 VNNI "vnni", on other x86 CPUs with AVX2 "avx2" (x quantized once p
 to two-level int8 blocks of 32 -- q1 plus a rounded residual q2, ~15 bits, so results
 match float32 to ~1e-4 -- and integer dot products with vpdpbusd, or on AVX2 vpmaddwd
 on the two levels as one int16 word; F32/F16/BF16 weights stay on the float kernels).
-Q4_K and Q6_K decode take single-level int8 activations instead (one scale per 256
+Q4_K, Q5_K and Q6_K decode take single-level int8 activations instead (one scale per 256
 elements, refined per 32 by powers of two; activation_levels): 1.4-1.6x the two-level
 kernel on avx2, and on vnni several decode vectors' dots at half the cost, for logits
 ~1e-4 KL from float activations (int8.q4_k_block8).
@@ -283,7 +283,7 @@ def _sb8_decode(qtype: QuantType) -> bool:
 
 def _q8_decode(qtype: QuantType, ntokens: int) -> bool:
     """Whether `ntokens` rows meet `qtype` in the single-level int8 decode kernels, one
-    vector or a batch: Q4_K and Q6_K (their traits rows' sb8_decode, one scale per 256
+    vector or a batch: Q4_K, Q5_K and Q6_K (their traits rows' sb8_decode, one scale per 256
     refined per 32, the row kernels and the interleaved copies alike); Q5_0 and the G64
     formats (int8's X1 formats, one scale per 32 or 64)."""
     if _path not in INT8_PATHS or not (ntokens == 1 or _mvb_prefill(qtype, ntokens)):
@@ -309,7 +309,7 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
 
 def activation_levels(qtype: QuantType, ntokens: int) -> int:
     """2 where the int8 paths quantize x to two levels (~15 bits), 1 where a decode kernel
-    takes single-level int8 (Q4_K and Q6_K with power-of-two refinements per 32, Q5_0
+    takes single-level int8 (Q4_K, Q5_K and Q6_K with power-of-two refinements per 32, Q5_0
     with a scale per 32 and the G64 formats per 64; see quantize_x_reference)."""
     return 1 if _q8_decode(qtype, ntokens) else 2
 

@@ -129,18 +129,20 @@ def _mvb_deq(kind: int) -> Callable:
     return mvb
 
 
-def _deq_kernels(kind: int, gemm_kind: int, mv3: Callable) -> dict:
-    """A row of a format without batched int8 kernels (Q2_K, Q3_K): portable decode
-    through dequantized rows (portable.kernels.mv_deq), batch, GEMM and embedding rows;
-    on the int8 paths the matvec mv3 (a batch runs it once per vector) and the GEMM
-    (gemm_kind) for every prompt (prefill_max 1)."""
+def _deq_kernels(kind: int, gemm_kind: int, mv3: Callable, mvb3: Callable) -> dict:
+    """A row of a format whose portable decode reads dequantized rows (Q2_K, Q3_K):
+    portable decode through them (portable.kernels.mv_deq), batch, GEMM and embedding
+    rows; on the int8 paths the matvec mv3, the batched decode mvb3 and the GEMM
+    (gemm_kind). The crossovers are Q5_K's (its super-block GEMM and batched kernels
+    have the same shape of cost); not measured for these two."""
     return {
         "matvec": _mv_deq(kind),
         **_portable(kind),
         "matvec_batch": _mvb_deq(kind),
         "mv3": mv3,
+        "mvb3": mvb3,
         "gemm_kind": gemm_kind,
-        "prefill_max": _xover(amx=1, vnni=1, avx2=1),
+        "prefill_max": _xover(amx=10, vnni=12, avx2=14),
     }
 
 
@@ -227,13 +229,15 @@ TRAITS: dict[QuantType, Traits] = {
     QuantType.Q5_K: Traits(
         _mv_deq(_p.KIND_Q5_K), **_portable(_p.KIND_Q5_K), matvec_batch=_mvb_deq(_p.KIND_Q5_K),
         mv3=_im.mv_q5_k, mvb3=_ib.mvb_q5_k, gemm_kind=_ik.KIND_Q5_K,
-        superblock_kind=_sb.KIND_Q5_K, prefill_max=_xover(amx=10, vnni=12, avx2=14),
+        superblock_kind=_sb.KIND_Q5_K, mv16=_r16.mv16_q5_k, mvb16=_r16.mvb16_q5_k,
+        sb8_decode=True, prefill_max=_xover(amx=10, vnni=12, avx2=14),
     ),
     QuantType.IQ4_XS: Traits(
         _mv_deq(_p.KIND_IQ4_XS), **_portable(_p.KIND_IQ4_XS),
         matvec_batch=_mvb_deq(_p.KIND_IQ4_XS),
         mv3=_im.mv_iq4_xs, mvb3=_ib.mvb_iq4_xs, gemm_kind=_ik.KIND_IQ4_XS,
-        superblock_kind=_sb.KIND_IQ4_XS, prefill_max=_xover(amx=10, vnni=12, avx2=14),
+        superblock_kind=_sb.KIND_IQ4_XS, mv16=_r16.mv16_iq4_xs, mvb16=_r16.mvb16_iq4_xs,
+        prefill_max=_xover(amx=10, vnni=12, avx2=14),
     ),
     QuantType.IQ2_XXS: Traits(**_grid_kernels(_pg.KIND_IQ2_XXS)),
     QuantType.IQ2_XS: Traits(**_grid_kernels(_pg.KIND_IQ2_XS)),
@@ -242,10 +246,12 @@ TRAITS: dict[QuantType, Traits] = {
     QuantType.IQ3_S: Traits(**_grid_kernels(_pg.KIND_IQ3_S)),
     QuantType.IQ1_S: Traits(**_grid_kernels(_pg.KIND_IQ1_S)),
     QuantType.Q2_K: Traits(
-        **_deq_kernels(_p.KIND_Q2_K, _ik.KIND_Q2_K, _im.mv_q2_k), superblock_kind=_sb.KIND_Q2_K
+        **_deq_kernels(_p.KIND_Q2_K, _ik.KIND_Q2_K, _im.mv_q2_k, _ib.mvb_q2_k),
+        superblock_kind=_sb.KIND_Q2_K, mv16=_r16.mv16_q2_k, mvb16=_r16.mvb16_q2_k,
     ),
     QuantType.Q3_K: Traits(
-        **_deq_kernels(_p.KIND_Q3_K, _ik.KIND_Q3_K, _im.mv_q3_k), superblock_kind=_sb.KIND_Q3_K
+        **_deq_kernels(_p.KIND_Q3_K, _ik.KIND_Q3_K, _im.mv_q3_k, _ib.mvb_q3_k),
+        superblock_kind=_sb.KIND_Q3_K, mv16=_r16.mv16_q3_k, mvb16=_r16.mvb16_q3_k,
     ),
     QuantType.Q3_G64: Traits(
         _pl.mv_q3_g64, _pl.mm_q3_g64, _pl.emb_q3_g64,

@@ -418,6 +418,27 @@ def test_vnni_kernel_emits_vpdpbusd():
 @pytest.mark.skipif(
     not set(qm.available_paths()) & set(qm.INT8_PATHS), reason="no int8 kernel path here"
 )
+def test_matvec_q5_k_int32_limits(path):
+    """Q5_K decode on single-level activations at its integer limits: every q = 31, sc =
+    63, m = 0 (weight 1953) and x of one magnitude (every 32 at e = 0: scales times 64):
+    the vpmaddubsw pair sums (2 x 31 x 127) stay inside int16 and the int32 lanes (8 x
+    63.5M) do not wrap, on the row kernels, batched, and the interleaved copy."""
+    blk = np.zeros(176, np.uint8)
+    blk[0:2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    blk[4:8] = 0xFF  # sc 0..3 = 63, top bits of sc 4..7
+    blk[12:16] = 0x0F  # low bits of sc 4..7 (= 15), m 4..7 = 0
+    blk[16:] = 0xFF  # every fifth bit and nibble set
+    w = QuantTensor("extreme", QuantType.Q5_K, (5, 768), np.tile(blk, (5, 3)))
+    assert np.all(dequantize(QuantType.Q5_K, w.data) == 1953.0)
+    x = np.full(768, 3.0, np.float32)
+    x[::7] = -3.0
+    _check(qm.matvec(w, x), w, x, path)
+    X = np.stack([x, 1e3 * x, -x])
+    assert np.array_equal(qm.matvec_batch(w, X)[1], qm.matvec(w, X[1]))
+    il = qm.interleave(w)  # a copy on the vnni path only
+    assert np.abs(qm.matvec(il, x) - qm.matvec(w, x)).max() <= 1e-5 * np.abs(qm.matvec(w, x)).max()
+
+
 def test_int8_kernels_prefetch_ahead_on_long_rows():
     """Rows of 8960 columns (Qwen2.5-1.5B's down projection) are where the software
     prefetch matters; results are the same as without it (held by the reference tests),

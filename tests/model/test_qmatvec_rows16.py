@@ -19,8 +19,12 @@ FORMATS = [
     QuantType.Q8_0,
     QuantType.Q4_K,
     QuantType.Q6_K,
+    QuantType.Q5_K,
+    QuantType.IQ4_XS,
+    QuantType.Q3_K,
+    QuantType.Q2_K,
 ]
-KQUANTS = (QuantType.Q4_K, QuantType.Q6_K)
+KQUANTS = tuple(q for q in FORMATS if q.name.endswith("_K") or q.name == "IQ4_XS")
 
 pytestmark = pytest.mark.skipif(
     "vnni" not in qm.available_paths(), reason="the interleaved kernels need AVX-512 VNNI"
@@ -73,6 +77,58 @@ def _deinterleave(q: QuantType, il: np.ndarray, rows: int, cols: int) -> np.ndar
         sc = rec[..., 384:416].view(np.int8).astype(np.float32).reshape(-1, nb // 8, 8, 2, 16)
         ds = (d[:, :, None, None, :] * sc).reshape(-1, nb, 2, 16).transpose(0, 3, 1, 2)
         return (np.repeat(ds, 16, axis=-1) * w).reshape(-1, cols)[:rows]
+    if q == QuantType.Q5_K:  # super-blocks: 8 records of 352 bytes, then d and dmin
+        sup = il.reshape(il.shape[0], nb // 8, r16.Q5K_SUPER)
+        rec = sup[:, :, :2816].reshape(-1, nb // 8, 8, 352)
+        packed = rec[..., :256].reshape(-1, nb, 4, 64)
+        w = np.concatenate([packed & 15, packed >> 4], axis=2).reshape(-1, nb, 8, 16, 4)
+        masks = np.unpackbits(rec[..., 256:320].reshape(-1, nb, 64), bitorder="little")
+        w = w + 16 * masks.reshape(-1, nb, 8, 16, 4)
+        w = w.transpose(0, 3, 1, 2, 4).reshape(-1, 16, nb, 32).astype(np.float32)
+        d = sup[:, :, 2816:2848].copy().view(np.float16).astype(np.float32)  # [g, nsb, 16]
+        dmin = sup[:, :, 2848:2880].copy().view(np.float16).astype(np.float32)
+        sc = rec[..., 320:336].astype(np.float32)  # [g, nsb, 8, 16]
+        mn = rec[..., 336:352].astype(np.float32)
+        scale = (d[:, :, None, :] * sc).reshape(-1, nb, 16).transpose(0, 2, 1)[..., None]
+        low = (dmin[:, :, None, :] * mn).reshape(-1, nb, 16).transpose(0, 2, 1)[..., None]
+        return (w * scale - low).reshape(-1, cols)[:rows]
+    if q == QuantType.IQ4_XS:  # super-blocks: 8 records of 272 bytes, then d
+        from edgerun.quant.iquants import KVALUES
+
+        sup = il.reshape(il.shape[0], nb // 8, r16.IQ4XS_SUPER)
+        rec = sup[:, :, :2176].reshape(-1, nb // 8, 8, 272)
+        packed = rec[..., :256].reshape(-1, nb, 4, 64)
+        idx = np.concatenate([packed & 15, packed >> 4], axis=2).reshape(-1, nb, 8, 16, 4)
+        w = KVALUES[idx].transpose(0, 3, 1, 2, 4).reshape(-1, 16, nb, 32).astype(np.float32)
+        d = sup[:, :, 2176:2208].copy().view(np.float16).astype(np.float32)  # [g, nsb, 16]
+        sc = rec[..., 256:272].view(np.int8).astype(np.float32)  # [g, nsb, 8, 16]
+        scale = (d[:, :, None, :] * sc).reshape(-1, nb, 16).transpose(0, 2, 1)[..., None]
+        return (w * scale).reshape(-1, cols)[:rows]
+    if q in (QuantType.Q3_K, QuantType.Q2_K):  # 8 records, then d (and Q2_K's dmin)
+        q3 = q == QuantType.Q3_K
+        rec_bytes, sup_bytes = (224, r16.Q3K_SUPER) if q3 else (160, r16.Q2K_SUPER)
+        sup = il.reshape(il.shape[0], nb // 8, sup_bytes)
+        rec = sup[:, :, : 8 * rec_bytes].reshape(-1, nb, rec_bytes)
+        planes = rec[..., :128].reshape(-1, nb, 2, 64)
+        w = np.stack([(planes[:, :, k // 4] >> (2 * (k % 4))) & 3 for k in range(8)], axis=2)
+        w = w.astype(np.int16)  # [g, nb, 8, 64]
+        e = 8 * rec_bytes
+        d = sup[:, :, e : e + 32].copy().view(np.float16).astype(np.float32)  # [g, nsb, 16]
+        if q3:
+            masks = np.unpackbits(rec[..., 128:192], bitorder="little").reshape(-1, nb, 8, 64)
+            w = w + 4 * masks.astype(np.int16) - 4
+            sc = rec[..., 192:224].view(np.int8).astype(np.float32).reshape(-1, nb // 8, 8, 2, 16)
+            ml = np.zeros_like(sc)
+        else:
+            raw = rec[..., 128:160].reshape(-1, nb // 8, 8, 2, 16)
+            sc = (raw & 15).astype(np.float32)
+            dmin = sup[:, :, e + 32 : e + 64].copy().view(np.float16).astype(np.float32)
+            ml = dmin[:, :, None, None, :] * (raw >> 4).astype(np.float32)
+        w = w.reshape(-1, nb, 8, 16, 4).transpose(0, 3, 1, 2, 4).reshape(-1, 16, nb, 32)
+        ds = (d[:, :, None, None, :] * sc).reshape(-1, nb, 2, 16).transpose(0, 3, 1, 2)
+        ml = ml.reshape(-1, nb, 2, 16).transpose(0, 3, 1, 2)
+        out = np.repeat(ds, 16, axis=-1) * w.astype(np.float32) - np.repeat(ml, 16, axis=-1)
+        return out.reshape(-1, cols)[:rows]
     blk = il.reshape(il.shape[0], nb, gb)
     if q == QuantType.Q8_0:
         w = blk[:, :, :512].reshape(-1, nb, 8, 16, 4).astype(np.int16) - 128

@@ -2,8 +2,8 @@
 or, on CPUs with only AVX2, `vpmaddwd` on int16 activations (`DOT`; same lanes and
 int32 results).
 
-Decode has two exceptions: Q4_K and Q6_K take single-level int8 activations with one
-scale per super-block refined per 32 by powers of two (quantize_x_sb8, q4_k_block8, and
+Decode has two exceptions: Q4_K, Q5_K and Q6_K take single-level int8 activations with
+one scale per super-block refined per 32 by powers of two (quantize_x_sb8, q4_k_block8, and
 the interleaved copies' rows16 kernels), half the multiplies for ~1e-4 KL on the logits
 (see q4_k_block8): a single vector's decode is bound by DRAM either way, but several
 vectors (a speculative verification pass, the batching scheduler) are bound by the

@@ -24,12 +24,13 @@ from edgerun.ops.int8.activations import (  # noqa: E402
 )
 from edgerun.ops.int8.blocks import (  # noqa: E402
     _K4_KINDS,
-    _K_KINDS,
     _X1_KINDS,
     KIND_IQ4_NL,
     KIND_IQ4_XS,
     KIND_Q2_G64,
+    KIND_Q2_K,
     KIND_Q3_G64,
+    KIND_Q3_K,
     KIND_Q4_0,
     KIND_Q4_1,
     KIND_Q4_K,
@@ -38,34 +39,27 @@ from edgerun.ops.int8.blocks import (  # noqa: E402
     KIND_Q5_K,
     KIND_Q6_K,
     KIND_Q8_0,
-    Q6K_DX_ORDER,
-    Q6K_GROUP_SUMS,
-    Q6K_SUM_ORDER,
     _block_dot,
     _fold16,
     _folds,
     _prefetch_ahead,
-    _q6k_chunk,
     _unit_bytes,
     iq4_nl_pair,
     iq4_nl_single,
     iq4_xs_block,
     k4_kind,
     q2_g64_block,
+    q2_k_block,
     q3_g64_block,
+    q3_k_block,
     q4_0_pair,
     q4_0_single,
     q4_1_pair,
     q4_1_single,
-    q4_k_block,
     q5_0_pair,
     q5_0_single,
     q5_1_pair,
     q5_1_single,
-    q5_k_block,
-    q6k_chunks,
-    q6k_group_sums,
-    q6k_scales,
     q8_0_pair,
     q8_0_single,
     row_layout,
@@ -75,13 +69,9 @@ from edgerun.ops.int8.blocks import (  # noqa: E402
 from edgerun.ops.int8.ir import (  # noqa: E402
     _IR,
     F32,
-    I8,
     I64,
-    V4F,
     V8F,
     V16F,
-    V32I8,
-    V64I8,
     _v,
     acc16,
 )
@@ -129,8 +119,15 @@ def _block_of(kind, part):
         KIND_IQ4_NL: (iq4_nl_pair, iq4_nl_single),
         KIND_Q2_G64: (q2_g64_block, q2_g64_block),
         KIND_Q3_G64: (q3_g64_block, q3_g64_block),
+        KIND_Q3_K: (q3_k_block, q3_k_block),
+        KIND_Q2_K: (q2_k_block, q2_k_block),
     }
     return table[kind][part]
+
+
+# the super-block formats of _k16_block (scale and bias per 16): their intrinsic takes
+# the per-16 sums (xs16, so16) too, and runs once per vector
+_K16_KINDS = (KIND_Q3_K, KIND_Q2_K)
 
 
 _PAIR_UNPACK = {  # the pair intrinsics, whose unpack and nbytes _pair_batch uses
@@ -187,7 +184,7 @@ def _k4_batch(blk):
 
 
 def _k4_batch_run(r, g, xstride, scales, chunk, nbytes):
-    """One Q4_K (Q5_K, IQ4_XS) super-block for g vectors (args as _pair_batch; aux at
+    """One IQ4_XS super-block for g vectors (args as _pair_batch; aux at
     soi: the g vectors' 8 dx, then at soi + 32 their 8 sx, _mvb). Scales and biases are
     unpacked once; s dx of all vectors is one 8g-lane multiply and their bias terms one
     multiply and add into the bias lanes. Per vector: the 4 dots, conversions, lane
@@ -205,48 +202,6 @@ def _k4_batch_run(r, g, xstride, scales, chunk, nbytes):
         for v in range(g):
             df = b.sitofp(r.dpx(w, 4, _x_at(r, xstride, v, 128 * c), 64), V16F)
             _acc_fma(r, v, df, r.shuf(ds, ds, [8 * v + 2 * c] * 8 + [8 * v + 2 * c + 1] * 8))
-
-
-def _q6k_batch(r, g, xstride):
-    """One Q6_K super-block for g vectors (args as _pair_batch; aux at soi + 32 c for
-    chunk pair c: the g vectors' [dx_a, dx_a, dx_b, dx_b], then at + 16 their four
-    16-element sums, _mvb). Per chunk pair one 4g-lane multiply gives every vector's
-    scales and one multiply and add its -32 bias terms; per vector the dot, its
-    conversion, a lane shuffle and the FMA. The same products and sums per lane as
-    q6_k_block."""
-    b = r.b
-    off = r.args[3]
-    _prefetch_ahead(r, off, 210)
-    if Q6K_GROUP_SUMS:  # aux per vector at soi + 32 v: its dx in sum order, its 16 sums
-        dsc = q6k_scales(r, off, r.f16(2, off, 208))
-        dscp = r.shuf(dsc, dsc, Q6K_SUM_ORDER)
-        chunks = q6k_chunks(r, off)
-        for v in range(g):
-            at = b.add(r.args[9], ir.Constant(I64, 32 * v))
-            bias = b.fmul(dsc, r.load(8, at, V16F, 16))
-            t = b.bitcast(b.gep(r.args[0], [ir.Constant(I64, _ACC * v + 16)]), V16F.as_pointer())
-            b.store(b.fadd(b.load(t), bias), t)
-            sv = b.fmul(dscp, r.load(8, at, V16F))
-            dots = [r.dpx(w, 4, _x_at(r, xstride, v, 128 * c), 64) for c, w in enumerate(chunks)]
-            _acc_fma(r, v, b.sitofp(q6k_group_sums(r, dots), V16F), sv)
-        return
-    dv4 = r.splat(r.f16(2, off, 208), 4)
-    n = 4 * g
-    for h in range(2):
-        ql = r.load(2, off, V64I8, 64 * h)
-        qh = r.load(2, off, V32I8, 128 + 32 * h)
-        for p in range(2):
-            w = _q6k_chunk(r, ql, qh, p)
-            k, c = 8 * h + 4 * p, 2 * h + p
-            dsc = b.fmul(dv4, b.sitofp(r.load(2, off, _v(I8, 4), 192 + k), V4F))
-            dsc = r.shuf(dsc, dsc, [0, 1, 2, 3] * g)
-            sv4 = b.fmul(dsc, r.load(8, r.args[9], _v(F32, n), 32 * c))
-            _bias_add(r, g, b.fmul(dsc, r.load(8, r.args[9], _v(F32, n), 32 * c + 16)))
-            for v in range(g):
-                xo = _x_at(r, xstride, v, 256 * h + 128 * p)
-                df = b.sitofp(r.dpx(w, 4, xo, 64), V16F)
-                sv = r.shuf(sv4, sv4, [4 * v + i for i in range(4) for _ in range(4)])
-                _acc_fma(r, v, df, sv)
 
 
 def _pair_batch(r, g, pair, xstride):
@@ -277,22 +232,19 @@ def _pair_batch(r, g, pair, xstride):
 @intrinsic
 def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16, so16):
     """The format's block run for g vectors (g, kind, part literals): batched
-    (_q4k_batch, _q6k_batch, _pair_batch; xs16[so16] the group's interleaved scales) or
+    (_k4_batch, _pair_batch; xs16[so16] the group's interleaved scales) or
     the single-vector intrinsic (`_block_of(kind, part)`) once per vector, with vector
     v's accumulators at acc + _ACC v (two acc16), its x at xq[xo + 2 cols v] and its
-    scales at xds[so + cols/16 v]."""
+    scales at xds[so + cols/16 v] (_K16_KINDS: its per-16 sums at xs16[so16 + cols/16 v])."""
     lits = (g, kind, part)
     if not all(isinstance(t, types.IntegerLiteral) for t in lits):
         return None
     i64, fp = types.int64, types.CPointer(types.float32)
     k = kind.literal_value
-    batch_fn = {
-        KIND_Q4_K: _k4_batch(q4_k_block),
-        KIND_Q5_K: _k4_batch(q5_k_block),
-        KIND_IQ4_XS: _k4_batch(iq4_xs_block),
-        KIND_Q6_K: _q6k_batch,
-    }.get(k)
+    batch_fn = {KIND_IQ4_XS: _k4_batch(iq4_xs_block)}.get(k)
     rest = (row, i64, xq, i64, xds, i64)
+    if k in _K16_KINDS:
+        rest = (*rest, xs16, i64)
     if batch_fn is not None:  # every K pass is batched (their part 1 is typed, never run)
         batched = True
     else:
@@ -320,7 +272,8 @@ def block_g(typingctx, g, kind, part, cols, acc, row, off, xq, xo, xds, so, xs16
         for v in range(g.literal_value):
             accs = [builder.gep(args[4], [ir.Constant(I64, _ACC * v + 16 * k)]) for k in (0, 1)]
             vargs = list(base)
-            for i, stride in ((3, xstride), (5, sstride)):
+            strides = ((3, xstride), (5, sstride), (7, sstride))[: 3 if k in _K16_KINDS else 2]
+            for i, stride in strides:
                 vargs[i] = builder.add(vargs[i], builder.mul(stride, ir.Constant(I64, v)))
             scg(context, builder, ssig, accs + vargs)
         return context.get_dummy_value()
@@ -347,9 +300,11 @@ def vector_results(typingctx, g, kind, acc, res):
             def lane(i, t=t):
                 return b.load(b.gep(t, [ir.Constant(I64, i)]))
 
-            if k == KIND_Q6_K and Q6K_GROUP_SUMS:  # the second acc16: _hsum(ab, 16)
-                tail = tree_sum16(b, t)
-            elif k in _K_KINDS:  # _hsum(p, n) for n < 16: from 0.0, in order
+            if k in _K16_KINDS:  # _hsum(ab, 4): the second acc16's first 4 lanes, in order
+                tail = ir.Constant(F32, 0.0)
+                for i in range(4):
+                    tail = b.fadd(tail, lane(i))
+            elif k in _K4_KINDS:  # _hsum(p, n) for n < 16: from 0.0, in order
                 tail = ir.Constant(F32, 0.0)
                 nl = _bias_lanes(k)
                 for i in range(nl):
@@ -373,7 +328,7 @@ def vector_results(typingctx, g, kind, acc, res):
             c = c.get(k, 1.0 if k in _K4_KINDS else 32.0)
             if c is None:
                 r = b.fadd(h, tail)
-            elif k in _K4_KINDS:
+            elif k in _K4_KINDS or k in _K16_KINDS:
                 r = b.fsub(h, tail)
             else:
                 r = b.fsub(h, b.fmul(ir.Constant(F32, c), tail))
@@ -393,15 +348,18 @@ GROUP = 4  # vectors per pass over a row (4 x two acc16 fill most of AVX2's regi
 def _rows_g(g, kind, flat, base, nunit, cols, xq, xo, xds, so, xs16, res):
     """One row . g vectors (the g from vector v0, whose x starts at xq[xo], its scales at
     xds[so]) -> res[0:g]: the block loop of _row_<fmt>, every block for all g. xs16: the
-    group's interleaved scales (_mvb; _pair_batch, _q4k_batch, _q6k_batch)."""
+    group's interleaved scales (_mvb; _pair_batch, _k4_batch)."""
     acc = acc_vectors(g)
     ub = _unit_bytes(kind)
-    if k4_kind(kind) or kind == KIND_Q6_K:  # xs16: the group's K scales (_mvb)
-        ka = 1 if k4_kind(kind) else 2
+    if k4_kind(kind):  # xs16: the group's K scales (_mvb)
         for b in range(nunit):
             o, w = so + b * 16, base + b * ub
-            a = ka * (so + 64 * b)
+            a = so + 64 * b
             block_g(g, kind, 0, cols, acc, flat, w, xq, xo + b * 512, xds, o, xs16, a)
+    elif kind == KIND_Q3_K or kind == KIND_Q2_K:  # xs16: every vector's per-16 sums
+        for b in range(nunit):
+            o, w = so + b * 16, base + b * ub
+            block_g(g, kind, 0, cols, acc, flat, w, xq, xo + b * 512, xds, o, xs16, o)
     elif kind == KIND_Q3_G64 or kind == KIND_Q2_G64:
         for b in range(nunit):
             o = so + b * 4
@@ -448,7 +406,7 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
         xds[nv * xs : npad * xs] = xds[(nv - 1) * xs : nv * xs]
         xs16[nv * xs : npad * xs] = xs16[(nv - 1) * xs : nv * xs]
     # each group of GROUP vectors' scales side by side, so that a block's scale products
-    # for all of them are one vector multiply (_pair_batch, _q4k_batch, _q6k_batch)
+    # for all of them are one vector multiply (_pair_batch, _k4_batch)
     ng = (npad + GROUP - 1) // GROUP
     if k4_kind(kind):  # per super-block b at xs * v0 + 64 b: 8 dx per vector, then 8 sx
         aux = np.zeros(ng * GROUP * xs, np.float32)
@@ -458,26 +416,8 @@ def _mvb(kind, d0, d1, d2, X, o0, o1, o2):
                 for j in range(8):
                     aux[at + 64 * b + j] = xds[x0 + 16 * b + 2 * j]
                     aux[at + 64 * b + 32 + j] = xds[x0 + 16 * b + 2 * j + 1]
-    elif kind == KIND_Q6_K and Q6K_GROUP_SUMS:  # per super-block b and vector v at
-        aux = np.zeros(ng * GROUP * 2 * xs, np.float32)  # 2 xs v0 + 128 b + 32 (v - v0):
-        order = Q6K_DX_ORDER  # its 16 dx in sum order, then its 16 sums
-        for v in range(npad):
-            at, x0 = (v - v % GROUP) * 2 * xs + (v % GROUP) * 32, v * xs
-            for b in range(nunit):
-                o = at + 128 * b
-                for j in range(16):
-                    aux[o + j] = xds[x0 + 16 * b + order[j]]
-                    aux[o + 16 + j] = xs16[x0 + 16 * b + j]
-    elif kind == KIND_Q6_K:  # per super-block b at 2 xs v0 + 128 b, chunk pair c at + 32 c:
-        aux = np.zeros(ng * GROUP * 2 * xs, np.float32)  # [dx_a dx_a dx_b dx_b] per vector,
-        for v in range(npad):  # then 4 sums of 16 elements per vector
-            at, x0 = (v - v % GROUP) * 2 * xs + (v % GROUP) * 4, v * xs
-            for b in range(nunit):
-                for c in range(4):
-                    o = at + 128 * b + 32 * c
-                    for j in range(4):
-                        aux[o + j] = xds[x0 + 16 * b + 4 * c + 2 * (j // 2)]
-                        aux[o + 16 + j] = xs16[x0 + 16 * b + 4 * c + j]
+    elif kind == KIND_Q3_K or kind == KIND_Q2_K:  # each vector's own per-16 sums
+        aux = xs16
     else:
         # block pairs: each group of GROUP vectors' [dx_a, sx_a, dx_b, sx_b] of pair q
         # side by side at xs * v0 + 16 q (_pair_batch loads them as one vector)
@@ -534,7 +474,7 @@ def mvb_q8_0(d0, d1, d2, X, o0, o1, o2):
 
 @njit(inline="always")
 def _k8_rows4(kind, flat, base, nsb, cols, xb, xsb, xp, bs, v0, nv, rv):
-    """One Q4_K / Q6_K row . vectors v0 .. v0 + 3 (clamped to nv - 1; a clamped copy's
+    """One Q4_K / Q5_K / Q6_K row . vectors v0 .. v0 + 3 (clamped to nv - 1; a clamped copy's
     result is dropped) on quantize_x_sb8 activations: the block intrinsic for each
     vector in turn, the same IR as _row_k8's, so each result equals the single matvec's
     bit for bit; the four calls load and unpack the same weights, and LLVM does that
@@ -570,8 +510,8 @@ def _k8_rows2(kind, flat, base, nsb, cols, xb, xsb, xp, bs, v0, rv):
 
 @njit(inline="always")
 def _mvb_k8(kind, d0, d1, d2, X, o0, o1, o2):
-    """_mvb for Q4_K / Q6_K on quantize_x_sb8 activations: rows
-    equal mv_q4_k's / mv_q6_k's."""
+    """_mvb for Q4_K / Q5_K / Q6_K on quantize_x_sb8 activations: rows
+    equal mv_q4_k's / mv_q5_k's / mv_q6_k's."""
     nv, cols = X.shape
     n = cols // 256
     xb = np.empty(nv * cols, np.int8)
@@ -647,9 +587,19 @@ def mvb_iq4_nl(d0, d1, d2, X, o0, o1, o2):
 
 @njit(parallel=True, cache=True, nogil=True)
 def mvb_q5_k(d0, d1, d2, X, o0, o1, o2):
-    _mvb(KIND_Q5_K, d0, d1, d2, X, o0, o1, o2)
+    _mvb_k8(KIND_Q5_K, d0, d1, d2, X, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def mvb_iq4_xs(d0, d1, d2, X, o0, o1, o2):
     _mvb(KIND_IQ4_XS, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q3_k(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q3_K, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb_q2_k(d0, d1, d2, X, o0, o1, o2):
+    _mvb(KIND_Q2_K, d0, d1, d2, X, o0, o1, o2)

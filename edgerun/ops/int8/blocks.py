@@ -337,7 +337,7 @@ def _k4_block(scales, chunk, nbytes, name):
     a scale and a bias (x = s_j u - b_j, u the unsigned weight bytes): scales(r, off) ->
     (s_j, b_j) <8 x float>, chunk(r, off, g) -> weights 64 g .. 64 g + 63 as <64 x u8>.
     a8 (an acc16 pointer, lanes 0..7 used) collects b_j sx_j, which the caller
-    subtracts. Q4_K (b_j = dmin m_j), Q5_K (the same), IQ4_XS (b_j = 128 s_j)."""
+    subtracts. IQ4_XS (b_j = 128 s_j; Q4_K and Q5_K decode on _k8_intrinsic's)."""
 
     def block(typingctx, a16, a8, row, off, xq, xo, xds, so):
         def codegen(context, builder, sig, args):
@@ -368,21 +368,6 @@ def _k4_block(scales, chunk, nbytes, name):
     return fn
 
 
-def _q5k_chunk(r, off, g):
-    """Weights 64 g .. 64 g + 63 of a Q5_K super-block (arg 2) as <64 x u8>: Q4_K's
-    nibbles of qs[32 g ..] | bits 2g (low half) and 2g + 1 (high half) of qh as bit 4."""
-    b = r.b
-    q = r.load(2, off, V32I8, 48 + 32 * g)
-    qh = r.load(2, off, V32I8, 16)
-    lo = b.and_(q, r.splat_i8(32, 15))
-    hi = b.lshr(q, r.splat_i8(32, 4))
-    h = b.lshr(qh, r.splat_i8(32, 2 * g)) if g else qh
-    one = r.splat_i8(32, 1)
-    lo = b.or_(lo, b.shl(b.and_(h, one), r.splat_i8(32, 4)))
-    hi = b.or_(hi, b.shl(b.and_(b.lshr(h, one), one), r.splat_i8(32, 4)))
-    return r.concat(lo, hi)
-
-
 def _iq4xs_scales(r, off):
     """An IQ4_XS super-block's 8 scales times d, and 128 times that (the bias of the
     +128 levels), <8 x float> each."""
@@ -410,53 +395,78 @@ def _iq4xs_chunk(r, off, g):
     return iq4_lookup(r, idx)
 
 
-@intrinsic
-def q4_k_block8(typingctx, a8, am, row, off, xb, xo, xsb, xp, s):
-    """One 256-element Q4_K super-block on quantize_x_sb8's activations (the avx2 / int8
-    decode path): per 32 weights one vpmaddubsw (nibbles x int8) and one vpmaddwd by the
-    sub-block scale times 2^(6 - e) (<= 4032), summed in int32 lanes over the
-    super-block; one convert and fma at its end. a8 lanes 0..7 collect the scaled dots,
-    am lanes 0..7 the dmin m_j sx_j the caller subtracts. xsb[9 s .. 9 s + 8]: dx 2^-e
-    sum(q) of each 32 elements, then dx / 64; xp[8 s .. 8 s + 8]: the 2^(6 - e).
+def _k8_intrinsic(nibbles, nbytes, name):
+    """The sb8 block intrinsic of a super-block format with Q4_K's scale bytes (d, dmin,
+    12 bytes of 6-bit scales and mins at 0..15) and unsigned weights of at most 5 bits:
+    nibbles(r, off, g) -> sub-blocks 2g and 2g + 1 as <32 x u8> each (q4_k_block8)."""
 
-    A super-block on q4_k_block's two-level int16 words is 16 vpmaddwd, the shifts and
-    masks that make words of the nibbles, and per 64 weights two converts, two fmas and
-    the scale broadcasts; here it is 8 vpmaddubsw on the nibble bytes, 8 vpmaddwd, one
-    convert and one fma: 1.38-1.59x the two-level kernel on the 1.5B's shapes on avx2, one
-    thread, 1.19-1.34x for batches of 2 / 4 vectors (`python benchmarks/kernel_ab.py --base
-    <rev> --rows R --cols C --formats Q4_K -t 1`). The logits it costs,
-    teacher-forced against float activations (`benchmarks/decode_quality.py`,
-    `benchmarks/results/decode_quality_avx2.txt`): Qwen2.5-1.5B top-1 100%, KL 2.4e-4,
-    NLL unchanged; Gemma 3 270M top-1 99.5%, KL 5.4e-4 (one scale per 256 without the
-    powers of two, llama.cpp's q8_K: 97.8%, KL 2.1e-3)."""
+    def block(typingctx, a8, am, row, off, xb, xo, xsb, xp, s):
+        def codegen(context, builder, sig, args):
+            r = _IR(context, builder, sig, args)
+            b = builder
+            off, xo = args[3], args[5]
+            _prefetch_ahead(r, off, nbytes)
+            dm, sc8, mn8 = q4k_scale_bytes(r, 2, off)
+            d = b.extract_element(dm, ir.Constant(I32, 0))
+            dmin = b.extract_element(dm, ir.Constant(I32, 1))
+            so = b.mul(args[8], ir.Constant(args[8].type, 9))
+            sx = r.load(6, so, V8F)
+            dx = r.load(6, so, F32, 8)
+            mterm = b.fmul(b.fmul(r.splat(dmin, 8), b.uitofp(mn8, V8F)), sx)
+            _acc_add(r, 1, V8F, lambda a: b.fadd(a, mterm))
+            pw = r.load(7, b.mul(args[8], ir.Constant(args[8].type, 8)), _v(I16, 8))
+            sc = b.mul(b.zext(sc8, _v(I16, 8)), pw)  # sc_j 2^(6 - e_j) <= 4032
+            acc = None
+            for g in range(4):
+                for k, q in enumerate(nibbles(r, off, g)):  # sub-block 2g + k
+                    xv = r.load(4, b.add(xo, ir.Constant(xo.type, 64 * g + 32 * k)), V32I8)
+                    dot = r.madd16(r.maddubs(q, xv), r.shuf(sc, sc, [2 * g + k] * 16))
+                    acc = dot if acc is None else b.add(acc, dot)
+            df = b.sitofp(acc, V8F)
+            sv = r.splat(b.fmul(d, dx), 8)
+            _acc_add(r, 0, V8F, lambda a: r.fma(df, sv, a))
+            return context.get_dummy_value()
 
-    def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        b = builder
-        off, xo = args[3], args[5]
-        _prefetch_ahead(r, off, 144)
-        dm, sc8, mn8 = q4k_scale_bytes(r, 2, off)
-        d = b.extract_element(dm, ir.Constant(I32, 0))
-        dmin = b.extract_element(dm, ir.Constant(I32, 1))
-        so = b.mul(args[8], ir.Constant(args[8].type, 9))
-        sx = r.load(6, so, V8F)
-        dx = r.load(6, so, F32, 8)
-        mterm = b.fmul(b.fmul(r.splat(dmin, 8), b.uitofp(mn8, V8F)), sx)
-        _acc_add(r, 1, V8F, lambda a: b.fadd(a, mterm))
-        pw = r.load(7, b.mul(args[8], ir.Constant(args[8].type, 8)), _v(I16, 8))
-        sc = b.mul(b.zext(sc8, _v(I16, 8)), pw)  # sc_j 2^(6 - e_j) <= 4032
-        acc = None
-        for g in range(4):
-            for k, q in enumerate(q4k_nibbles(r, 2, off, g)):  # sub-block 2g + k
-                xv = r.load(4, b.add(xo, ir.Constant(xo.type, 64 * g + 32 * k)), V32I8)
-                dot = r.madd16(r.maddubs(q, xv), r.shuf(sc, sc, [2 * g + k] * 16))
-                acc = dot if acc is None else b.add(acc, dot)
-        df = b.sitofp(acc, V8F)
-        sv = r.splat(b.fmul(d, dx), 8)
-        _acc_add(r, 0, V8F, lambda a: r.fma(df, sv, a))
-        return context.get_dummy_value()
+        return types.void(a8, am, row, off, xb, xo, xsb, xp, s), codegen
 
-    return types.void(a8, am, row, off, xb, xo, xsb, xp, s), codegen
+    block.__name__ = name
+    return intrinsic(block)
+
+
+def _q5k_nibbles(r, off, g):
+    """Of the Q5_K super-block at byte off of the row (arg 2), sub-blocks 2g and 2g + 1
+    as <32 x u8> each: Q4_K's nibbles of qs[32 g ..] (at 48) | bits 2g and 2g + 1 of
+    qh (at 16) as bit 4."""
+    b = r.b
+    q = r.load(2, off, V32I8, 48 + 32 * g)
+    qh = r.load(2, off, V32I8, 16)
+    one, four = r.splat_i8(32, 1), r.splat_i8(32, 4)
+    h = b.lshr(qh, r.splat_i8(32, 2 * g)) if g else qh
+    lo = b.or_(b.and_(q, r.splat_i8(32, 15)), b.shl(b.and_(h, one), four))
+    hi = b.or_(b.lshr(q, four), b.shl(b.and_(b.lshr(h, one), one), four))
+    return lo, hi
+
+
+# One 256-element Q4_K super-block on quantize_x_sb8's activations (the avx2 / int8
+# decode path): per 32 weights one vpmaddubsw (nibbles x int8) and one vpmaddwd by the
+# sub-block scale times 2^(6 - e) (<= 4032), summed in int32 lanes over the
+# super-block; one convert and fma at its end. a8 lanes 0..7 collect the scaled dots,
+# am lanes 0..7 the dmin m_j sx_j the caller subtracts. xsb[9 s .. 9 s + 8]: dx 2^-e
+# sum(q) of each 32 elements, then dx / 64; xp[8 s .. 8 s + 8]: the 2^(6 - e).
+#
+# A super-block on the per-32 kernels' two-level int16 words is 16 vpmaddwd, the shifts and
+# masks that make words of the nibbles, and per 64 weights two converts, two fmas and
+# the scale broadcasts; here it is 8 vpmaddubsw on the nibble bytes, 8 vpmaddwd, one
+# convert and one fma: 1.38-1.59x the two-level kernel on the 1.5B's shapes on avx2, one
+# thread, 1.19-1.34x for batches of 2 / 4 vectors (`python benchmarks/kernel_ab.py --base
+# <rev> --rows R --cols C --formats Q4_K -t 1`). The logits it costs,
+# teacher-forced against float activations (`benchmarks/decode_quality.py`,
+# `benchmarks/results/decode_quality_avx2.txt`): Qwen2.5-1.5B top-1 100%, KL 2.4e-4,
+# NLL unchanged; Gemma 3 270M top-1 99.5%, KL 5.4e-4 (one scale per 256 without the
+# powers of two, llama.cpp's q8_K: 97.8%, KL 2.1e-3).
+q4_k_block8 = _k8_intrinsic(lambda r, off, g: q4k_nibbles(r, 2, off, g), 144, "q4_k_block8")
+# Q5_K the same with the fifth bit: pair sums <= 2 * 31 * 127, int32 lanes <= 8 x 63.5M
+q5_k_block8 = _k8_intrinsic(_q5k_nibbles, 176, "q5_k_block8")
 
 
 # Software prefetch distance of the matvec block intrinsics, in bytes of the weight row.
@@ -483,39 +493,6 @@ def _prefetch_ahead(r, off, nbytes):
         b.call(f, [q, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
-def _q4k_scales(r, off):
-    """A Q4_K super-block's 8 sub-block scales and mins, as floats already multiplied by
-    d and dmin: (d sc_j, dmin m_j), <8 x float> each."""
-    b = r.b
-    dm, sc8, mn8 = q4k_scale_bytes(r, 2, off)
-    sc = b.uitofp(sc8, V8F)
-    mn = b.uitofp(mn8, V8F)
-    d = b.extract_element(dm, ir.Constant(I32, 0))
-    dmin = b.extract_element(dm, ir.Constant(I32, 1))
-    return b.fmul(r.splat(d, 8), sc), b.fmul(r.splat(dmin, 8), mn)
-
-
-def q6k_group_sums(r, dots):
-    """The 4 dots of a Q6_K super-block (<16 x i32> each, 64 weights, lane j: weights
-    4j .. 4j + 3) -> <16 x i32> of the sums of each 4 consecutive lanes (one 16-weight
-    scale group), scale Q6K_SUM_ORDER[l] in lane l: two rounds of lane-pair shuffles and
-    adds, the order they leave the sums in."""
-    b = r.b
-    add = b.add
-    l1 = [
-        add(r.shuf(d, d, [0, 8, 2, 10, 4, 12, 6, 14]), r.shuf(d, d, [1, 9, 3, 11, 5, 13, 7, 15]))
-        for d in dots
-    ]
-    lo, hi = (
-        add(r.shuf(a, c, [0, 1, 8, 9, 4, 5, 12, 13]), r.shuf(a, c, [2, 3, 10, 11, 6, 7, 14, 15]))
-        for a, c in ((l1[0], l1[1]), (l1[2], l1[3]))
-    )
-    return r.concat(lo, hi)
-
-
-Q6K_SUM_ORDER = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15]
-
-
 def q4k_scale_bytes(r, i, off):
     """The Q4_K super-block at byte off of array arg i -> ([d, dmin] <2 x float>, its 8
     6-bit sub-block scales and its 8 mins as <8 x i8>)."""
@@ -539,11 +516,6 @@ def q4k_nibbles(r, i, off, g):
     <32 x u8> each: the low and the high nibbles of its 32 quant bytes at 16 + 32 g."""
     q = r.load(i, off, V32I8, 16 + 32 * g)
     return r.b.and_(q, r.splat_i8(32, 15)), r.b.lshr(q, r.splat_i8(32, 4))
-
-
-def _q4k_chunk(r, off, g):
-    """Weights 64 g .. 64 g + 63 of a Q4_K super-block (arg 2) as <64 x u8>."""
-    return r.concat(*q4k_nibbles(r, 2, off, g))
 
 
 def _k16_block(unpack, nbytes, name):
@@ -634,9 +606,8 @@ def _unpack_q2k(r, off, c):
 q3_k_block = _k16_block(_unpack_q3k, 110, "q3_k_block")
 q2_k_block = _k16_block(_unpack_q2k, 84, "q2_k_block")
 
-# One 256-element Q4_K super-block: d sc_j per 32 weights, dmin m_j sx_j into a8.
-q4_k_block = _k4_block(_q4k_scales, _q4k_chunk, 144, "q4_k_block")
-q5_k_block = _k4_block(_q4k_scales, _q5k_chunk, 176, "q5_k_block")
+# One 256-element IQ4_XS super-block: d (sc_j - 32) per 32 weights, 128 times that sx_j
+# into a8.
 iq4_xs_block = _k4_block(_iq4xs_scales, _iq4xs_chunk, 136, "iq4_xs_block")
 
 
@@ -648,60 +619,9 @@ def _q6k_super_scale(r, off):
 
 
 @intrinsic
-def q6_k_block(typingctx, a16, a8, row, off, xq, xo, xds, so, xs16, so16):
-    """One 256-element Q6_K super-block. xs16[so16 + k] = dx * sum(q_x) over the k-th 16
-    elements; a8 (an acc16 pointer, lanes 0..3 used) collects d*sc*xs16 for the -32 bias."""
-
-    def codegen(context, builder, sig, args):
-        r = _IR(context, builder, sig, args)
-        b = builder
-        off, xo, so = args[3], args[5], args[7]
-        d = _q6k_super_scale(r, off)
-        if Q6K_GROUP_SUMS:
-            dsc = q6k_scales(r, off, d)
-            bias = b.fmul(dsc, r.load(8, args[9], V16F))
-            _acc_add(r, 1, V16F, lambda a: b.fadd(a, bias))
-            dx = r.load(6, so, V16F)  # [dx_0, sx_0, ..., dx_7, sx_7]
-            sv = b.fmul(r.shuf(dsc, dsc, Q6K_SUM_ORDER), r.shuf(dx, dx, Q6K_DX_ORDER))
-            dots = [
-                r.dpx(w, 4, b.add(xo, ir.Constant(xo.type, 128 * c)), 64)
-                for c, w in enumerate(q6k_chunks(r, off))
-            ]
-            df = b.sitofp(q6k_group_sums(r, dots), V16F)
-            _acc_add(r, 0, V16F, lambda a: r.fma(df, sv, a))
-            return context.get_dummy_value()
-        dv4 = r.splat(d, 4)
-        for h in range(2):
-            ql = r.load(2, off, V64I8, 64 * h)
-            qh = r.load(2, off, V32I8, 128 + 32 * h)
-            for p in range(2):
-                w = _q6k_chunk(r, ql, qh, p)
-                xoff = b.add(xo, ir.Constant(xo.type, 256 * h + 128 * p))
-                dot = r.dpx(w, 4, xoff, 64)
-                k = 8 * h + 4 * p  # first of 4 scales (16 elements each)
-                sc = b.sitofp(r.load(2, off, _v(I8, 4), 192 + k), V4F)
-                dsc = b.fmul(dv4, sc)
-                # dx of the two 32-blocks: xds[so + 2*(4h + 2p)], xds[so + 2*(4h + 2p + 1)]
-                blk = 4 * h + 2 * p
-                xd4 = r.load(6, b.add(so, ir.Constant(so.type, 2 * blk)), V4F)
-                dxv = r.shuf(xd4, xd4, [0, 0, 2, 2])
-                sv4 = b.fmul(dsc, dxv)
-                sv = r.shuf(sv4, sv4, [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4)
-                df = b.sitofp(dot, V16F)
-                _acc_add(r, 0, V16F, lambda a, df=df, sv=sv: r.fma(df, sv, a))
-                x16 = r.load(8, b.add(args[9], ir.Constant(args[9].type, k)), V4F)
-                bias = b.fmul(dsc, x16)
-                bias8 = r.shuf(bias, ir.Constant(V4F, [0.0] * 4), range(8))
-                _acc_add(r, 1, V8F, lambda a, bias8=bias8: b.fadd(a, bias8))
-        return context.get_dummy_value()
-
-    return types.void(a16, a8, row, off, xq, xo, xds, so, xs16, so16), codegen
-
-
-@intrinsic
 def q6_k_block8(typingctx, a8, am, row, off, xb, xo, xsb, xp, s, bs):
     """One 256-element Q6_K super-block on quantize_x_sb8's activations (the avx2 / int8
-    decode path, Q6K_SB8), as q4_k_block8: per 32 weights one vpmaddubsw (6-bit weights
+    decode path), as q4_k_block8: per 32 weights one vpmaddubsw (6-bit weights
     0..63 x int8, pair sums <= 16002) and one vpmaddwd by the two 16-element sub-block
     scales times 2^(6 - e) (|sc 2^(6-e)| <= 8192), summed in int32 lanes over the
     super-block (<= 8 x 262M); one convert and FMA at its end. The -32 offset: am
@@ -737,21 +657,6 @@ def q6_k_block8(typingctx, a8, am, row, off, xb, xo, xsb, xp, s, bs):
         return context.get_dummy_value()
 
     return types.void(a8, am, row, off, xb, xo, xsb, xp, s, bs), codegen
-
-
-# Q6_K on AVX2 / generic int8: each 16-weight scale group's dot lanes summed in integers
-# (shuffles and adds), then one 16-lane conversion and FMA a super-block and one bias
-# multiply, instead of four of each plus their scale shuffles: 1.11-1.12x on the 1.5B's
-# shapes, 1.16-1.21x for 4 vectors, avx2, one thread (`python benchmarks/kernel_ab.py
-# --base <rev> --formats Q6_K -t 1`). Tried: the same for Q4_K (0.88-1.19x: it keeps
-# scaling lanes in float), phadd.d for the sums and integer scale multiplies (slower).
-Q6K_GROUP_SUMS = DOT != "vnni"
-Q6K_DX_ORDER = tuple(2 * (s // 2) for s in Q6K_SUM_ORDER)  # dx of scale s: xds[2 (s // 2)]
-
-
-def q6k_scales(r, off, d):
-    """A Q6_K super-block's 16 scales times d, <16 x float> in natural order."""
-    return r.b.fmul(r.splat(d, 16), r.b.sitofp(r.load(2, off, V16I8, 192), V16F))
 
 
 def q6k_chunks(r, off):
@@ -836,7 +741,6 @@ KIND_Q5_1, KIND_Q2_K, KIND_Q3_K, KIND_Q5_K, KIND_IQ4_NL, KIND_IQ4_XS = 11, 12, 1
 
 # the super-block formats of _k4_block (scale and bias per 32): Q4_K's decode layout
 _K4_KINDS = (KIND_Q4_K, KIND_Q5_K, KIND_IQ4_XS)
-_K_KINDS = (*_K4_KINDS, KIND_Q6_K)
 
 
 @njit(inline="always")

@@ -50,7 +50,7 @@ from edgerun.ops.int8.blocks import (  # noqa: E402
     q5_0_single,
     q5_1_pair,
     q5_1_single,
-    q5_k_block,
+    q5_k_block8,
     q6_k_block8,
     q8_0_pair,
     q8_0_single,
@@ -143,15 +143,6 @@ def _row_q8_0(row, base, nb, xq, xds, xs16):
 
 
 @njit(inline="always")
-def _row_q5_k(row, base, nsb, xq, xds, xs16):
-    a16 = acc16()
-    am = acc16()
-    for b in range(nsb):
-        q5_k_block(a16, am, row, base + b * 176, xq, b * 512, xds, b * 16)
-    return _hsum(a16, 16) - _hsum(am, 8)
-
-
-@njit(inline="always")
 def _row_iq4_xs(row, base, nsb, xq, xds, xs16):
     a16 = acc16()
     am = acc16()
@@ -183,18 +174,22 @@ def _k8_block(kind, a, m, row, off, xb, xo, xsb, xp, s, bs):
     """A K-quant super-block on quantize_x_sb8's activations (kind a literal)."""
     if kind == KIND_Q4_K:
         q4_k_block8(a, m, row, off, xb, xo, xsb, xp, s)
+    elif kind == KIND_Q5_K:
+        q5_k_block8(a, m, row, off, xb, xo, xsb, xp, s)
     else:
         q6_k_block8(a, m, row, off, xb, xo, xsb, xp, s, bs)
 
 
 @njit(inline="always")
 def _k8_bytes(kind):
-    return 144 if kind == KIND_Q4_K else 210
+    if kind == KIND_Q4_K:
+        return 144
+    return 176 if kind == KIND_Q5_K else 210
 
 
 @njit(inline="always")
 def _row_k8(kind, row, base, nsb, xb, xsb, xp, bs):
-    """One row of a Q4_K or Q6_K matrix on quantize_x_sb8's activations."""
+    """One row of a Q4_K, Q5_K or Q6_K matrix on quantize_x_sb8's activations."""
     a = acc16()
     m = acc16()
     nbytes = _k8_bytes(kind)
@@ -245,8 +240,6 @@ def _row_of(kind, row, base, n, xq, xds, xs16):
         return _row_q5_1(row, base, n, xq, xds, xs16)
     if kind == KIND_IQ4_NL:
         return _row_iq4_nl(row, base, n, xq, xds, xs16)
-    if kind == KIND_Q5_K:
-        return _row_q5_k(row, base, n, xq, xds, xs16)
     if kind == KIND_IQ4_XS:
         return _row_iq4_xs(row, base, n, xq, xds, xs16)
     if kind == KIND_Q3_K:
@@ -312,7 +305,7 @@ def mv_q4_k(d0, d1, d2, x, o0, o1, o2):
 
 @njit(inline="always")
 def _mv_k8(kind, d0, d1, d2, x, o0, o1, o2):
-    """mv_q4_k / mv_q6_k on quantize_x_sb8's single-level activations."""
+    """mv_q4_k / mv_q5_k / mv_q6_k on quantize_x_sb8's single-level activations."""
     cols = x.shape[0]
     n = cols // 256
     xb, xsb, xp, bs = x_k8(kind, x)
@@ -339,7 +332,7 @@ def mv_iq4_nl(d0, d1, d2, x, o0, o1, o2):
 
 @njit(parallel=True, cache=True, nogil=True)
 def mv_q5_k(d0, d1, d2, x, o0, o1, o2):
-    _mv(KIND_Q5_K, d0, d1, d2, x, o0, o1, o2)
+    _mv_k8(KIND_Q5_K, d0, d1, d2, x, o0, o1, o2)
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -25,22 +25,29 @@ block of 32 columns, `GROUP_BYTES[kind]` bytes on average:
 - Q5_0: then 8 x 64-bit masks, bit 4r + i of mask k = bit 4 of row r's weight 4k + i;
 - Q8_0: 8 x 64 bytes, the weights + 128 (unsigned for vpdpbusd);
 - then d of the 16 rows (16 x f16) and, for Q4_1, m (16 x f16);
-- Q4_K / Q6_K: per super-block of 256 columns 8 records of 32 columns (the nibbles as
-  above, then the rows' 6-bit scales and mins / Q6_K's high 2 bits as two 64-byte planes
-  and its two 16-weight scales), then d and dmin / d of the 16 rows
-  (_interleave_q4_k, _interleave_q6_k).
+- Q4_K / Q6_K / Q5_K / IQ4_XS: per super-block of 256 columns 8 records of 32 columns
+  (the nibbles as above, then the rows' 6-bit scales and mins / Q6_K's high 2 bits as
+  two 64-byte planes and its two 16-weight scales / Q5_K's fifth bits as Q5_0's masks,
+  then its scales and mins / IQ4_XS's signed scales), then d and dmin / d of the 16 rows
+  (_interleave_q4_k, _interleave_q6_k, _interleave_q5_k, _interleave_iq4_xs). IQ4_XS's
+  4-bit indices become their levels + 128 with one vpshufb per register.
+- Q3_K / Q2_K: per super-block 8 records of 32 columns: the 2-bit fields as two 64-byte
+  planes, Q3_K's hmask bits as Q5_0's masks and its two 16-weight scales, Q2_K's two
+  scale-and-min bytes, then d (and dmin) of the 16 rows (_interleave_k16).
 
 Activations, as the row kernels quantize them: per block of 32 one scale dx = max|x| /
 127, q1 = rint(x / dx), and for the two-level formats (Q4_0, Q4_1, Q8_0) the residual
 q2 = rint((x - q1 dx) 128 / dx); a block's value is d dx (dot(w, q1) + dot(w, q2) / 128).
-The K-quants take quantize_x_sb8's single level (one scale per 256 refined per 32 by a
-power of two), Q5_0 q1 alone. One level halves the dots a vector costs, which is what
-several vectors pay for once the unpack is shared: on the 1.5B's Q4_K 8960x1536 shape,
-1 thread, 16 vectors cost 5.0-5.2x one vector's time where two levels cost 6.8-7.2x, 4
-vectors 1.6x where they cost 1.8-1.9x (`python benchmarks/rows16.py --cpu-time -t 1
---vectors 1 2 4 8 16 --shapes Q4_K:8960x1536x4 Q6_K:1536x8960x4`).
-The formats' offsets (-8, -16, -128, -32 per weight) are folded into the integer sums;
-Q4_1's m and Q4_K's dmin terms take one FMA with the block's activation sum.
+Q4_K, Q5_K and Q6_K take quantize_x_sb8's single level (one scale per 256 refined per 32
+by a power of two), Q5_0 q1 alone, IQ4_XS two levels (as its row kernels). One level
+halves the dots a vector costs, which is what several vectors pay for once the unpack is
+shared: on the 1.5B's Q4_K 8960x1536 shape, 1 thread, 16 vectors cost 5.0-5.2x one
+vector's time where two levels cost 6.8-7.2x, 4 vectors 1.6x where they cost 1.8-1.9x
+(`python benchmarks/rows16.py --cpu-time -t 1 --vectors 1 2 4 8 16 --shapes
+Q4_K:8960x1536x4 Q6_K:1536x8960x4`).
+The formats' offsets (-8, -16, -128, -32, IQ4_XS's -128, Q3_K's -4 per weight) are
+folded into the integer sums; Q4_1's m and Q4_K's / Q5_K's dmin terms take one FMA with
+the block's activation sum, Q2_K's one per 16 weights.
 
 A vector's operations do not depend on how many vectors share the call, so batched rows
 equal single-vector rows bit for bit. Only call these kernels where `has_vnni()`.
@@ -62,8 +69,9 @@ from numba.extending import intrinsic  # noqa: E402
 
 from edgerun.ops._simd import h2f  # noqa: E402
 from edgerun.ops.int8.activations import SB8_EMAX, amax32, q8_16, qhalf  # noqa: E402
-from edgerun.ops.portable.kernels import _q4k_sm  # noqa: E402
+from edgerun.ops.portable.kernels import _q4k_sm, iq4xs_scale, q3k_scale  # noqa: E402
 from edgerun.quant.formats import QuantType  # noqa: E402
+from edgerun.quant.iquants import KVALUES  # noqa: E402
 
 ROWS = 16  # rows a group interleaves (16 int32 lanes of a zmm)
 PASS = 4  # vectors a pass over a group (their accumulators stay in registers)
@@ -71,6 +79,7 @@ PREFETCH_BYTES = 16384  # as the row kernels (int8.PREFETCH_BYTES)
 F0 = np.float32(0.0)
 
 KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q8_0, KIND_Q4_K, KIND_Q6_K = 0, 1, 2, 3, 4, 5
+KIND_Q5_K, KIND_IQ4_XS, KIND_Q3_K, KIND_Q2_K = 6, 7, 8, 9
 KIND_OF = {
     QuantType.Q4_0: KIND_Q4_0,
     QuantType.Q4_1: KIND_Q4_1,
@@ -78,9 +87,14 @@ KIND_OF = {
     QuantType.Q8_0: KIND_Q8_0,
     QuantType.Q4_K: KIND_Q4_K,
     QuantType.Q6_K: KIND_Q6_K,
+    QuantType.Q5_K: KIND_Q5_K,
+    QuantType.IQ4_XS: KIND_IQ4_XS,
+    QuantType.Q3_K: KIND_Q3_K,
+    QuantType.Q2_K: KIND_Q2_K,
 }
 # bytes per group of 16 rows and block of 32 columns (the K-quants: a super-block of 256
-# is 8 records of 288 / 416 bytes, then d and dmin / d of the 16 rows, 2368 / 3360 bytes)
+# is 8 records of 288 / 416 / 352 / 272 / 224 / 160 bytes, then d and dmin / d of the 16
+# rows: 2368 / 3360 / 2880 / 2208 / 1824 / 1344 bytes)
 GROUP_BYTES = {
     KIND_Q4_0: 288,
     KIND_Q4_1: 320,
@@ -88,13 +102,30 @@ GROUP_BYTES = {
     KIND_Q8_0: 544,
     KIND_Q4_K: 296,
     KIND_Q6_K: 420,
+    KIND_Q5_K: 360,
+    KIND_IQ4_XS: 276,
+    KIND_Q3_K: 228,
+    KIND_Q2_K: 168,
 }
-Q4K_SUPER, Q6K_SUPER = 2368, 3360
+Q4K_SUPER, Q6K_SUPER, Q5K_SUPER, IQ4XS_SUPER = 2368, 3360, 2880, 2208
+Q3K_SUPER, Q2K_SUPER = 1824, 1344
 _D_AT = {KIND_Q4_0: 256, KIND_Q4_1: 256, KIND_Q5_0: 320, KIND_Q8_0: 512}
 # single-level activations: Q5_0 one scale per 32 (quantize_x1), the K-quants one per 256
-# refined per 32 (quantize_x_sb8); the others two levels
-_LEVELS = {KIND_Q5_0: 1, KIND_Q4_K: 1, KIND_Q6_K: 1}
-_BIAS = {KIND_Q4_0: -8, KIND_Q5_0: -16, KIND_Q8_0: -128, KIND_Q6_K: -32}  # the others: 0
+# refined per 32 (quantize_x_sb8); the others (IQ4_XS, Q3_K, Q2_K included, as their row
+# kernels) two levels
+_LEVELS = {KIND_Q5_0: 1, KIND_Q4_K: 1, KIND_Q6_K: 1, KIND_Q5_K: 1}
+_SB8 = (KIND_Q4_K, KIND_Q6_K, KIND_Q5_K)  # the kinds on quantize_x_sb8's activations
+# the weights' offsets (IQ4_XS: its levels + 128 as unsigned bytes); the others: 0
+_BIAS = {
+    KIND_Q4_0: -8,
+    KIND_Q5_0: -16,
+    KIND_Q8_0: -128,
+    KIND_Q6_K: -32,
+    KIND_IQ4_XS: -128,
+    KIND_Q3_K: -4,
+}
+# IQ4_XS's 16 levels + 128 (1..241), the vpshufb table of every 16-byte lane
+_IQ4_U8 = [int(v) + 128 for v in KVALUES] * 4
 
 I1, I8, I32, I64 = (ir.IntType(n) for n in (1, 8, 32, 64))
 F32, HALF = ir.FloatType(), ir.HalfType()
@@ -116,6 +147,15 @@ def _interleave(kind, raw, rows, nb, out):
             continue
         if kind == KIND_Q6_K:
             _interleave_q6_k(raw, row, g, r, nb // 8, out)
+            continue
+        if kind == KIND_Q5_K:
+            _interleave_q5_k(raw, row, g, r, nb // 8, out)
+            continue
+        if kind == KIND_IQ4_XS:
+            _interleave_iq4_xs(raw, row, g, r, nb // 8, out)
+            continue
+        if kind == KIND_Q3_K or kind == KIND_Q2_K:
+            _interleave_k16(kind, raw, row, g, r, nb // 8, out)
             continue
         for b in range(nb):
             o = b * gb
@@ -206,6 +246,93 @@ def _interleave_q6_k(raw, row, g, r, nsb, out):
                     out[g, oj + 256 + 64 * h + 4 * r + i] = v
 
 
+@njit(inline="always")
+def _interleave_q5_k(raw, row, g, r, nsb, out):
+    """Row `row` (row r of group g) of a Q5_K matrix: per super-block s, sub-block j's
+    record at s * Q5K_SUPER + 352 j holds its weights' low 4 bits as Q4_K's records, then
+    their fifth bits as Q5_0's 8 masks (bit 4 r + i of mask k: weight 4 k + i), then the
+    row's 6-bit scale at 320 + r and min at 336 + r; d and dmin at 2816 + 2 r and 2848 +
+    2 r."""
+    for sb in range(nsb):
+        s, o = sb * 176, sb * Q5K_SUPER
+        for t in range(2):
+            out[g, o + 2816 + 2 * r + t] = raw[row, s + t]
+            out[g, o + 2848 + 2 * r + t] = raw[row, s + 2 + t]
+        for j in range(8):
+            sc, m = _q4k_sm(raw[row, s + 4 : s + 16], j)
+            oj = o + 352 * j
+            out[g, oj + 320 + r] = sc
+            out[g, oj + 336 + r] = m
+            q0 = s + 48 + 32 * (j // 2)  # the 32 bytes holding sub-blocks 2c and 2c + 1
+            sh = 4 * (j % 2)
+            for kk in range(4):
+                for i in range(4):
+                    lo = (raw[row, q0 + 4 * kk + i] >> sh) & 15
+                    hi = (raw[row, q0 + 16 + 4 * kk + i] >> sh) & 15
+                    out[g, oj + 64 * kk + 4 * r + i] = lo | (hi << 4)
+            for k in range(8):  # weight w's fifth bit: bit j of qh byte w
+                nib = 0
+                for i in range(4):
+                    nib |= ((raw[row, s + 16 + 4 * k + i] >> j) & 1) << i
+                out[g, oj + 256 + 8 * k + r // 2] |= nib << (4 * (r & 1))
+
+
+@njit(inline="always")
+def _interleave_iq4_xs(raw, row, g, r, nsb, out):
+    """Row `row` (row r of group g) of an IQ4_XS matrix: per super-block s, sub-block j's
+    record at s * IQ4XS_SUPER + 272 j holds its 16 index bytes as the nibble formats do
+    (byte j of the file's 16: elements j and j + 16), then the row's signed scale
+    (sc - 32) at 256 + r; d at 2176 + 2 r."""
+    for sb in range(nsb):
+        s, o = sb * 136, sb * IQ4XS_SUPER
+        out[g, o + 2176 + 2 * r] = raw[row, s]
+        out[g, o + 2177 + 2 * r] = raw[row, s + 1]
+        for j in range(8):
+            oj = o + 272 * j
+            out[g, oj + 256 + r] = np.uint8(iq4xs_scale(raw[row, s : s + 8], j) & 255)
+            for t in range(16):
+                out[g, oj + 64 * (t >> 2) + 4 * r + (t & 3)] = raw[row, s + 8 + 16 * j + t]
+
+
+@njit(inline="always")
+def _interleave_k16(kind, raw, row, g, r, nsb, out):
+    """Row `row` (row r of group g) of a Q3_K or Q2_K matrix: per super-block s,
+    sub-block j's record at s * SUPER + RECORD j (Q3_K 1824 / 224, Q2_K 1344 / 160)
+    holds its weights' 2-bit fields as two 64-byte planes (byte 4 r + i of plane h, bits
+    2 m: weight 4 (4 h + m) + i), then for Q3_K their hmask bits as Q5_0's 8 masks (bit
+    4 r + i of mask k: weight 4 k + i; a set bit is + 4) and the row's two 16-weight
+    signed scales (sc - 32) at 192 + r and 208 + r, for Q2_K the row's two scale bytes
+    (scale | min << 4) at 128 + r and 144 + r; d (and Q2_K's dmin) of the 16 rows at
+    the super-block's end."""
+    q3 = kind == KIND_Q3_K
+    nbytes, sup, rec = (110, Q3K_SUPER, 224) if q3 else (84, Q2K_SUPER, 160)
+    qs0 = 32 if q3 else 16
+    for sb in range(nsb):
+        s, o = sb * nbytes, sb * sup
+        dat = s + 108 if q3 else s + 80
+        e = o + 8 * rec
+        for t in range(2):
+            out[g, e + 2 * r + t] = raw[row, dat + t]
+            if not q3:
+                out[g, e + 32 + 2 * r + t] = raw[row, s + 82 + t]
+        for j in range(8):  # elements 32 j + l: bits 2 (j % 4) of qs[32 (j // 4) + l]
+            oj = o + rec * j
+            h, sh = j // 4, 2 * (j % 4)
+            for half in range(2):
+                if q3:
+                    sc = q3k_scale(raw[row, s + 96 : s + 108], 2 * j + half)
+                    out[g, oj + 192 + 16 * half + r] = np.uint8(sc & 255)
+                else:
+                    out[g, oj + 128 + 16 * half + r] = raw[row, s + 2 * j + half]
+            for w in range(32):
+                k, i = w >> 2, w & 3
+                q = (raw[row, s + qs0 + 32 * h + w] >> sh) & 3
+                out[g, oj + 64 * (k >> 2) + 4 * r + i] |= q << (2 * (k & 3))
+                if q3:
+                    hb = (raw[row, s + w] >> j) & 1  # hmask bit j of element w
+                    out[g, oj + 128 + 8 * k + r // 2] |= hb << (4 * (r & 1) + i)
+
+
 def copy_shape(qtype: QuantType, rows: int, cols: int) -> tuple[int, int]:
     """The interleaved copy's shape (uint8) for a rows x cols matrix of qtype (KIND_OF):
     [ceil(rows / 16), cols / 32 * GROUP_BYTES]."""
@@ -245,11 +372,49 @@ def embedding_rows16(kind, il, ids, out):
                     sc = np.int8(il[g, o + 384 + 16 * (j >> 4) + r])
                     out[t, 32 * bi + j] = (dq * np.float32(sc)) * np.float32(q - 32)
                 continue
+            if kind == KIND_Q3_K or kind == KIND_Q2_K:
+                q3 = kind == KIND_Q3_K
+                rec = 224 if q3 else 160
+                sup = (bi >> 3) * (Q3K_SUPER if q3 else Q2K_SUPER)
+                o = sup + (bi & 7) * rec
+                dq = _f16_at(il, g, sup + 8 * rec + 2 * r)
+                for j in range(32):
+                    k = j >> 2
+                    pl = il[g, o + 64 * (k >> 2) + 4 * r + (j & 3)]
+                    q = np.int32((pl >> (2 * (k & 3))) & 3)
+                    if q3:
+                        mask = il[g, o + 128 + 8 * k + r // 2]
+                        q += 4 * np.int32((mask >> (4 * (r & 1) + (j & 3))) & 1) - 4
+                        sc = np.int8(il[g, o + 192 + 16 * (j >> 4) + r])
+                        out[t, 32 * bi + j] = (dq * np.float32(sc)) * np.float32(q)
+                    else:
+                        scm = il[g, o + 128 + 16 * (j >> 4) + r]
+                        dm = _f16_at(il, g, sup + 8 * rec + 32 + 2 * r)
+                        dl = dq * np.float32(scm & 15)
+                        ml = dm * np.float32(scm >> 4)
+                        out[t, 32 * bi + j] = dl * np.float32(q) - ml
+                continue
+            if kind == KIND_IQ4_XS:
+                sup = (bi >> 3) * IQ4XS_SUPER
+                o = sup + (bi & 7) * 272
+                sc = np.int8(il[g, o + 256 + r])
+                dl = _f16_at(il, g, sup + 2176 + 2 * r) * np.float32(sc)
+                for j in range(32):
+                    k = j >> 2
+                    byte = il[g, o + 64 * (k & 3) + 4 * r + (j & 3)]
+                    q = (byte >> (4 * (k >> 2))) & 15
+                    out[t, 32 * bi + j] = dl * np.float32(KVALUES[q])
+                continue
             if kind == KIND_Q4_K:
                 sup = (bi >> 3) * Q4K_SUPER
                 o = sup + (bi & 7) * 288
                 d = _f16_at(il, g, sup + 2304 + 2 * r) * np.float32(il[g, o + 256 + r])
                 m = _f16_at(il, g, sup + 2336 + 2 * r) * np.float32(il[g, o + 272 + r])
+            elif kind == KIND_Q5_K:
+                sup = (bi >> 3) * Q5K_SUPER
+                o = sup + (bi & 7) * 352
+                d = _f16_at(il, g, sup + 2816 + 2 * r) * np.float32(il[g, o + 320 + r])
+                m = _f16_at(il, g, sup + 2848 + 2 * r) * np.float32(il[g, o + 336 + r])
             else:
                 o = bi * gb
                 d_at = 512 if kind == KIND_Q8_0 else (320 if kind == KIND_Q5_0 else 256)
@@ -263,14 +428,16 @@ def embedding_rows16(kind, il, ids, out):
                 k = j >> 2
                 byte = il[g, o + 64 * (k & 3) + 4 * r + (j & 3)]
                 q = np.int32((byte >> (4 * (k >> 2))) & 15)
-                if kind == KIND_Q5_0:
+                if kind == KIND_Q5_0 or kind == KIND_Q5_K:
                     mask = il[g, o + 256 + 8 * k + r // 2]
-                    q += 16 * np.int32((mask >> (4 * (r & 1) + (j & 3))) & 1) - 16
+                    q += 16 * np.int32((mask >> (4 * (r & 1) + (j & 3))) & 1)
+                if kind == KIND_Q5_0:
+                    q -= 16
                 elif kind == KIND_Q4_0:
                     q -= 8
                 if kind == KIND_Q4_1:
                     out[t, 32 * bi + j] = d * np.float32(q) + m
-                elif kind == KIND_Q4_K:
+                elif kind == KIND_Q4_K or kind == KIND_Q5_K:
                     out[t, 32 * bi + j] = d * np.float32(q) - m
                 else:
                     out[t, 32 * bi + j] = d * np.float32(q)
@@ -370,6 +537,22 @@ def _block_codegen(kind: int, nv: int):
         # the block's 8 weight registers, 16 rows x 4 unsigned bytes each
         if kind == KIND_Q8_0:
             ws = [b.load(ptr(1, at(off, 64 * k), V64I8), align=1) for k in range(8)]
+        elif kind == KIND_Q3_K or kind == KIND_Q2_K:
+            planes = [b.load(ptr(1, at(off, 64 * h), V64I8), align=1) for h in range(2)]
+            ws = []
+            for k in range(8):
+                sh = ir.Constant(V64I8, [2 * (k % 4)] * 64)
+                p = b.lshr(planes[k // 4], sh) if k % 4 else planes[k // 4]
+                ws.append(b.and_(p, ir.Constant(V64I8, [3] * 64)))
+            if kind == KIND_Q3_K:
+                for k in range(8):
+                    m = b.load(ptr(1, at(off, 128 + 8 * k), I64), align=1)
+                    h = b.select(
+                        b.bitcast(m, ir.VectorType(I1, 64)),
+                        ir.Constant(V64I8, [4] * 64),
+                        ir.Constant(V64I8, [0] * 64),
+                    )
+                    ws[k] = b.or_(ws[k], h)
         elif kind == KIND_Q6_K:
             packed = [b.load(ptr(1, at(off, 64 * j), V64I8), align=1) for j in range(4)]
             ws = [b.and_(p, ir.Constant(V64I8, [15] * 64)) for p in packed]
@@ -384,7 +567,11 @@ def _block_codegen(kind: int, nv: int):
             lo = [b.and_(p, ir.Constant(V64I8, [15] * 64)) for p in packed]
             hi = [b.lshr(p, ir.Constant(V64I8, [4] * 64)) for p in packed]
             ws = lo + hi
-            if kind == KIND_Q5_0:
+            if kind == KIND_IQ4_XS:  # index -> level + 128: one vpshufb per register
+                shufb = fn("llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8, V64I8])
+                table = ir.Constant(V64I8, _IQ4_U8)
+                ws = [b.call(shufb, [table, w]) for w in ws]
+            if kind == KIND_Q5_0 or kind == KIND_Q5_K:
                 for k in range(8):
                     m = b.load(ptr(1, at(off, 256 + 8 * k), I64), align=1)
                     h = b.select(
@@ -405,14 +592,31 @@ def _block_codegen(kind: int, nv: int):
             return b.sitofp(b.load(ptr(1, o, ir.VectorType(I8, 16)), align=1), V16F)
 
         m = None
+        mh = []  # Q2_K: each 16-weight half's -dmin m, times dx and its per-16 sum
         # (registers, row scales, the xs index's half) of each part of a block's dot
-        if kind == KIND_Q6_K:  # two 16-weight halves with their own scales d sc
+        if kind == KIND_Q3_K:  # two 16-weight halves with their own scales d (sc - 32)
+            dq = f16x16(aux)
+            parts = [(range(4), b.fmul(dq, i8x16(at(off, 192))), 0)]
+            parts.append((range(4, 8), b.fmul(dq, i8x16(at(off, 208))), 1))
+        elif kind == KIND_Q2_K:  # halves with d (sc & 15) and dmin (sc >> 4)
+            dq, dm = f16x16(aux), f16x16(at(aux, 32))
+            parts = []
+            for half in range(2):
+                raw = b.load(ptr(1, at(off, 128 + 16 * half), ir.VectorType(I8, 16)), align=1)
+                lo = b.and_(raw, ir.Constant(ir.VectorType(I8, 16), [15] * 16))
+                hi = b.lshr(raw, ir.Constant(ir.VectorType(I8, 16), [4] * 16))
+                parts.append((range(4 * half, 4 * half + 4), b.fmul(dq, b.uitofp(lo, V16F)), half))
+                mh.append(b.fneg(b.fmul(dm, b.uitofp(hi, V16F))))
+        elif kind == KIND_Q6_K:  # two 16-weight halves with their own scales d sc
             dq = f16x16(aux)
             parts = [(range(4), b.fmul(dq, i8x16(at(off, 384))), 0)]
             parts.append((range(4, 8), b.fmul(dq, i8x16(at(off, 400))), 1))
-        elif kind == KIND_Q4_K:  # d sc and -dmin m of the sub-block, exact in float32
-            parts = [(range(8), b.fmul(f16x16(aux), u8x16(at(off, 256))), None)]
-            m = b.fneg(b.fmul(f16x16(at(aux, 32)), u8x16(at(off, 272))))
+        elif kind == KIND_Q4_K or kind == KIND_Q5_K:  # d sc and -dmin m, exact in float32
+            sc_at = 256 if kind == KIND_Q4_K else 320
+            parts = [(range(8), b.fmul(f16x16(aux), u8x16(at(off, sc_at))), None)]
+            m = b.fneg(b.fmul(f16x16(at(aux, 32)), u8x16(at(off, sc_at + 16))))
+        elif kind == KIND_IQ4_XS:  # d (sc - 32) of the sub-block
+            parts = [(range(8), b.fmul(f16x16(aux), i8x16(at(off, 256))), None)]
         else:
             parts = [(range(8), f16x16(at(off, d_at)), None)]
         if kind == KIND_Q4_1:
@@ -443,6 +647,11 @@ def _block_codegen(kind: int, nv: int):
                 y = b.call(fma, [b.sitofp(dot, V16F), b.fmul(scale, dx), y])
             if m is not None:
                 y = b.call(fma, [m, splat(b.load(ptr(9, vb, F32)), V16F), y])
+            for half, mv in enumerate(mh):  # dx times the half's integer sum (xs: xh)
+                s16 = b.load(ptr(8, b.add(b.add(vb, vb), c64(half)), I32))
+                y = b.call(
+                    fma, [mv, splat(b.fmul(b.load(ptr(7, vb, F32)), b.sitofp(s16, F32)), V16F), y]
+                )
             b.store(y, p, align=4)
         return context.get_dummy_value()
 
@@ -479,7 +688,8 @@ def _pass_block(kind: int):
     return block
 
 
-_Q4_0, _Q4_1, _Q5_0, _Q8_0, _Q4_K, _Q6_K = (_pass_block(k) for k in range(6))
+_Q4_0, _Q4_1, _Q5_0, _Q8_0, _Q4_K, _Q6_K, _Q5_K, _IQ4_XS = (_pass_block(k) for k in range(8))
+_Q3_K, _Q2_K = _pass_block(KIND_Q3_K), _pass_block(KIND_Q2_K)
 
 
 @intrinsic
@@ -505,6 +715,26 @@ def _block(kind, n, acc, flat, base, bi, xq, xo, vstride, xd, xs, xf, nb, v0):
         off, aux = sup + (bi & 7) * 416, sup + 3328
         _Q6_K(n, acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
         return
+    if kind == KIND_Q5_K:
+        sup = base + (bi >> 3) * Q5K_SUPER
+        off, aux = sup + (bi & 7) * 352, sup + 2816
+        _Q5_K(n, acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+        return
+    if kind == KIND_IQ4_XS:
+        sup = base + (bi >> 3) * IQ4XS_SUPER
+        off, aux = sup + (bi & 7) * 272, sup + 2176
+        _IQ4_XS(n, acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+        return
+    if kind == KIND_Q3_K:  # xs: the sums per 16 (quantize_x16's xh)
+        sup = base + (bi >> 3) * Q3K_SUPER
+        off, aux = sup + (bi & 7) * 224, sup + 1792
+        _Q3_K(n, acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+        return
+    if kind == KIND_Q2_K:  # xs: the sums per 16 (quantize_x16's xh)
+        sup = base + (bi >> 3) * Q2K_SUPER
+        off, aux = sup + (bi & 7) * 160, sup + 1280
+        _Q2_K(n, acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+        return
     off = base + bi * _group_bytes(kind)
     if kind == KIND_Q5_0:
         _Q5_0(n, acc, flat, off, off, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
@@ -518,7 +748,13 @@ def _block(kind, n, acc, flat, base, bi, xq, xo, vstride, xd, xs, xf, nb, v0):
 
 @njit(inline="always")
 def _levels(kind):
-    return 1 if kind == KIND_Q5_0 or kind == KIND_Q4_K or kind == KIND_Q6_K else 2
+    return 1 if kind == KIND_Q5_0 or _sb8(kind) else 2
+
+
+@njit(inline="always")
+def _sb8(kind):
+    """Whether kind is in _SB8 (quantize_x_sb8's activations)."""
+    return kind == KIND_Q4_K or kind == KIND_Q6_K or kind == KIND_Q5_K
 
 
 @njit(inline="always")
@@ -528,6 +764,14 @@ def _group_bytes(kind):
         return 296
     if kind == KIND_Q6_K:
         return 420
+    if kind == KIND_Q5_K:
+        return 360
+    if kind == KIND_IQ4_XS:
+        return 276
+    if kind == KIND_Q3_K:
+        return 228
+    if kind == KIND_Q2_K:
+        return 168
     if kind == KIND_Q5_0:
         return 352
     if kind == KIND_Q8_0:
@@ -548,9 +792,9 @@ def _mv16(kind, d0, d1, d2, X, o0, o1, o2):
     xs = np.empty((nv, nb), np.int32)
     xf = np.empty((nv, nb), np.float32)
     xh = np.empty((nv, 2 * nb), np.int32)
-    quantize_x16(X, lv, kind == KIND_Q4_K or kind == KIND_Q6_K, xq, xd, xs, xf, xh)
+    quantize_x16(X, lv, _sb8(kind), xq, xd, xs, xf, xh)
     xqf, xdf, xsf, xff = xq.reshape(-1), xd.reshape(-1), xs.reshape(-1), xf.reshape(-1)
-    if kind == KIND_Q6_K:
+    if kind == KIND_Q6_K or kind == KIND_Q3_K or kind == KIND_Q2_K:
         xsf = xh.reshape(-1)
     f0, f1, f2 = d0.reshape(-1), d1.reshape(-1), d2.reshape(-1)
     g0, g01 = d0.shape[0], d0.shape[0] + d1.shape[0]
@@ -618,6 +862,16 @@ def mv16_q6_k(d0, d1, d2, x, o0, o1, o2):
 
 
 @njit(parallel=True, cache=True, nogil=True)
+def mv16_q5_k(d0, d1, d2, x, o0, o1, o2):
+    _mv16_one(KIND_Q5_K, d0, d1, d2, x, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv16_iq4_xs(d0, d1, d2, x, o0, o1, o2):
+    _mv16_one(KIND_IQ4_XS, d0, d1, d2, x, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def mvb16_q4_0(d0, d1, d2, X, o0, o1, o2):
     _mv16(KIND_Q4_0, d0, d1, d2, X, o0, o1, o2)
 
@@ -645,3 +899,33 @@ def mvb16_q4_k(d0, d1, d2, X, o0, o1, o2):
 @njit(parallel=True, cache=True, nogil=True)
 def mvb16_q6_k(d0, d1, d2, X, o0, o1, o2):
     _mv16(KIND_Q6_K, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_q5_k(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_Q5_K, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_iq4_xs(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_IQ4_XS, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv16_q3_k(d0, d1, d2, x, o0, o1, o2):
+    _mv16_one(KIND_Q3_K, d0, d1, d2, x, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mv16_q2_k(d0, d1, d2, x, o0, o1, o2):
+    _mv16_one(KIND_Q2_K, d0, d1, d2, x, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_q3_k(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_Q3_K, d0, d1, d2, X, o0, o1, o2)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def mvb16_q2_k(d0, d1, d2, X, o0, o1, o2):
+    _mv16(KIND_Q2_K, d0, d1, d2, X, o0, o1, o2)
