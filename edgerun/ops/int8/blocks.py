@@ -433,7 +433,7 @@ def _k8_intrinsic(nibbles, nbytes, name):
     return intrinsic(block)
 
 
-def _q5k_nibbles(r, off, g):
+def q5k_nibbles(r, off, g):
     """Of the Q5_K super-block at byte off of the row (arg 2), sub-blocks 2g and 2g + 1
     as <32 x u8> each: Q4_K's nibbles of qs[32 g ..] (at 48) | bits 2g and 2g + 1 of
     qh (at 16) as bit 4."""
@@ -466,7 +466,7 @@ def _q5k_nibbles(r, off, g):
 # powers of two, llama.cpp's q8_K: 97.8%, KL 2.1e-3).
 q4_k_block8 = _k8_intrinsic(lambda r, off, g: q4k_nibbles(r, 2, off, g), 144, "q4_k_block8")
 # Q5_K the same with the fifth bit: pair sums <= 2 * 31 * 127, int32 lanes <= 8 x 63.5M
-q5_k_block8 = _k8_intrinsic(_q5k_nibbles, 176, "q5_k_block8")
+q5_k_block8 = _k8_intrinsic(q5k_nibbles, 176, "q5_k_block8")
 
 
 # Software prefetch distance of the matvec block intrinsics, in bytes of the weight row.

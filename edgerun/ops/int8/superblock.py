@@ -56,7 +56,7 @@ from edgerun.ops.int8.blocks import (  # noqa: E402
     iq4_xs_block,
     q4k_nibbles,
     q4k_scale_bytes,
-    q5_k_block,
+    q5k_nibbles,
 )
 from edgerun.ops.int8.gemm import (  # noqa: E402
     fma16,
@@ -228,7 +228,7 @@ def _q5k_words(r, off):
     neg = b.fsub(ir.Constant(V8F, [-0.0] * 8), b.fmul(r.splat(dmin, 8), b.uitofp(mn8, V8F)))
     sc = b.zext(sc8, V8I16)
     words = [
-        b.mul(b.zext(q5_k_block.chunk(r, off, g), V64I16), _scale64(r, sc, 2 * g, 2 * g + 1))
+        b.mul(b.zext(r.concat(*q5k_nibbles(r, off, g)), V64I16), _scale64(r, sc, 2 * g, 2 * g + 1))
         for g in range(4)
     ]
     return d, r.shuf(neg, neg, [k // 2 for k in range(16)]), words
