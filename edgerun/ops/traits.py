@@ -21,7 +21,6 @@ import numpy as np
 
 from edgerun.ops.int8 import batch as _ib
 from edgerun.ops.int8 import blocks as _ik
-from edgerun.ops.int8 import gridquants as _ig
 from edgerun.ops.int8 import matvec as _im
 from edgerun.ops.int8 import rows16 as _r16
 from edgerun.ops.int8 import superblock as _sb
@@ -143,14 +142,11 @@ def _deq_kernels(kind: int, gemm_kind: int, mv3: Callable) -> dict:
     }
 
 
-def _grid_kernels(kind: int, mv3: Callable | None = None, mvb3: Callable | None = None) -> dict:
+def _grid_kernels(kind: int) -> dict:
     """A row of a grid format (IQ2_XXS .. IQ1_S): the fused portable decode matvec
-    and batched decode (portable.gridquants.mv_grid, mvb_grid: equal bit for bit); GEMM
-    and embedding rows through dequantized rows (portable.kernels.deq_row). With int8
-    kernels (int8.gridquants: mv3, mvb3 on quantize_x_sb8's single-level activations,
-    sb8_decode) the int8 paths decode on them and prompts of any length take mvb3 (each
-    super-block unpacked once for 8 vectors: a 64-token 8960x1536 IQ3_S product 4x
-    faster than the portable batched kernel; no int8 GEMM: NO_GEMM)."""
+    and batched decode (portable.gridquants.mv_grid, mvb_grid: equal bit for bit) on every
+    path; GEMM and embedding rows through dequantized rows (portable.kernels.deq_row); no
+    int8 kernels."""
 
     def mv(d, x, o):
         _pg.mv_grid(kind, d, x, o)
@@ -158,11 +154,7 @@ def _grid_kernels(kind: int, mv3: Callable | None = None, mvb3: Callable | None 
     def mvb(d, X, o):
         _pg.mvb_grid(kind, d, X, o)
 
-    row = {"matvec": mv, **_portable(kind), "matvec_batch": mvb}
-    if mv3 is not None:
-        nogemm = {"amx": NO_GEMM, "vnni": NO_GEMM, "avx2": NO_GEMM, "int8": NO_GEMM}
-        row.update(mv3=mv3, mvb3=mvb3, sb8_decode=True, prefill_max=nogemm)
-    return row
+    return {"matvec": mv, **_portable(kind), "matvec_batch": mvb}
 
 
 def _gemm(kind: int) -> Callable:
@@ -241,11 +233,11 @@ TRAITS: dict[QuantType, Traits] = {
         mv3=_im.mv_iq4_xs, mvb3=_ib.mvb_iq4_xs, gemm_kind=_ik.KIND_IQ4_XS,
         prefill_max=_xover(amx=10, vnni=14, avx2=14),
     ),
-    QuantType.IQ2_XXS: Traits(**_grid_kernels(_pg.KIND_IQ2_XXS, _ig.mv_iq2_xxs, _ig.mvb_iq2_xxs)),
-    QuantType.IQ2_XS: Traits(**_grid_kernels(_pg.KIND_IQ2_XS, _ig.mv_iq2_xs, _ig.mvb_iq2_xs)),
+    QuantType.IQ2_XXS: Traits(**_grid_kernels(_pg.KIND_IQ2_XXS)),
+    QuantType.IQ2_XS: Traits(**_grid_kernels(_pg.KIND_IQ2_XS)),
     QuantType.IQ2_S: Traits(**_grid_kernels(_pg.KIND_IQ2_S)),
-    QuantType.IQ3_XXS: Traits(**_grid_kernels(_pg.KIND_IQ3_XXS, _ig.mv_iq3_xxs, _ig.mvb_iq3_xxs)),
-    QuantType.IQ3_S: Traits(**_grid_kernels(_pg.KIND_IQ3_S, _ig.mv_iq3_s, _ig.mvb_iq3_s)),
+    QuantType.IQ3_XXS: Traits(**_grid_kernels(_pg.KIND_IQ3_XXS)),
+    QuantType.IQ3_S: Traits(**_grid_kernels(_pg.KIND_IQ3_S)),
     QuantType.IQ1_S: Traits(**_grid_kernels(_pg.KIND_IQ1_S)),
     QuantType.Q2_K: Traits(**_deq_kernels(_p.KIND_Q2_K, _ik.KIND_Q2_K, _im.mv_q2_k)),
     QuantType.Q3_K: Traits(**_deq_kernels(_p.KIND_Q3_K, _ik.KIND_Q3_K, _im.mv_q3_k)),

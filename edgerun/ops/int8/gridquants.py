@@ -19,8 +19,16 @@ each super-block unpacked once for up to VGROUP vectors. Row v of a batch equals
 on X[v] bit for bit: both run _row_sums, whose float operations per vector are the same
 sequence.
 
-The kernels are plain Numba (integer loops LLVM vectorizes), so they run on every int8
-path (vnni, avx2, the generic int8 build).
+The unpacking is plain Numba and the dot one intrinsic per super-block (sb_dot), so they
+run on every int8 path (vnni, avx2, the generic int8 build).
+
+ops/traits.py's grid rows do not take them: on Qwen2.5-Coder-1.5B's 8960x1536 IQ3_S ffn
+matrix (vnni CPU, shared host) one vector takes 35 / 26 ms (1 / 2 threads) against the
+portable mv_grid's 32 / 24 ms, as the scalar unpack through the stack (8-byte stores read
+back as 32-byte loads) bounds it, while 32 vectors take 297 / 210 ms against the portable
+GEMM's 608 / 420 ms. A decode row must equal its batched row bit for bit, so mv and mvb
+enter the rows together once one vector's unpack stays in registers; the prompt kernel
+alone needs a prefill entry of its own in the traits.
 """
 
 from __future__ import annotations
