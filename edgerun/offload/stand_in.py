@@ -1,9 +1,9 @@
 """Stand-in weights for a compile child: the model's tensor table with zero pages for data.
 
 A kernel compile needs its arguments' Numba types (dtype, dimensions, layout, read-only),
-never their values. A first run's compile children (offload/warm_kernels.py) used to load
-the model as the serving process does: each read every weight of the mapped file and
-built its own interleaved decode copies (Qwen2.5-Coder-1.5B: 1.1 GB of anonymous memory a
+never their values. A first run's compile child (offload/warm_kernels.py) that loaded the
+model as the serving process does would read every weight of the mapped file and build
+its own interleaved decode copies (Qwen2.5-Coder-1.5B: 1.1 GB of anonymous memory a
 child, the process tree at 2.8x a warm run's RSS). Here a child reads the same file's
 metadata and tensor table, but each matrix's rows are a private anonymous mapping that is
 never written: reading it maps the kernel's shared zero page, which no process's RSS

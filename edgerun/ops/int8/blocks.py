@@ -368,19 +368,26 @@ def _k4_block(scales, chunk, nbytes, name):
     return fn
 
 
-def _iq4xs_scales(r, off):
-    """An IQ4_XS super-block's 8 scales times d, and 128 times that (the bias of the
-    +128 levels), <8 x float> each."""
+def iq4xs_scale_ints(r, off):
+    """An IQ4_XS super-block's (at byte off of the row, arg 2) 8 signed scales ls - 32,
+    <8 x i16>: ls the 6-bit scale of each 32 elements, low 4 bits in scales_l at byte 4,
+    high 2 in scales_h at byte 2."""
     b = r.b
     V8I16 = _v(I16, 8)
-    d = r.f16(2, off)
     sl = r.load(2, off, _v(I8, 4), 4)
     lo = b.lshr(r.shuf(sl, sl, [0, 0, 1, 1, 2, 2, 3, 3]), r.const(_v(I8, 8), [0, 4] * 4))
     lo = b.zext(b.and_(lo, r.splat_i8(8, 15)), V8I16)
     sh = r.splat(r.load(2, off, I16, 2), 8)
     hi = b.and_(b.lshr(sh, r.const(V8I16, list(range(0, 16, 2)))), r.const(V8I16, [3] * 8))
-    sc = b.sub(b.or_(lo, b.shl(hi, r.const(V8I16, [4] * 8))), r.const(V8I16, [32] * 8))
-    dsc = b.fmul(r.splat(d, 8), b.sitofp(sc, V8F))
+    return b.sub(b.or_(lo, b.shl(hi, r.const(V8I16, [4] * 8))), r.const(V8I16, [32] * 8))
+
+
+def _iq4xs_scales(r, off):
+    """An IQ4_XS super-block's 8 scales times d, and 128 times that (the bias of the
+    +128 levels), <8 x float> each."""
+    b = r.b
+    sc = iq4xs_scale_ints(r, off)
+    dsc = b.fmul(r.splat(r.f16(2, off), 8), b.sitofp(sc, V8F))
     return dsc, b.fmul(dsc, ir.Constant(V8F, [128.0] * 8))
 
 

@@ -44,7 +44,6 @@ from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from edgerun.ops._simd import h2f  # noqa: E402
 from edgerun.ops.int8.activations import quantize_x_sb8  # noqa: E402
 from edgerun.ops.int8.ir import _IR, DOT, I8, I32, I64, V8I32, _v  # noqa: E402
 from edgerun.ops.int8.matvec import _batch_row, _set_row  # noqa: E402
@@ -53,6 +52,8 @@ from edgerun.ops.portable.gridquants import (  # noqa: E402
     KIND_IQ2_XXS,
     KIND_IQ3_S,
     KIND_IQ3_XXS,
+    f16_at,
+    u32_at,
 )
 from edgerun.quant.iq_grids import (  # noqa: E402
     IQ2XS_GRID,
@@ -146,21 +147,6 @@ def _as_f32(typingctx, p):
 
 
 @njit(inline="always")
-def _f16(a, i):
-    return h2f(np.uint16(a[i]) | (np.uint16(a[i + 1]) << np.uint16(8)))
-
-
-@njit(inline="always")
-def _u32(a, i):
-    return (
-        np.uint32(a[i])
-        | (np.uint32(a[i + 1]) << np.uint32(8))
-        | (np.uint32(a[i + 2]) << np.uint32(16))
-        | (np.uint32(a[i + 3]) << np.uint32(24))
-    )
-
-
-@njit(inline="always")
 def _put(w, j, g, m):
     """Group j of 8 weights: grid bytes g (unsigned levels) at w[j], sign mask m (0xFF
     per negative weight) at w[32 + j]."""
@@ -195,12 +181,12 @@ def _unpack(kind, a, p, w, sc):
     if kind == KIND_IQ2_XXS:
         for ib in range(8):
             q = p + 2 + 8 * ib
-            aux = _u32(a, q + 4)
+            aux = u32_at(a, q + 4)
             _sc2(sc, ib, np.int32(2 * (aux >> np.uint32(28)) + 1))
             for l in range(4):
                 m = KMASK[(aux >> np.uint32(7 * l)) & np.uint32(127)]
                 _put(w, 4 * ib + l, G2XXS[a[q + l]], m)
-        return _f16(a, p) * np.float32(0.125)
+        return f16_at(a, p) * np.float32(0.125)
     if kind == KIND_IQ2_XS:
         for k in range(16):
             sc[k] = np.int32(2 * ((a[p + 66 + (k >> 1)] >> (4 * (k & 1))) & 15) + 1)
@@ -208,17 +194,17 @@ def _unpack(kind, a, p, w, sc):
                 o = p + 2 + 4 * k + 2 * l
                 q = np.int32(a[o]) | (np.int32(a[o + 1]) << 8)
                 _put(w, 2 * k + l, G2XS[q & 511], KMASK[q >> 9])
-        return _f16(a, p) * np.float32(0.125)
+        return f16_at(a, p) * np.float32(0.125)
     if kind == KIND_IQ3_XXS:
         for ib in range(8):
-            aux = _u32(a, p + 66 + 4 * ib)
+            aux = u32_at(a, p + 66 + 4 * ib)
             _sc2(sc, ib, np.int32(2 * (aux >> np.uint32(28)) + 1))
             for l in range(4):
                 o = p + 2 + 8 * ib + 2 * l
                 g = G3XXS[a[o]] | (G3XXS[a[o + 1]] << LOW32)
                 m = KMASK[(aux >> np.uint32(7 * l)) & np.uint32(127)]
                 _put(w, 4 * ib + l, g, m)
-        return _f16(a, p) * np.float32(0.25)
+        return f16_at(a, p) * np.float32(0.25)
     # IQ3_S
     for ib in range(8):
         _sc2(sc, ib, np.int32(1 + 2 * ((a[p + 106 + (ib >> 1)] >> (4 * (ib & 1))) & 15)))
@@ -228,7 +214,7 @@ def _unpack(kind, a, p, w, sc):
             q0 = np.int32(a[p + 2 + i]) | ((qh & 1) << 8)
             q1 = np.int32(a[p + 3 + i]) | ((qh & 2) << 7)
             _put(w, 4 * ib + l, G3S[q0] | (G3S[q1] << LOW32), SMASK[a[p + 74 + 4 * ib + l]])
-    return _f16(a, p)
+    return f16_at(a, p)
 
 
 @intrinsic

@@ -189,28 +189,38 @@ def _interleave(kind, raw, rows, nb, out):
 
 
 @njit(inline="always")
+def _k4_records(raw, row, g, r, s, o, qs, rec, out):
+    """Q4_K's part of row `row` (row r of group g) of a Q4_K or Q5_K super-block at byte s
+    of the row, its 4-bit fields at s + qs, written at o: sub-block j's record at o + rec j
+    holds its 32 weights' low 4 bits as the nibble formats do (byte 64 kk + 4 r + i:
+    weight 4 kk + i low, 16 + 4 kk + i high) and ends with the row's 6-bit scale at
+    rec - 32 + r and min at rec - 16 + r; d and dmin follow the 8 records, at 8 rec + 2 r
+    and 8 rec + 32 + 2 r."""
+    for t in range(2):
+        out[g, o + 8 * rec + 2 * r + t] = raw[row, s + t]
+        out[g, o + 8 * rec + 32 + 2 * r + t] = raw[row, s + 2 + t]
+    for j in range(8):
+        sc, m = _q4k_sm(raw[row, s + 4 : s + 16], j)
+        oj = o + rec * j
+        out[g, oj + rec - 32 + r] = sc
+        out[g, oj + rec - 16 + r] = m
+        q0 = s + qs + 32 * (j // 2)  # the 32 bytes holding sub-blocks 2c and 2c + 1
+        sh = 4 * (j % 2)
+        for kk in range(4):
+            for i in range(4):
+                lo = (raw[row, q0 + 4 * kk + i] >> sh) & 15
+                hi = (raw[row, q0 + 16 + 4 * kk + i] >> sh) & 15
+                out[g, oj + 64 * kk + 4 * r + i] = lo | (hi << 4)
+
+
+@njit(inline="always")
 def _interleave_q4_k(raw, row, g, r, nsb, out):
     """Row `row` (row r of group g) of a Q4_K matrix: per super-block s, sub-block j's
-    record at s * Q4K_SUPER + 288 j holds its 32 weights as the nibble formats do (byte
-    64 kk + 4 r + i: weight 4 kk + i low, 16 + 4 kk + i high), then the row's 6-bit scale
-    at 256 + r and min at 272 + r; d and dmin at 2304 + 2 r and 2336 + 2 r."""
+    record at s * Q4K_SUPER + 288 j holds its 32 weights as the nibble formats do, then
+    the row's 6-bit scale at 256 + r and min at 272 + r; d and dmin at 2304 + 2 r and
+    2336 + 2 r (_k4_records)."""
     for sb in range(nsb):
-        s, o = sb * 144, sb * Q4K_SUPER
-        for t in range(2):
-            out[g, o + 2304 + 2 * r + t] = raw[row, s + t]
-            out[g, o + 2336 + 2 * r + t] = raw[row, s + 2 + t]
-        for j in range(8):
-            sc, m = _q4k_sm(raw[row, s + 4 : s + 16], j)
-            oj = o + 288 * j
-            out[g, oj + 256 + r] = sc
-            out[g, oj + 272 + r] = m
-            q0 = s + 16 + 32 * (j // 2)  # the 32 bytes holding sub-blocks 2c and 2c + 1
-            sh = 4 * (j % 2)
-            for kk in range(4):
-                for i in range(4):
-                    lo = (raw[row, q0 + 4 * kk + i] >> sh) & 15
-                    hi = (raw[row, q0 + 16 + 4 * kk + i] >> sh) & 15
-                    out[g, oj + 64 * kk + 4 * r + i] = lo | (hi << 4)
+        _k4_records(raw, row, g, r, sb * 144, sb * Q4K_SUPER, 16, 288, out)
 
 
 @njit(inline="always")
@@ -252,24 +262,12 @@ def _interleave_q5_k(raw, row, g, r, nsb, out):
     record at s * Q5K_SUPER + 352 j holds its weights' low 4 bits as Q4_K's records, then
     their fifth bits as Q5_0's 8 masks (bit 4 r + i of mask k: weight 4 k + i), then the
     row's 6-bit scale at 320 + r and min at 336 + r; d and dmin at 2816 + 2 r and 2848 +
-    2 r."""
+    2 r (_k4_records, and the masks here)."""
     for sb in range(nsb):
         s, o = sb * 176, sb * Q5K_SUPER
-        for t in range(2):
-            out[g, o + 2816 + 2 * r + t] = raw[row, s + t]
-            out[g, o + 2848 + 2 * r + t] = raw[row, s + 2 + t]
+        _k4_records(raw, row, g, r, s, o, 48, 352, out)
         for j in range(8):
-            sc, m = _q4k_sm(raw[row, s + 4 : s + 16], j)
             oj = o + 352 * j
-            out[g, oj + 320 + r] = sc
-            out[g, oj + 336 + r] = m
-            q0 = s + 48 + 32 * (j // 2)  # the 32 bytes holding sub-blocks 2c and 2c + 1
-            sh = 4 * (j % 2)
-            for kk in range(4):
-                for i in range(4):
-                    lo = (raw[row, q0 + 4 * kk + i] >> sh) & 15
-                    hi = (raw[row, q0 + 16 + 4 * kk + i] >> sh) & 15
-                    out[g, oj + 64 * kk + 4 * r + i] = lo | (hi << 4)
             for k in range(8):  # weight w's fifth bit: bit j of qh byte w
                 nib = 0
                 for i in range(4):

@@ -54,6 +54,7 @@ from edgerun.ops.int8.blocks import (  # noqa: E402
     KIND_Q5_K,
     KIND_Q6_K,
     iq4_xs_block,
+    iq4xs_scale_ints,
     q4k_nibbles,
     q4k_scale_bytes,
     q5k_nibbles,
@@ -66,7 +67,6 @@ from edgerun.ops.int8.gemm import (  # noqa: E402
 from edgerun.ops.int8.ir import (  # noqa: E402
     _IR,
     F0,
-    I8,
     I16,
     I32,
     V8F,
@@ -238,12 +238,7 @@ def _iq4xs_words(r, off):
     """IQ4_XS: w = level * (ls - 32), ls the 6-bit scale of each 32 elements (low 4 bits
     in scales_l at byte 4, high 2 in scales_h at byte 2); no bias."""
     b = r.b
-    sl = r.load(2, off, _v(I8, 4), 4)
-    lo = b.lshr(r.shuf(sl, sl, [0, 0, 1, 1, 2, 2, 3, 3]), r.const(_v(I8, 8), [0, 4] * 4))
-    lo = b.zext(b.and_(lo, r.splat_i8(8, 15)), V8I16)
-    sh = r.splat(r.load(2, off, I16, 2), 8)
-    hi = b.and_(b.lshr(sh, r.const(V8I16, list(range(0, 16, 2)))), r.const(V8I16, [3] * 8))
-    sc = b.sub(b.or_(lo, b.shl(hi, r.const(V8I16, [4] * 8))), r.const(V8I16, [32] * 8))
+    sc = iq4xs_scale_ints(r, off)
     c128 = ir.Constant(V64I16, [128] * 64)
     words = []
     for g in range(4):  # the chunk holds level + 128 as u8

@@ -62,12 +62,12 @@ QUARTER = np.float32(0.25)
 
 
 @njit(inline="always")
-def _f16(a, i):
+def f16_at(a, i):
     return h2f(np.uint16(a[i]) | (np.uint16(a[i + 1]) << np.uint16(8)))
 
 
 @njit(inline="always")
-def _u32(a, i):
+def u32_at(a, i):
     return (
         np.uint32(a[i])
         | (np.uint32(a[i + 1]) << np.uint32(8))
@@ -125,9 +125,9 @@ def deq_grid(kind, row, dst):
         o = b * 256
         if kind == KIND_IQ2_XXS:
             p = b * 66
-            d = _f16(row, p)
+            d = f16_at(row, p)
             for ib in range(8):
-                aux = _u32(row, p + 2 + 8 * ib + 4)
+                aux = u32_at(row, p + 2 + 8 * ib + 4)
                 db = d * (HALF + np.float32(aux >> np.uint32(28))) * QUARTER
                 for l in range(4):
                     si = (aux >> np.uint32(7 * l)) & np.uint32(127)
@@ -135,7 +135,7 @@ def deq_grid(kind, row, dst):
                     _put(dst, o + 32 * ib + 8 * l, db, G2XXS, gi, KSIGN8, si, 8)
         elif kind == KIND_IQ2_XS:
             p = b * 74
-            d = _f16(row, p)
+            d = f16_at(row, p)
             for k in range(16):
                 sc = (row[p + 66 + (k >> 1)] >> (4 * (k & 1))) & 15
                 db = d * (HALF + np.float32(sc)) * QUARTER
@@ -144,7 +144,7 @@ def deq_grid(kind, row, dst):
                     _put(dst, o + 16 * k + 8 * l, db, G2XS, q & 511, KSIGN8, q >> 9, 8)
         elif kind == KIND_IQ2_S:
             p = b * 82
-            d = _f16(row, p)
+            d = f16_at(row, p)
             for k in range(16):
                 sc = (row[p + 74 + (k >> 1)] >> (4 * (k & 1))) & 15
                 db = d * (HALF + np.float32(sc)) * QUARTER
@@ -155,9 +155,9 @@ def deq_grid(kind, row, dst):
                     _put(dst, o + 8 * i, db, G2S, q, SIGN8, row[p + 34 + i], 8)
         elif kind == KIND_IQ3_XXS:
             p = b * 98
-            d = _f16(row, p)
+            d = f16_at(row, p)
             for ib in range(8):
-                aux = _u32(row, p + 66 + 4 * ib)
+                aux = u32_at(row, p + 66 + 4 * ib)
                 db = d * (HALF + np.float32(aux >> np.uint32(28))) * HALF
                 for l in range(4):
                     si = (aux >> np.uint32(7 * l)) & np.uint32(127)
@@ -168,7 +168,7 @@ def deq_grid(kind, row, dst):
                     _put_shift(dst, oo + 4, db, G3XXS, g1, KSIGN8, si, 4)
         elif kind == KIND_IQ3_S:
             p = b * 110
-            d = _f16(row, p)
+            d = f16_at(row, p)
             for ib in range(8):
                 sc = (row[p + 106 + (ib >> 1)] >> (4 * (ib & 1))) & 15
                 db = d * np.float32(1 + 2 * sc)
@@ -181,7 +181,7 @@ def deq_grid(kind, row, dst):
                         _put_shift(dst, o + 32 * ib + 8 * l + 4 * h, db, G3S, q, SIGN8, sb, 4 * h)
         elif kind == KIND_IQ1_S:
             p = b * 50
-            d = _f16(row, p)
+            d = f16_at(row, p)
             for ib in range(8):
                 qh = _u16(row, p + 34 + 2 * ib)
                 dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
