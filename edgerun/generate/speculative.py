@@ -390,7 +390,7 @@ class Speculation:
         kind = "ngram" if isinstance(drafter, NgramDrafter) else "model"
         self.drafter = drafter
         # an n-gram draft's length follows its match length (DraftLength.by_match)
-        self.by_match = kind == "ngram"
+        self.sized_by_match = kind == "ngram"
         self._match: int | None = None  # the match length of the drafts in flight
         self.length = DraftLength(
             DEFAULT_DRAFT_TOKENS[kind] if max_tokens is None else max_tokens,
@@ -445,13 +445,12 @@ class Speculation:
         length, stats = self.length, seq.stats
         left = seq.max_tokens - stats.generated_tokens  # tokens the rows may give
         limit = min(cache.room() - 1, left - 1)
-        state = getattr(cache, "state", None)
-        rows_cap = getattr(state, "max_verify_rows", None)
+        rows_cap = cache.state.max_verify_rows
         if rows_cap is not None:  # each row keeps a copy of a hybrid model's states
             limit = min(limit, rows_cap - 1)
         t0 = time.perf_counter()
         self._match = None
-        if self.by_match:  # proposing is free: its match length sets how many to keep
+        if self.sized_by_match:  # proposing is free: its match length sets how many to keep
             k = min(length.max_tokens, limit)
             drafts = self.drafter.propose(seq.history, k)[:k] if k > 0 else []
             if drafts:
