@@ -6,6 +6,7 @@ WeightStore, so where they live (mmap, flash, GPU) is not this module's care.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -507,7 +508,7 @@ class Transformer:
             self._decode_key = key
         return self._decode_step or None
 
-    @property
+    @functools.cached_property
     def key_centres(self) -> np.ndarray | None:
         """Each attention layer's key centre [attention layers, kv_heads, head_dim]
         (kvcache.key_centre: the k bias on the pairs RoPE barely turns), which a
@@ -516,11 +517,6 @@ class Transformer:
         shifted score, so the softmax would change), layers that differ in shape (Gemma
         4). A layer whose k bias a k norm follows has a zero centre (the norm's output
         carries no fixed offset). Computed once; every cache of this model shares it."""
-        if not hasattr(self, "_key_centres"):
-            self._key_centres = self._compute_key_centres()
-        return self._key_centres
-
-    def _compute_key_centres(self) -> np.ndarray | None:
         s = self.spec
         if s.attn_softcap > 0 or s.layered:
             return None
