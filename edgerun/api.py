@@ -26,6 +26,8 @@ from edgerun.generate.engine import (
     Generator,
     check_token_ids,
     prefill_chunk_within,
+    verify_bytes_per_row,
+    verify_rows_within,
 )
 from edgerun.generate.sequence import GenerationStats, WarmUp
 from edgerun.generate.settings import ModelSettings
@@ -494,7 +496,7 @@ class Model:
         """Draft tokens for generate and chat from now on: "ngram" (prompt lookup), a
         registry name or path of a model with the same vocabulary, a loaded Model, or
         None / "none" for none. num_draft_tokens: the longest draft (the length adapts
-        below it to the acceptance; default 8 for n-gram, 5 for a model)."""
+        below it to the acceptance; default 16 for n-gram, 5 for a model: DEFAULT_DRAFT_TOKENS)."""
         self.draft = self.speculation(draft_model, num_draft_tokens)
         # sessions and the server draft too, for a request while it runs alone
         self.serving.speculation = self.draft
@@ -525,7 +527,13 @@ class Model:
                 drafter.resident_bytes = other.memory_bytes()
                 drafter.owner = other  # keeps the draft Model (and its file) alive
             made = self._drafts[key] = Speculation(drafter, num_draft_tokens)
+            self._fit_to_plan(made)
         return made
+
+    def _fit_to_plan(self, speculation: Speculation) -> None:
+        plan = self.loader.plan
+        if plan is not None:
+            fit_to_plan(speculation, plan, self.spec, self.loader.device_figures())
 
     def memory_bytes(self) -> int:
         """About the memory this model keeps resident: its file's bytes, or the planned
@@ -533,9 +541,12 @@ class Model:
         plan = self.loader.plan
         if plan is not None and getattr(plan, "budget", None):
             return int(plan.budget)
-        size = sum(f.stat().st_size for f in ([self.path] if self.path.is_file() else
-                                              self.path.iterdir()))  # fmt: skip
-        return size + self.generator.cache.nbytes
+        return self.file_bytes() + self.generator.cache.nbytes
+
+    def file_bytes(self) -> int:
+        """The bytes of the model's file (a pack: its directory's files)."""
+        files = [self.path] if self.path.is_file() else list(self.path.iterdir())
+        return sum(f.stat().st_size for f in files)
 
     def render_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
@@ -777,8 +788,8 @@ def load(
     """
     kv_type = kv_type_asked(kv_type, kv_type_k, kv_type_v)
     draft_bytes = 0
-    if ram_budget is not None and _resident_draft(draft_model):
-        draft_model, ram_budget, draft_bytes = _draft_within_budget(
+    if ram_budget is not None and resident_draft(draft_model):
+        draft_model, ram_budget, draft_bytes = draft_within_budget(
             draft_model, ram_budget, n_ctx, kv_type, threads
         )
     try:
@@ -808,7 +819,7 @@ def load(
     return model
 
 
-def _resident_draft(draft_model: Any) -> bool:
+def resident_draft(draft_model: Any) -> bool:
     """Whether a draft_model as load takes it is a model (resident weights and KV cache),
     not n-gram drafts or none."""
     if draft_model is None or draft_model is False or isinstance(draft_model, Speculation):
@@ -824,7 +835,33 @@ def _draft_model(draft_model: Any, n_ctx: int | None, threads, kv_type: str | No
     return Model(resolve_draft(draft_model), n_ctx=n_ctx, threads=threads, kv_type=kv_type)
 
 
-def _draft_within_budget(
+def fit_to_plan(speculation: Speculation, plan: Plan, spec, figures) -> None:
+    """Size a speculation for a RAM budget's plan: verification rows whose temporaries fit
+    the step margin beside the draft model's own step; where weights stream, the plan's
+    predicted pass costs as DraftLength's first prices (streamed weights make extra rows
+    nearly free) and a resident draft's step priced against the streamed pass.
+    Measured passes replace the predictions. spec: the target's ModelSpec; figures: the
+    DeviceFigures the plan was made with."""
+    from edgerun.offload.plan import STEP_MARGIN_BYTES
+
+    margin = STEP_MARGIN_BYTES
+    engine = getattr(speculation.drafter, "engine", None)
+    if engine is not None:  # the draft model's one-token step shares the margin
+        margin -= verify_bytes_per_row(engine.spec)
+    rows = verify_rows_within(spec, margin)
+    length = speculation.length
+    if plan.mode == "resident":  # the resident kernels' passes are measured, not predicted
+        speculation.fit(rows)
+        return
+    rows = min(rows, length.max_tokens + 1)
+    speculation.fit(rows, plan.pass_costs(rows, length.row_cost))
+    owner = getattr(speculation.drafter, "owner", None)
+    one = plan.pass_seconds(1, length.row_cost)
+    if isinstance(owner, Model) and one > 0.0:
+        length.draft_cost = figures.cpu_seconds((("", owner.file_bytes()),)) / one
+
+
+def draft_within_budget(
     draft_model: Any, ram_budget: int | str, n_ctx: int | None, kv_type: str | None, threads
 ) -> tuple[Model, int, int]:
     """Under a RAM budget the draft model stays resident beside the target (its file's

@@ -126,7 +126,7 @@ def _add_draft_args(p: argparse.ArgumentParser) -> None:
         "--num-draft-tokens",
         type=int,
         default=None,
-        help="longest draft; the length adapts below it to the acceptance (default: 8 for "
+        help="longest draft; the length adapts below it to the acceptance (default: 16 for "
         "ngram, 5 for a model)",
     )
 
@@ -331,6 +331,7 @@ def _build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--sparsity", type=float, default=None)
     pl.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens")
     _add_kv_args(pl)
+    _add_draft_args(pl)
 
     cv = sub.add_parser(
         "convert", help="convert a GGUF / registry model / Hugging Face checkpoint to a pack"
@@ -1016,7 +1017,14 @@ def _cmd_sysinfo(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from edgerun.api import Model, kv_type_for, resolve_model
+    from edgerun.api import (
+        Model,
+        draft_within_budget,
+        fit_to_plan,
+        kv_type_for,
+        resident_draft,
+        resolve_model,
+    )
     from edgerun.device.calibration import calibrate
 
     if args.ram_budget is None and args.gpu_budget is None and args.offload is None:
@@ -1030,9 +1038,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
         resolve_device(gpu_device)
     figs = calibrate(model.threads, gpu_device=gpu_device, refresh=args.recalibrate)
-    p, _ = model.loader.plan_for(
-        args.ram_budget, args.offload, opts, args.gpu_budget, gpu_device, figs
-    )
+    _draft_kwargs(args)  # --num-draft-tokens needs --draft-model
+    draft, budget, draft_bytes = args.draft_model, args.ram_budget, 0
+    if budget is not None and resident_draft(draft):  # resident beside the target
+        draft, budget, draft_bytes = draft_within_budget(draft, budget, args.ctx, kv, None)
+    p, _ = model.loader.plan_for(budget, args.offload, opts, args.gpu_budget, gpu_device, figs)
+    speculation = model.speculation(draft, args.num_draft_tokens)
+    if speculation is not None:
+        fit_to_plan(speculation, p, model.spec, figs)
     from edgerun.model.kvcache import KVCache
 
     per_token = KVCache.bytes_for(model.spec, 1, model.kv_type) / 1024
@@ -1052,8 +1065,45 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             f"the {STEP_MARGIN_BYTES >> 20} MiB step margin); concurrent requests share the "
             f"{model.n_ctx}-token KV window"
         )
+    if speculation is not None:
+        print("\n".join(_speculation_lines(speculation, p, draft_bytes)))
     print(_figures_line(figs))
     return 0
+
+
+def _speculation_lines(speculation, plan, draft_bytes: int) -> list[str]:
+    """What a plan predicts for speculative decoding: the draft's memory, the verification
+    rows the step margin holds, the pass costs, and the best draft length at a few
+    acceptance rates (the running one picks it while decoding)."""
+    length = speculation.length
+    mib = 1 << 20
+    lines = [f"speculation: draft {speculation.name}"]
+    if draft_bytes:
+        lines[0] += f", resident beside the target: {draft_bytes / mib:,.0f} MiB of the budget"
+    rows = length.max_tokens + 1
+    if plan.mode == "resident":
+        lines.append(
+            f"  verification passes of up to {rows} rows; their cost is measured while "
+            "decoding (resident weights), and the draft length follows it"
+        )
+        return lines
+    costs = " / ".join(
+        f"{r}: {length.pass_cost.get(r, 1 + (r - 1) * length.row_cost):.2f}"
+        for r in (2, 4, 8, 16, 32)
+        if r <= rows
+    )
+    lines.append(
+        f"  verification passes of up to {rows} rows; predicted cost in one-row passes "
+        f"({plan.pass_seconds(1, length.row_cost) * 1e3:,.0f} ms): {costs or 'none'}"
+    )
+    if length.draft_cost:
+        lines.append(f"  a drafted token costs {length.draft_cost:.2f} of a one-row pass")
+    best = []
+    for a in (0.5, 0.7, 0.9):
+        k = length.best_for(a)
+        best.append(f"acceptance {a:.1f}: {k} tokens ({length.speedup(k, a):.2f}x)")
+    lines.append("  best draft length (predicted speed): " + ", ".join(best))
+    return lines
 
 
 def _figures_line(figs) -> str:

@@ -52,6 +52,8 @@ __all__ = [
     "check_prompt",
     "check_token_ids",
     "prefill_chunk_within",
+    "verify_bytes_per_row",
+    "verify_rows_within",
 ]
 
 # The warm-up's parts (Engine.warm_part), in the order warm_up runs them.
@@ -83,6 +85,22 @@ def prefill_chunk_within(spec, nbytes: int) -> int:
     the streamed weights' reads, not the chunk, set the pace."""
     n = nbytes // prefill_bytes_per_token(spec) // MIN_PREFILL_CHUNK * MIN_PREFILL_CHUNK
     return max(MIN_PREFILL_CHUNK, min(PREFILL_CHUNK, n))
+
+
+def verify_bytes_per_row(spec) -> int:
+    """Bytes of temporaries each row of a speculative verification pass adds: a prompt
+    token's (prefill_bytes_per_token) and its float32 logits row, which a verification
+    keeps for every row where a prompt chunk keeps only the last."""
+    return prefill_bytes_per_token(spec) + 4 * spec.vocab_size
+
+
+def verify_rows_within(spec, nbytes: int) -> int:
+    """The most rows of one verification pass whose temporaries fit in `nbytes` (a
+    budget's step margin, less what the draft's own step takes); at least 1, a pass
+    without drafts. Qwen2.5-1.5B: 0.8 MB a row (its 151,936 logits are 0.6 of it), so a
+    24 MiB margin holds 31 rows, more than any draft length; a 262k-vocabulary model's
+    rows are 1.1 MB and more."""
+    return max(1, int(nbytes) // verify_bytes_per_row(spec))
 
 
 # What happens when a prompt or a generation outgrows the context window:

@@ -297,6 +297,16 @@ class DraftLength:
         # one pass at 2 rows, 2.0x at 8, 3.8x at 16), so a line through it misprices
         # long drafts; rows not measured yet take the line (row_cost)
         self.pass_cost: dict[int, float] = {}
+        self._predicted: set[int] = set()  # rows whose pass_cost is a prediction (predict)
+
+    def predict(self, pass_cost: dict[int, float]) -> None:
+        """Take predicted costs (rows -> one-row passes, e.g. a RAM budget's plan) for the
+        row counts not measured yet; the first measured pass of a count replaces its
+        prediction outright, later ones average in."""
+        for rows, cost in pass_cost.items():
+            if rows not in self.pass_cost:
+                self.pass_cost[rows] = float(cost)
+                self._predicted.add(rows)
 
     def reset(self) -> None:
         """A new generation: its acceptances start from the priors again."""
@@ -308,19 +318,27 @@ class DraftLength:
         """The best length for the running acceptance, or for a draft whose match
         length is `match` (0: no match, nothing to draft)."""
         if match is None:
-            a = self.acceptance
-        elif not match_bucket(match):
+            return self.best_for(self.acceptance)
+        if not match_bucket(match):
             return 0
-        else:
-            a = self.by_match[match_bucket(match)]
-        a = min(a, 0.999)
+        return self.best_for(self.by_match[match_bucket(match)])
+
+    def best_for(self, a: float) -> int:
+        """The length that maximises speedup(k, a) (0: no draft pays)."""
         best_k, best_rate = 0, 1.0
         for k in range(1, self.max_tokens + 1):
-            verify = self.pass_cost.get(k + 1, 1 + k * self.row_cost)
-            rate = (1 - a ** (k + 1)) / (1 - a) / (verify + k * self.draft_cost)
+            rate = self.speedup(k, a)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
+
+    def speedup(self, k: int, acceptance: float) -> float:
+        """Expected tokens per one-token pass's time of drafting k tokens at a per-token
+        acceptance: (1 - a^(k+1)) / (1 - a) tokens for a pass of k + 1 rows and k drafted
+        tokens (1.0: no draft)."""
+        a = min(acceptance, 0.999)
+        verify = self.pass_cost.get(k + 1, 1 + k * self.row_cost) if k else 1.0
+        return (1 - a ** (k + 1)) / (1 - a) / (verify + k * self.draft_cost)
 
     def next(self, match: int | None = None) -> int:
         """The length of the next draft; `match`: an n-gram draft's match length."""
@@ -373,7 +391,11 @@ class DraftLength:
         self.row_cost += w * (min(extra, 2.0) - self.row_cost)
         ratio = min(max(ratio, 1.0), 1.0 + 2.0 * (rows - 1))
         before = self.pass_cost.get(rows)
-        self.pass_cost[rows] = ratio if before is None else before + w * (ratio - before)
+        if before is None or rows in self._predicted:
+            self._predicted.discard(rows)
+            self.pass_cost[rows] = ratio
+        else:
+            self.pass_cost[rows] = before + w * (ratio - before)
         if drafted:
             d = draft_seconds / (draft_steps or drafted) / self.one_pass_s
             self.draft_cost += w * (min(d, 2.0) - self.draft_cost)
@@ -401,6 +423,18 @@ class Speculation:
     @property
     def name(self) -> str:
         return self.drafter.name
+
+    def fit(self, max_rows: int, pass_cost: dict[int, float] | None = None) -> None:
+        """Size the drafts for a RAM budget: at most max_rows - 1 drafted tokens (the
+        verification rows whose temporaries the budget's step margin holds), and a plan's
+        predicted pass costs (rows -> one-row passes) as the prices of passes not measured
+        yet, so the first drafts under streaming are as long as its cheap rows make
+        worth it; each measured pass replaces them."""
+        if max_rows < 1:
+            raise InvalidArgumentError(f"a verification pass has at least one row, got {max_rows}")
+        length = self.length
+        length.max_tokens = min(length.max_tokens, max_rows - 1)
+        length.predict({r: c for r, c in (pass_cost or {}).items() if r <= length.max_tokens + 1})
 
     def close(self) -> None:
         self.drafter.close()

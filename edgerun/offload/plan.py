@@ -217,6 +217,44 @@ class Plan:
             + (self.gate_bytes if self.gate_resident else 0)
         )
 
+    def pass_seconds(self, rows: int, row_cost: float) -> float:
+        """Predicted seconds of one decode pass of `rows` consecutive tokens of a sequence
+        (a speculative verification), from time_split. Compute (CPU and GPU) grows by
+        `row_cost` of itself per extra row (the batched kernels' measured price of a row,
+        DraftLength.row_cost). Reads:
+        - dense: the streamed rows are read once for all rows, by a thread that runs
+          beside the compute, so the pass takes the longer of the two;
+        - sparse: each row needs its own active neurons: the union of `rows` independent
+          draws of active_fraction;
+        - experts: each row routes to its own experts (random routing, the worst case),
+          so the reads grow with the rows."""
+        if rows < 1:
+            raise InvalidArgumentError(f"a pass has at least one row, got {rows}")
+        split = self.time_split
+        grow = 1.0 + (rows - 1) * row_cost
+        compute = (split.get("cpu", 0.0) + split.get("gpu", 0.0)) * grow
+        layers = split.get("layers", 0.0)
+        flash = split.get("flash", 0.0)
+        if self.mode == "dense":
+            if flash <= 0.0:  # the reads already hide behind one row's compute
+                return compute + layers
+            read = flash + split.get("cpu", 0.0) + layers
+            return max(read, compute + layers)
+        if self.mode == "sparse":
+            f = min(max(self.active_fraction, 1e-6), 1.0)
+            flash *= (1.0 - (1.0 - f) ** rows) / f
+        elif self.mode == "experts":
+            flash *= rows
+        return compute + layers + flash
+
+    def pass_costs(self, max_rows: int, row_cost: float) -> dict[int, float]:
+        """pass_seconds of 2..max_rows rows in one-row passes: DraftLength's starting
+        prices of verification passes under this plan, before any is measured."""
+        one = self.pass_seconds(1, row_cost)
+        if one <= 0.0:
+            return {}
+        return {r: self.pass_seconds(r, row_cost) / one for r in range(2, max_rows + 1)}
+
     @property
     def fixed_head(self) -> bool:
         """A streamed head holding a fixed count of rows (its others sketched), counted in

@@ -166,7 +166,7 @@ def test_plan_command_prints_the_prompt_chunk_a_budget_allows(smollm2_path, resi
     want = prefill_chunk_within(resident.spec, STEP_MARGIN_BYTES)
     r = subprocess.run(
         [sys.executable, "-m", "edgerun", "plan", str(smollm2_path), "--ram-budget", "400M"]
-        + ["-c", "256"],
+        + ["-c", "256", "--draft-model", "ngram", "--num-draft-tokens", "8"],
         capture_output=True,
         text=True,
     )
@@ -174,6 +174,8 @@ def test_plan_command_prints_the_prompt_chunk_a_budget_allows(smollm2_path, resi
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("prompts: "))
     assert line.startswith(f"prompts: {want} tokens a forward call")
     assert "256-token KV window" in line
+    assert "speculation: draft ngram" in r.stdout
+    assert "verification passes of up to 9 rows" in r.stdout  # the drafts' longest + 1
     code = (
         "import edgerun\n"
         f"m = edgerun.load({str(smollm2_path)!r}, n_ctx=256, ram_budget='400M')\n"

@@ -11,10 +11,11 @@ import pytest
 
 import edgerun
 from edgerun.errors import UnsupportedError
-from edgerun.generate.engine import Generator
+from edgerun.generate.engine import Generator, verify_bytes_per_row, verify_rows_within
 from edgerun.generate.sampling import SamplingParams
 from edgerun.generate.speculative import DraftLength, ModelDrafter, NgramDrafter, Speculation
 from edgerun.model.kvcache import KVCache
+from edgerun.offload.plan import STEP_MARGIN_BYTES, Plan
 
 FAMILIES = Path(__file__).resolve().parent.parent / "data" / "families"
 
@@ -311,6 +312,9 @@ def test_under_a_ram_budget_the_draft_model_comes_out_of_the_budget(smollm2_path
     try:
         assert m.loader.plan.budget == budget - need
         assert isinstance(m.draft.drafter, ModelDrafter)
+        # the verification rows fit the step margin beside the draft's own step
+        rows = verify_rows_within(m.spec, STEP_MARGIN_BYTES - verify_bytes_per_row(draft.spec))
+        assert m.draft.length.max_tokens == min(5, rows - 1)
         prompt = "Repeat: the cat sat on the mat. The cat sat on the mat."
         with_draft = "".join(m.generate(prompt, max_tokens=24, temperature=0.0))
         assert m.stats.draft_tokens > 0
@@ -323,3 +327,70 @@ def test_under_a_ram_budget_the_draft_model_comes_out_of_the_budget(smollm2_path
     with pytest.raises(BudgetError, match="after the draft model"):
         edgerun.load(smollm2_path, n_ctx=256, ram_budget=need + floor // 2, draft_model=draft)
     draft.close()
+
+
+def test_a_streamed_model_s_drafts_start_from_its_plan_s_prices(offloaded, smollm2):
+    """Before any pass ran, a streaming plan prices the verification passes and a
+    resident draft's step: DraftLength starts from them, not from the resident line."""
+    length, plan = offloaded.speculation(smollm2, 12).length, offloaded.loader.plan
+    assert plan.mode == "dense"
+    predicted = plan.pass_costs(length.max_tokens + 1, length.row_cost)
+    assert length.pass_cost == predicted and len(predicted) == length.max_tokens == 12
+    one = plan.pass_seconds(1, length.row_cost)
+    figures = offloaded.loader.device_figures()
+    assert length.draft_cost == pytest.approx(
+        figures.cpu_seconds((("", smollm2.file_bytes()),)) / one
+    )
+
+
+def _plan(mode: str, split: dict[str, float], active: float = 1.0) -> Plan:
+    return Plan(
+        mode=mode, budget=1, floor=0, kv_bytes=0, resident_bytes=0, gate_resident=True,
+        predictor_bytes=0, scratch_bytes=0, cache_neurons=0, cache_bytes=0, flash_bytes=0,
+        read_bytes_per_token=0.0, predicted_tok_s=1.0, active_fraction=active,
+        time_split=split,
+    )  # fmt: skip
+
+
+def test_a_plan_prices_verification_passes_by_where_the_weights_are():
+    """Streamed rows are read once for all of a pass's rows beside the compute (dense),
+    a sparse pass reads the union of its rows' neurons, a MoE pass each row's experts."""
+    dense = _plan("dense", {"cpu": 0.04, "flash": 0.1, "layers": 0.01})
+    assert dense.pass_seconds(1, 0.25) == pytest.approx(0.15)
+    assert dense.pass_seconds(9, 0.25) == pytest.approx(0.15)  # 0.12 s of compute hides
+    assert dense.pass_seconds(17, 0.25) == pytest.approx(0.04 * 5 + 0.01)
+    hidden = _plan("dense", {"cpu": 0.1, "flash": 0.0, "layers": 0.01})
+    assert hidden.pass_seconds(5, 0.25) == pytest.approx(0.2 + 0.01)
+    sparse = _plan("sparse", {"cpu": 0.0, "flash": 0.1, "layers": 0.0}, active=0.5)
+    assert sparse.pass_seconds(2, 0.25) == pytest.approx(0.1 * 0.75 / 0.5)
+    experts = _plan("experts", {"cpu": 0.0, "flash": 0.1, "layers": 0.0})
+    assert experts.pass_seconds(4, 0.25) == pytest.approx(0.4)
+    costs = dense.pass_costs(17, 0.25)
+    assert sorted(costs) == list(range(2, 18)) and costs[9] == pytest.approx(1.0)
+    with pytest.raises(edgerun.errors.InvalidArgumentError):
+        dense.pass_seconds(0, 0.25)
+
+
+def test_predicted_pass_costs_set_the_first_drafts_until_measured():
+    """A plan's prices make long drafts pay from the first pass where extra rows are
+    nearly free; the first measured pass of a row count replaces its prediction."""
+    spec = Speculation(NgramDrafter(), 16)
+    assert spec.length.best_for(0.8) < 8  # the line of 0.25 a row
+    spec.fit(9, {r: 1.0 + 0.01 * r for r in range(2, 10)})
+    assert spec.length.max_tokens == 8
+    assert spec.length.best_for(0.8) == 8
+    spec.length.timed(1, 1.0, 0.0, 0)
+    spec.length.timed(9, 3.0, 0.0, 8)
+    assert spec.length.pass_cost[9] == pytest.approx(3.0)  # replaced, not averaged
+    spec.length.timed(9, 2.0, 0.0, 8)
+    assert spec.length.pass_cost[9] == pytest.approx(2.8)  # measured ones average
+    assert spec.length.speedup(0, 0.8) == 1.0
+    with pytest.raises(edgerun.errors.InvalidArgumentError):
+        spec.fit(0)
+
+
+def test_verification_rows_within_a_margin_count_every_row_s_logits(smollm2):
+    per_row = verify_bytes_per_row(smollm2.spec)
+    assert per_row > 4 * smollm2.spec.vocab_size
+    assert verify_rows_within(smollm2.spec, 10 * per_row + 1) == 10
+    assert verify_rows_within(smollm2.spec, 0) == 1
