@@ -21,7 +21,10 @@ and full attention layers) with
 
 GGUF stores Gemma 4's norm gains as they are (no 1 + w offset). A layer without attn_v
 (K = V attention, attention_k_eq_v) takes k's projection as v (llama.cpp does the same).
-The MoE variant (26B-A4B) is refused.
+
+The MoE variant (26B-A4B, '.expert_count' > 0) runs routed experts beside each layer's
+dense MLP (ModelSpec.experts_beside_mlp; model/moe.py), softmax-routed, renormalised and
+scaled per expert (ffn_down_exps.scale), gate and up fused in one tensor.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from edgerun.arch.spec import (
     meta_float,
     meta_int,
     meta_layer_pattern,
+    moe_fields,
 )
 from edgerun.errors import ModelFormatError, UnsupportedError
 
@@ -99,11 +103,6 @@ def kv_sources(sliding: tuple[bool, ...], shared: int, source: str) -> tuple[int
 
 def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     a = "gemma4"
-    if meta.get(f"{a}.expert_count"):
-        raise UnsupportedError(
-            f"{source}: Gemma 4 with experts (MoE, '{a}.expert_count' = "
-            f"{meta[f'{a}.expert_count']}) is not supported; the dense E2B / E4B models are"
-        )
     n = meta_int(meta, f"{a}.block_count", source, hi=4096)
     kv_heads = _per_layer(meta, f"{a}.attention.head_count_kv", source, n, None)
     d_ff = _per_layer(meta, f"{a}.feed_forward_length", source, n, None)
@@ -112,6 +111,10 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     flat[f"{a}.attention.head_count_kv"] = max(kv_heads)
     flat[f"{a}.feed_forward_length"] = max(d_ff)
     fields = common_fields(flat, a, source)
+    # Gemma 4 26B-A4B: a softmax router's top experts, renormalised, beside the dense MLP
+    experts = moe_fields(flat, a, source, norm=True) if meta.get(f"{a}.expert_count") else {}
+    if experts:
+        experts["experts_beside_mlp"] = True
     hd_full = fields["head_dim"]
     hd_swa = meta_int(meta, f"{a}.attention.key_length_swa", source, hd_full, hi=4096)
     for key, want in ((f"{a}.attention.value_length", hd_full),
@@ -159,6 +162,7 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
         v_norm=True,
         per_layer_input=ple,
         layer_output_scale=True,
+        **experts,
         layer_tensors={**LAYER_TENSORS, **PER_LAYER_TENSORS},
         global_tensors={**GLOBAL_TENSORS, **PLE_TENSORS},
     )

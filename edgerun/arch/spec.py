@@ -71,6 +71,15 @@ EXPERT_TENSORS = {
     "ffn_down_shexp": "blk.{i}.ffn_down_shexp.weight",
     "ffn_gate_inp_shexp": "blk.{i}.ffn_gate_inp_shexp.weight",
     "exp_probs_b": "blk.{i}.exp_probs_b.bias",
+    # Gemma 4 (experts_beside_mlp): gate and up of every expert in one tensor [n_expert,
+    # 2 * expert_ff, d_model] (gate rows first), a scale per expert, the router's input gain
+    # [d_model], and the norms around the MLP and the experts
+    "ffn_gate_up_exps": "blk.{i}.ffn_gate_up_exps.weight",
+    "ffn_down_exps_scale": "blk.{i}.ffn_down_exps.scale",
+    "ffn_gate_inp_scale": "blk.{i}.ffn_gate_inp.scale",
+    "ffn_pre_norm_2": "blk.{i}.pre_ffw_norm_2.weight",
+    "ffn_post_norm_1": "blk.{i}.post_ffw_norm_1.weight",
+    "ffn_post_norm_2": "blk.{i}.post_ffw_norm_2.weight",
 }
 GLOBAL_TENSORS = {
     "token_embd": "token_embd.weight",
@@ -198,6 +207,11 @@ class ModelSpec:
     # (LFM2-MoE), the experts then picked by probability plus the layer's exp_probs_b bias
     # where the file has one (the weights stay the unbiased probabilities)
     expert_gating: str = "softmax"
+    # the experts run beside the layer's dense MLP, not in its place (Gemma 4 26B-A4B):
+    # the FFN block reads the residual stream itself; the MLP takes ffn_norm and its output
+    # post_ffw_norm_1, the experts pre_ffw_norm_2 and post_ffw_norm_2, the router
+    # RMSNorm(h) * ffn_gate_inp.scale / sqrt(d_model); the two outputs are summed
+    experts_beside_mlp: bool = False
     # Per layer, where layers differ (Gemma 4); empty means every layer takes the spec-wide
     # value (head_dim, n_kv_heads, d_ff and rope_dim then hold the largest of them)
     layer_head_dims: tuple[int, ...] = ()

@@ -529,9 +529,11 @@ def layer_steps(
             Residual(None, next_norm, eps, scale, kind),
         ]
     if spec.per_layer_input or spec.layer_output_scale:  # Gemma 4
+        # experts beside the MLP read the stream and norm each part's input themselves
+        ffn_norm = None if getattr(layer.ffn, "reads_stream", False) else layer.ffn_norm
         return [
             mixer,
-            Residual(layer.post_attn_norm, layer.ffn_norm, eps, scale, kind),
+            Residual(layer.post_attn_norm, ffn_norm, eps, scale, kind),
             FeedForward(spec, layer),
             Residual(layer.post_ffn_norm, None, eps, scale, kind),
             PerLayerOutput(layer, index, next_norm, eps),

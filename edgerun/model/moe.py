@@ -34,9 +34,11 @@ from edgerun.errors import ModelFormatError, UnsupportedError
 from edgerun.model.ffn import DenseFFN, check_shapes
 from edgerun.ops import qmatvec
 from edgerun.ops.activations import glu
+from edgerun.ops.norm import rmsnorm
 from edgerun.quant.formats import QuantTensor
 
 __all__ = [
+    "BesideNorms",
     "ExpertMatrices",
     "ExpertSource",
     "ResidentExperts",
@@ -131,6 +133,20 @@ def route(
     return top.astype(np.int64), w.astype(np.float32)
 
 
+class BesideNorms(NamedTuple):
+    """Gemma 4's norms around experts that run beside the dense MLP (experts_beside_mlp):
+    on the residual stream h, the MLP reads RMSNorm(h) * mlp_norm, the experts RMSNorm(h)
+    * experts_norm, the router RMSNorm(h) * router_gain (ffn_gate_inp.scale / sqrt(d));
+    their outputs are normed by their post norms and summed."""
+
+    mlp_norm: np.ndarray
+    mlp_post_norm: np.ndarray
+    experts_norm: np.ndarray
+    experts_post_norm: np.ndarray
+    router_gain: np.ndarray
+    eps: float
+
+
 class MoEFFN:
     """A mixture-of-experts FFN on rows x [n, d_model] (module docstring). d_ff is one
     expert's width."""
@@ -149,6 +165,8 @@ class MoEFFN:
         "d_ff",
         "gating",
         "bias",
+        "expert_scales",
+        "beside",
     )
 
     def __init__(
@@ -164,7 +182,12 @@ class MoEFFN:
         shared_gate: np.ndarray | None = None,
         gating: str = "softmax",
         bias: np.ndarray | None = None,
+        expert_scales: np.ndarray | None = None,
+        beside: BesideNorms | None = None,
     ) -> None:
+        """expert_scales [n_expert]: each expert's weight times its scale (Gemma 4);
+        beside: the experts run beside `shared` as Gemma 4's dense MLP, with these norms
+        (the rows are then the residual stream, not a normed input)."""
         self.router, self.source = router, source
         self.n_expert, self.d_model = router.shape
         if source.n_expert != self.n_expert:
@@ -178,6 +201,15 @@ class MoEFFN:
         self.norm, self.scale, self.activation = norm, float(scale), activation
         self.shared, self.shared_gate = shared, shared_gate
         self.gating, self.bias = gating, bias
+        self.expert_scales, self.beside = expert_scales, beside
+        if beside is not None and shared is None:
+            raise ValueError("MoEFFN: experts beside an MLP need the MLP (shared)")
+
+    @property
+    def reads_stream(self) -> bool:
+        """Whether the rows this FFN takes are the residual stream itself (experts beside
+        an MLP norm their own inputs), not a normed input."""
+        return self.beside is not None
 
     def weight_matrices(self) -> list[QuantTensor]:
         """The router, the shared expert's matrices and expert 0's: one of each matrix
@@ -188,12 +220,16 @@ class MoEFFN:
         return ms
 
     def routing(self, x: np.ndarray, decode: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """Rows x [n, d_model] -> (experts [n, n_used], weights [n, n_used]) (route)."""
+        """Rows x [n, d_model] -> (experts [n, n_used], weights [n, n_used]) (route; the
+        router's input as the rows arrive: beside an MLP, already its own norm)."""
         if decode:
             logits = qmatvec.matvec_batch(self.router, x)
         else:
             logits = qmatvec.project(self.router, x)
-        return route(logits, self.n_used, self.norm, self.scale, self.gating, self.bias)
+        sel, w = route(logits, self.n_used, self.norm, self.scale, self.gating, self.bias)
+        if self.expert_scales is not None:
+            w = w * self.expert_scales[sel]
+        return sel, w
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """One prompt's rows (or one decode row): x float32 [n, d_model] -> [n, d_model]."""
@@ -205,8 +241,14 @@ class MoEFFN:
         return self._forward(np.ascontiguousarray(x, np.float32), decode=True)
 
     def _forward(self, x: np.ndarray, decode: bool) -> np.ndarray:
+        beside = self.beside
+        if beside is not None:  # x is the residual stream: each part takes its own norm
+            h, eps = x, beside.eps
+            sel, w = self.routing(rmsnorm(h, beside.router_gain, eps), decode)
+            x = rmsnorm(h, beside.experts_norm, eps)
+        else:
+            sel, w = self.routing(x, decode)
         n = x.shape[0]
-        sel, w = self.routing(x, decode)
         k = self.n_used
         flat = sel.reshape(-1)
         order = np.argsort(flat, kind="stable")  # slots grouped by expert
@@ -226,7 +268,12 @@ class MoEFFN:
         out = y[:, 0] * w[:, 0:1]
         for j in range(1, k):  # in rank order, the same for a row alone or in a batch
             out += y[:, j] * w[:, j : j + 1]
-        if self.shared is not None:
+        if beside is not None:
+            xm = rmsnorm(h, beside.mlp_norm, eps)
+            mlp = self.shared.decode_batch(xm) if decode else self.shared(xm)
+            out = rmsnorm(out, beside.experts_post_norm, eps)
+            out += rmsnorm(mlp, beside.mlp_post_norm, eps)
+        elif self.shared is not None:
             s = self.shared.decode_batch(x) if decode else self.shared(x)
             if self.shared_gate is not None:
                 z = (x * self.shared_gate).sum(axis=1, keepdims=True)
@@ -265,13 +312,43 @@ def moe_ffn(store, spec: ModelSpec, layer: int, source: str, experts: ExpertSour
         get = getattr(store, "expert_matrices", None)
         if get is None:
             raise UnsupportedError(f"{source}: this weight store cannot hold expert tensors")
+        fused = spec.expert_tensor("ffn_gate_up_exps", layer)
+        if store.has(fused):  # each expert's gate rows, then its up rows
+            pairs = [m.stacked(2) for m in get(fused, n, (2 * ff, d))]
+            gate, up = [p[0] for p in pairs], [p[1] for p in pairs]
+        else:
+            gate = get(spec.expert_tensor("ffn_gate_exps", layer), n, (ff, d))
+            up = get(spec.expert_tensor("ffn_up_exps", layer), n, (ff, d))
         experts = ResidentExperts(
-            get(spec.expert_tensor("ffn_gate_exps", layer), n, (ff, d)),
-            get(spec.expert_tensor("ffn_up_exps", layer), n, (ff, d)),
-            get(spec.expert_tensor("ffn_down_exps", layer), n, (d, ff)),
+            gate, up, get(spec.expert_tensor("ffn_down_exps", layer), n, (d, ff))
         )
-    shared = shared_gate = None
-    if store.has(spec.expert_tensor("ffn_gate_shexp", layer)):
+    shared = shared_gate = beside = None
+    if spec.experts_beside_mlp:  # Gemma 4: the layer's own MLP, with the norms around both
+        shared = DenseFFN(
+            store.matrix(spec.layer_tensor("ffn_gate", layer)),
+            store.matrix(spec.layer_tensor("ffn_up", layer)),
+            store.matrix(spec.layer_tensor("ffn_down", layer)),
+            spec.activation,
+            expected=(spec.d_ff_of(layer), d),
+            source=source,
+        )
+
+        def norm(name: str) -> np.ndarray:
+            v = _optional_vector(store, name, d, "d_model", source)
+            if v is None:
+                raise ModelFormatError(f"{source}: tensor '{name}' is missing")
+            return v
+
+        gain = norm(spec.expert_tensor("ffn_gate_inp_scale", layer))
+        beside = BesideNorms(
+            norm(spec.layer_tensor("ffn_norm", layer)),
+            norm(spec.expert_tensor("ffn_post_norm_1", layer)),
+            norm(spec.expert_tensor("ffn_pre_norm_2", layer)),
+            norm(spec.expert_tensor("ffn_post_norm_2", layer)),
+            (gain * np.float32(1.0 / np.sqrt(d))).astype(np.float32),
+            spec.norm_eps,
+        )
+    elif store.has(spec.expert_tensor("ffn_gate_shexp", layer)):
         shared = DenseFFN(
             store.matrix(spec.expert_tensor("ffn_gate_shexp", layer)),
             store.matrix(spec.expert_tensor("ffn_up_shexp", layer)),
@@ -284,6 +361,9 @@ def moe_ffn(store, spec: ModelSpec, layer: int, source: str, experts: ExpertSour
             store, spec.expert_tensor("ffn_gate_inp_shexp", layer), d, "d_model", source
         )
     bias = _optional_vector(store, spec.expert_tensor("exp_probs_b", layer), n, "n_expert", source)
+    scales = _optional_vector(
+        store, spec.expert_tensor("ffn_down_exps_scale", layer), n, "n_expert", source
+    )
     return MoEFFN(
         router,
         experts,
@@ -296,6 +376,8 @@ def moe_ffn(store, spec: ModelSpec, layer: int, source: str, experts: ExpertSour
         shared_gate,
         spec.expert_gating,
         bias,
+        scales,
+        beside,
     )
 
 

@@ -68,14 +68,21 @@ def _align(n: int) -> int:
 
 @dataclass(frozen=True)
 class ExpertMatrix:
-    """One role's 3-D tensor of a layer: every expert's (rows, cols) matrix, back to back
-    in the file from `offset`, `nbytes` each."""
+    """One role's 3-D tensor of a layer: every expert's (rows, cols) matrix in the file
+    from `offset`, `nbytes` each, one every `stride` bytes (0: back to back; a fused
+    gate+up tensor holds each expert's gate and up rows together, so each part strides
+    over the other)."""
 
     name: str
     qtype: QuantType
     shape: tuple[int, int]
     offset: int
     nbytes: int
+    stride: int = 0
+
+    def at(self, expert: int) -> int:
+        """Where expert `expert`'s matrix starts in the file."""
+        return self.offset + expert * (self.stride or self.nbytes)
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,7 @@ class ExpertLayer:
 
     def ranges(self, expert: int) -> list[tuple[int, int]]:
         """The file ranges (offset, length) of one expert's three matrices."""
-        return [(m.offset + expert * m.nbytes, m.nbytes) for m in self.matrices]
+        return [(m.at(expert), m.nbytes) for m in self.matrices]
 
     def aligned_ranges(self, expert: int, file_size: int) -> list[tuple[int, int, int]]:
         """(read offset, read length, where the matrix starts in what is read) of one
@@ -126,25 +133,41 @@ def expert_layers(spec, gguf, source: str) -> list[ExpertLayer]:
         "ffn_up_exps": (spec.expert_ff, spec.d_model),
         "ffn_down_exps": (spec.d_model, spec.expert_ff),
     }
+    want["ffn_gate_up_exps"] = (2 * spec.expert_ff, spec.d_model)
+
+    def matrix(role: str, i: int) -> ExpertMatrix:
+        name = spec.expert_tensor(role, i)
+        info = gguf.infos.get(name)
+        if info is None:
+            raise ModelFormatError(f"{source}: expert tensor '{name}' is missing")
+        found = tuple(reversed(info.dims))
+        shape = want[role]
+        if found != (spec.n_expert, *shape):
+            raise ModelFormatError(
+                f"{source}: expert tensor '{name}' has shape {list(found)}, expected "
+                f"{[spec.n_expert, *shape]} ([n_expert, rows, cols] from the metadata)"
+            )
+        qtype = QuantType(info.type_id)
+        nbytes = shape[0] * row_bytes(qtype, shape[1])
+        return ExpertMatrix(name, qtype, shape, int(info.offset), nbytes)
+
     for i in range(spec.n_layers):
         if spec.expert_tensor("ffn_gate_inp", i) not in gguf.infos:
             continue  # a dense layer (model/moe.is_moe_layer)
-        mats = []
-        for role in EXPERT_ROLES:
-            name = spec.expert_tensor(role, i)
-            info = gguf.infos.get(name)
-            if info is None:
-                raise ModelFormatError(f"{source}: expert tensor '{name}' is missing")
-            found = tuple(reversed(info.dims))
-            shape = want[role]
-            if found != (spec.n_expert, *shape):
-                raise ModelFormatError(
-                    f"{source}: expert tensor '{name}' has shape {list(found)}, expected "
-                    f"{[spec.n_expert, *shape]} ([n_expert, rows, cols] from the metadata)"
-                )
-            qtype = QuantType(info.type_id)
-            nbytes = shape[0] * row_bytes(qtype, shape[1])
-            mats.append(ExpertMatrix(name, qtype, shape, int(info.offset), nbytes))
+        if spec.expert_tensor("ffn_gate_up_exps", i) in gguf.infos:
+            # gate and up fused (Gemma 4): each expert's gate rows, then its up rows
+            fused = matrix("ffn_gate_up_exps", i)
+            half = fused.nbytes // 2
+            shape = (spec.expert_ff, spec.d_model)
+            mats = [
+                ExpertMatrix(f"{fused.name}:gate", fused.qtype, shape, fused.offset, half,
+                             fused.nbytes),
+                ExpertMatrix(f"{fused.name}:up", fused.qtype, shape, fused.offset + half, half,
+                             fused.nbytes),
+                matrix("ffn_down_exps", i),
+            ]  # fmt: skip
+        else:
+            mats = [matrix(role, i) for role in EXPERT_ROLES]
         out.append(ExpertLayer(i, spec.n_expert, tuple(mats)))
     return out
 
@@ -498,6 +521,10 @@ class StreamedMoEFFN:
         """One of each matrix this layer reads (MoEFFN.weight_matrices: the kernels'
         warm-up takes their formats; expert 0 is read into the cache for it)."""
         return self.moe.weight_matrices()
+
+    @property
+    def reads_stream(self) -> bool:
+        return self.moe.reads_stream
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self._run(np.ascontiguousarray(x, np.float32), decode=False)

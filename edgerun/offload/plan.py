@@ -1055,12 +1055,14 @@ def _moe_sizes(spec, reader, names: set[str], size: dict[str, int]) -> dict:
         return {}
     routed = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
     kept = ("ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
-    kept += ("ffn_gate_inp_shexp", "exp_probs_b")
+    kept += ("ffn_gate_inp_shexp", "exp_probs_b", "ffn_gate_inp_scale", "ffn_down_exps_scale")
     resident = 0
     for i in range(spec.n_layers):
         resident += sum(size.get(spec.expert_tensor(r, i), 0) for r in kept)
         resident += sum(size.get(spec.layer_tensor(r, i), 0) for r in ("ffn_gate", "ffn_up",
                                                                          "ffn_down"))  # fmt: skip
+    if any(spec.expert_tensor("ffn_gate_up_exps", i) in names for i in range(spec.n_layers)):
+        routed = ("ffn_gate_up_exps", "ffn_down_exps")  # gate and up fused (Gemma 4)
     moe_layers = [i for i in range(spec.n_layers) if spec.expert_tensor(routed[0], i) in names]
     if not moe_layers:
         raise ModelFormatError(

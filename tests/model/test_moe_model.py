@@ -27,6 +27,7 @@ MODELS = [
     "qwen3moe-q4k/q4_k_m.gguf",
     "lfm2moe/q8_0.gguf",  # sigmoid routing with a bias, a dense first layer, conv states
     "granitehybrid-moe/q8_0.gguf",  # a shared expert on every layer, Mamba-2 states
+    "gemma4-moe/q8_0.gguf",  # experts beside the dense MLP, gate+up fused, scaled per expert
 ]
 DENSE_LEAD = {"lfm2moe/q8_0.gguf": 1}  # the models' leading dense FFN layers
 GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
@@ -140,3 +141,47 @@ def test_a_pack_of_a_moe_model_gives_the_gguf_logits(tmp_path):
     b = edgerun.load(pack, n_ctx=64, threads=2, kv_type="f32", interleave=False)
     assert all(isinstance(layer.ffn, MoEFFN) for layer in b.transformer.layers)
     assert np.array_equal(a.logits(ids), b.logits(ids))
+
+
+class _Altered:
+    """A weight store that answers for one tensor differently: absent (None) or another
+    vector."""
+
+    def __init__(self, store, name: str, vector=None) -> None:
+        self._store, self._name, self._vector = store, name, vector
+
+    def has(self, name: str) -> bool:
+        return self._store.has(name) and (name != self._name or self._vector is not None)
+
+    def vector(self, name: str):
+        return self._vector if name == self._name else self._store.vector(name)
+
+    def __getattr__(self, attr):
+        return getattr(self._store, attr)
+
+
+@pytest.mark.parametrize(
+    "name, vector, message",
+    [
+        ("blk.1.ffn_gate_inp.scale", np.ones(63, np.float32), r"should have 64 values"),
+        ("blk.1.ffn_down_exps.scale", np.ones(9, np.float32), r"should have 8 values"),
+        ("blk.1.pre_ffw_norm_2.weight", None, r"'blk.1.pre_ffw_norm_2.weight' is missing"),
+        ("blk.1.post_ffw_norm_1.weight", None, r"'blk.1.post_ffw_norm_1.weight' is missing"),
+    ],
+)
+def test_gemma4_experts_tensors_are_checked_by_name(name, vector, message):
+    """Gemma 4's router gain, per-expert scales and the norms around the MLP and the
+    experts: a wrong size or a missing one is a clear error naming the tensor."""
+    from edgerun.errors import ModelFormatError
+    from edgerun.formats.gguf import read_gguf
+    from edgerun.model.moe import moe_ffn
+    from edgerun.model.weights import ResidentStore
+
+    path = DATA / "gemma4-moe" / "q8_0.gguf"
+    f = read_gguf(path)
+    spec = edgerun.arch.spec_from_gguf(f.metadata, str(path))
+    store = ResidentStore(f, str(path))
+    moe = moe_ffn(store, spec, 1, str(path))
+    assert moe.reads_stream and moe.expert_scales.shape == (8,)
+    with pytest.raises(ModelFormatError, match=message):
+        moe_ffn(_Altered(store, name, vector), spec, 1, str(path))

@@ -246,13 +246,15 @@ def test_a_ram_budget_streams_a_moe_through_the_api(tmp_path, smollm2_path):
 
 @pytest.mark.parametrize(
     "name, dense_lead, gating",
-    [("lfm2moe", 1, "sigmoid"), ("granitehybrid-moe", 0, "softmax")],
+    [("lfm2moe", 1, "sigmoid"), ("granitehybrid-moe", 0, "softmax"), ("gemma4-moe", 0, "softmax")],
 )
 def test_a_hybrid_moe_streams_its_experts_beside_its_recurrent_states(name, dense_lead, gating):
     """LFM2-MoE (tests/data/families/lfm2moe: a dense first layer, sigmoid routing with an
     expert bias, short-convolution states) and Granite 4.0 H's MoE form (a shared expert on
-    every layer, Mamba-2 states): experts streamed at the smallest cache give the resident
-    model's greedy tokens, and a dense layer's FFN counts as resident."""
+    every layer, Mamba-2 states), and Gemma 4's MoE form (experts beside every layer's
+    dense MLP, their gate and up rows fused in one tensor): experts streamed at the
+    smallest cache give the resident model's greedy tokens, and a dense layer's FFN counts
+    as resident."""
     path = Path(__file__).resolve().parents[1] / "data" / "families" / name / "q8_0.gguf"
     prompt = [1, 40, 200, 7, 99, 300]  # the tiny vocabulary's ids
     want_tokens, want_logits = _greedy(_resident(path), prompt=prompt)

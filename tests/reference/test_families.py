@@ -64,6 +64,7 @@ FAMILIES_TESTED = [
     "lfm2",
     "lfm2moe",
     "gemma4",
+    "gemma4-moe",
     "qwen35",
     "qwen35moe",
     "granitehybrid",

@@ -651,6 +651,45 @@ VARIANTS = [
         ),
     ),
     Variant(
+        "gemma4-moe",
+        "Gemma4ForCausalLM",
+        "Gemma4TextConfig",
+        dict(
+            num_hidden_layers=3,
+            head_dim=32,
+            global_head_dim=64,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            enable_moe_block=True,
+            num_experts=8,
+            top_k_experts=2,
+            moe_intermediate_size=48,
+            hidden_size_per_layer_input=0,
+            final_logit_softcapping=5.0,
+            rope_parameters={
+                "sliding_attention": _rope(),
+                "full_attention": {
+                    "rope_type": "proportional",
+                    "partial_rotary_factor": 0.25,
+                    "rope_theta": 1000000.0,
+                },
+            },
+            tie_word_embeddings=True,
+        ),
+        "gemma4",
+        None,
+        True,
+        [
+            "mixture of experts beside the dense MLP on every layer (Gemma 4 26B-A4B's "
+            "block): 8 experts of width 48, top-2, weights renormalised then scaled per "
+            "expert",
+            "router on RMSNorm(h) * scale / sqrt(d); experts on their own pre-norm; the "
+            "MLP's and the experts' outputs post-normed apart, summed, post-normed",
+            "head_dim 32 on sliding layers, 64 on full layers; sliding window 8",
+        ],
+        {"sliding window": {"sliding_window": 4096}, "experts": {"enable_moe_block": False}},
+    ),
+    Variant(
         "qwen35",
         "Qwen3_5ForCausalLM",
         "Qwen3_5TextConfig",
@@ -909,6 +948,10 @@ def _perturb(model) -> None:
             # Mamba-2's per-head decay and skip (log(1..heads) and ones at init)
             if name.endswith(("mamba.A_log", "mamba.D")):
                 p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+        for name, p in model.named_parameters():
+            # Gemma 4's router input gain and per-expert scales (ones at init)
+            if name.endswith(("router.scale", "router.per_expert_scale")):
+                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
 
 
 def _logits(model, ids: list[int]) -> np.ndarray:
@@ -1034,7 +1077,10 @@ def make(variant: Variant, llama_cpp: Path, check: bool) -> dict:
         effects = {}
         for feature, overrides in variant.ablations.items():
             other = _build(variant, vocab, bos, eos, overrides)
-            other.load_state_dict(model.state_dict())
+            # an ablation that removes a block (Gemma 4's experts) leaves its weights over
+            missing, _ = other.load_state_dict(model.state_dict(), strict=False)
+            if missing:
+                raise RuntimeError(f"{variant.name}: ablation {feature!r} lacks {missing}")
             effects[feature] = float((np.abs(_logits(other, ids) - ref).max(-1) / spread).max())
 
         model.save_pretrained(hf_dir, safe_serialization=True)
