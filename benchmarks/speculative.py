@@ -8,7 +8,8 @@ Modes:
   and with it, alternating; reports the medians of decode tok/s, the acceptance and the
   tokens per pass, and the speed-up (median of each round's ratio). --llama adds
   llama.cpp (llama-cpp-python) on the same prompt ids, without a draft and with its
-  prompt-lookup decoding (LlamaPromptLookupDecoding) for n-gram cases.
+  prompt-lookup decoding (LlamaPromptLookupDecoding) for n-gram cases, or its speculation
+  with the same draft file (a LlamaDraftModel over a second Llama) for model drafts.
 - --equality: every registry model x --tokens greedy tokens x the prompts of every kind,
   without a draft, with n-gram and with a model draft (qwen2.5-coder-0.5b for the 1.5B,
   the model itself for the others); any difference fails the run (exit 1).
@@ -116,6 +117,32 @@ def _llama(llm, ids: list[int], n: int) -> dict:
     return dict(tokens=count, tps=(count - 1) / dt if dt > 0 and count > 1 else 0.0)
 
 
+def _llama_model_draft(path, k: int, threads: int, n_ctx: int):
+    """llama-cpp-python's speculation with a draft model: a LlamaDraftModel that decodes k
+    tokens greedily with another Llama after the text so far (Llama.generate reuses the
+    longest cached prefix, as our ModelDrafter does)."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaDraftModel
+
+    class ModelDraft(LlamaDraftModel):
+        def __init__(self) -> None:
+            self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads,
+                             n_threads_batch=threads, verbose=False)  # fmt: skip
+
+        def __call__(self, input_ids, /, **kwargs):
+            import numpy as np
+
+            out = []
+            for tok in self.llm.generate(input_ids.tolist(), top_k=1, temp=0.0,
+                                         repeat_penalty=1.0, reset=True):  # fmt: skip
+                out.append(tok)
+                if len(out) == k:
+                    break
+            return np.array(out, dtype=np.intc)
+
+    return ModelDraft()
+
+
 def _load(name: str, threads: int, ram_budget: str | None, n_ctx: int):
     import edgerun
 
@@ -148,6 +175,12 @@ def speed(args) -> list[dict]:
             if draft == "ngram":
                 llms["llama.cpp+lookup"] = Llama(
                     **base, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10)
+                )
+            else:  # the same draft file, k = our longest model draft
+                k = spec.length.max_tokens
+                path = spec.drafter.owner.path
+                llms["llama.cpp+draft"] = Llama(
+                    **base, draft_model=_llama_model_draft(path, k, args.threads, args.ctx)
                 )
         rows: dict[str, list[dict]] = {"none": [], "draft": [], **{k: [] for k in llms}}
         ratios, mismatches = [], 0
