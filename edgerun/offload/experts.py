@@ -544,7 +544,10 @@ class ExpertStreamStore(ResidentStore):
         from edgerun.offload.store import _direct_tensors
 
         self.direct = DirectReader(reader.path, threads=options.io_threads)
-        super().__init__(_direct_tensors(reader, spec, self.direct), source)
+        # attention the plan puts on a GPU stays mapped: the placement reads it from there
+        roles = ("attn_q", "attn_k", "attn_v", "attn_output")
+        moved = frozenset(spec.layer_tensor(r, i) for i in plan.gpu_attention_layers for r in roles)
+        super().__init__(_direct_tensors(reader, spec, self.direct, moved), source)
         self.plan, self.options, self.spec = plan, options, spec
         self.layers = expert_layers(spec, reader, source)
         self.stats = ExpertStats()

@@ -247,18 +247,6 @@ class Loader:
                 f"{self.path.name} merged.gguf"
             )
 
-    def refuse_expert_streaming(self, what: str) -> None:
-        """A mixture-of-experts model goes to no GPU: the GPU placement moves dense FFN
-        rows, not routed experts (a RAM budget streams them: offload/experts.py). Clear
-        error, before any planning or compiling."""
-        if self.spec.n_expert:
-            raise UnsupportedError(
-                f"{self.path}: {what} is not supported yet for a mixture-of-experts model "
-                f"('{self.spec.arch}', {self.spec.n_expert} experts): the GPU placement moves "
-                "dense FFNs, not routed experts. Load it without a GPU budget (a RAM budget "
-                "streams the routed experts from flash)."
-            )
-
     # -- planning --------------------------------------------------------------
     def plan_for(
         self,
@@ -281,8 +269,6 @@ class Loader:
         from edgerun.offload.plan import parse_budget, plan, resident_need, resident_plan
         from edgerun.offload.store import OffloadOptions
 
-        if gpu_budget is not None:
-            self.refuse_expert_streaming("planning a GPU budget")
         fp = self.footprint()
         budget = parse_budget(ram_budget) if ram_budget is not None else 1 << 62
         gpu = parse_budget(gpu_budget, what="GPU budget") if gpu_budget is not None else 0
@@ -313,7 +299,7 @@ class Loader:
                 "resident"
             )
         if getattr(self.spec, "n_expert", 0):
-            return self._experts_plan(fp, budget, mode, dev), opts
+            return self._experts_plan(fp, budget, mode, dev, gpu, dtype_bytes, force), opts
         mode = mode or DEFAULT_OFFLOAD
         if mode not in ("sparse", "dense"):
             raise InvalidArgumentError(f"offload must be 'sparse' or 'dense', got {mode!r}")
@@ -389,10 +375,14 @@ class Loader:
             )
         return p, opts
 
-    def _experts_plan(self, fp, budget: int, mode: str | None, dev) -> Plan:
+    def _experts_plan(
+        self, fp, budget: int, mode: str | None, dev, gpu: int = 0, dtype_bytes: int = 2,
+        force: bool = False,
+    ) -> Plan:  # fmt: skip
         """A mixture-of-experts model that does not fit: its routed experts on flash
         (offload/experts.py), whatever the offload mode asked (dense rows or sparse
-        neurons are FFN placements; a MoE's FFN is its experts)."""
+        neurons are FFN placements; a MoE's FFN is its experts); a GPU budget takes
+        attention layers."""
         from edgerun.offload.plan import experts_plan
 
         if mode not in (None, "dense", "experts"):
@@ -400,7 +390,10 @@ class Loader:
                 f"{self.path}: a mixture-of-experts model streams its routed experts under a "
                 f"RAM budget; offload mode {mode!r} is for dense FFNs (leave --offload out)"
             )
-        return experts_plan(fp, budget, self.floor_bytes, self.n_ctx, device=dev)
+        return experts_plan(
+            fp, budget, self.floor_bytes, self.n_ctx, device=dev, gpu_budget=gpu,
+            gpu_dtype_bytes=dtype_bytes, gpu_force=force,
+        )  # fmt: skip
 
     def _with_rows_after_kernels(self, load_plan: Plan, plan_with) -> Plan:
         """The plan of the steady state when LLVM's pages can be given back once the
@@ -502,8 +495,6 @@ class Loader:
         self.placement_args = (ram_budget, mode, options, gpu_budget, gpu_device)
         if ram_budget is not None or mode not in (None, "resident"):
             self.refuse_split_streaming("a RAM budget (offloading)")
-        if gpu_budget is not None:
-            self.refuse_expert_streaming("a GPU budget")
         if ram_budget is not None:
             from edgerun.offload.plan import parse_budget
             from edgerun.offload.warm_kernels import ensure_kernels_compiled

@@ -620,7 +620,9 @@ def _choose_gpu(
     """Greedy benefit per byte: each layer's FFN and attention are candidate groups; the
     benefit is the CPU (and flash) time a token saves minus the device time and the call's
     round trip. Layers are alike, so groups of one kind go in layer order. `force` places
-    groups that do not pay too (torch on the CPU, which only tests the path)."""
+    groups that do not pay too (torch on the CPU, which only tests the path). A
+    mixture-of-experts model offers attention only: its routed experts stay on the CPU
+    (resident or streamed from flash), as llama.cpp users keep them with -ot exps=CPU."""
     if gpu_budget <= 0 or dev.gpu_matvec_bytes_s <= 0:
         return (), (), 0
     L = fp.n_layers
@@ -628,7 +630,7 @@ def _choose_gpu(
     att_cost = dev.cpu_seconds(fp.attention_formats()) / L
     groups = []
     for kind, nbytes, saved in (("ffn", ffn_dev, ffn_cost_s), ("attention", att_dev, att_cost)):
-        if nbytes <= 0:
+        if nbytes <= 0 or (kind == "ffn" and fp.n_expert):
             continue
         gain = saved - (nbytes / dev.gpu_matvec_bytes_s + dev.gpu_call_s)
         if gain > 0 or force:
@@ -1121,6 +1123,9 @@ def experts_plan(
     n_ctx: int,
     device: DeviceFigures | None = None,
     slot_bytes: int = 0,
+    gpu_budget: int = 0,
+    gpu_dtype_bytes: int = 2,
+    gpu_force: bool = False,
 ) -> Plan:
     """A mixture-of-experts model under `budget`: attention, norms, head, embedding rows,
     routers and shared experts resident; every byte left is the expert cache
@@ -1132,7 +1137,8 @@ def experts_plan(
     uniform share of each layer's experts): reads = layers x experts used x expert bytes x
     missed share, at the flash rate of one expert matrix; compute = the resident
     part's plus the used experts'. Reads happen when the router has picked (a prefetch
-    hides some; the prediction counts none), so they add to the compute."""
+    hides some; the prediction counts none), so they add to the compute. A GPU budget
+    takes attention layers (_choose_gpu); their weights then leave RAM."""
     if not fp.n_expert:
         raise InvalidArgumentError("experts_plan needs a mixture-of-experts footprint")
 
@@ -1148,9 +1154,11 @@ def experts_plan(
             "smaller context (-c)."
         )
     L, E, k = fp.n_layers, fp.n_expert, fp.n_expert_used
+    _, att_l, gpu_used = _choose_gpu(fp, gpu_budget, dev, gpu_dtype_bytes, 0.0, gpu_force)
+    att_share = 1 - len(att_l) / L
     slot = slot_bytes or _expert_slot_bytes(fp)
     kv = fp.kv_bytes(n_ctx)
-    resident = _resident_bytes(fp) + fp.moe_resident_bytes
+    resident = _resident_bytes(fp, att_share) + fp.moe_resident_bytes
     staging = _expert_staging_bytes()
     left = budget - floor - kv - resident - staging
     total = L * E
@@ -1160,10 +1168,12 @@ def experts_plan(
     expert_s = dev.cpu_seconds(((fp.expert_format, L * k * fp.expert_bytes),))
     shared_s = dev.cpu_seconds((("", fp.moe_resident_bytes),))
     split = {
-        "cpu": expert_s + shared_s + _streamed_resident_seconds(fp, dev, 1.0),
+        "cpu": expert_s + shared_s + _streamed_resident_seconds(fp, dev, att_share),
         "flash": read / dev.flash_rate(fp.expert_bytes // 3),
         "layers": L * dev.layer_overhead_s,
     }
+    if att_l:
+        split["gpu"] = _gpu_time(fp, (), att_l, dev, gpu_dtype_bytes)
     t = sum(split.values())
     notes = [
         f"routed experts: {L} layers x {E} of {fp.expert_bytes / MiB:,.2f} MiB, {k} a token "
@@ -1193,4 +1203,7 @@ def experts_plan(
         expert_slots=slots,
         experts_total=total,
         expert_bytes=fp.expert_bytes,
+        gpu_budget=gpu_budget,
+        gpu_attention_layers=att_l,
+        gpu_bytes=gpu_used,
     )

@@ -402,10 +402,15 @@ class DirectTensors:
         return QuantTensor(t.name, t.qtype, t.shape, data)
 
 
-def _direct_tensors(gguf, spec: ModelSpec, direct) -> DirectTensors:
+def _direct_tensors(
+    gguf, spec: ModelSpec, direct, also_mapped: frozenset[str] = frozenset()
+) -> DirectTensors:
+    """also_mapped: tensors left mapped, not read into RAM (those a GPU placement moves
+    off: it reads them once from the mapping, whose pages are then let go)."""
     g = spec.global_tensors
     # the embedding stays mapped (rows read as used) unless it is also the head
     mapped = frozenset({g["token_embd"]}) if g["output"] in gguf.infos else frozenset()
+    mapped |= also_mapped
     # Gemma 4's per-layer embedding table too: a lookup (~40% of an E2B file) whose rows a
     # token reads, never the whole table (the planner counts its touched rows)
     if g.get("ple_token_embd") in gguf.infos:

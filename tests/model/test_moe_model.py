@@ -16,7 +16,6 @@ import pytest
 from together import send_together
 
 import edgerun
-from edgerun.errors import UnsupportedError
 from edgerun.model.kvcache import KVCache
 from edgerun.model.moe import MoEFFN
 
@@ -96,10 +95,9 @@ def test_generate_sessions_and_scheduler_on_a_moe_model():
         m.close()
 
 
-def test_a_moe_budget_below_its_minimum_and_a_gpu_budget_are_refused():
+def test_a_moe_budget_below_its_minimum_is_refused():
     """A RAM budget streams a MoE's routed experts (tests/model/test_moe_offload.py); one
-    below the minimum is refused with the minimum named, at a load and in `edgerun plan`;
-    a GPU budget is not supported for a MoE."""
+    below the minimum is refused with the minimum named, at a load and in `edgerun plan`."""
     from edgerun.errors import BudgetError
 
     path = DATA / "qwen3moe" / "q8_0.gguf"
@@ -113,8 +111,49 @@ def test_a_moe_budget_below_its_minimum_and_a_gpu_budget_are_refused():
     assert plan.returncode != 0
     assert "below the minimum" in plan.stderr
     assert "Traceback" not in plan.stderr
-    with pytest.raises(UnsupportedError, match=r"mixture-of-experts.*8 experts"):
-        edgerun.load(path, n_ctx=64, threads=1, gpu_budget="50M", gpu_device="cpu")
+
+
+def _greedy_logits(m, ids: list[int]) -> np.ndarray:
+    c = KVCache(m.spec, 64, "f32")
+    rows = [m.transformer.forward(ids[:4], c)]
+    for t in ids[4:]:
+        rows.append(m.transformer.forward([t], c))
+    return np.stack([np.asarray(r, np.float32).reshape(-1) for r in rows])
+
+
+@pytest.mark.parametrize("ram_budget", [None, "streamed"])
+def test_a_gpu_budget_puts_a_moe_s_attention_on_the_device(ram_budget):
+    """A GPU budget takes a MoE's attention layers (its routed experts stay on the CPU,
+    resident or streamed from flash, as llama.cpp's -ot exps=CPU); on the torch CPU device
+    the logits follow the CPU path's. Under a RAM budget the moved attention is never
+    read into RAM (the placement reads it from the mapping)."""
+    path = DATA / "qwen3moe" / "q8_0.gguf"
+    kw = dict(n_ctx=64, threads=1, kv_type="f32")
+    resident = edgerun.load(path, **kw)
+    if ram_budget:
+        from edgerun.api import minimum_ram_budget
+
+        kw["ram_budget"] = minimum_ram_budget(path, n_ctx=64, kv_type="f32") + (4 << 20)
+        kw["offload"] = "dense"  # the tiny model fits: its experts stream only when asked
+    m = edgerun.load(path, gpu_budget="50M", gpu_device="cpu", **kw)
+    try:
+        p = m.plan
+        assert p.mode == ("experts" if ram_budget else "resident")
+        assert p.gpu_attention_layers == tuple(range(m.spec.n_layers))
+        assert p.gpu_ffn_layers == () and 0 < p.gpu_bytes <= 50 << 20
+        kinds = {type(layer.attn_proj).__name__ for layer in m.transformer.layers}
+        assert kinds == {"TorchProjections"}
+        assert all(type(layer.ffn).__name__.endswith("MoEFFN") for layer in m.transformer.layers)
+        if ram_budget:
+            names = {m.spec.layer_tensor("attn_q", i) for i in p.gpu_attention_layers}
+            assert names <= m.loader.store._reader.mapped
+        ids = m.tokenize("The quick brown fox jumps over the lazy dog and")
+        got, want = _greedy_logits(m, ids), _greedy_logits(resident, ids)
+        assert (got.argmax(1) == want.argmax(1)).all()
+        assert float(np.abs(got - want).max()) < 1e-3 * float(np.ptp(want))
+    finally:
+        m.close()
+        resident.close()
 
 
 def test_info_shows_the_experts():
