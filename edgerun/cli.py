@@ -347,8 +347,9 @@ def _build_parser() -> argparse.ArgumentParser:
     cv.add_argument(
         "--quant",
         default="q8_0",
-        help="format or preset: f32 f16 bf16 q8_0 q6_k q5_0 q4_k q4_1 q4_0 q3_g64 q2_g64 "
-        "q4_k_m q4_k_s q3_g64_m q2_g64_m, or keep (GGUF blocks copied unchanged)",
+        help="format or preset: f32 f16 bf16 q8_0 q6_k q5_k q5_1 q5_0 q4_k q4_1 q4_0 q3_g64 "
+        "q2_g64 q5_k_m q5_k_s q4_k_m q4_k_s q3_g64_m q2_g64_m, or keep (GGUF blocks copied "
+        "unchanged)",
     )
     cv.add_argument(
         "--imatrix",

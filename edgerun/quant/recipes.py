@@ -8,7 +8,8 @@ between) get more bits. 1-D tensors (norm gains, biases) always stay F32.
 
 Formats need row lengths that are multiples of their block size (256 for the K-quants,
 64 for the G64 formats); a tensor whose rows do not fit falls back as llama.cpp does
-(Q4_K -> Q5_0, Q6_K -> Q8_0, G64 -> Q4_0, anything -> F16 when even 32 does not fit).
+(Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, G64 -> Q4_0, anything -> F16 when even 32
+does not fit).
 Fallbacks are reported in the pack's metadata.
 
 Plain formats below 5 bits keep the output head (and a tied embedding) at Q6_K unless
@@ -28,6 +29,7 @@ __all__ = ["Plan", "RECIPES", "plan_types", "recipe_names", "use_more_bits"]
 Q = QuantType
 _FALLBACK = {
     "Q4_K": "Q5_0",
+    "Q5_K": "Q5_1",
     "Q6_K": "Q8_0",
     "Q3_G64": "Q4_0",
     "Q2_G64": "Q4_0",
@@ -38,10 +40,13 @@ _LOW = ("Q4_0", "Q4_1", "Q4_K", "Q3_G64", "Q2_G64")
 MIXED = {
     "q4_k_s": ("Q4_K", ("Q4_K", "Q4_K"), ("Q4_K", "Q4_K"), "Q6_K"),
     "q4_k_m": ("Q4_K", ("Q6_K", "Q4_K"), ("Q6_K", "Q4_K"), "Q6_K"),
+    "q5_k_s": ("Q5_K", ("Q5_K", "Q5_K"), ("Q5_K", "Q5_K"), "Q6_K"),
+    "q5_k_m": ("Q5_K", ("Q6_K", "Q5_K"), ("Q6_K", "Q5_K"), "Q6_K"),
     "q3_g64_m": ("Q3_G64", ("Q4_K", "Q4_K"), ("Q4_K", "Q3_G64"), "Q6_K"),
     "q2_g64_m": ("Q2_G64", ("Q4_K", "Q3_G64"), ("Q3_G64", "Q2_G64"), "Q6_K"),
 }
-PLAIN = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_0", "q4_k", "q4_1", "q4_0", "q3_g64", "q2_g64")
+PLAIN = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k", "q5_1", "q5_0", "q4_k", "q4_1", "q4_0",
+         "q3_g64", "q2_g64")  # fmt: skip
 RECIPES = (*PLAIN, *MIXED, "keep")
 
 

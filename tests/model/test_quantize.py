@@ -13,7 +13,7 @@ from edgerun.ops.portable import lowbit as K
 from edgerun.quant import lowbit
 from edgerun.quant.formats import QuantType, row_bytes
 from edgerun.quant.quantize import make_qkx2_quants, parse_qtype, quantize, quantize_tensor
-from edgerun.quant.recipes import plan_types, use_more_bits
+from edgerun.quant.recipes import plan_types, recipe_names, use_more_bits
 from edgerun.quant.reference import dequantize
 
 Q = QuantType
@@ -226,6 +226,20 @@ def test_recipes():
     assert pure.types["token_embd.weight"] == Q.Q4_0
     assert plan_types("q4_0", shapes, 8).types["token_embd.weight"] == Q.Q8_0
     assert [use_more_bits(i, 24) for i in range(6)] == [True, True, True, False, False, True]
+    # Q5_K_M (llama.cpp's most downloaded level): Q5_K, Q6_K on the more-bits layers'
+    # attn_v / ffn_down and the head; 576 columns fall back Q5_K -> Q5_1, Q6_K -> Q8_0
+    q5 = plan_types("q5_k_m", shapes, 8)
+    assert q5.types["blk.0.ffn_down.weight"] == Q.Q6_K
+    assert q5.types["blk.1.ffn_down.weight"] == Q.Q5_K
+    assert q5.types["blk.1.attn_v.weight"] == Q.Q5_1
+    assert q5.fallbacks["blk.1.attn_v.weight"] == ("Q5_K", "Q5_1")
+    assert q5.types["token_embd.weight"] == Q.Q8_0
+    assert plan_types("q5_k_s", shapes, 8).types["blk.0.ffn_down.weight"] == Q.Q5_K
+    from edgerun.cli import _build_parser
+
+    convert = _build_parser()._subparsers._group_actions[0].choices["convert"]
+    quant = next(a for a in convert._actions if a.dest == "quant")
+    assert set(quant.help.replace(",", " ").split()) >= set(recipe_names())  # help lists all
     with pytest.raises(InvalidArgumentError, match="not a GGUF"):
         plan_types("keep", shapes, 8)
     with pytest.raises(InvalidArgumentError, match="unknown quantization"):
