@@ -113,6 +113,16 @@ def _rope(**kw) -> dict:
     return {"rope_type": "default", "rope_theta": 10000.0, **kw}
 
 
+# Gemma 4: sliding layers rotate every pair (theta 1e4), full layers a quarter of them
+# (proportional RoPE, theta 1e6)
+_GEMMA4_ROPE = {
+    "sliding_attention": _rope(),
+    "full_attention": {
+        "rope_type": "proportional",
+        "partial_rotary_factor": 0.25,
+        "rope_theta": 1000000.0,
+    },
+}
 _MISTRAL3_ROPE = {
     "rope_type": "yarn",
     "rope_theta": 10000.0,
@@ -618,14 +628,7 @@ VARIANTS = [
             hidden_size_per_layer_input=16,
             vocab_size_per_layer_input="vocab",  # the tokenizer's size (_build)
             final_logit_softcapping=5.0,
-            rope_parameters={
-                "sliding_attention": _rope(),
-                "full_attention": {
-                    "rope_type": "proportional",
-                    "partial_rotary_factor": 0.25,
-                    "rope_theta": 1000000.0,
-                },
-            },
+            rope_parameters=_GEMMA4_ROPE,
             tie_word_embeddings=True,
         ),
         "gemma4",
@@ -659,21 +662,15 @@ VARIANTS = [
             head_dim=32,
             global_head_dim=64,
             sliding_window=8,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            # transformers makes the last layer full attention
+            layer_types=["sliding_attention", "full_attention", "full_attention"],
             enable_moe_block=True,
             num_experts=8,
             top_k_experts=2,
             moe_intermediate_size=48,
             hidden_size_per_layer_input=0,
             final_logit_softcapping=5.0,
-            rope_parameters={
-                "sliding_attention": _rope(),
-                "full_attention": {
-                    "rope_type": "proportional",
-                    "partial_rotary_factor": 0.25,
-                    "rope_theta": 1000000.0,
-                },
-            },
+            rope_parameters=_GEMMA4_ROPE,
             tie_word_embeddings=True,
         ),
         "gemma4",
