@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,16 @@ _HERE = Path(__file__).resolve().parent
 for _d in (_HERE, _HERE / "data", _HERE / "meta", _HERE / "model"):
     if str(_d) not in sys.path:
         sys.path.insert(0, str(_d))
+
+# Under pytest-xdist (`-n 2`, the README's test command) two workers compile into one
+# Numba cache at once. Numba saves each file atomically, but two processes saving
+# different signatures of one function can cross its index entries; the per-function lock
+# (runtime/numba_cache_lock.py) prevents that, and a worker that waited for the other's
+# compile of a kernel loads it from the cache instead of compiling it again.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    from edgerun.runtime.numba_cache_lock import install as _lock_numba_cache
+
+    _lock_numba_cache()
 
 
 @pytest.fixture(scope="session")
