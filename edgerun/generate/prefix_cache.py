@@ -26,6 +26,7 @@ class SharedPrefix:
     last_used: float = 0.0
     states: dict[int, LayerState] | None = None
     key_centre: np.ndarray | None = None  # what its key rows were stored less of
+    key_scale: np.ndarray | None = None  # and divided by (model/kvcache.key_scale)
 
     @property
     def nbytes(self) -> int:
@@ -46,10 +47,14 @@ class SharedPrefix:
                 f"a shared prefix of KV types {self.k.dtype}/{self.v.dtype} cannot seed a "
                 f"cache of {cache.kv_type}; one PrefixCache serves caches of one KV type"
             )
-        if not _same_centre(self.key_centre, cache.key_centre):
+        if not (
+            _same_centre(self.key_centre, cache.key_centre)
+            and _same_centre(self.key_scale, cache.key_scale)
+        ):
             raise InvalidArgumentError(
-                "a shared prefix's keys were stored less another key centre than this "
-                "cache's (model/kvcache.key_centre); one PrefixCache serves one model"
+                "a shared prefix's keys were stored less another key centre or over another "
+                "key scale than this cache's (model/kvcache.key_centre, key_scale); one "
+                "PrefixCache serves one model"
             )
         cache.k[:, :, :n] = self.k
         cache.v[:, :, :n] = self.v
@@ -112,7 +117,9 @@ class PrefixCache:
             if room is not None and n * cache.position_bytes > room:
                 return
             k, v = cache.k[:, :, :n].copy(), cache.v[:, :, :n].copy()
-            e = SharedPrefix(key, k, v, states=states, key_centre=cache.key_centre)
+            e = SharedPrefix(
+                key, k, v, states=states, key_centre=cache.key_centre, key_scale=cache.key_scale
+            )
             if e.nbytes > self.max_bytes:
                 return
             e.last_used = time.monotonic()

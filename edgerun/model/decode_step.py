@@ -66,7 +66,7 @@ class _Rows(BoundRows):
         if self.n > 1:  # BatchAttention checks the caches and holds their addresses
             self.batch = BatchAttention(
                 [c.k for c in caches], [c.v for c in caches], [0] * self.n,
-                [c.key_centre for c in caches],
+                [c.key_centre for c in caches], [c.key_scale for c in caches],
             )  # fmt: skip
         attend = iter(
             a.bind_attention(self, caches, *model._rope(n_ctx, a.base), scores, self.batch)
@@ -116,7 +116,10 @@ class DecodeStep:
         if len(caches) == 1:
             return True
         return BatchAttention.one_kernel(
-            [c.k for c in caches], [c.v for c in caches], [c.key_centre for c in caches]
+            [c.k for c in caches],
+            [c.v for c in caches],
+            [c.key_centre for c in caches],
+            [c.key_scale for c in caches],
         )
 
     def close(self) -> None:

@@ -70,6 +70,13 @@ QUANTISED_KV_TYPES = ("q8_0", "q4_0")
 # quantised keys stores k - c, c the k bias on the pairs RoPE turns < pi / 3.
 KEY_CENTRE = "k-bias-slow-rope/1"
 
+# Token ids of the pass that sets the key scales (Transformer.key_scales): fixed
+# pseudo-random ids (no tokenizer below the model; the scales follow the weights' per-channel
+# magnitudes, which any text shows), as many as the pass needs for steady channel energies.
+KEY_SCALE_TOKENS = 128
+KEY_SCALE_SEED = 52
+KEY_SCALE_LIMIT = 16  # |log2| of a key scale at most: a dead channel does not set one
+
 
 def check_kv_type(kv_type: str) -> str:
     """A KV type as given: one type for keys and values ("q8_0"), or the keys' and the
@@ -160,6 +167,45 @@ def key_centre(
     return c.astype(np.float32)
 
 
+def key_scale(q_energy: np.ndarray, k_energy: np.ndarray, neox: bool) -> np.ndarray:
+    """A layer's key scales [kv_heads, head_dim] (float32 powers of two) from the mean
+    square of its queries (grouped per KV head) and of its centred keys per channel,
+    [kv_heads, head_dim] each.
+
+    Why: a quantised key row keeps an error of about the same size in every channel (the
+    rotation spreads it), and a score's error is q . e, so a channel where keys are large
+    and queries small (or the reverse; Gemma 3's q and k norm weights reach 30x apart)
+    wastes the blocks' resolution. The cache stores k / s and the query is multiplied by
+    s, so q . k is unchanged; s = (E k^2 / E q^2)^(1/4) per channel makes the two sides'
+    energies equal, which minimises |q s| |k / s| (Cauchy-Schwarz), the scale of every
+    score's error (SmoothQuant's / QServe's SmoothAttention balance). Each RoPE pair takes
+    one scale (RoPE mixes a pair's energy over positions), rounded to a power of two so
+    (q s) . (k / s) equals q . k bit for bit in float arithmetic, and a scale computed on
+    another machine's kernels lands on the same value."""
+    hkv, hd = k_energy.shape
+    half = hd // 2
+    pairs = []
+    for e in (np.asarray(q_energy, np.float64), np.asarray(k_energy, np.float64)):
+        if neox:
+            p = (e[:, :half] + e[:, half:]) / 2
+            e = np.concatenate([p, p], 1)
+        else:
+            p = (e[:, 0::2] + e[:, 1::2]) / 2
+            e = np.repeat(p, 2, axis=1)
+        pairs.append(e)
+    eq, ek = pairs
+    tiny = 1e-30
+    ratio = np.where((eq > tiny) & (ek > tiny), ek / np.maximum(eq, tiny), 1.0)
+    exponent = np.clip(np.round(np.log2(ratio) / 4), -KEY_SCALE_LIMIT, KEY_SCALE_LIMIT)
+    return np.exp2(exponent).astype(np.float32)
+
+
+def group_scales(scale: np.ndarray, n_heads: int) -> np.ndarray:
+    """[kv_heads, head_dim] key scales -> [n_heads, head_dim]: each query head takes its
+    KV head's (grouped-query attention)."""
+    return np.repeat(scale, n_heads // scale.shape[0], axis=0)
+
+
 def written_slabs(spec: ModelSpec) -> int:
     """The (layer, KV head) slabs of [n_ctx, row] a cache writes: every one, but where
     layers differ (Gemma 4) only those of the layers storing their own KV, each of its
@@ -178,9 +224,13 @@ class KVCache:
     a model that only attends), which belong to the same tokens.
 
     key_centre: the model's key centres [attention layers, kv_heads, head_dim]
-    (Transformer.key_centres; None: none); kept only where the keys are q8_0 / q4_0,
-    whose rows then hold k - centre (kvcache.key_centre says why). f16 and f32 keys are
-    stored as they are."""
+    (Transformer.key_centres; None: none); key_scale: its key scales, the same shape
+    (Transformer.key_scales, powers of two; None: none). Both are kept only where the
+    keys are q8_0 / q4_0, whose rows then hold (k - centre) / scale, rotated (kvcache's
+    key_centre and key_scale say why), and whose queries are multiplied by the scale
+    (scaled_queries, and every kernel that stores or attends on the cache). They belong to
+    the cache: a cache built without them is never read with them. f16 and f32 keys are
+    stored as they are, and their queries left as they are."""
 
     def __init__(
         self,
@@ -188,6 +238,7 @@ class KVCache:
         n_ctx: int,
         kv_type: str = "f32",
         key_centre: np.ndarray | None = None,
+        key_scale: np.ndarray | None = None,
     ) -> None:
         if n_ctx <= 0:
             raise ContextOverflowError(f"context size must be positive, got {n_ctx}")
@@ -208,6 +259,9 @@ class KVCache:
         self.k, self.v = arrays
         quantised = self.k_type in QUANTISED_KV_TYPES
         self.key_centre = key_centre if quantised and not self.layered else None
+        # where layers differ in shape (Gemma 4) one [layers, kv_heads, head_dim] array
+        # does not fit them: no scale there, as no centre
+        self.key_scale = key_scale if quantised and not self.layered else None
         self.n_ctx = n_ctx
         self.tokens: list[int] = []  # ids whose keys/values are stored, in order
         self.written = 0  # positions written since the pages were last given back
@@ -297,6 +351,8 @@ class KVCache:
         n = k.shape[0]
         if self.key_centre is not None:
             k = k - self.key_centre[layer]
+        if self.key_scale is not None:  # powers of two: the division is exact
+            k = k / self.key_scale[layer]
         k, v = cache_values(k, self.k.dtype), cache_values(v, self.v.dtype)
         if self.layered:  # the layer's own head count and head_dim (Gemma 4)
             dk, dv = self.layer(layer)
@@ -314,11 +370,28 @@ class KVCache:
         "none" where they are the keys themselves (a saved session records it)."""
         return "none" if self.key_centre is None else KEY_CENTRE
 
+    def scaled_queries(self, layer: int, q: np.ndarray) -> np.ndarray:
+        """Queries [n, heads, head_dim] of `layer` as scores against this cache's key rows
+        take them: times the key scale (a new array), or q itself where keys are unscaled."""
+        if self.key_scale is None:
+            return q
+        return q * group_scales(self.key_scale[layer], q.shape[1])
+
+    @property
+    def key_scale_exponents(self) -> list | None:
+        """log2 of the key scales as nested lists of ints (what a saved session records;
+        None: unscaled keys)."""
+        if self.key_scale is None:
+            return None
+        return np.log2(self.key_scale).round().astype(np.int64).tolist()
+
     def key_floats(self, rows: np.ndarray, layer: int | slice) -> np.ndarray:
         """Key rows [..., kv_heads, positions, row] of `layer` (an index or a slice of
-        layers, as rows were cut) of this cache as float32 keys: the rows' values plus
-        the centre they were stored less of."""
+        layers, as rows were cut) of this cache as float32 keys: the rows' values times
+        the scale and plus the centre they were stored less of."""
         k = cache_floats(rows, self.spec.head_dim)
+        if self.key_scale is not None:
+            k *= self.key_scale[layer][..., :, None, :]
         if self.key_centre is not None:
             k += self.key_centre[layer][..., :, None, :]
         return k

@@ -338,16 +338,18 @@ class Attention:
         window = np.int64(self.window)
         centre = caches[0].key_centre  # one for every cache of a batch (BatchAttention)
         centre = NO_CENTRE if centre is None else centre[li]
+        k_scale = caches[0].key_scale  # the same: BatchAttention.one_kernel
+        k_scale = NO_CENTRE if k_scale is None else k_scale[li]
         if batch is None:
             c = caches[0]
             return token_calls(head, c.k[li], c.v[li], window, scale, softcap, scores, ctx,
-                               centre)  # fmt: skip
+                               centre, k_scale)  # fmt: skip
         kv_new = tuple(  # each new row as the caches store it (a row: their last axis)
             np.zeros((rows.n, s.n_kv_heads, a.shape[-1]), a.dtype)
             for a in (caches[0].k, caches[0].v)
         )
         tail = (*kv_new, batch._kaddr, batch._vaddr, batch._nctx, np.int64(li), window, scale,
-                softcap, scores, ctx, centre)  # fmt: skip
+                softcap, scores, ctx, centre, k_scale)  # fmt: skip
         return [(attend_rows, (*head, *tail))]
 
 

@@ -15,7 +15,15 @@ from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ModelFormatError
 from edgerun.model.decode_step import DecodeStep
 from edgerun.model.ffn import DenseFFN, FFNExecutor
-from edgerun.model.kvcache import KVCache, key_centre
+from edgerun.model.kvcache import (
+    KEY_SCALE_SEED,
+    KEY_SCALE_TOKENS,
+    QUANTISED_KV_TYPES,
+    KVCache,
+    key_centre,
+    key_scale,
+    kv_types,
+)
 from edgerun.model.layer import Attention, InputNorm, Layer, Rows, Step, layer_matrices, layer_steps
 from edgerun.model.mixers import build_mixer
 from edgerun.model.per_layer import PerLayerInputs
@@ -418,6 +426,7 @@ class Transformer:
                 end = start + n
                 return attention(q, kl[:, :end], vl[:, :end], start, window, softcap=softcap)
             cache.store(li, start, k, v)
+            q = cache.scaled_queries(li, q)
             return attention(q, cache.k[li], cache.v[li], start, window, softcap=softcap)
 
         rope = lambda base, *kind: self._rope(cache.n_ctx, base, *kind)  # noqa: E731
@@ -535,10 +544,57 @@ class Transformer:
                 found = True
         return out if found else None
 
+    @functools.cached_property
+    def key_scales(self) -> np.ndarray | None:
+        """Each attention layer's key scales [attention layers, kv_heads, head_dim]
+        (kvcache.key_scale: powers of two balancing the queries' and the centred keys'
+        channel energies), by which a cache of q8_0 / q4_0 keys divides every key and
+        multiplies every query; None where layers differ in shape (Gemma 4). Set by one
+        pass of KEY_SCALE_TOKENS fixed token ids on a float32 cache, run the first time a
+        cache of quantised keys is made; every cache of this model shares it."""
+        s = self.spec
+        if s.layered or not s.attention_layers:
+            return None
+        q_energy, k_energy = compute_thread().call(self._key_energies)
+        neox = s.rope_style == "neox"
+        return np.stack([key_scale(q, k, neox) for q, k in zip(q_energy, k_energy)])
+
+    def _key_energies(self) -> tuple[np.ndarray, np.ndarray]:
+        """The mean square per channel of every attention layer's queries (over the query
+        heads of each KV head) and centred keys on KEY_SCALE_TOKENS fixed token ids:
+        float64 [attention layers, kv_heads, head_dim] each."""
+        s = self.spec
+        n = min(KEY_SCALE_TOKENS, s.context_length or KEY_SCALE_TOKENS)
+        ids = np.random.default_rng(KEY_SCALE_SEED).integers(0, s.vocab_size, n)
+        cache = KVCache(s, n)  # float32 rows: the keys as they are
+        centres = self.key_centres
+        shape = (len(s.attention_layers), s.n_kv_heads, s.head_dim)
+        q_energy, k_energy = np.zeros(shape), np.zeros(shape)
+
+        def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:
+            hkv, hd = k.shape[1], k.shape[2]
+            q64 = q.astype(np.float64).reshape(n, hkv, q.shape[1] // hkv, hd)
+            q_energy[li] = (q64 * q64).mean((0, 2))
+            kc = k.astype(np.float64) - (0.0 if centres is None else centres[li])
+            k_energy[li] = (kc * kc).mean(0)
+            cache.store(li, 0, k, v)
+            return attention(q, cache.k[li], cache.v[li], 0, window, softcap=softcap)
+
+        positions = np.arange(n, dtype=np.int64)
+        rope = lambda base, *kind: self._rope(n, base, *kind)  # noqa: E731
+        states = PassStates([cache.state], [0], decode=False)
+        h = self.embed(self.check_ids(ids.tolist()))
+        rows = Rows(h, positions, False, attend, rope, states)
+        self._add_per_layer(rows, ids)
+        self._run_layers(rows)
+        return q_energy, k_energy
+
     def new_cache(self, n_ctx: int, kv_type: str = "f32") -> KVCache:
-        """An empty KV cache of this model: kv_type's rows, keys centred where they are
-        quantised (key_centres)."""
-        return KVCache(self.spec, n_ctx, kv_type, self.key_centres)
+        """An empty KV cache of this model: kv_type's rows, keys centred and scaled where
+        they are quantised (key_centres, key_scales)."""
+        if kv_types(kv_type)[0] not in QUANTISED_KV_TYPES:
+            return KVCache(self.spec, n_ctx, kv_type)
+        return KVCache(self.spec, n_ctx, kv_type, self.key_centres, self.key_scales)
 
     def decode_kernels(self, cache: KVCache) -> list[tuple]:
         """One call of each kernel a one-token step on `cache` runs (DecodeStep.kernels;
@@ -659,7 +715,7 @@ class Transformer:
             ctx = np.empty((len(tokens), self.spec.q_dim), np.float32)
             batch = BatchAttention(
                 [c.k for c in caches], [c.v for c in caches], starts,
-                [c.key_centre for c in caches],
+                [c.key_centre for c in caches], [c.key_scale for c in caches],
             )  # fmt: skip
 
             def attend(li: int, q, k, v, window: int, softcap: float) -> np.ndarray:

@@ -131,7 +131,7 @@ class BudgetKeeper:
                 # the 6 MiB of states twice at the first run's peak)
                 half = hd.CALIBRATION_TOKENS // 2
                 step = self.prefill_chunk
-                cache = KVCache(self.spec, step, self.kv_type)
+                cache = self.transformer.new_cache(step, self.kv_type)
                 texts = [
                     self.tokenizer.encode(t[: 16 * half])[:half]
                     for t in (calibration_text(), calibration_code())

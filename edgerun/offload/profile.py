@@ -319,7 +319,6 @@ def profile_model(
     at `sparsity` (default: store.DEFAULT_SPARSITY). The tokens run in prefill chunks of
     `chunk`, each from an empty KV cache of `kv_type`, as the calibration runs them. The
     Transformer's executors are restored afterwards."""
-    from edgerun.model.kvcache import KVCache
     from edgerun.offload.bundle import source_sha256
     from edgerun.offload.sparsity import _dense
     from edgerun.offload.store import DEFAULT_SPARSITY, prepare
@@ -358,7 +357,7 @@ def profile_model(
         with progress_bar("profiling", total=len(toks), unit="tokens", enabled=progress) as adv:
             for c in range(0, len(toks), chunk):
                 part = toks[c : c + chunk]
-                tr.forward(part, KVCache(spec, len(part), kv_type))
+                tr.forward(part, tr.new_cache(len(part), kv_type))
                 adv(len(part))
     finally:
         for layer, ffn in zip(tr.layers, saved, strict=True):

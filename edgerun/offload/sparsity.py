@@ -103,14 +103,13 @@ def forward_logits(
     `ids`, from an empty KV cache of `kv_type`, in forward calls of at most `step` tokens
     (default: the engine's prompt chunk)."""
     from edgerun.generate.engine import PREFILL_CHUNK, check_token_ids
-    from edgerun.model.kvcache import KVCache
 
     ids = [int(i) for i in ids]
     if not ids:
         raise InvalidArgumentError("logits need at least one token id")
     check_token_ids(ids, transformer.spec.vocab_size)
     step = step or PREFILL_CHUNK
-    cache = KVCache(transformer.spec, len(ids), kv_type)
+    cache = transformer.new_cache(len(ids), kv_type)
     parts = [
         transformer.forward(ids[i : i + step], cache, all_logits=True)
         for i in range(0, len(ids), step)

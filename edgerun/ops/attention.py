@@ -339,8 +339,9 @@ class BatchAttention:
     or q8_0 / q4_0 blocks; the keys of every cache of one type, the values of one type);
     starts: the position each new token takes; centres: each cache's key centre
     [layers, kv_heads, head_dim] (model/kvcache.key_centre), subtracted from its new keys
-    before they are stored (None: none, and the default for every cache). Built once per
-    step, called once per layer.
+    before they are stored (None: none, and the default for every cache); scales: each
+    cache's key scale, the same shape (model/kvcache.key_scale), dividing its new keys and
+    multiplying its queries (None: none). Built once per step, called once per layer.
     """
 
     def __init__(
@@ -349,6 +350,7 @@ class BatchAttention:
         vs: list[np.ndarray],
         starts: list[int],
         centres: list[np.ndarray | None] | None = None,
+        scales: list[np.ndarray | None] | None = None,
     ) -> None:
         # one head count, and one row width for each element type (of one head_dim)
         widths = {(a.dtype, a.shape[3]) for a in ks + vs}
@@ -357,10 +359,11 @@ class BatchAttention:
         self.starts = np.asarray(starts, dtype=np.int64)
         self._each = (ks, vs)
         self.centres = [None] * len(ks) if centres is None else list(centres)
+        self.scales = [None] * len(ks) if scales is None else list(scales)
         self.dtype, self.v_dtype = ks[0].dtype, vs[0].dtype
         # One sequence: the single kernel. Caches of mixed types or centres, or an array
         # that is not one C-contiguous block: one call per sequence.
-        self.batched = len(ks) > 1 and self.one_kernel(ks, vs, self.centres)
+        self.batched = len(ks) > 1 and self.one_kernel(ks, vs, self.centres, self.scales)
         if not self.batched:
             return
         # the arrays stay referenced by self._each while the kernel writes through these
@@ -372,12 +375,19 @@ class BatchAttention:
             raise ValueError(f"BatchAttention: positions {starts} outside the caches")
 
     @staticmethod
-    def one_kernel(ks: list[np.ndarray], vs: list[np.ndarray], centres: list | None = None) -> bool:
+    def one_kernel(
+        ks: list[np.ndarray],
+        vs: list[np.ndarray],
+        centres: list | None = None,
+        scales: list | None = None,
+    ) -> bool:
         """Whether these caches can share the batched kernel: one element type for the
-        keys and one for the values, one key centre (the same array, or None for all),
-        each K and V the same positions, every array one writeable C-contiguous block."""
-        if centres is not None and any(c is not centres[0] for c in centres):
-            return False
+        keys and one for the values, one key centre and one key scale (the same array, or
+        None for all), each K and V the same positions, every array one writeable
+        C-contiguous block."""
+        for each in (centres, scales):
+            if each is not None and any(c is not each[0] for c in each):
+                return False
         return not (
             any(a.dtype != ks[0].dtype for a in ks)
             or any(a.dtype != vs[0].dtype for a in vs)
@@ -402,9 +412,12 @@ class BatchAttention:
             return self._one_by_one(layer, q, k, v, window, out, softcap)
         if not 0 <= layer < self._layers:  # the kernel writes through raw addresses
             raise ValueError(f"BatchAttention: layer {layer} outside the caches")
-        centre = self.centres[0]
+        centre, scale = self.centres[0], self.scales[0]
         if centre is not None:
             k = k - centre[layer]
+        if scale is not None:  # powers of two (model/kvcache.key_scale): q . k unchanged
+            k = k / scale[layer]
+            q = q * np.repeat(scale[layer], hq // scale.shape[1], axis=0)
         k, v = cache_values(k, self.dtype), cache_values(v, self.v_dtype)
         scores = np.empty((n * hq, int(self.starts.max()) + 1), dtype=np.float32)
         _attention_batch(
@@ -428,9 +441,13 @@ class BatchAttention:
         out = out.reshape(q.shape[0], -1)
         for b, (kc, vc) in enumerate(zip(*self._each)):
             pos = int(self.starts[b])
-            centre = self.centres[b]
+            centre, scale = self.centres[b], self.scales[b]
             kb = k[b] if centre is None else k[b] - centre[layer]
+            qb = q[b : b + 1]
+            if scale is not None:
+                kb = kb / scale[layer]
+                qb = qb * np.repeat(scale[layer], qb.shape[1] // scale.shape[1], axis=0)
             kc[layer, :, pos] = cache_values(kb, kc.dtype)
             vc[layer, :, pos] = cache_values(v[b], vc.dtype)
-            out[b] = attention(q[b : b + 1], kc[layer], vc[layer], pos, window, softcap=softcap)[0]
+            out[b] = attention(qb, kc[layer], vc[layer], pos, window, softcap=softcap)[0]
         return out

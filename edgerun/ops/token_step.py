@@ -110,18 +110,36 @@ def _centre(k, centre):
                 k[r, j] -= centre[r % hkv, j]
 
 
+@njit(inline="always")
+def _scale_keys(q, k, k_scale):
+    """k [rows, head_dim] /= k_scale [kv_heads, head_dim] (row r: head r % kv_heads) and
+    q [rows', heads, head_dim] *= it (head h: KV head h // (heads / kv_heads)), where
+    k_scale is not empty (model/kvcache.key_scale: powers of two, so q . k is unchanged)."""
+    hkv = k_scale.shape[0]
+    if hkv:
+        for r in range(k.shape[0]):
+            for j in range(k.shape[1]):
+                k[r, j] /= k_scale[r % hkv, j]
+        group = q.shape[1] // hkv
+        for i in range(q.shape[0]):
+            for h in range(q.shape[1]):
+                for j in range(q.shape[2]):
+                    q[i, h, j] *= k_scale[h // group, j]
+
+
 @njit(cache=True, nogil=True)
 def prepare_token(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin, neox,
-    q_scale, q_temps, kc, vc, k_centre,
+    q_scale, q_temps, kc, vc, k_centre, k_scale,
 ):  # fmt: skip
     """One token's attention block after its q, k, v projections (1-D, written in place),
     up to the attention itself: biases (empty arrays: none), q/k RMSNorm in groups of the
     norm's width (a head, or the whole projection; empty: none), RoPE at positions[0], q
     times q_scale (1: none) then times q_temps[position] (the attention temperature per
     position; empty: none), k less k_centre [kv_heads, head_dim] (the cache's key centre,
-    model/kvcache.key_centre; empty: none) and v stored into the layer's cache kc, vc
-    [kv_heads, n_ctx, row] (f32, f16 bits or q8_0 / q4_0 blocks)."""
+    model/kvcache.key_centre; empty: none) then over k_scale (the cache's key scale,
+    model/kvcache.key_scale, by which q is multiplied; empty: none) and v stored into the
+    layer's cache kc, vc [kv_heads, n_ctx, row] (f32, f16 bits or q8_0 / q4_0 blocks)."""
     hkv = kc.shape[0]
     hd = k.shape[0] // hkv
     hq = q.shape[0] // hd
@@ -150,6 +168,7 @@ def prepare_token(
         for j in range(q.shape[0]):
             q[j] *= t
     _centre(k2, k_centre)
+    _scale_keys(q3, k2, k_scale)
     for h in range(hkv):
         _put(kc[h, pos], k2[h])
         _put(vc[h, pos], v2[h])
@@ -168,17 +187,19 @@ NO_CENTRE = np.zeros((0, 0), np.float32)  # a cache's keys stored as they are
 def token_calls(
     head: tuple, kc: np.ndarray, vc: np.ndarray, window: np.int64, scale: np.float32,
     softcap: np.float32, scores: np.ndarray, ctx: np.ndarray, k_centre: np.ndarray = NO_CENTRE,
+    k_scale: np.ndarray = NO_CENTRE,
 ) -> list[tuple]:  # fmt: skip
     """The bound decode step's calls (kernel, args) for one token's attention block:
     head = (q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin,
     neox, q_scale, q_temps) as prepare_token takes them, then attention of q into ctx
     [q_dim] against the layer's caches kc, vc (scores capped by softcap when > 0;
     scores: [heads, >= position + 1], for head sizes the split kernel does not take).
-    k_centre: the layer's key centre [kv_heads, head_dim] (NO_CENTRE: none)."""
+    k_centre, k_scale: the layer's key centre and key scale [kv_heads, head_dim]
+    (NO_CENTRE: none)."""
     q, k, positions = head[0], head[1], head[9]
     hd = k.shape[0] // kc.shape[0]
     hq = q.shape[0] // hd
-    calls = [(prepare_token, (*head, kc, vc, k_centre))]
+    calls = [(prepare_token, (*head, kc, vc, k_centre, k_scale))]
     if supports(hd):
         attend = attend_one_kernel(hd)
         args = (q.reshape(hq, hd), kc, vc, positions, window, scale, ctx.reshape(hq, hd), softcap)
@@ -227,14 +248,15 @@ def _as_cache_impl(src, dst):
 def attend_rows(
     q, k, v, q_bias, k_bias, v_bias, q_norm, k_norm, eps, positions, cos, sin, neox,
     q_scale, q_temps, k_new, v_new, kaddr, vaddr, nctx, layer, window, scale, softcap, scores,
-    ctx, k_centre,
+    ctx, k_centre, k_scale,
 ):  # fmt: skip
     """token_calls' work for n >= 2 sequences' decode rows q [n, q_dim], k, v [n, kv_dim], each
     against its own cache (kaddr, vaddr, nctx: ops/attention.BatchAttention's addresses):
     the general path's batched steps (parallel RoPE, _attention_batch). k_new, v_new:
     [n, kv_heads, row] of the caches' key and value types (f16 bits and q8_0 / q4_0 blocks
     are written there); k_centre: the caches' key centre of the layer [kv_heads, head_dim]
-    (one for all of them; empty: none), taken from the keys before they are stored."""
+    (one for all of them; empty: none), taken from the keys before they are stored, and
+    their key scale (the same; empty: none), dividing the keys and multiplying q."""
     n = q.shape[0]
     hkv = k_new.shape[1]
     hd = k.shape[1] // hkv
@@ -264,6 +286,7 @@ def attend_rows(
             for j in range(q.shape[1]):
                 q[i, j] *= t
     _centre(k.reshape(n * hkv, hd), k_centre)
+    _scale_keys(q3, k.reshape(n * hkv, hd), k_scale)
     kn = _as_cache(k, k_new)
     vn = _as_cache(v, v_new)
     _attention_batch(

@@ -20,10 +20,17 @@ import numpy as np
 from edgerun.errors import EdgerunError, InvalidArgumentError, ModelFormatError
 from edgerun.generate.constraint import response_format_constraint
 from edgerun.generate.engine import Engine
-from edgerun.model.kvcache import KEY_CENTRE, KV_TYPES, QUANTISED_KV_TYPES, KVCache, kv_types
+from edgerun.model.kvcache import (
+    KEY_CENTRE,
+    KEY_SCALE_LIMIT,
+    KV_TYPES,
+    QUANTISED_KV_TYPES,
+    KVCache,
+    kv_types,
+)
 from edgerun.offload.io import drop_page_cache
 from edgerun.ops.attention import cache_floats, cache_values
-from edgerun.ops.kv_blocks import ROTATION, row_width
+from edgerun.ops.kv_blocks import ROTATION, rotation, row_width
 from edgerun.runtime.atomic import write_atomic
 from edgerun.serving import kv_spill
 from edgerun.serving.batching import Request, ResponseStats, Serving
@@ -247,6 +254,8 @@ class Session:
                 "kv_type": c.kv_type,
                 "kv_rotation": ROTATION,  # how q8_0 / q4_0 rows are stored (kv_blocks)
                 "kv_key_centre": c.key_centre_name,  # what the key rows hold less (kvcache)
+                # log2 of what the key rows were divided by (kvcache.key_scale; null: 1)
+                "kv_key_scale": json.dumps(c.key_scale_exponents),
                 "n_ctx": str(c.n_ctx),
                 "tokens": json.dumps(tokens),
                 "messages": json.dumps(self.messages, ensure_ascii=False),
@@ -320,12 +329,14 @@ class Session:
                 f"{where}: field 'kv_type' is {kv_type!r}, expected one of "
                 f"{', '.join(KV_TYPES)} or 'K/V'"
             ) from None
-        quantised = sorted({t for t in saved_types.values() if t in QUANTISED_KV_TYPES})
-        if quantised and meta.get("kv_rotation") != ROTATION:
+        # a file without the field holds its q8_0 / q4_0 rows unrotated: they are turned
+        # as they are read (_read_rows_into)
+        saved_rotation = meta.get("kv_rotation")
+        if saved_rotation not in (None, ROTATION):
             raise SessionFileError(
-                f"{where}: field 'kv_rotation' is {meta.get('kv_rotation')!r}, expected "
-                f"{ROTATION!r}: its {'/'.join(quantised)} rows were stored by an edgerun that "
-                "did not rotate them; resume it there and save it as f16, or start it anew"
+                f"{where}: field 'kv_rotation' is {saved_rotation!r}, expected {ROTATION!r} "
+                "(or none: rows stored unrotated); resume it with the edgerun that saved it "
+                "and save it as f16, or start it anew"
             )
         # the centre the saved key rows were stored less of; an older file's keys have none
         centre_name = meta.get("kv_key_centre", "none")
@@ -339,6 +350,7 @@ class Session:
                 "model that saved it and save it as f16, or start it anew"
             )
         s = engine.spec
+        saved_scale = _key_scale_field(meta, where, s)
         n = len(tokens)
         state_tensors = {k: tensors.pop(k) for k in list(tensors) if k.startswith("state.")}
         for name, (dtype, shape, _) in tensors.items():
@@ -365,7 +377,9 @@ class Session:
         sess.system = system
         c = sess.cache
         engine.before_kv_write(c, n)
-        _read_rows_into(path, tensors, saved_types, c, n, saved_centre)
+        _read_rows_into(
+            path, tensors, saved_types, c, n, saved_centre, saved_scale, saved_rotation is not None
+        )
         c.mark_written(n)
         c.tokens[:] = tokens
         if state_tensors or c.state.recurrent:  # a hybrid model's recurrent states
@@ -472,6 +486,34 @@ def _read_states(
     return out
 
 
+def _key_scale_field(meta: dict, where: str, spec: Any) -> np.ndarray | None:
+    """The key scale a session file's key rows were divided by ('kv_key_scale': log2 of
+    each, [attention layers, kv heads, head_dim]; missing or null: none)."""
+    raw = meta.get("kv_key_scale")
+    if raw is None:
+        return None
+    want = (len(spec.attention_layers), spec.n_kv_heads, spec.head_dim)
+    try:
+        exps = json.loads(raw)
+        if exps is None:
+            return None
+        a = np.asarray(exps, np.int64)
+    except (ValueError, TypeError):
+        a = np.zeros(0, np.int64)
+    if a.shape != want or np.abs(a).max(initial=0) > KEY_SCALE_LIMIT:
+        raise SessionFileError(
+            f"{where}: field 'kv_key_scale' is not null or integers in "
+            f"[-{KEY_SCALE_LIMIT}, {KEY_SCALE_LIMIT}] of shape {list(want)}"
+        )
+    return np.exp2(a).astype(np.float32)
+
+
+def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return np.array_equal(a, b)
+
+
 def _read_rows_into(
     path: Path,
     tensors: dict[str, tuple[np.dtype, tuple, int]],
@@ -479,13 +521,16 @@ def _read_rows_into(
     cache: KVCache,
     n: int,
     saved_centre: np.ndarray | None = None,
+    saved_scale: np.ndarray | None = None,
+    saved_rotated: bool = True,
 ) -> None:
     """Rows [0, n) of the session file's k and v (`tensors`, _read_session_header's, of
-    the KV types `saved_types`; its key rows stored less `saved_centre`, None: none) into
-    the cache, a layer at a time, converted to the cache's own type and key centre where
-    either differs (through float32: a session saved with q8_0 keys resumes on an f16
-    cache and back, its values rounded as that type rounds, the centre added back and
-    taken off as each cache stores its keys), read with
+    the KV types `saved_types`; its key rows stored less `saved_centre` and over
+    `saved_scale`, None: none; its q8_0 / q4_0 rows rotated, or plain where not
+    saved_rotated) into the cache, a layer at a time, converted to the cache's own type,
+    key centre and scale where any differs (through float32: a session saved with q8_0
+    keys resumes on an f16 cache and back, its values rounded as that type rounds, the
+    centre and scale undone and redone as each cache stores its keys), read with
     plain reads (not mapped: mapped pages would count in the process's RSS beside the
     cache) and dropped from the page cache as they are used: loading holds one layer's
     rows beyond the cache."""
@@ -507,23 +552,23 @@ def _read_rows_into(
                     os.posix_fadvise(fd, at, layer_rows.nbytes, os.POSIX_FADV_DONTNEED)
                 at += layer_rows.nbytes
                 centres = (saved_centre, cache.key_centre) if name == "k" else (None, None)
-                same_centre = (
-                    centres[0] is None
-                    and centres[1] is None
-                    or (
-                        centres[0] is not None
-                        and centres[1] is not None
-                        and np.array_equal(centres[0], centres[1])
-                    )
-                )
-                if saved == cache_type and same_centre:
+                scales = (saved_scale, cache.key_scale) if name == "k" else (None, None)
+                plain = not saved_rotated and saved in QUANTISED_KV_TYPES
+                if saved == cache_type and _same(*centres) and _same(*scales) and not plain:
                     dst[layer, :, :n] = layer_rows
                 else:
-                    floats = cache_floats(layer_rows, cache.spec.head_dim)
+                    hd = cache.spec.head_dim
+                    floats = cache_floats(layer_rows, hd)  # R^T of the blocks' values
+                    if plain:  # the blocks held the values themselves: R (R^T x)
+                        floats = (floats @ rotation(hd).T).astype(np.float32)
+                    if scales[0] is not None:
+                        floats *= scales[0][layer][:, None, :]
                     if centres[0] is not None:
                         floats += centres[0][layer][:, None, :]
                     if centres[1] is not None:
                         floats -= centres[1][layer][:, None, :]
+                    if scales[1] is not None:
+                        floats /= scales[1][layer][:, None, :]
                     dst[layer, :, :n] = cache_values(floats, dst.dtype)
     except OSError as e:
         raise SessionFileError(f"{where} cannot be read: {e.strerror or e}") from None

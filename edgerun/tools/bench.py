@@ -69,7 +69,7 @@ def weight_bytes_per_token(model: Model) -> int:
 
 def _time_prefill(model: Model, n: int, rng: np.random.Generator) -> float:
     ids = rng.integers(0, model.spec.vocab_size, n).tolist()
-    cache = KVCache(model.spec, n, model.kv_type)
+    cache = model.transformer.new_cache(n, model.kv_type)
     t0 = time.perf_counter()
     for i in range(0, n, 256):
         model.transformer.forward(ids[i : i + 256], cache)
@@ -78,7 +78,7 @@ def _time_prefill(model: Model, n: int, rng: np.random.Generator) -> float:
 
 def _time_decode(model: Model, n: int, rng: np.random.Generator, depth: int = 0) -> float:
     """Decode tok/s for n tokens after `depth` tokens already in the cache (untimed)."""
-    cache = KVCache(model.spec, depth + n + 1, model.kv_type)
+    cache = model.transformer.new_cache(depth + n + 1, model.kv_type)
     ids = rng.integers(0, model.spec.vocab_size, depth).tolist()
     for i in range(0, depth, 256):
         model.transformer.forward(ids[i : i + 256], cache)

@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from edgerun.model.kvcache import KVCache
-
 __all__ = ["ImatrixCollector", "collect_imatrix", "save_imatrix", "load_imatrix"]
 
 
@@ -121,7 +119,7 @@ def collect_imatrix(
     with col.hooked():
         for w0 in range(0, total, n_ctx):
             ids = tokens[w0 : w0 + n_ctx]
-            cache = KVCache(transformer.spec, len(ids))
+            cache = transformer.new_cache(len(ids))
             for c0 in range(0, len(ids), chunk):
                 transformer.forward(ids[c0 : c0 + chunk], cache, all_logits=False)
                 done += len(ids[c0 : c0 + chunk])

@@ -23,7 +23,6 @@ import numpy as np
 
 from edgerun.corpus import CALIBRATION_FRACTION, calibration_text, evaluation_text
 from edgerun.errors import InvalidArgumentError
-from edgerun.model.kvcache import KVCache
 
 __all__ = [
     "CALIBRATION_FRACTION",
@@ -98,7 +97,7 @@ def perplexity(
         ids = list(tokens[c * n_ctx : (c + 1) * n_ctx])
         if bos is not None:
             ids[0] = bos
-        cache = KVCache(model.spec, n_ctx)
+        cache = tr.new_cache(n_ctx)
         for b0 in range(0, n_ctx, batch):
             sub = ids[b0 : b0 + batch]
             logits = tr.forward(sub, cache, all_logits=True)

@@ -93,7 +93,7 @@ def test_forward_batch_rows_equal_forward_on_the_real_model(smollm2, kv_types):
     nxt = [ids[5], ids[11], ids[3]]
 
     def prefilled() -> list[KVCache]:
-        caches = [KVCache(tr.spec, 32, t) for t in kv_types]
+        caches = [tr.new_cache(32, t) for t in kv_types]  # quantised keys centred, scaled
         for p, c in zip(prefixes, caches):
             tr.forward(p, c)
         return caches

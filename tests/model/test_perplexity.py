@@ -29,6 +29,9 @@ class _FakeTransformer:
         self.boost = boost
         self.seen: list[list[int]] = []
 
+    def new_cache(self, n_ctx: int, kv_type: str = "f32") -> SimpleNamespace:
+        return SimpleNamespace(tokens=[], n_ctx=n_ctx, kv_type=kv_type)
+
     def forward(self, ids, cache, all_logits=False):
         self.seen.append(list(ids))
         cache.tokens.extend(ids)

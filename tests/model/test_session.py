@@ -38,6 +38,11 @@ def test_second_turn_reuses_the_cache(model):
     assert s.stats.ttft_seconds > 0 and s.stats.generate_tps > 0 and s.stats.peak_rss_bytes > 0
 
 
+def m_dtype(kv_type: str) -> type:
+    """The element type of the value rows of a cache of kv_type."""
+    return {"q8_0": np.int8, "q4_0": np.uint8, "f16": np.uint16}[kv_type.split("/")[-1]]
+
+
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0", "q8_0/f16"])
 def test_resume_gives_the_same_tokens_as_uninterrupted(smollm2_path, kv_type, tmp_path):
     import edgerun
@@ -64,9 +69,19 @@ def test_resume_gives_the_same_tokens_as_uninterrupted(smollm2_path, kv_type, tm
         head += b" " * (-len(head) % 8)
         old = tmp_path / "old.safetensors"
         old.write_bytes(len(head).to_bytes(8, "little") + head + raw[8 + hlen :])
-        if kv_type.startswith("q"):
-            with pytest.raises(SessionFileError, match="'kv_rotation' is None.*did not rotate"):
-                Session.load(m, old)
+        if kv_type.startswith("q"):  # its blocks read as plain values, turned as read
+            from edgerun.ops.attention import cache_floats, cache_values
+            from edgerun.ops.kv_blocks import rotation
+
+            got = Session.load(m, old).cache
+            hd = m.spec.head_dim
+            for name, rows, dtype in (("k", got.k, np.int8), ("v", got.v, m_dtype(kv_type))):
+                saved = getattr(s.cache, name)[:, :, :n]
+                want = cache_values(cache_floats(saved, hd) @ rotation(hd).T.astype(np.float32),
+                                    dtype)  # fmt: skip
+                if rows.dtype == np.uint16:  # f16 values: not rotated, copied
+                    want = saved
+                np.testing.assert_array_equal(rows[:, :, :n], want)
         else:  # f32 / f16 rows are not rotated: such a file loads as before
             assert Session.load(m, old).cache.tokens == Session.load(m, path).cache.tokens
     finally:
@@ -429,7 +444,18 @@ def test_centred_keys_save_resume_and_convert(tmp_path):
         old.write_bytes(len(head).to_bytes(8, "little") + head + raw[8 + hlen :])
         got = Session.load(m, old).cache.k[:, :, :n]
         hd = m.spec.head_dim
-        want = cache_values(cache_floats(saved_k, hd) - centre[:, :, None, :], np.int8)
+        scale = s.cache.key_scale[:, :, None, :]
+        want = cache_values((cache_floats(saved_k, hd) * scale - centre[:, :, None, :]) / scale,
+                            np.int8)  # fmt: skip
+        np.testing.assert_array_equal(got, want)
+        header["__metadata__"]["kv_key_centre"] = KEY_CENTRE
+        del header["__metadata__"]["kv_key_scale"]  # saved before keys were scaled
+        head = json.dumps(header).encode()
+        head += b" " * (-len(head) % 8)
+        old.write_bytes(len(head).to_bytes(8, "little") + head + raw[8 + hlen :])
+        got = Session.load(m, old).cache.k[:, :, :n]
+        c = centre[:, :, None, :]
+        want = cache_values((cache_floats(saved_k, hd) + c - c) / scale, np.int8)
         np.testing.assert_array_equal(got, want)
     finally:
         m.close()
@@ -438,7 +464,7 @@ def test_centred_keys_save_resume_and_convert(tmp_path):
     try:
         resumed = Session.load(m, path)
         assert resumed.cache.key_centre is None
-        keys = cache_floats(saved_k, hd) + centre[:, :, None, :]
+        keys = cache_floats(saved_k, hd) * scale + centre[:, :, None, :]
         np.testing.assert_array_equal(resumed.cache.k[:, :, :n], cache_values(keys, np.uint16))
     finally:
         m.close()
