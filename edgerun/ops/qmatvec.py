@@ -315,7 +315,7 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
 def _sb_bytes(qtype: QuantType, ntokens: int) -> bool:
     """Whether a prompt of `ntokens` rows meets `qtype` in the vnni path's byte GEMM
     (int8.superblock_bytes: single-level x, one scale per 32)."""
-    if _path != "vnni" or qtype not in _MM_SB_BYTES or _mvb_prefill(qtype, ntokens):
+    if ntokens < 2 or _path != "vnni" or qtype not in _MM_SB_BYTES or _mvb_prefill(qtype, ntokens):
         return False
     return not (_use_amx and ntokens >= _amx.MIN_TOKENS)
 

@@ -53,6 +53,7 @@ from edgerun.ops.int8.ir import (  # noqa: E402
     _IR,
     F0,
     I32,
+    V4F,
     V8F,
     V16F,
     V16I32,
@@ -60,7 +61,7 @@ from edgerun.ops.int8.ir import (  # noqa: E402
     _store,
     _v,
 )
-from edgerun.ops.int8.superblock import _q2k_words, _q3k_words, sums_rows  # noqa: E402
+from edgerun.ops.int8.superblock import _q2k_words, _q3k_words  # noqa: E402
 
 TILE = 512  # elements per tile: two super-blocks, 16 blocks of 32, one int32 lane each
 _RB = 16  # weight rows unpacked per parallel task
@@ -239,7 +240,7 @@ def gemm_bytes(
     typingctx, acc, U, uo, us, ws, wo, wst, xb, xo, xs, xd, xdo, xds, xi, xf, xfo, xfs,
     bw, bo, bs, mode,
 ):  # fmt: skip
-    """One tile of 4 weight rows and 4 tokens: with a_rt = acc[16 (4 r + t):][:16],
+    """One tile of 4 weight rows and 4 tokens: with a_rt = acc[16 (4 t + r):][:16],
         d_rt = 8 vpdpbusd of U[uo + r us:][:512] with xb[xo + t xs:][:512]
         a_rt += cvt(d_rt - o_t) * ws[wo + r wst:][:16] * xd[xdo + t xds:][:16] + bias
     mode (a literal): 0: o_t = xi[xdo + t xds:][:16], no bias; 1: o_t = 0, bias
@@ -274,7 +275,7 @@ def gemm_bytes(
             wsv = r.load(4, at(wo, wst, i), V16F)
             bwv = [r.load(17, at(bo, bs, i, 16 * v), V16F) for v in range(nb)]
             for t in range(4):
-                p = r.ptr(0, ir.Constant(I32, 16 * (4 * i + t)), V16F)
+                p = r.ptr(0, ir.Constant(I32, 16 * (4 * t + i)), V16F)
                 a = b.load(p, align=4)
                 d = b.sub(dots[i][t], xiv[t]) if md == 0 else dots[i][t]
                 a = r.fma(b.sitofp(d, V16F), b.fmul(wsv, xdv[t]), a)
@@ -288,6 +289,35 @@ def gemm_bytes(
         mode,
     )  # fmt: skip
     return sig, codegen
+
+
+def _halves(r, a, c, w):
+    """Lanes of a and c (<16 x float>, each w-lane group a sum of one output) folded to
+    w / 2-lane groups: the first halves of a's and c's groups plus their second halves."""
+    lo = [g * w + k for g in range(32 // w) for k in range(w // 2)]
+    return r.b.fadd(r.shuf(a, c, lo), r.shuf(a, c, [i + w // 2 for i in lo]))
+
+
+@intrinsic
+def sums_tile(typingctx, acc, part, po, ps):
+    """part[po + t ps + r] += sum(acc[16 (4 t + r):][:16]) for 4 rows and 4 tokens: the
+    16 sums in one transposing tree (15 vector adds), not 16 trees of their own."""
+
+    def codegen(context, builder, sig, args):
+        r = _IR(context, builder, sig, args)
+        b = builder
+        v = [b.load(r.ptr(0, ir.Constant(I32, 16 * m), V16F), align=4) for m in range(16)]
+        for w in (16, 8, 4, 2):  # lane m of the last: the sum of acc block m
+            v = [_halves(r, v[2 * p], v[2 * p + 1], w) for p in range(len(v) // 2)]
+        s = v[0]
+        po, ps = args[2], args[3]
+        for t in range(4):
+            o = b.add(po, b.mul(ps, ir.Constant(ps.type, t))) if t else po
+            p = r.ptr(1, o, V4F)
+            b.store(b.fadd(b.load(p, align=4), r.shuf(s, s, range(4 * t, 4 * t + 4))), p, align=4)
+        return context.get_dummy_value()
+
+    return types.void(acc, part, po, ps), codegen
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -344,7 +374,7 @@ def mm_superblock_bytes(kind, data, X, out):
                                 blk, U, uo, cp, ws, wo, nw, xb, xo, cp, xd, xdo, nw, xi, xf,
                                 0, 0, bw, 0, 0, 0,
                             )  # fmt: skip
-                    sums_rows(blk, partf, t0 * _RB + i0, _RB, 4)
+                    sums_tile(blk, partf, t0 * _RB + i0, _RB)
         for t in range(n):
             for i in range(nr):
                 out[t, r0 + i] = part[t, i]
