@@ -240,7 +240,7 @@ def gemm_bytes(
     typingctx, acc, U, uo, us, ws, wo, wst, xb, xo, xs, xd, xdo, xds, xi, xf, xfo, xfs,
     bw, bo, bs, mode,
 ):  # fmt: skip
-    """One tile of 4 weight rows and 4 tokens: with a_rt = acc[16 (4 t + r):][:16],
+    """One tile of 4 weight rows and 4 tokens: with a_rt = acc[16 (4 r + t):][:16],
         d_rt = 8 vpdpbusd of U[uo + r us:][:512] with xb[xo + t xs:][:512]
         a_rt += cvt(d_rt - o_t) * ws[wo + r wst:][:16] * xd[xdo + t xds:][:16] + bias
     mode (a literal): 0: o_t = xi[xdo + t xds:][:16], no bias; 1: o_t = 0, bias
@@ -275,7 +275,7 @@ def gemm_bytes(
             wsv = r.load(4, at(wo, wst, i), V16F)
             bwv = [r.load(17, at(bo, bs, i, 16 * v), V16F) for v in range(nb)]
             for t in range(4):
-                p = r.ptr(0, ir.Constant(I32, 16 * (4 * t + i)), V16F)
+                p = r.ptr(0, ir.Constant(I32, 16 * (4 * i + t)), V16F)
                 a = b.load(p, align=4)
                 d = b.sub(dots[i][t], xiv[t]) if md == 0 else dots[i][t]
                 a = r.fma(b.sitofp(d, V16F), b.fmul(wsv, xdv[t]), a)
@@ -300,8 +300,9 @@ def _halves(r, a, c, w):
 
 @intrinsic
 def sums_tile(typingctx, acc, part, po, ps):
-    """part[po + t ps + r] += sum(acc[16 (4 t + r):][:16]) for 4 rows and 4 tokens: the
-    16 sums in one transposing tree (15 vector adds), not 16 trees of their own."""
+    """part[po + t ps + r] += sum(acc[16 (4 r + t):][:16]) for 4 rows and 4 tokens: the
+    16 sums in one transposing tree (15 vector adds), not 16 trees of their own. (Blocks
+    in token-major order, 4 t + r, ran IQ4_XS and Q3_K at ~0.8x: LLVM's schedule.)"""
 
     def codegen(context, builder, sig, args):
         r = _IR(context, builder, sig, args)
@@ -314,7 +315,7 @@ def sums_tile(typingctx, acc, part, po, ps):
         for t in range(4):
             o = b.add(po, b.mul(ps, ir.Constant(ps.type, t))) if t else po
             p = r.ptr(1, o, V4F)
-            b.store(b.fadd(b.load(p, align=4), r.shuf(s, s, range(4 * t, 4 * t + 4))), p, align=4)
+            b.store(b.fadd(b.load(p, align=4), r.shuf(s, s, [t, t + 4, t + 8, t + 12])), p, align=4)
         return context.get_dummy_value()
 
     return types.void(acc, part, po, ps), codegen
