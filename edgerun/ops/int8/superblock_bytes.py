@@ -323,8 +323,7 @@ def _halves(r, a, c, w):
 @intrinsic
 def sums_tile(typingctx, acc, part, po, ps):
     """part[po + t ps + r] += sum(acc[16 (4 r + t):][:16]) for 4 rows and 4 tokens: the
-    16 sums in one transposing tree (15 vector adds), not 16 trees of their own. (Blocks
-    in token-major order, 4 t + r, ran IQ4_XS and Q3_K at ~0.8x: LLVM's schedule.)"""
+    16 sums in one transposing tree (15 vector adds), not 16 trees of their own."""
 
     def codegen(context, builder, sig, args):
         r = _IR(context, builder, sig, args)
