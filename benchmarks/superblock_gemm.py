@@ -7,7 +7,9 @@ Both kernels run in the same process on the same random K-quant blocks of
 Qwen2.5-1.5B's shapes, alternating, median of the repeats: `int8.mm_int8` (one
 activation scale per 32 elements; what every other block format's prefill runs) and
 `int8.superblock.mm_superblock` (what `qmatvec.matmul` runs for the K-quants and IQ4_XS
-on the int8 paths: avx2, vnni, int8). Needs an x86 CPU with AVX2.
+on the int8 paths: avx2, vnni, int8), and on AVX-512 VNNI for Q5_K, IQ4_XS, Q3_K and Q2_K
+`int8.superblock_bytes.mm_superblock_bytes` (what the vnni path runs for those; "/ sb":
+its speed-up over the super-block column). Needs an x86 CPU with AVX2.
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ def main() -> None:
     from edgerun.ops import int8 as v
     from edgerun.ops.int8 import superblock as sb
 
+    sbb = None  # the byte GEMM of Q5_K, IQ4_XS, Q3_K, Q2_K (vnni only)
+    if qm.kernel_path() == "vnni":
+        from edgerun.ops.int8 import superblock_bytes as sbb
+
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     n = args.tokens
@@ -69,7 +75,10 @@ def main() -> None:
     what = "CPU" if args.threads == 1 else "wall"
     print(f"{args.threads} threads, {n} tokens, median {what} time of {args.repeats} alternating")
     head = f"{'shape':18} {'per-32 ms':>10} {'GMAC/s':>7} {'super-block ms':>15} {'GMAC/s':>7}"
-    print(head + f" {'ratio':>6}")
+    head += f" {'ratio':>6}"
+    if sbb is not None:
+        head += f" {'bytes ms':>9} {'GMAC/s':>7} {'/ sb':>6}"
+    print(head)
     for fmt, (rows, cols) in ((f, s) for f in args.formats.split(",") for s in SHAPES):
         q = QuantType[fmt]
         t = qm.TRAITS[q]
@@ -79,13 +88,19 @@ def main() -> None:
         out = np.empty((n, rows), np.float32)
         old, new = (t.gemm_kind, data, X, out), (t.superblock_kind, data, X, out)
         runs = {"old": lambda a=old: v.mm_int8(*a), "new": lambda a=new: sb.mm_superblock(*a)}
+        if sbb is not None and t.superblock_kind in sbb.BYTE_KINDS:
+            runs["bytes"] = lambda a=new: sbb.mm_superblock_bytes(*a)
         med = alternate(runs, args.repeats, clock)
         to, tn = med["old"], med["new"]
         macs = rows * cols * n
-        print(
+        line = (
             f"{fmt:6} {rows}x{cols:<6} {to * 1e3:>10.1f} {macs / to / 1e9:>7.1f} "
             f"{tn * 1e3:>15.1f} {macs / tn / 1e9:>7.1f} {to / tn:>5.2f}x"
         )
+        if "bytes" in med:
+            tb = med["bytes"]
+            line += f" {tb * 1e3:>9.1f} {macs / tb / 1e9:>7.1f} {tn / tb:>5.2f}x"
+        print(line)
 
 
 if __name__ == "__main__":

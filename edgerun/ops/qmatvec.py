@@ -102,6 +102,7 @@ _MV3_INT8: dict = {}
 _MM_INT8: dict = {}
 _MVB_INT8: dict = {}
 _MM_SUPERBLOCK: dict = {}
+_MM_SB_BYTES: dict = {}  # the vnni path's byte GEMM (int8.superblock_bytes)
 # the vnni path's decode kernels on interleaved copies (QuantTensor.interleaved)
 _MV16: dict = {}
 _MVB16: dict = {}
@@ -123,6 +124,10 @@ if int8_dot() is not None:
     }
     if _v.DOT == "vnni":  # AMX CPUs all have AVX-512 VNNI
         from edgerun.ops import amx as _amx
+        from edgerun.ops.int8 import superblock_bytes as _sbb
+
+        # Q5_K, IQ4_XS, Q3_K, Q2_K: weight bytes on vpdpbusd, single-level x per 32
+        _MM_SB_BYTES = {q: k for q, k in _MM_SUPERBLOCK.items() if k in _sbb.BYTE_KINDS}
         from edgerun.ops.int8 import rows16 as _r16
 
         _MV16 = {q: t.mv16 for q, t in TRAITS.items() if t.mv16 is not None}
@@ -303,15 +308,23 @@ def activation_block(qtype: QuantType, ntokens: int) -> int:
     if _q8_decode(qtype, ntokens) and _x1_span(qtype):
         return _x1_span(qtype)
     if ntokens > 1 and _path in INT8_PATHS and qtype in _MM_SUPERBLOCK:
-        return 32 if _mvb_prefill(qtype, ntokens) else 256
+        return 32 if _mvb_prefill(qtype, ntokens) or _sb_bytes(qtype, ntokens) else 256
     return 32
+
+
+def _sb_bytes(qtype: QuantType, ntokens: int) -> bool:
+    """Whether a prompt of `ntokens` rows meets `qtype` in the vnni path's byte GEMM
+    (int8.superblock_bytes: single-level x, one scale per 32)."""
+    if ntokens < 2 or _path != "vnni" or qtype not in _MM_SB_BYTES or _mvb_prefill(qtype, ntokens):
+        return False
+    return not (_use_amx and ntokens >= _amx.MIN_TOKENS)
 
 
 def activation_levels(qtype: QuantType, ntokens: int) -> int:
     """2 where the int8 paths quantize x to two levels (~15 bits), 1 where a decode kernel
     takes single-level int8 (Q4_K, Q5_K and Q6_K with power-of-two refinements per 32, Q5_0
     with a scale per 32 and the G64 formats per 64; see quantize_x_reference)."""
-    return 1 if _q8_decode(qtype, ntokens) else 2
+    return 1 if _q8_decode(qtype, ntokens) or _sb_bytes(qtype, ntokens) else 2
 
 
 def quantizes_activations(qtype: QuantType, ntokens: int = 1, cols: int = 0) -> bool:
@@ -607,6 +620,8 @@ def matmul(w: QuantTensor, x: np.ndarray, out: np.ndarray | None = None) -> np.n
     if _use_amx and n >= _amx.MIN_TOKENS and w.qtype in _MM_SUPERBLOCK:
         parts = 4 * numba.get_num_threads()
         _amx.mm_superblock_amx(_MM_SUPERBLOCK[w.qtype], _data(w), x, out, parts)
+    elif _sb_bytes(w.qtype, n):
+        _sbb.mm_superblock_bytes(_MM_SB_BYTES[w.qtype], _data(w), x, out)
     elif _path in INT8_PATHS and w.qtype in _MM_SUPERBLOCK:
         _sb.mm_superblock(_MM_SUPERBLOCK[w.qtype], _data(w), x, out)
     elif _amx_bf16(w.qtype, n, x.shape[1]):

@@ -19,10 +19,11 @@ At 128 tokens on Qwen2.5-1.5B's shapes it runs 1.4-2.4x the per-32 GEMM on avx2 
 `benchmarks/results/superblock_gemm.txt`).
 Its int16 dot is `vpdpwssd` zmm on the "vnni" path and int8's `_IR.madd16`
 elsewhere (vpmaddwd on "avx2", generic IR on "int8"); qmatvec routes every int8 path's
-K-quant prefill here. The other formats fold their scales the same way (prep_sb: Q5_K
-q * sc with Q4_K's mins, IQ4_XS level * sc, Q3_K (q - 4) * sc, Q2_K q * sc with a bias
-per 16 elements); at 128 tokens on Qwen2.5-1.5B's shapes they run 1.4-2.6x the per-32
-GEMM (one thread, CPU time, Zen 4).
+K-quant prefill here, except Q5_K, IQ4_XS, Q3_K and Q2_K on "vnni", which take the byte
+GEMM (int8.superblock_bytes: vpdpbusd, 1.3-1.8x this one). The other formats fold their
+scales the same way (prep_sb: Q5_K q * sc with Q4_K's mins, IQ4_XS level * sc, Q3_K
+(q - 4) * sc, Q2_K q * sc with a bias per 16 elements); at 128 tokens on Qwen2.5-1.5B's
+shapes they run 1.4-2.6x the per-32 GEMM (one thread, CPU time, Zen 4).
 On "vnni" a step takes 4 weight rows for 4 tokens (gemm_rows_sb: each token's words
 loaded once for the 4 rows, 16 zmm accumulators of the 32): 1.05-1.2x one row a step
 on Zen 4, one thread; 2 or 3 rows a step gain less.
