@@ -27,7 +27,10 @@ memory the tree made resident, counted once, measured by the kernel: page cache 
 so the page cache is dropped before each run (cold and warm read the model and libraries
 from disk alike; --no-drop-caches keeps it); the cgroup's anonymous + mapped-file peak
 (memory.stat rss + mapped_file, sampled) leaves out the page cache the run only wrote or
-read (the kernel cache files a cold run writes).
+read (the kernel cache files a cold run writes), and its anonymous peak (memory.stat rss)
+is the part no other process on the host shares: on a busy host the file pages a run maps
+may be charged to whichever group read them first, and a PSS shrinks with every process
+outside the tree that maps the same libraries, so compare those within one run.
 
 Usage: python benchmarks/ttft.py [-m MODEL] [-r 5]
        python benchmarks/ttft.py --cold [-m MODEL] [--threads N] [--no-drop-caches]
@@ -131,6 +134,7 @@ class MemoryGroup:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.in_use_peak = 0  # sampled memory.stat rss + mapped_file
+        self.anon_peak = 0  # sampled memory.stat rss: anonymous memory, counted once
 
     @classmethod
     def make(cls, name: str) -> MemoryGroup | None:
@@ -151,6 +155,7 @@ class MemoryGroup:
     def sample(self) -> None:
         stat = dict(line.split() for line in (self.path / "memory.stat").read_text().splitlines())
         self.in_use_peak = max(self.in_use_peak, int(stat["rss"]) + int(stat["mapped_file"]))
+        self.anon_peak = max(self.anon_peak, int(stat["rss"]))
 
     def peak(self) -> int:
         return int((self.path / "memory.max_usage_in_bytes").read_text())
@@ -234,6 +239,7 @@ def generate_run(
         tree_pss_peak_mib=peak[1] / 2**20,
         cgroup_peak_mib=None if group is None else group.peak() / 2**20,
         cgroup_in_use_peak_mib=None if group is None else group.in_use_peak / 2**20,
+        cgroup_anon_peak_mib=None if group is None else group.anon_peak / 2**20,
         children_peak_mib=sorted(
             (v / 2**20 for k, v in peaks.items() if k != child.pid), reverse=True
         ),
@@ -274,7 +280,8 @@ def cold_ttft(model: str | None, extra: list[str], show: bool, drop_caches: bool
                 cg = (
                     f"memory cgroup {r['cgroup_peak_mib']:.0f} MiB (max_usage, page cache "
                     f"{'dropped before' if dropped else 'as it was'}), "
-                    f"{r['cgroup_in_use_peak_mib']:.0f} MiB (rss + mapped_file, sampled)"
+                    f"{r['cgroup_in_use_peak_mib']:.0f} MiB (rss + mapped_file, sampled), "
+                    f"{r['cgroup_anon_peak_mib']:.0f} MiB (rss: anonymous, sampled)"
                 )
             print(
                 f"  peak memory: {cg}; process tree {r['tree_peak_mib']:.0f} MiB summed RSS, "
@@ -302,6 +309,7 @@ def cold_ttft(model: str | None, extra: list[str], show: bool, drop_caches: bool
         print(
             f"first run / warm run, peak memory: {ratio('cgroup_peak_mib')} (memory cgroup), "
             f"{ratio('cgroup_in_use_peak_mib')} (cgroup rss + mapped_file), "
+            f"{ratio('cgroup_anon_peak_mib')} (cgroup anonymous), "
             f"{ratio('tree_pss_peak_mib')} (tree PSS), {ratio('tree_peak_mib')} (tree RSS, "
             f"summed), {ratio('own_peak_mib')} (the command's own)"
         )

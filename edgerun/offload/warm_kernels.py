@@ -116,8 +116,9 @@ def part_marker(
 @dataclass
 class _Child:
     proc: subprocess.Popen
+    slots: int = 1  # parts it compiles at once (a fork server: its forked children)
     loaded: bool = False
-    part: str | None = None  # the part it compiles now
+    parts: list[str] = field(default_factory=list)  # the parts it compiles now
     compiled: int = 0  # Numba compilations so far (nested ones included)
     alive: bool = True
 
@@ -163,21 +164,27 @@ class KernelPool:
         interleave: str,
         workers: int,
         command: list[str] | None = None,
+        forking: bool = False,
     ) -> None:
         """command: the child's command line (default tools/warm_kernels.py --serve for
-        this model; a test gives a stand-in that speaks the same lines)."""
+        this model; a test gives a stand-in that speaks the same lines). forking: one
+        child that forks a process a part, `workers` at once (--serve --jobs), instead of
+        `workers` children that run their parts themselves."""
         self.path, self.kv_type, self.kernels, self.interleave = path, kv_type, kernels, interleave
         self.state = PoolState()
         self.queue: list[str] = []
         self.cond = threading.Condition()
         self.children: list[_Child] = []
         self.closing = False
+        self.workers = workers
         env = dict(os.environ, EDGERUN_KERNELS=kernels)
         cmd = command or [
             *(sys.executable, "-m", "edgerun.tools.warm_kernels", str(path), "--serve"),
             *("--kv-type", kv_type, "--interleave", interleave),
         ]
-        for _ in range(workers):
+        if forking:
+            cmd = [*cmd, "--jobs", str(workers)]
+        for _ in range(1 if forking else workers):
             proc = subprocess.Popen(
                 cmd,
                 env=env,
@@ -187,7 +194,7 @@ class KernelPool:
                 text=True,
                 bufsize=1,
             )
-            child = _Child(proc)
+            child = _Child(proc, slots=workers if forking else 1)
             self.children.append(child)
             threading.Thread(target=self._read, args=(child,), daemon=True).start()
 
@@ -201,9 +208,13 @@ class KernelPool:
         interleave: bool | None = None,
         workers: int | None = None,
         command: list[str] | None = None,
+        forking: bool | None = None,
     ) -> KernelPool | None:
         """Start children for those of `parts` not cached yet (None: all are). workers
-        None: one per core this process may run on, at most one per part."""
+        None: one per core this process may run on, at most one per part. forking: one
+        fork server (tools/warm_kernels.py --serve --jobs) rather than `workers` children
+        that each import Numba and load the model (None: where the OS forks, Linux, and
+        the child is tools/warm_kernels.py)."""
         mode = {True: "on", False: "off"}.get(interleave, "auto")  # type: ignore[arg-type]
         todo = [p for p in parts if not _marked(path, kv_type, kernels, mode, p)]
         if not todo or warm_marker(path, kv_type, kernels) is None:
@@ -215,7 +226,9 @@ class KernelPool:
 
         install()  # this process may compile beside the children (a part that failed)
         n = max(1, min(workers, len(todo)))
-        pool = cls(Path(path), kv_type, kernels, mode, n, command)
+        if forking is None:
+            forking = command is None and sys.platform.startswith("linux")
+        pool = cls(Path(path), kv_type, kernels, mode, n, command, forking)
         pool.submit(todo)
         return pool
 
@@ -236,8 +249,7 @@ class KernelPool:
                 elif words[0] == "done":
                     part, child.compiled = words[1], int(words[2])
                     self.state.done[part] = self.state.elapsed
-                    self.state.running.remove(part)
-                    child.part = None
+                    self._finished(child, part)
                     marker = part_marker(
                         self.path, self.kv_type, self.kernels, self.interleave, part
                     )
@@ -245,38 +257,47 @@ class KernelPool:
                         marker.parent.mkdir(parents=True, exist_ok=True)
                         marker.write_text(f"compiled by a KernelPool child in {words[3]} s\n")
                     self._dispatch(child)
+                elif words[0] == "failed":  # a fork server's child died in it
+                    self.state.failed.add(words[1])
+                    self._finished(child, words[1])
+                    self._dispatch(child)
                 elif words[0] == "compiled":
                     child.compiled = int(words[1])
                 self.cond.notify_all()
         child.proc.wait()
         with self.cond:
             child.alive = False
-            if child.part is not None:  # died in a part: the caller compiles it itself
-                self.state.failed.add(child.part)
-                self.state.running.remove(child.part)
-                child.part = None
+            for part in list(child.parts):  # died in a part: the caller compiles it itself
+                self.state.failed.add(part)
+                self._finished(child, part)
             if not any(c.alive for c in self.children):  # nobody left for the queue
                 self.state.failed.update(self.queue)
                 self.queue.clear()
             self.cond.notify_all()
 
+    def _finished(self, child: _Child, part: str) -> None:
+        if part in child.parts:
+            child.parts.remove(part)
+        if part in self.state.running:
+            self.state.running.remove(part)
+
     def _dispatch(self, child: _Child) -> None:
-        """Hand an idle, loaded child the next part (or end it when none is left and the
-        pool is closing). Called with the lock held."""
-        if not (child.alive and child.loaded and child.part is None):
+        """Hand an idle slot of a loaded child the next parts (or end the child when none
+        is left and the pool is closing). Called with the lock held."""
+        if not (child.alive and child.loaded):
             return
         stdin = child.proc.stdin
-        if self.queue:
+        while self.queue and len(child.parts) < child.slots:
             part = self.queue.pop(0)
-            child.part = part
+            child.parts.append(part)
             self.state.running.append(part)
             try:
                 assert stdin is not None
                 stdin.write(part + "\n")
                 stdin.flush()
             except (BrokenPipeError, OSError):
-                pass  # it died: _read marks the part failed
-        elif self.closing and stdin is not None and not stdin.closed:
+                return  # it died: _read marks its parts failed
+        if self.closing and not child.parts and stdin is not None and not stdin.closed:
             try:
                 stdin.close()
             except OSError:
@@ -338,7 +359,8 @@ class KernelPool:
 
     @property
     def processes(self) -> int:
-        return len(self.children)
+        """The processes that compile at once."""
+        return sum(c.slots for c in self.children)
 
     def compiled(self) -> int:
         """Numba compilations the children made (nested ones included)."""
