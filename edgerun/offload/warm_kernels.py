@@ -177,6 +177,7 @@ class KernelPool:
         self.children: list[_Child] = []
         self.closing = False
         self.workers = workers
+        self.plan = CompilePlan(workers, True)
         env = dict(os.environ, EDGERUN_KERNELS=kernels)
         cmd = command or [
             *(sys.executable, "-m", "edgerun.tools.warm_kernels", str(path), "--serve"),
@@ -219,16 +220,15 @@ class KernelPool:
         todo = [p for p in parts if not _marked(path, kv_type, kernels, mode, p)]
         if not todo or warm_marker(path, kv_type, kernels) is None:
             return None
-        if workers is None:
-            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-            workers = min(workers, children_that_fit())
+        if forking is None:
+            forking = command is None and sys.platform.startswith("linux")
+        plan = CompilePlan(workers, True) if workers is not None else _plan(path, forking)
         from edgerun.runtime.numba_cache_lock import install
 
         install()  # this process may compile beside the children (a part that failed)
-        n = max(1, min(workers, len(todo)))
-        if forking is None:
-            forking = command is None and sys.platform.startswith("linux")
+        n = max(1, min(plan.workers, len(todo)))
         pool = cls(Path(path), kv_type, kernels, mode, n, command, forking)
+        pool.plan = plan
         pool.submit(todo)
         return pool
 
@@ -392,6 +392,41 @@ class KernelPool:
 # compiling (its weights are stand-ins, offload/stand_in.py). Measured peaks of the two
 # children of a first answer: SmolLM2 328 and 297 MiB, Qwen2.5-Coder-1.5B 391 and 328.
 CHILD_COMPILE_BYTES = 384 << 20
+# A fork server (tools/warm_kernels.py --serve --jobs) with its stand-in model loaded, and
+# what one part's forked child adds at its peak. Measured on SmolLM2 (anonymous memory,
+# the tree's PSS): the server 83 MiB; a part's child up to 185 MiB above it (decode:2 and
+# decode:3, the decode step's fused kernels, and the prompt's part; the others 30-100).
+FORK_SERVER_BYTES = 96 << 20
+PART_COMPILE_BYTES = 208 << 20
+# What a resident model holds in the serving process, per byte of its file: the mapped
+# weights and the interleaved decode copies (SmolLM2: 98 MB file, a warm run 190 MiB above
+# the interpreter's 110).
+RESIDENT_PER_FILE_BYTE = 2
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """How a first run compiles: `workers` parts at once, and whether the serving process
+    loads the model while they compile (beside_model) or only once they are done."""
+
+    workers: int
+    beside_model: bool
+
+
+def compile_plan(model_bytes: int, cores: int, headroom: int, forking: bool = True) -> CompilePlan:
+    """The most parts at once (at most `cores`) whose compiles fit in `headroom` bytes
+    beside the model the serving process loads (model_bytes: its file's size); where not
+    even one does, the serving process waits for the compile before it loads the model,
+    and the compiles take the memory alone (at least one at a time: a lone compile needs
+    no more than the serving process's own would). On a small board a first run then
+    peaks where a warm one does, plus the fork server and one compile, rather than
+    thrashing; the answer comes later by the load's overlap and the cores left idle."""
+    per_part = PART_COMPILE_BYTES if forking else CHILD_COMPILE_BYTES
+    base = FORK_SERVER_BYTES if forking else 0
+    beside = headroom - RESIDENT_PER_FILE_BYTE * model_bytes - base
+    if beside >= per_part:
+        return CompilePlan(max(1, min(cores, beside // per_part)), True)
+    return CompilePlan(max(1, min(cores, (headroom - base) // per_part)), False)
 
 
 def children_that_fit() -> int:
@@ -400,6 +435,20 @@ def children_that_fit() -> int:
     from edgerun.runtime.sysinfo import memory_headroom_bytes
 
     return max(1, memory_headroom_bytes() // CHILD_COMPILE_BYTES)
+
+
+def _plan(path: str | os.PathLike, forking: bool) -> CompilePlan:
+    """compile_plan for this process's cores and memory and `path`'s size."""
+    from edgerun.runtime.sysinfo import memory_headroom_bytes
+
+    p = Path(path)
+    size = (
+        sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        if p.is_dir()
+        else p.stat().st_size
+    )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    return compile_plan(size, cores, memory_headroom_bytes(), forking)
 
 
 def _marked(path: str | os.PathLike, kv_type: str, kernels: str, mode: str, part: str) -> bool:

@@ -316,6 +316,54 @@ def test_a_forked_part_compiles_in_its_child_and_leaves_the_server_without_it(tm
     assert again.stdout.split() == ["0", "3"], again.stderr[-2000:]
 
 
+def test_the_compile_plan_keeps_compiles_beside_the_model_only_where_both_fit():
+    from edgerun.offload.warm_kernels import (
+        FORK_SERVER_BYTES,
+        PART_COMPILE_BYTES,
+        RESIDENT_PER_FILE_BYTE,
+        compile_plan,
+    )
+
+    mib = 1 << 20
+    model = 98 * mib  # SmolLM2's file
+    resident = RESIDENT_PER_FILE_BYTE * model + FORK_SERVER_BYTES
+    # plenty: one compile a core, beside the model
+    plan = compile_plan(model, 2, 16 << 30)
+    assert plan.workers == 2 and plan.beside_model
+    # room beside the model for one compile only
+    plan = compile_plan(model, 2, resident + PART_COMPILE_BYTES + PART_COMPILE_BYTES // 2)
+    assert plan.workers == 1 and plan.beside_model
+    # not even one beside the model: the model waits for them, as many as fit alone
+    plan = compile_plan(model, 2, resident + PART_COMPILE_BYTES // 2)
+    assert not plan.beside_model and plan.workers == 1
+    big = 500 * mib
+    plan = compile_plan(big, 2, RESIDENT_PER_FILE_BYTE * big + FORK_SERVER_BYTES + 100 * mib)
+    assert not plan.beside_model and plan.workers == 2
+    plan = compile_plan(model, 4, FORK_SERVER_BYTES + PART_COMPILE_BYTES)
+    assert not plan.beside_model and plan.workers == 1
+    # nothing left at all: one compile still (no more than the serving process's own)
+    assert compile_plan(model, 2, 0) == type(plan)(1, False)
+
+
+def test_where_memory_is_short_the_first_run_compiles_before_it_loads(fake_model, monkeypatch):
+    import io
+
+    from edgerun.runtime import sysinfo
+    from edgerun.tools.first_run import FirstRun
+
+    monkeypatch.setattr(sysinfo, "memory_headroom_bytes", lambda: 200 << 20)
+    out = io.StringIO()
+    cmd = [sys.executable, "-c", _FAKE_CHILD]
+    run = FirstRun.start(
+        fake_model, "f32", ["tokenizer", "decode", "prompt"], stream=out, command=cmd
+    )
+    assert run is not None and not run.pool.plan.beside_model and run.pool.processes == 1
+    run.wait_loaded()  # what the caller waits for before it loads the model
+    assert sorted(run.pool.state.done) == ["decode", "prompt", "tokenizer"]
+    run.finish()
+    assert "before the model" in out.getvalue().splitlines()[0]
+
+
 # -- Numba's cache written by several processes (runtime/numba_cache_lock.py)
 
 _TINY = "from numba import njit\n\n@njit(cache=True)\ndef add(a, b):\n    return a + b\n"
