@@ -22,15 +22,25 @@ A marker in Numba's cache directory records that this model was warmed with thes
 kernel sources, kernel path and KV type, so later loads skip the children.
 
 KernelPool is the same idea for a resident first run (`edgerun generate`, `edgerun
-warm`): the warm-up's parts (engine.WARM_PARTS) go to one child per free core, each of
-which loads the model on stand-in weights and compiles the parts it is handed
-(runtime/numba_cache_lock.py keeps their shared cache whole). The stand-ins keep each
-child to Numba's and LLVM's memory: with the model's own weights and interleaved copies
-in every child, the first run's processes together would hold 2.8x a warm run's RSS
-(Qwen2.5-Coder-1.5B: 3724 vs 1321 MiB). The serving process only loads from the cache:
-measured on SmolLM2, compiling in-process took its peak RSS from 230 to 640 MiB. It
-starts its prompt once the prompt's parts are cached and waits for the decode step's before its
-first decode step. A marker per part records what is cached.
+warm`): the warm-up's parts (engine.WARM_PARTS) are compiled on stand-in weights, one
+part per core at once (runtime/numba_cache_lock.py keeps their shared cache whole). The
+stand-ins keep the compiles to Numba's and LLVM's memory: with the model's own weights and
+interleaved copies in every child, the first run's processes together would hold 2.8x a
+warm run's RSS (Qwen2.5-Coder-1.5B: 3724 vs 1321 MiB). On Linux one child is a fork
+server (tools/warm_kernels.py --serve --jobs) that loads the stand-in model once and
+forks a process a part, which exits when its part is done: the parts share one
+interpreter and model copy-on-write, and LLVM's memory goes back after every part rather
+than piling up in a child that compiled several (elsewhere, one child a core that runs
+the parts it is handed). The serving process only loads from the cache: measured on
+SmolLM2, compiling in-process took its peak RSS from 230 to 640 MiB. It starts its prompt
+once the prompt's parts are cached and waits for the decode step's before its first
+decode step. A marker per part records what is cached.
+
+How many parts compile at once, and whether beside the loaded model, follows from the
+memory left (compile_plan): a compile of one of the decode step's fused kernels alone
+takes ~185 MiB (SmolLM2; a warm SmolLM2 run holds ~300 MiB in all), so where the model
+and the compiles do not fit together the serving process loads the model only after
+them.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from edgerun.offload.io import drop_page_cache
 from edgerun.runtime.numba_env import sources_stamp
@@ -165,11 +176,15 @@ class KernelPool:
         workers: int,
         command: list[str] | None = None,
         forking: bool = False,
+        launch: Callable[[list[str]], Any] | None = None,
     ) -> None:
         """command: the child's command line (default tools/warm_kernels.py --serve for
         this model; a test gives a stand-in that speaks the same lines). forking: one
         child that forks a process a part, `workers` at once (--serve --jobs), instead of
-        `workers` children that run their parts themselves."""
+        `workers` children that run their parts themselves. launch: starts that fork
+        server from tools/warm_kernels.py's arguments in a fork of this process (it then
+        shares this process's interpreter and modules) and returns it as a Popen-like
+        object, or None where it cannot (a new interpreter then runs it)."""
         self.path, self.kv_type, self.kernels, self.interleave = path, kv_type, kernels, interleave
         self.state = PoolState()
         self.queue: list[str] = []
@@ -179,14 +194,13 @@ class KernelPool:
         self.workers = workers
         self.plan = CompilePlan(workers, True)
         env = dict(os.environ, EDGERUN_KERNELS=kernels)
-        cmd = command or [
-            *(sys.executable, "-m", "edgerun.tools.warm_kernels", str(path), "--serve"),
-            *("--kv-type", kv_type, "--interleave", interleave),
-        ]
+        args = [str(path), "--serve", "--kv-type", kv_type, "--interleave", interleave]
+        cmd = command or [sys.executable, "-m", "edgerun.tools.warm_kernels", *args]
         if forking:
-            cmd = [*cmd, "--jobs", str(workers)]
+            args, cmd = [*args, "--jobs", str(workers)], [*cmd, "--jobs", str(workers)]
         for _ in range(1 if forking else workers):
-            proc = subprocess.Popen(
+            proc = launch(args) if forking and command is None and launch else None
+            proc = proc or subprocess.Popen(
                 cmd,
                 env=env,
                 stdin=subprocess.PIPE,
@@ -210,12 +224,13 @@ class KernelPool:
         workers: int | None = None,
         command: list[str] | None = None,
         forking: bool | None = None,
+        launch: Callable[[list[str]], Any] | None = None,
     ) -> KernelPool | None:
         """Start children for those of `parts` not cached yet (None: all are). workers
         None: one per core this process may run on, at most one per part. forking: one
         fork server (tools/warm_kernels.py --serve --jobs) rather than `workers` children
         that each import Numba and load the model (None: where the OS forks, Linux, and
-        the child is tools/warm_kernels.py)."""
+        the child is tools/warm_kernels.py); launch: as in __init__."""
         mode = {True: "on", False: "off"}.get(interleave, "auto")  # type: ignore[arg-type]
         todo = [p for p in parts if not _marked(path, kv_type, kernels, mode, p)]
         if not todo or warm_marker(path, kv_type, kernels) is None:
@@ -227,7 +242,7 @@ class KernelPool:
 
         install()  # this process may compile beside the children (a part that failed)
         n = max(1, min(plan.workers, len(todo)))
-        pool = cls(Path(path), kv_type, kernels, mode, n, command, forking)
+        pool = cls(Path(path), kv_type, kernels, mode, n, command, forking, launch)
         pool.plan = plan
         pool.submit(todo)
         return pool

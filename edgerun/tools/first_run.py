@@ -63,7 +63,11 @@ class FirstRun:
         from edgerun.ops import qmatvec
 
         kernels = qmatvec.kernel_path()
-        pool = KernelPool.start(path, kv_type, kernels, parts, interleave, workers, command)
+        from edgerun.tools.warm_kernels import fork_here
+
+        pool = KernelPool.start(
+            path, kv_type, kernels, parts, interleave, workers, command, launch=fork_here
+        )
         if pool is None:
             return None
         run = cls(pool, kernels, sys.stderr if stream is None else stream)

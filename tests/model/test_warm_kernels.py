@@ -316,6 +316,55 @@ def test_a_forked_part_compiles_in_its_child_and_leaves_the_server_without_it(tm
     assert again.stdout.split() == ["0", "3"], again.stderr[-2000:]
 
 
+# A KernelPool whose fork server is a fork of the calling process (fork_here), with a
+# stand-in for the server's main that speaks its lines.
+_POOL_FORKED_HERE = """
+import json, sys, threading
+from edgerun.offload.warm_kernels import KernelPool
+from edgerun.tools import warm_kernels
+
+def fake_main(argv):
+    print("loaded 1 0.1", flush=True)
+    n = 1
+    for line in sys.stdin:
+        n += 2
+        print(f"done {line.strip()} {n} 0.2", flush=True)
+    print(f"compiled {n} 0.3", flush=True)
+    return 0
+
+warm_kernels.main = fake_main  # the fork runs this process's module state
+# another thread running: no fork (it might hold a lock the fork would wait on)
+stop = threading.Event()
+t = threading.Thread(target=stop.wait)
+t.start()
+refused = warm_kernels.fork_here(["x"]) is None
+stop.set()
+t.join()
+pool = KernelPool.start(sys.argv[1], "f32", "vnni", ["prompt", "decode"], workers=2,
+                        forking=True, launch=warm_kernels.fork_here)
+child = pool.children[0]
+forked = isinstance(child.proc, warm_kernels.ForkedChild)
+ok = pool.wait(["prompt", "decode"])
+pool.close()
+print(json.dumps(dict(refused=refused, forked=forked, ok=ok, rc=child.proc.returncode,
+                      compiled=pool.compiled(), done=sorted(pool.state.done))))
+"""
+
+
+def test_the_fork_server_can_be_a_fork_of_the_serving_process(fake_model):
+    r = subprocess.run(
+        [sys.executable, "-c", _POOL_FORKED_HERE, str(fake_model)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res == dict(
+        refused=True, forked=True, ok=True, rc=0, compiled=5, done=["decode", "prompt"]
+    )
+
+
 def test_the_compile_plan_keeps_compiles_beside_the_model_only_where_both_fit():
     from edgerun.offload.warm_kernels import (
         FORK_SERVER_BYTES,
