@@ -34,6 +34,10 @@ outside the tree that maps the same libraries, so compare those within one run.
 
 Usage: python benchmarks/ttft.py [-m MODEL] [-r 5]
        python benchmarks/ttft.py --cold [-m MODEL] [--threads N] [--no-drop-caches]
+                                 [--limit 1.3]
+--limit RATIO then makes a third run: a first run on a new empty cache in a memory cgroup
+limited to RATIO x the warm run's cgroup peak, where the first run's compile plan
+(offload/warm_kernels.compile_plan) sees that memory is short.
 """
 
 from __future__ import annotations
@@ -137,16 +141,26 @@ class MemoryGroup:
         self.anon_peak = 0  # sampled memory.stat rss: anonymous memory, counted once
 
     @classmethod
-    def make(cls, name: str) -> MemoryGroup | None:
+    def make(cls, name: str, limit: int | None = None) -> MemoryGroup | None:
+        """The group (limit: its memory limit in bytes, swap included where the kernel
+        counts it; None: none)."""
         if not (CGROUP_ROOT / "cgroup.procs").exists() or os.geteuid() != 0:
             return None
         g = CGROUP_ROOT / name
         try:
             g.mkdir(exist_ok=True)
+            if limit is not None:
+                (g / "memory.limit_in_bytes").write_text(str(limit))
+                if (g / "memory.memsw.limit_in_bytes").exists():
+                    (g / "memory.memsw.limit_in_bytes").write_text(str(limit))
             (g / "memory.max_usage_in_bytes").write_text("0")
         except OSError:
             return None
         return cls(g)
+
+    def failcnt(self) -> int:
+        """How often the group's usage hit its limit (reclaim under the limit)."""
+        return int((self.path / "memory.failcnt").read_text())
 
     def join(self) -> None:
         """Move the calling process into the group (a child's preexec_fn, before exec)."""
@@ -256,50 +270,81 @@ def generate_run(
     )
 
 
-def cold_ttft(model: str | None, extra: list[str], show: bool, drop_caches: bool = True) -> dict:
-    """The cold run and a warm run on its cache; their figures by label."""
+def _report(label: str, r: dict, group: MemoryGroup | None, dropped: bool, show: bool) -> None:
+    print(
+        f"{label}: first token {r['first_token_s']:.1f} s, total {r['total_s']:.1f} s, "
+        f"CPU (user+sys, all processes) {r['cpu_s']:.1f} s | {r['warmup']} | "
+        f"load average {r['load'][0]:.1f} on {os.cpu_count()} CPUs"
+    )
+    if group is None:
+        cg = "memory cgroup: not available (needs root and cgroup v1)"
+    else:
+        cg = (
+            f"memory cgroup {r['cgroup_peak_mib']:.0f} MiB (max_usage, page cache "
+            f"{'dropped before' if dropped else 'as it was'}), "
+            f"{r['cgroup_in_use_peak_mib']:.0f} MiB (rss + mapped_file, sampled), "
+            f"{r['cgroup_anon_peak_mib']:.0f} MiB (rss: anonymous, sampled)"
+        )
+    print(
+        f"  peak memory: {cg}; process tree {r['tree_peak_mib']:.0f} MiB summed RSS, "
+        f"{r['tree_pss_peak_mib']:.0f} MiB summed PSS (sampled); "
+        f"the command's own peak RSS {r['own_peak_mib']} MiB"
+    )
+    kids = ", ".join(f"{c:.1f}" for c in r["cpu_first_children_s"])
+    quiet = max(r["cpu_first_s"] / (os.cpu_count() or 1), r["cpu_first_parent_s"])
+    print(
+        f"  until the first token: CPU {r['cpu_first_s']:.1f} s (the command "
+        f"{r['cpu_first_parent_s']:.1f} s, its compile children {kids or '-'}); "
+        f"on a quiet host of {os.cpu_count()} CPUs that is >= {quiet:.1f} s of wall time"
+    )
+    kids = ", ".join(f"{m:.0f}" for m in r["children_peak_mib"])
+    print(f"  peak RSS of each compile child: {kids or '-'} MiB")
+    print(f"  answer: {r['answer'][:100]!r}")
+    if show:
+        print("  stderr:\n    " + "\n    ".join(r["stderr"].strip().splitlines()))
+
+
+def cold_ttft(
+    model: str | None,
+    extra: list[str],
+    show: bool,
+    drop_caches: bool = True,
+    limit_ratio: float | None = None,
+) -> dict:
+    """The cold run and a warm run on its cache; with limit_ratio, another cold run on a
+    new empty cache in a memory cgroup limited to limit_ratio x the warm run's cgroup
+    peak (it must finish, and the first run's compile plan sees that memory is short).
+    Their figures by label."""
     with tempfile.TemporaryDirectory(prefix="edgerun-cold-") as tmp:
-        env = dict(os.environ, NUMBA_CACHE_DIR=os.path.join(tmp, "numba"))
         runs = {}
-        for label in ("cold", "warm"):
-            group = MemoryGroup.make(f"edgerun-ttft-{os.getpid()}-{label}")
+        labels = ["cold", "warm"] + (["cold-limited"] if limit_ratio else [])
+        for label in labels:
+            cache = os.path.join(tmp, "numba-limited" if label == "cold-limited" else "numba")
+            env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+            limit = None
+            if label == "cold-limited":
+                if runs["warm"]["cgroup_peak_mib"] is None:
+                    print("cold-limited: no memory cgroup here")
+                    break
+                limit = int(limit_ratio * runs["warm"]["cgroup_peak_mib"] * 2**20)
+            group = MemoryGroup.make(f"edgerun-ttft-{os.getpid()}-{label}", limit)
             dropped = drop_caches and group is not None and drop_page_cache()
             try:
                 r = runs[label] = generate_run(model, env, extra, group)
+                if limit is not None:
+                    r["failcnt"] = group.failcnt()
+            except RuntimeError as e:
+                print(f"{label}: in a {limit / 2**20:.0f} MiB cgroup it failed: {e}")
+                break
             finally:
                 if group is not None:
                     group.remove()
-            print(
-                f"{label}: first token {r['first_token_s']:.1f} s, total {r['total_s']:.1f} s, "
-                f"CPU (user+sys, all processes) {r['cpu_s']:.1f} s | {r['warmup']} | "
-                f"load average {r['load'][0]:.1f} on {os.cpu_count()} CPUs"
-            )
-            if group is None:
-                cg = "memory cgroup: not available (needs root and cgroup v1)"
-            else:
-                cg = (
-                    f"memory cgroup {r['cgroup_peak_mib']:.0f} MiB (max_usage, page cache "
-                    f"{'dropped before' if dropped else 'as it was'}), "
-                    f"{r['cgroup_in_use_peak_mib']:.0f} MiB (rss + mapped_file, sampled), "
-                    f"{r['cgroup_anon_peak_mib']:.0f} MiB (rss: anonymous, sampled)"
+            _report(label, r, group, dropped, show)
+            if limit is not None:
+                print(
+                    f"  in a memory cgroup limited to {limit / 2**20:.0f} MiB "
+                    f"({limit_ratio} x the warm run's peak): memory.failcnt {r['failcnt']}"
                 )
-            print(
-                f"  peak memory: {cg}; process tree {r['tree_peak_mib']:.0f} MiB summed RSS, "
-                f"{r['tree_pss_peak_mib']:.0f} MiB summed PSS (sampled); "
-                f"the command's own peak RSS {r['own_peak_mib']} MiB"
-            )
-            kids = ", ".join(f"{c:.1f}" for c in r["cpu_first_children_s"])
-            quiet = max(r["cpu_first_s"] / (os.cpu_count() or 1), r["cpu_first_parent_s"])
-            print(
-                f"  until the first token: CPU {r['cpu_first_s']:.1f} s (the command "
-                f"{r['cpu_first_parent_s']:.1f} s, its compile children {kids or '-'}); "
-                f"on a quiet host of {os.cpu_count()} CPUs that is >= {quiet:.1f} s of wall time"
-            )
-            kids = ", ".join(f"{m:.0f}" for m in r["children_peak_mib"])
-            print(f"  peak RSS of each compile child: {kids or '-'} MiB")
-            print(f"  answer: {r['answer'][:100]!r}")
-            if show:
-                print("  stderr:\n    " + "\n    ".join(r["stderr"].strip().splitlines()))
         cold, warm = runs["cold"], runs["warm"]
 
         def ratio(key: str) -> str:
@@ -328,10 +373,18 @@ def main(argv=None) -> int:
         action="store_true",
         help="--cold: keep the page cache before each run (it counts in the cgroup's peak)",
     )
+    ap.add_argument(
+        "--limit",
+        type=float,
+        default=None,
+        metavar="RATIO",
+        help="--cold: then a first run on a new cache in a memory cgroup of RATIO x the "
+        "warm run's peak (1.3: the first run's target)",
+    )
     args = ap.parse_args(argv)
     if args.cold:
         extra = [] if args.threads is None else ["-t", str(args.threads)]
-        cold_ttft(args.model, extra, args.show, not args.no_drop_caches)
+        cold_ttft(args.model, extra, args.show, not args.no_drop_caches, args.limit)
     else:
         warm_ttft(args.model or "-", args.runs)
     return 0
