@@ -177,6 +177,7 @@ class KernelPool:
         command: list[str] | None = None,
         forking: bool = False,
         launch: Callable[[list[str]], Any] | None = None,
+        plan: CompilePlan | None = None,
     ) -> None:
         """command: the child's command line (default tools/warm_kernels.py --serve for
         this model; a test gives a stand-in that speaks the same lines). forking: one
@@ -184,7 +185,9 @@ class KernelPool:
         `workers` children that run their parts themselves. launch: starts that fork
         server from tools/warm_kernels.py's arguments in a fork of this process (it then
         shares this process's interpreter and modules) and returns it as a Popen-like
-        object, or None where it cannot (a new interpreter then runs it)."""
+        object, or None where it cannot (a new interpreter then runs it). plan: what
+        start planned (compile_plan; where the model waits for the compile, the fork
+        server compiles nothing itself, --load-apart)."""
         self.path, self.kv_type, self.kernels, self.interleave = path, kv_type, kernels, interleave
         self.state = PoolState()
         self.queue: list[str] = []
@@ -192,12 +195,13 @@ class KernelPool:
         self.children: list[_Child] = []
         self.closing = False
         self.workers = workers
-        self.plan = CompilePlan(workers, True)
+        self.plan = plan or CompilePlan(workers, True)
         env = dict(os.environ, EDGERUN_KERNELS=kernels)
         args = [str(path), "--serve", "--kv-type", kv_type, "--interleave", interleave]
         cmd = command or [sys.executable, "-m", "edgerun.tools.warm_kernels", *args]
         if forking:
-            args, cmd = [*args, "--jobs", str(workers)], [*cmd, "--jobs", str(workers)]
+            more = ["--jobs", str(workers)] + ([] if self.plan.beside_model else ["--load-apart"])
+            args, cmd = [*args, *more], [*cmd, *more]
         for _ in range(1 if forking else workers):
             proc = launch(args) if forking and command is None and launch else None
             proc = proc or subprocess.Popen(
@@ -242,8 +246,7 @@ class KernelPool:
 
         install()  # this process may compile beside the children (a part that failed)
         n = max(1, min(plan.workers, len(todo)))
-        pool = cls(Path(path), kv_type, kernels, mode, n, command, forking, launch)
-        pool.plan = plan
+        pool = cls(Path(path), kv_type, kernels, mode, n, command, forking, launch, plan)
         pool.submit(todo)
         return pool
 

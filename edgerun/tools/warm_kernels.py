@@ -20,8 +20,9 @@ Two modes:
   step's kernels, 316 after the prompt's), so a child a part gives LLVM's memory back
   after each part, and the children share this process's interpreter, Numba and
   stand-in model copy-on-write instead of importing and loading their own (SmolLM2: 83
-  MiB anonymous, 4 s of CPU each). This process compiles nothing itself: the load's own
-  kernels compile in a first child before it loads the model from the cache. It runs
+  MiB anonymous, 4 s of CPU each). With --load-apart this process compiles nothing
+  itself: the load's own kernels compile in a first child before it loads the model from
+  the cache. It runs
   Numba's parallel kernels on the "workqueue" threading layer, which re-starts its
   threads in a forked child; the default GNU OpenMP layer aborts a child forked from a
   process that ran a parallel region.
@@ -190,10 +191,14 @@ def _serve_forking(a: argparse.Namespace, started: float, counts: list[int]) -> 
 
     numba.config.THREADING_LAYER = "workqueue"  # before this process's first parallel kernel
     install()
-    # the load's own kernels (the interleaved copies', the tokenizer's tables) compile in
-    # a child: what LLVM kept would otherwise sit in this process and every fork of it
-    pid, r = _fork(lambda: _load_model(a), counts)
-    compiled = _reap(pid, r) or 0
+    compiled = 0
+    if a.load_apart:
+        # the load's own kernels (the interleaved copies', the tokenizer's tables) compile
+        # in a child first: what LLVM keeps of them (SmolLM2: 31 MiB) would otherwise sit
+        # in this process and every fork of it; the parts start that much later (the
+        # 1.5B: ~2 s of CPU), so only where memory is short
+        pid, r = _fork(lambda: _load_model(a), counts)
+        compiled = _reap(pid, r) or 0
     m = _load_model(a)
     own = counts[1]  # what this process compiled itself (nothing where the child loaded)
     print(f"loaded {compiled + own} {time.perf_counter() - started:.1f}", flush=True)
@@ -332,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="--serve: run each part in a child forked from this process, this many at "
         "once (Linux; 0: each part in this process)",
+    )
+    ap.add_argument(
+        "--load-apart",
+        action="store_true",
+        help="--jobs: compile the load's own kernels in a child before this process loads "
+        "the model (it then holds no compiler memory)",
     )
     ap.add_argument(
         "--interleave",
