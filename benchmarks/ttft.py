@@ -167,7 +167,11 @@ class MemoryGroup:
         (self.path / "cgroup.procs").write_text(str(os.getpid()))
 
     def sample(self) -> None:
-        stat = dict(line.split() for line in (self.path / "memory.stat").read_text().splitlines())
+        try:
+            text = (self.path / "memory.stat").read_text()
+        except OSError:  # removed as the run ended
+            return
+        stat = dict(line.split() for line in text.splitlines())
         self.in_use_peak = max(self.in_use_peak, int(stat["rss"]) + int(stat["mapped_file"]))
         self.anon_peak = max(self.anon_peak, int(stat["rss"]))
 
