@@ -220,6 +220,199 @@ def test_first_run_prints_whole_lines_off_a_terminal(fake_model):
     assert "processes" in str(warm)
 
 
+# A fork server's child (tools/warm_kernels.py --serve --jobs): stand-in lines, where
+# it reads two parts before answering either (so a pool that hands it one part at a time
+# hangs), and fails the part "die" with a `failed` line while going on.
+_FAKE_FORK_SERVER = """
+import sys
+print("loaded 2 0.1", flush=True)
+n, held = 2, []
+for line in sys.stdin:
+    held.append(line.strip())
+    if len(held) < 2:
+        continue
+    for part in held:
+        if part == "die":
+            print("failed die", flush=True)
+            continue
+        n += 3
+        print(f"done {part} {n} 0.2", flush=True)
+    held = []
+print(f"compiled {n} 0.3", flush=True)
+"""
+
+
+def test_a_fork_server_child_runs_as_many_parts_at_once_as_the_pool_has_workers(fake_model):
+    from edgerun.offload.warm_kernels import KernelPool
+
+    cmd = [sys.executable, "-c", _FAKE_FORK_SERVER]
+    parts = ["die", "decode", "prompt", "batch"]
+    pool = KernelPool.start(fake_model, "f32", "vnni", parts, workers=2, command=cmd, forking=True)
+    assert pool is not None
+    assert len(pool.children) == 1 and pool.processes == 2
+    assert not pool.wait(parts)  # "die" failed; the others went on in the same child
+    pool.close()
+    assert pool.state.failed == {"die"}
+    assert sorted(pool.state.done) == ["batch", "decode", "prompt"]
+    assert pool.compiled() == 2 + 3 * 3  # the server's own count, cumulative
+    assert pool.children[0].proc.returncode == 0
+
+
+# A fork server's part, compiled in a forked child that exits: the server keeps none of
+# it, the cache has it, and the child forked after the server ran a parallel kernel on
+# the workqueue layer runs parallel kernels too (GNU OpenMP would abort it).
+_FORKED_PART = """
+import json, os, sys
+import numba
+from numba import njit, prange
+from numba.core import event
+numba.config.THREADING_LAYER = "workqueue"
+from edgerun.tools.warm_kernels import _fork, _reap
+import tiny
+
+@njit(parallel=True)
+def total(x):
+    s = 0.0
+    for i in prange(x.shape[0]):
+        s += x[i]
+    return s
+
+import numpy as np
+assert total(np.ones(1000)) == 1000.0  # the server's own threads are up
+counts = [0, 0]
+class Count(event.Listener):
+    def on_start(self, ev):
+        counts[1] += 1
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Count())
+before = counts[1]
+
+def part():
+    assert tiny.add(1, 2) == 3
+    assert total(np.ones(10)) == 10.0
+
+pid, r = _fork(part, counts)
+n = _reap(pid, r)
+failed = _reap(*_fork(lambda: 1 / 0, counts))
+print(json.dumps(dict(n=n, failed=failed, here=counts[1] - before,
+                      signatures=len(tiny.add.signatures))))
+"""
+
+
+def test_a_forked_part_compiles_in_its_child_and_leaves_the_server_without_it(tmp_path):
+    env = _tiny_env(tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", _FORKED_PART], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["n"] >= 1 and res["failed"] is None
+    assert res["here"] == 0 and res["signatures"] == 0  # the server compiled nothing
+    # a new process loads the child's compile from the cache
+    again = subprocess.run(
+        [sys.executable, "-c", _COMPILER, "int"], capture_output=True, text=True, env=env
+    )
+    assert again.stdout.split() == ["0", "3"], again.stderr[-2000:]
+
+
+# A KernelPool whose fork server is a fork of the calling process (fork_here), with a
+# stand-in for the server's main that speaks its lines.
+_POOL_FORKED_HERE = """
+import json, sys, threading
+from edgerun.offload.warm_kernels import KernelPool
+from edgerun.tools import warm_kernels
+
+def fake_main(argv):
+    print("loaded 1 0.1", flush=True)
+    n = 1
+    for line in sys.stdin:
+        n += 2
+        print(f"done {line.strip()} {n} 0.2", flush=True)
+    print(f"compiled {n} 0.3", flush=True)
+    return 0
+
+warm_kernels.main = fake_main  # the fork runs this process's module state
+# another thread running: no fork (it might hold a lock the fork would wait on)
+stop = threading.Event()
+t = threading.Thread(target=stop.wait)
+t.start()
+refused = warm_kernels.fork_here(["x"]) is None
+stop.set()
+t.join()
+pool = KernelPool.start(sys.argv[1], "f32", "vnni", ["prompt", "decode"], workers=2,
+                        forking=True, launch=warm_kernels.fork_here)
+child = pool.children[0]
+forked = isinstance(child.proc, warm_kernels.ForkedChild)
+ok = pool.wait(["prompt", "decode"])
+pool.close()
+print(json.dumps(dict(refused=refused, forked=forked, ok=ok, rc=child.proc.returncode,
+                      compiled=pool.compiled(), done=sorted(pool.state.done))))
+"""
+
+
+def test_the_fork_server_can_be_a_fork_of_the_serving_process(fake_model):
+    r = subprocess.run(
+        [sys.executable, "-c", _POOL_FORKED_HERE, str(fake_model)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res == dict(
+        refused=True, forked=True, ok=True, rc=0, compiled=5, done=["decode", "prompt"]
+    )
+
+
+def test_the_compile_plan_keeps_compiles_beside_the_model_only_where_both_fit():
+    from edgerun.offload.warm_kernels import (
+        FORK_SERVER_BYTES,
+        PART_COMPILE_BYTES,
+        RESIDENT_PER_FILE_BYTE,
+        compile_plan,
+    )
+
+    mib = 1 << 20
+    model = 98 * mib  # SmolLM2's file
+    resident = RESIDENT_PER_FILE_BYTE * model + FORK_SERVER_BYTES
+    # plenty: one compile a core, beside the model
+    plan = compile_plan(model, 2, 16 << 30)
+    assert plan.workers == 2 and plan.beside_model
+    # room beside the model for one compile only
+    plan = compile_plan(model, 2, resident + PART_COMPILE_BYTES + PART_COMPILE_BYTES // 2)
+    assert plan.workers == 1 and plan.beside_model
+    # not even one beside the model: the model waits for them, as many as fit alone
+    plan = compile_plan(model, 2, resident + PART_COMPILE_BYTES // 2)
+    assert not plan.beside_model and plan.workers == 1
+    big = 500 * mib
+    plan = compile_plan(big, 2, RESIDENT_PER_FILE_BYTE * big + FORK_SERVER_BYTES + 100 * mib)
+    assert not plan.beside_model and plan.workers == 2
+    plan = compile_plan(model, 4, FORK_SERVER_BYTES + PART_COMPILE_BYTES)
+    assert not plan.beside_model and plan.workers == 1
+    # nothing left at all: one compile still (no more than the serving process's own)
+    assert compile_plan(model, 2, 0) == type(plan)(1, False)
+
+
+def test_where_memory_is_short_the_first_run_compiles_before_it_loads(fake_model, monkeypatch):
+    import io
+
+    from edgerun.runtime import sysinfo
+    from edgerun.tools.first_run import FirstRun
+
+    monkeypatch.setattr(sysinfo, "memory_headroom_bytes", lambda: 200 << 20)
+    out = io.StringIO()
+    cmd = [sys.executable, "-c", _FAKE_CHILD]
+    run = FirstRun.start(
+        fake_model, "f32", ["tokenizer", "decode", "prompt"], stream=out, command=cmd
+    )
+    assert run is not None and not run.pool.plan.beside_model and run.pool.processes == 1
+    run.wait_loaded()  # what the caller waits for before it loads the model
+    assert sorted(run.pool.state.done) == ["decode", "prompt", "tokenizer"]
+    run.finish()
+    assert "before the model" in out.getvalue().splitlines()[0]
+
+
 # -- Numba's cache written by several processes (runtime/numba_cache_lock.py)
 
 _TINY = "from numba import njit\n\n@njit(cache=True)\ndef add(a, b):\n    return a + b\n"
