@@ -45,6 +45,13 @@ shared: on the 1.5B's Q4_K 8960x1536 shape, 1 thread, 16 vectors cost 5.0-5.2x o
 vector's time where two levels cost 6.8-7.2x, 4 vectors 1.6x where they cost 1.8-1.9x
 (`python benchmarks/rows16.py --cpu-time -t 1 --vectors 1 2 4 8 16 --shapes
 Q4_K:8960x1536x4 Q6_K:1536x8960x4`).
+Passes: a group's blocks are walked once per pass of up to PASS = 8 vectors (8 while 8
+are left, then up to 4), each block unpacked once for the pass, and the vectors'
+`vpdpbusd` chains are emitted k-major, interleaved, so that each waits only on its own
+chain. What a vector then pays per block is its 8 `vpdpbusd` and the float epilogue (a
+scale product, a conversion, one or two FMAs), whose order fixes the rows' bits. On the
+1.5B's Q4_K 8960x1536 / Q6_K 1536x8960 (x4, 1 thread, CPU time) 8 vectors take 3.4 / 4.3
+ms where passes of 4 took 4.5 / 5.4, 16 vectors 7.0 / 7.9 where they took 8.0 / 9.2.
 The formats' offsets (-8, -16, -128, -32, IQ4_XS's -128, Q3_K's -4 per weight) are
 folded into the integer sums; Q4_1's m and Q4_K's / Q5_K's dmin terms take one FMA with
 the block's activation sum, Q2_K's one per 16 weights.
