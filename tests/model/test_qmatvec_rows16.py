@@ -171,7 +171,7 @@ def test_layout_holds_the_files_blocks(q, rows):
 
 
 @pytest.mark.parametrize("q", FORMATS, ids=lambda q: q.name)
-@pytest.mark.parametrize("n", [1, 2, 4, 5, 9])
+@pytest.mark.parametrize("n", [1, 2, 4, 5, 9, 10])
 def test_kernels_match_the_reference_and_batched_rows_equal_single(q, n):
     cols = 512 if q in KQUANTS else 128
     w = _tensor(q, 53, cols, seed=7 * n)

@@ -45,6 +45,13 @@ shared: on the 1.5B's Q4_K 8960x1536 shape, 1 thread, 16 vectors cost 5.0-5.2x o
 vector's time where two levels cost 6.8-7.2x, 4 vectors 1.6x where they cost 1.8-1.9x
 (`python benchmarks/rows16.py --cpu-time -t 1 --vectors 1 2 4 8 16 --shapes
 Q4_K:8960x1536x4 Q6_K:1536x8960x4`).
+Passes: a group's blocks are walked once per pass of up to PASS = 8 vectors (8 while 8
+are left, then up to 4), each block unpacked once for the pass, and the vectors'
+`vpdpbusd` chains are emitted k-major, interleaved, so that each waits only on its own
+chain. What a vector then pays per block is its 8 `vpdpbusd` and the float epilogue (a
+scale product, a conversion, one or two FMAs), whose order fixes the rows' bits. On the
+1.5B's Q4_K 8960x1536 / Q6_K 1536x8960 (x4, 1 thread, CPU time) 8 vectors take 3.4 / 4.3
+ms where passes of 4 took 4.5 / 5.4, 16 vectors 7.0 / 7.9 where they took 8.0 / 9.2.
 The formats' offsets (-8, -16, -128, -32, IQ4_XS's -128, Q3_K's -4 per weight) are
 folded into the integer sums; Q4_1's m and Q4_K's / Q5_K's dmin terms take one FMA with
 the block's activation sum, Q2_K's one per 16 weights.
@@ -74,7 +81,9 @@ from edgerun.quant.formats import QuantType  # noqa: E402
 from edgerun.quant.iquants import KVALUES  # noqa: E402
 
 ROWS = 16  # rows a group interleaves (16 int32 lanes of a zmm)
-PASS = 4  # vectors a pass over a group (their accumulators stay in registers)
+PASS = 8  # the most vectors a pass over a group takes (their dots stay in registers)
+# a pass's vector counts: PASS while that many are left, else up to 4 (5-7 take two passes)
+PASS_SIZES = (1, 2, 3, 4, PASS)
 PREFETCH_BYTES = 16384  # as the row kernels (int8.PREFETCH_BYTES)
 F0 = np.float32(0.0)
 
@@ -620,29 +629,41 @@ def _block_codegen(kind: int, nv: int):
         if kind == KIND_Q4_1:
             m = f16x16(at(off, 288))
         acc = b.bitcast(accp, V16F.as_pointer())
+        # per vector: [v, b] of the per-block arrays, its dx, its accumulator's slot and value
+        vbs, dxs, ps, ys = [], [], [], []
         for v in range(nv):
-            vv = b.add(v0, c64(v))  # the vector
-            vb = b.add(b.mul(vv, nb), bi)  # [v, b] of the per-block arrays
-            dx = splat(b.load(ptr(7, vb, F32)), V16F)
-            p = b.gep(acc, [ir.Constant(I32, v)])
-            y = b.load(p, align=4)
-            for ks, scale, half in parts:
-                dots = []
+            vb = b.add(b.mul(b.add(v0, c64(v)), nb), bi)
+            vbs.append(vb)
+            dxs.append(splat(b.load(ptr(7, vb, F32)), V16F))
+            ps.append(b.gep(acc, [ir.Constant(I32, v)]))
+            ys.append(b.load(ps[v], align=4))
+        for ks, scale, half in parts:
+            # the integer dots, one chain per vector and level, emitted k-major so that the
+            # chains of all the pass's vectors interleave (each vpdpbusd waits on its own
+            # chain only); a chain's order and so its sum are those of one vector alone
+            dots = [[None] * levels for _ in range(nv)]
+            for v in range(nv):
                 for lv in range(levels):
-                    xl = b.add(xo, b.mul(vstride, c64(levels * v + lv)))
                     a = ir.Constant(V16I32, [0] * 16)
                     if bias and lv == levels - 1:  # the offset's share: bias * xs, once
+                        vb = vbs[v]
                         si = vb if half is None else b.add(b.add(vb, vb), c64(half))
                         s = b.load(ptr(8, si, I32))
                         a = splat(b.mul(s, ir.Constant(I32, bias)), V16I32)
-                    for k in ks:
+                    dots[v][lv] = a
+            for k in ks:
+                for v in range(nv):
+                    for lv in range(levels):
+                        xl = b.add(xo, b.mul(vstride, c64(levels * v + lv)))
                         xw = b.load(ptr(4, at(xl, 4 * k), I32), align=1)
-                        a = b.call(dpb, [a, ws[k], splat(xw, V16I32)])
-                    dots.append(a)
-                dot = dots[0]
+                        dots[v][lv] = b.call(dpb, [dots[v][lv], ws[k], splat(xw, V16I32)])
+            for v in range(nv):
+                dot = dots[v][0]
                 if levels == 2:
-                    dot = b.add(b.shl(dot, ir.Constant(V16I32, [7] * 16)), dots[1])
-                y = b.call(fma, [b.sitofp(dot, V16F), b.fmul(scale, dx), y])
+                    dot = b.add(b.shl(dot, ir.Constant(V16I32, [7] * 16)), dots[v][1])
+                ys[v] = b.call(fma, [b.sitofp(dot, V16F), b.fmul(scale, dxs[v]), ys[v]])
+        for v in range(nv):
+            vb, y = vbs[v], ys[v]
             if m is not None:
                 y = b.call(fma, [m, splat(b.load(ptr(9, vb, F32)), V16F), y])
             for half, mv in enumerate(mh):  # dx times the half's integer sum (xs: xh)
@@ -650,7 +671,7 @@ def _block_codegen(kind: int, nv: int):
                 y = b.call(
                     fma, [mv, splat(b.fmul(b.load(ptr(7, vb, F32)), b.sitofp(s16, F32)), V16F), y]
                 )
-            b.store(y, p, align=4)
+            b.store(y, ps[v], align=4)
         return context.get_dummy_value()
 
     return codegen
@@ -665,16 +686,18 @@ def _block_intrinsic(kind: int, nv: int):
     return intrinsic(blk)
 
 
-_BLK = {(k, n): _block_intrinsic(k, n) for k in GROUP_BYTES for n in range(1, PASS + 1)}
+_BLK = {(k, n): _block_intrinsic(k, n) for k in GROUP_BYTES for n in PASS_SIZES}
 
 
 def _pass_block(kind: int):
-    """The block of `kind` for a pass of n (1..PASS) vectors: a literal dispatch."""
-    b1, b2, b3, b4 = (_BLK[kind, n] for n in range(1, PASS + 1))
+    """The block of `kind` for a pass of n (PASS_SIZES) vectors: a literal dispatch."""
+    b1, b2, b3, b4, b8 = (_BLK[kind, n] for n in PASS_SIZES)
 
     @njit(inline="always")
     def block(n, acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0):
-        if n == 4:
+        if n == PASS:
+            b8(acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
+        elif n == 4:
             b4(acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
         elif n == 3:
             b3(acc, flat, off, aux, xq, xo, vstride, xd, xs, xf, bi, nb, v0)
@@ -807,8 +830,9 @@ def _mv16(kind, d0, d1, d2, X, o0, o1, o2):
         nrow = min(ROWS, out.shape[1] - g * ROWS)
         accp = _stack_acc()
         acc = numba.carray(accp, 16 * PASS)
-        for v0 in range(0, nv, PASS):
-            n = min(PASS, nv - v0)
+        v0 = 0
+        while v0 < nv:
+            n = PASS if nv - v0 >= PASS else min(4, nv - v0)
             for j in range(16 * PASS):
                 acc[j] = np.float32(0.0)
             xo0 = v0 * lv * cols
@@ -818,6 +842,7 @@ def _mv16(kind, d0, d1, d2, X, o0, o1, o2):
             for v in range(n):
                 for r in range(nrow):
                     out[v0 + v, g * ROWS + r] = acc[16 * v + r]
+            v0 += n
 
 
 @njit(inline="always")
