@@ -105,18 +105,44 @@ def test_a_session_resumes_on_a_cache_of_another_kv_type(smollm2_path, tmp_path)
             s.send("Name a fruit.", max_tokens=8, **GREEDY)
             c = s.cache
             rows = (c.k[:, :, : c.length].copy(), c.v[:, :, : c.length].copy())
-            files[kv_type] = (s.save(tmp_path / f"{kv_type[:2]}.safetensors"), rows, c.tokens)
+            path = s.save(tmp_path / f"{kv_type[:2]}.safetensors")
+            files[kv_type] = (path, rows, c.tokens, c.key_centre, c.key_scale)
         finally:
             m.close()
+
+    def same(a, b) -> bool:
+        return (a is None and b is None) or (
+            a is not None and b is not None and np.array_equal(a, b)
+        )
+
     for target in ("f16", "q8_0"):
         m = edgerun.load(smollm2_path, n_ctx=256, threads=2, kv_type=target)
         try:
-            for path, saved, tokens in files.values():
+            for path, saved, tokens, centre, scale in files.values():
                 resumed = Session.load(m, path)
+                dst = resumed.cache
                 n = len(tokens)
-                assert resumed.cache.tokens == tokens
-                for got, rows in zip((resumed.cache.k, resumed.cache.v), saved):
-                    want = cache_values(cache_floats(rows, hd), got.dtype)
+                assert dst.tokens == tokens
+                for name, got, rows in (("k", dst.k, saved[0]), ("v", dst.v, saved[1])):
+                    keys = name == "k"
+                    if (
+                        keys
+                        and rows.dtype == got.dtype
+                        and same(centre, dst.key_centre)
+                        and same(scale, dst.key_scale)
+                    ):
+                        want = rows  # the same type, centre and scale: copied as saved
+                    else:  # the true keys (scale and centre undone), stored as dst stores them
+                        f = cache_floats(rows, hd)
+                        if keys and scale is not None:
+                            f *= scale[:, :, None, :]
+                        if keys and centre is not None:
+                            f += centre[:, :, None, :]
+                        if keys and dst.key_centre is not None:
+                            f -= dst.key_centre[:, :, None, :]
+                        if keys and dst.key_scale is not None:
+                            f /= dst.key_scale[:, :, None, :]
+                        want = cache_values(f, got.dtype)
                     np.testing.assert_array_equal(got[:, :, :n], want)
                 assert resumed.send("And a colour?", max_tokens=8, **GREEDY)
         finally:
