@@ -22,25 +22,15 @@ A marker in Numba's cache directory records that this model was warmed with thes
 kernel sources, kernel path and KV type, so later loads skip the children.
 
 KernelPool is the same idea for a resident first run (`edgerun generate`, `edgerun
-warm`): the warm-up's parts (engine.WARM_PARTS) are compiled on stand-in weights, one
-part per core at once (runtime/numba_cache_lock.py keeps their shared cache whole). The
-stand-ins keep the compiles to Numba's and LLVM's memory: with the model's own weights and
-interleaved copies in every child, the first run's processes together would hold 2.8x a
-warm run's RSS (Qwen2.5-Coder-1.5B: 3724 vs 1321 MiB). On Linux one child is a fork
-server (tools/warm_kernels.py --serve --jobs) that loads the stand-in model once and
-forks a process a part, which exits when its part is done: the parts share one
-interpreter and model copy-on-write, and LLVM's memory goes back after every part rather
-than piling up in a child that compiled several (elsewhere, one child a core that runs
-the parts it is handed). The serving process only loads from the cache: measured on
-SmolLM2, compiling in-process took its peak RSS from 230 to 640 MiB. It starts its prompt
-once the prompt's parts are cached and waits for the decode step's before its first
-decode step. A marker per part records what is cached.
-
-How many parts compile at once, and whether beside the loaded model, follows from the
-memory left (compile_plan): a compile of one of the decode step's fused kernels alone
-takes ~185 MiB (SmolLM2; a warm SmolLM2 run holds ~300 MiB in all), so where the model
-and the compiles do not fit together the serving process loads the model only after
-them.
+warm`): the warm-up's parts (engine.WARM_PARTS) go to one child per free core, each of
+which loads the model on stand-in weights and compiles the parts it is handed
+(runtime/numba_cache_lock.py keeps their shared cache whole). The stand-ins keep each
+child to Numba's and LLVM's memory: with the model's own weights and interleaved copies
+in every child, the first run's processes together would hold 2.8x a warm run's RSS
+(Qwen2.5-Coder-1.5B: 3724 vs 1321 MiB). The serving process only loads from the cache:
+measured on SmolLM2, compiling in-process took its peak RSS from 230 to 640 MiB. It
+starts its prompt once the prompt's parts are cached and waits for the decode step's before its
+first decode step. A marker per part records what is cached.
 """
 
 from __future__ import annotations
@@ -54,7 +44,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from edgerun.offload.io import drop_page_cache
 from edgerun.runtime.numba_env import sources_stamp
@@ -127,9 +116,8 @@ def part_marker(
 @dataclass
 class _Child:
     proc: subprocess.Popen
-    slots: int = 1  # parts it compiles at once (a fork server: its forked children)
     loaded: bool = False
-    parts: list[str] = field(default_factory=list)  # the parts it compiles now
+    part: str | None = None  # the part it compiles now
     compiled: int = 0  # Numba compilations so far (nested ones included)
     alive: bool = True
 
@@ -175,36 +163,22 @@ class KernelPool:
         interleave: str,
         workers: int,
         command: list[str] | None = None,
-        forking: bool = False,
-        launch: Callable[[list[str]], Any] | None = None,
-        plan: CompilePlan | None = None,
     ) -> None:
         """command: the child's command line (default tools/warm_kernels.py --serve for
-        this model; a test gives a stand-in that speaks the same lines). forking: one
-        child that forks a process a part, `workers` at once (--serve --jobs), instead of
-        `workers` children that run their parts themselves. launch: starts that fork
-        server from tools/warm_kernels.py's arguments in a fork of this process (it then
-        shares this process's interpreter and modules) and returns it as a Popen-like
-        object, or None where it cannot (a new interpreter then runs it). plan: what
-        start planned (compile_plan; where the model waits for the compile, the fork
-        server compiles nothing itself, --load-apart)."""
+        this model; a test gives a stand-in that speaks the same lines)."""
         self.path, self.kv_type, self.kernels, self.interleave = path, kv_type, kernels, interleave
         self.state = PoolState()
         self.queue: list[str] = []
         self.cond = threading.Condition()
         self.children: list[_Child] = []
         self.closing = False
-        self.workers = workers
-        self.plan = plan or CompilePlan(workers, True)
         env = dict(os.environ, EDGERUN_KERNELS=kernels)
-        args = [str(path), "--serve", "--kv-type", kv_type, "--interleave", interleave]
-        cmd = command or [sys.executable, "-m", "edgerun.tools.warm_kernels", *args]
-        if forking:
-            more = ["--jobs", str(workers)] + ([] if self.plan.beside_model else ["--load-apart"])
-            args, cmd = [*args, *more], [*cmd, *more]
-        for _ in range(1 if forking else workers):
-            proc = launch(args) if forking and command is None and launch else None
-            proc = proc or subprocess.Popen(
+        cmd = command or [
+            *(sys.executable, "-m", "edgerun.tools.warm_kernels", str(path), "--serve"),
+            *("--kv-type", kv_type, "--interleave", interleave),
+        ]
+        for _ in range(workers):
+            proc = subprocess.Popen(
                 cmd,
                 env=env,
                 stdin=subprocess.PIPE,
@@ -213,7 +187,7 @@ class KernelPool:
                 text=True,
                 bufsize=1,
             )
-            child = _Child(proc, slots=workers if forking else 1)
+            child = _Child(proc)
             self.children.append(child)
             threading.Thread(target=self._read, args=(child,), daemon=True).start()
 
@@ -227,26 +201,21 @@ class KernelPool:
         interleave: bool | None = None,
         workers: int | None = None,
         command: list[str] | None = None,
-        forking: bool | None = None,
-        launch: Callable[[list[str]], Any] | None = None,
     ) -> KernelPool | None:
         """Start children for those of `parts` not cached yet (None: all are). workers
-        None: one per core this process may run on, at most one per part. forking: one
-        fork server (tools/warm_kernels.py --serve --jobs) rather than `workers` children
-        that each import Numba and load the model (None: where the OS forks, Linux, and
-        the child is tools/warm_kernels.py); launch: as in __init__."""
+        None: one per core this process may run on, at most one per part."""
         mode = {True: "on", False: "off"}.get(interleave, "auto")  # type: ignore[arg-type]
         todo = [p for p in parts if not _marked(path, kv_type, kernels, mode, p)]
         if not todo or warm_marker(path, kv_type, kernels) is None:
             return None
-        if forking is None:
-            forking = command is None and sys.platform.startswith("linux")
-        plan = CompilePlan(workers, True) if workers is not None else _plan(path, forking)
+        if workers is None:
+            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+            workers = min(workers, children_that_fit())
         from edgerun.runtime.numba_cache_lock import install
 
         install()  # this process may compile beside the children (a part that failed)
-        n = max(1, min(plan.workers, len(todo)))
-        pool = cls(Path(path), kv_type, kernels, mode, n, command, forking, launch, plan)
+        n = max(1, min(workers, len(todo)))
+        pool = cls(Path(path), kv_type, kernels, mode, n, command)
         pool.submit(todo)
         return pool
 
@@ -267,7 +236,8 @@ class KernelPool:
                 elif words[0] == "done":
                     part, child.compiled = words[1], int(words[2])
                     self.state.done[part] = self.state.elapsed
-                    self._finished(child, part)
+                    self.state.running.remove(part)
+                    child.part = None
                     marker = part_marker(
                         self.path, self.kv_type, self.kernels, self.interleave, part
                     )
@@ -275,47 +245,38 @@ class KernelPool:
                         marker.parent.mkdir(parents=True, exist_ok=True)
                         marker.write_text(f"compiled by a KernelPool child in {words[3]} s\n")
                     self._dispatch(child)
-                elif words[0] == "failed":  # a fork server's child died in it
-                    self.state.failed.add(words[1])
-                    self._finished(child, words[1])
-                    self._dispatch(child)
                 elif words[0] == "compiled":
                     child.compiled = int(words[1])
                 self.cond.notify_all()
         child.proc.wait()
         with self.cond:
             child.alive = False
-            for part in list(child.parts):  # died in a part: the caller compiles it itself
-                self.state.failed.add(part)
-                self._finished(child, part)
+            if child.part is not None:  # died in a part: the caller compiles it itself
+                self.state.failed.add(child.part)
+                self.state.running.remove(child.part)
+                child.part = None
             if not any(c.alive for c in self.children):  # nobody left for the queue
                 self.state.failed.update(self.queue)
                 self.queue.clear()
             self.cond.notify_all()
 
-    def _finished(self, child: _Child, part: str) -> None:
-        if part in child.parts:
-            child.parts.remove(part)
-        if part in self.state.running:
-            self.state.running.remove(part)
-
     def _dispatch(self, child: _Child) -> None:
-        """Hand an idle slot of a loaded child the next parts (or end the child when none
-        is left and the pool is closing). Called with the lock held."""
-        if not (child.alive and child.loaded):
+        """Hand an idle, loaded child the next part (or end it when none is left and the
+        pool is closing). Called with the lock held."""
+        if not (child.alive and child.loaded and child.part is None):
             return
         stdin = child.proc.stdin
-        while self.queue and len(child.parts) < child.slots:
+        if self.queue:
             part = self.queue.pop(0)
-            child.parts.append(part)
+            child.part = part
             self.state.running.append(part)
             try:
                 assert stdin is not None
                 stdin.write(part + "\n")
                 stdin.flush()
             except (BrokenPipeError, OSError):
-                return  # it died: _read marks its parts failed
-        if self.closing and not child.parts and stdin is not None and not stdin.closed:
+                pass  # it died: _read marks the part failed
+        elif self.closing and stdin is not None and not stdin.closed:
             try:
                 stdin.close()
             except OSError:
@@ -377,8 +338,7 @@ class KernelPool:
 
     @property
     def processes(self) -> int:
-        """The processes that compile at once."""
-        return sum(c.slots for c in self.children)
+        return len(self.children)
 
     def compiled(self) -> int:
         """Numba compilations the children made (nested ones included)."""
@@ -410,41 +370,6 @@ class KernelPool:
 # compiling (its weights are stand-ins, offload/stand_in.py). Measured peaks of the two
 # children of a first answer: SmolLM2 328 and 297 MiB, Qwen2.5-Coder-1.5B 391 and 328.
 CHILD_COMPILE_BYTES = 384 << 20
-# A fork server (tools/warm_kernels.py --serve --jobs) with its stand-in model loaded, and
-# what one part's forked child adds at its peak. Measured on SmolLM2 (anonymous memory,
-# the tree's PSS): the server 83 MiB; a part's child up to 185 MiB above it (decode:2 and
-# decode:3, the decode step's fused kernels, and the prompt's part; the others 30-100).
-FORK_SERVER_BYTES = 96 << 20
-PART_COMPILE_BYTES = 208 << 20
-# What a resident model holds in the serving process, per byte of its file: the mapped
-# weights and the interleaved decode copies (SmolLM2: 98 MB file, a warm run 190 MiB above
-# the interpreter's 110).
-RESIDENT_PER_FILE_BYTE = 2
-
-
-@dataclass(frozen=True)
-class CompilePlan:
-    """How a first run compiles: `workers` parts at once, and whether the serving process
-    loads the model while they compile (beside_model) or only once they are done."""
-
-    workers: int
-    beside_model: bool
-
-
-def compile_plan(model_bytes: int, cores: int, headroom: int, forking: bool = True) -> CompilePlan:
-    """The most parts at once (at most `cores`) whose compiles fit in `headroom` bytes
-    beside the model the serving process loads (model_bytes: its file's size); where not
-    even one does, the serving process waits for the compile before it loads the model,
-    and the compiles take the memory alone (at least one at a time: a lone compile needs
-    no more than the serving process's own would). On a small board a first run then
-    peaks where a warm one does, plus the fork server and one compile, rather than
-    thrashing; the answer comes later by the load's overlap and the cores left idle."""
-    per_part = PART_COMPILE_BYTES if forking else CHILD_COMPILE_BYTES
-    base = FORK_SERVER_BYTES if forking else 0
-    beside = headroom - RESIDENT_PER_FILE_BYTE * model_bytes - base
-    if beside >= per_part:
-        return CompilePlan(max(1, min(cores, beside // per_part)), True)
-    return CompilePlan(max(1, min(cores, (headroom - base) // per_part)), False)
 
 
 def children_that_fit() -> int:
@@ -453,20 +378,6 @@ def children_that_fit() -> int:
     from edgerun.runtime.sysinfo import memory_headroom_bytes
 
     return max(1, memory_headroom_bytes() // CHILD_COMPILE_BYTES)
-
-
-def _plan(path: str | os.PathLike, forking: bool) -> CompilePlan:
-    """compile_plan for this process's cores and memory and `path`'s size."""
-    from edgerun.runtime.sysinfo import memory_headroom_bytes
-
-    p = Path(path)
-    size = (
-        sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-        if p.is_dir()
-        else p.stat().st_size
-    )
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    return compile_plan(size, cores, memory_headroom_bytes(), forking)
 
 
 def _marked(path: str | os.PathLike, kv_type: str, kernels: str, mode: str, part: str) -> bool:

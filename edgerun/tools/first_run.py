@@ -63,11 +63,7 @@ class FirstRun:
         from edgerun.ops import qmatvec
 
         kernels = qmatvec.kernel_path()
-        from edgerun.tools.warm_kernels import fork_here
-
-        pool = KernelPool.start(
-            path, kv_type, kernels, parts, interleave, workers, command, launch=fork_here
-        )
+        pool = KernelPool.start(path, kv_type, kernels, parts, interleave, workers, command)
         if pool is None:
             return None
         run = cls(pool, kernels, sys.stderr if stream is None else stream)
@@ -77,10 +73,9 @@ class FirstRun:
     # -- the display ------------------------------------------------------------------
     def _announce(self) -> None:
         cache = os.environ.get("NUMBA_CACHE_DIR", "Numba's cache")
-        first = "" if self.pool.plan.beside_model else ", before the model (memory is short)"
         print(
             f"edgerun: compiling this model's kernels for this CPU ({self.kernels} path) in "
-            f"{self.pool.processes} processes{first}. This happens once: they are cached in "
+            f"{self.pool.processes} processes. This happens once: they are cached in "
             f"{cache} and later runs load them in about a second.",
             file=self.stream,
             flush=True,
@@ -123,16 +118,12 @@ class FirstRun:
         """Wait until a child loaded the model and compiled the tokenizer's kernel, so this
         process's load and prompt encoding find theirs (the interleaved copies', the
         merge kernel) in the cache. Where the tokenizer's part was cached by an earlier
-        run, the load's kernels were too (its child loaded the model first). Where the
-        memory left holds the compiles or the model but not both (CompilePlan), wait for
-        every part asked for too: the caller loads the model after them."""
+        run, the load's kernels were too (its child loaded the model first)."""
         if not self.pool.marked("tokenizer"):
             self.pool.submit(["tokenizer"], first=True)
             self.pool.wait_loaded(self._tick)
             self.pool.wait(["tokenizer"], self._tick)
         self.loaded_at = time.perf_counter()
-        if not self.pool.plan.beside_model:  # the compile and the model do not fit together
-            self.pool.wait(self.pool.state.parts, self._tick)
 
     def warm(self, model, parts: Sequence[str]) -> None:
         """Have `parts` compiled, the decode step's kernels first; load the tokenizer's
