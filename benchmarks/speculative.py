@@ -179,6 +179,8 @@ def speed(args) -> list[dict]:
             else:  # the same draft file, k = our longest model draft
                 k = spec.length.max_tokens
                 path = spec.drafter.owner.path
+                if path.is_dir():  # an edgerun pack (a draft form): llama.cpp gets its source GGUF
+                    path = json.loads((path / "edgerun.json").read_text())["source"]["path"]
                 llms["llama.cpp+draft"] = Llama(
                     **base, draft_model=_llama_model_draft(path, k, args.threads, args.ctx)
                 )
