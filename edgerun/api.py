@@ -541,12 +541,7 @@ class Model:
         plan = self.loader.plan
         if plan is not None and getattr(plan, "budget", None):
             return int(plan.budget)
-        return self.file_bytes() + self.generator.cache.nbytes
-
-    def file_bytes(self) -> int:
-        """The bytes of the model's file (a pack: its directory's files)."""
-        files = [self.path] if self.path.is_file() else list(self.path.iterdir())
-        return sum(f.stat().st_size for f in files)
+        return self.loader.model_bytes + self.generator.cache.nbytes
 
     def render_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
@@ -858,7 +853,7 @@ def fit_to_plan(speculation: Speculation, plan: Plan, spec, figures) -> None:
     owner = getattr(speculation.drafter, "owner", None)
     one = plan.pass_seconds(1, length.row_cost)
     if isinstance(owner, Model) and one > 0.0:
-        length.draft_cost = figures.cpu_seconds((("", owner.file_bytes()),)) / one
+        length.draft_cost = figures.cpu_seconds((("", owner.loader.model_bytes),)) / one
 
 
 def draft_within_budget(

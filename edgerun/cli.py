@@ -1088,11 +1088,7 @@ def _speculation_lines(speculation, plan, draft_bytes: int) -> list[str]:
             "decoding (resident weights), and the draft length follows it"
         )
         return lines
-    costs = " / ".join(
-        f"{r}: {length.pass_cost.get(r, 1 + (r - 1) * length.row_cost):.2f}"
-        for r in (2, 4, 8, 16, 32)
-        if r <= rows
-    )
+    costs = " / ".join(f"{r}: {length.pass_price(r):.2f}" for r in (2, 4, 8, 16, 32) if r <= rows)
     lines.append(
         f"  verification passes of up to {rows} rows; predicted cost in one-row passes "
         f"({plan.pass_seconds(1, length.row_cost) * 1e3:,.0f} ms): {costs or 'none'}"

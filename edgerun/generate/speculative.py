@@ -337,8 +337,12 @@ class DraftLength:
         acceptance: (1 - a^(k+1)) / (1 - a) tokens for a pass of k + 1 rows and k drafted
         tokens (1.0: no draft)."""
         a = min(acceptance, 0.999)
-        verify = self.pass_cost.get(k + 1, 1 + k * self.row_cost) if k else 1.0
-        return (1 - a ** (k + 1)) / (1 - a) / (verify + k * self.draft_cost)
+        return (1 - a ** (k + 1)) / (1 - a) / (self.pass_price(k + 1) + k * self.draft_cost)
+
+    def pass_price(self, rows: int) -> float:
+        """A pass of `rows` rows in one-token passes: measured (or predicted), else the line
+        of row_cost a row."""
+        return self.pass_cost.get(rows, 1 + (rows - 1) * self.row_cost) if rows > 1 else 1.0
 
     def next(self, match: int | None = None) -> int:
         """The length of the next draft; `match`: an n-gram draft's match length."""

@@ -339,7 +339,7 @@ def test_a_streamed_model_s_drafts_start_from_its_plan_s_prices(offloaded, smoll
     one = plan.pass_seconds(1, length.row_cost)
     figures = offloaded.loader.device_figures()
     assert length.draft_cost == pytest.approx(
-        figures.cpu_seconds((("", smollm2.file_bytes()),)) / one
+        figures.cpu_seconds((("", smollm2.loader.model_bytes),)) / one
     )
 
 
