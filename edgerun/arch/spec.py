@@ -11,6 +11,8 @@ import numpy as np
 
 from edgerun.errors import ModelFormatError, UnsupportedError
 
+# A layer's attention projections (the matrices a GPU placement moves as "attention")
+ATTENTION_ROLES = ("attn_q", "attn_k", "attn_v", "attn_output")
 # Per-layer tensor roles, mapped to GGUF names with "{i}" for the layer index.
 LAYER_TENSORS = {
     "attn_norm": "blk.{i}.attn_norm.weight",

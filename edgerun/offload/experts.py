@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgerun.arch.spec import ATTENTION_ROLES
 from edgerun.errors import InvalidArgumentError, ModelFormatError
 from edgerun.model.weights import ResidentStore
 from edgerun.offload.io import ALIGN, DirectReader, aligned_empty
@@ -545,8 +546,9 @@ class ExpertStreamStore(ResidentStore):
 
         self.direct = DirectReader(reader.path, threads=options.io_threads)
         # attention the plan puts on a GPU stays mapped: the placement reads it from there
-        roles = ("attn_q", "attn_k", "attn_v", "attn_output")
-        moved = frozenset(spec.layer_tensor(r, i) for i in plan.gpu_attention_layers for r in roles)
+        moved = frozenset(
+            spec.layer_tensor(r, i) for i in plan.gpu_attention_layers for r in ATTENTION_ROLES
+        )
         super().__init__(_direct_tensors(reader, spec, self.direct, moved), source)
         self.plan, self.options, self.spec = plan, options, spec
         self.layers = expert_layers(spec, reader, source)

@@ -958,12 +958,12 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
     The bundled record of a neuron is its up row in the file's format plus its
     down column requantized row-wise as `down_format`.
     """
+    from edgerun.arch.spec import ATTENTION_ROLES
     from edgerun.model.kvcache import KVCache
     from edgerun.quant.formats import QuantType, row_bytes
 
     names = set(reader.tensor_names())
     size = {n: reader.tensor(n).nbytes for n in names}
-    attn_roles = ("attn_q", "attn_k", "attn_v", "attn_output")
     attn_extra = ("attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_q_norm", "attn_k_norm")
     # Gemma 4's per-layer embedding gate and projection: matrices every token multiplies,
     # held with the attention (their table is a lookup: per_layer_table_bytes)
@@ -987,7 +987,7 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
             attention += size[name]
             att_fmt[fmt(name)] = att_fmt.get(fmt(name), 0) + size[name]
     for i in range(spec.n_layers):
-        for role in attn_roles + attn_extra:
+        for role in ATTENTION_ROLES + attn_extra:
             name = spec.layer_tensor(role, i)
             if name in names:
                 attention += size[name]
@@ -1010,7 +1010,7 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
             attention += size[name]
             att_fmt[fmt(name)] = att_fmt.get(fmt(name), 0) + size[name]
     attn_weights = 0
-    for role in attn_roles:
+    for role in ATTENTION_ROLES:
         name = spec.layer_tensor(role, 0)
         if name in names:
             attn_weights += math.prod(reader.tensor(name).shape)
