@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from edgerun.arch.spec import ATTENTION_ROLES
 from edgerun.errors import InvalidArgumentError, ModelFormatError, UnsupportedError
 
 from . import resolve_device
@@ -117,12 +118,18 @@ def move_layers(
             "ffn_up": (spec.d_ff, spec.d_model),
             "ffn_down": (spec.d_model, spec.d_ff),
         },
-        "attention": {
-            "attn_q": (spec.q_dim, spec.d_model),
-            "attn_k": (spec.kv_dim, spec.d_model),
-            "attn_v": (spec.kv_dim, spec.d_model),
-            "attn_output": (spec.d_model, spec.q_dim),
-        },
+        "attention": dict(
+            zip(
+                ATTENTION_ROLES,
+                (
+                    (spec.q_dim, spec.d_model),
+                    (spec.kv_dim, spec.d_model),
+                    (spec.kv_dim, spec.d_model),
+                    (spec.d_model, spec.q_dim),
+                ),
+                strict=True,
+            )
+        ),
     }
 
     def parts_of(i: int) -> list[str]:  # a recurrent layer has no attention to move
@@ -155,10 +162,7 @@ def move_layers(
             nbytes += ffn.device_bytes
         if "attention" in parts_of(i):
             proj = TorchProjections(
-                m(name("attn_q", i)),
-                m(name("attn_k", i)),
-                m(name("attn_v", i)),
-                m(name("attn_output", i)),
+                *(m(name(role, i)) for role in ATTENTION_ROLES),
                 dev,
                 dt,
                 source=src,

@@ -301,6 +301,20 @@ def _optional_vector(store, name: str, size: int, what: str, source: str) -> np.
     return v
 
 
+def router_gain(store, spec: ModelSpec, layer: int, source: str) -> np.ndarray | None:
+    """The gain of the RMSNorm a router of experts beside an MLP (Gemma 4) applies to the
+    residual stream, ffn_gate_inp.scale / sqrt(d); None where the router reads the FFN's
+    input as it arrives."""
+    if not spec.experts_beside_mlp:
+        return None
+    d = spec.d_model
+    name = spec.expert_tensor("ffn_gate_inp_scale", layer)
+    gain = _optional_vector(store, name, d, "d_model", source)
+    if gain is None:
+        raise ModelFormatError(f"{source}: tensor '{name}' is missing")
+    return (gain * np.float32(1.0 / np.sqrt(d))).astype(np.float32)
+
+
 def moe_ffn(store, spec: ModelSpec, layer: int, source: str, experts: ExpertSource | None = None):
     """Layer `layer`'s MoEFFN over a WeightStore's router, shared expert and gate, each
     checked against the spec; the routed experts from `experts`, or resident views of the
@@ -339,13 +353,12 @@ def moe_ffn(store, spec: ModelSpec, layer: int, source: str, experts: ExpertSour
                 raise ModelFormatError(f"{source}: tensor '{name}' is missing")
             return v
 
-        gain = norm(spec.expert_tensor("ffn_gate_inp_scale", layer))
         beside = BesideNorms(
             norm(spec.layer_tensor("ffn_norm", layer)),
             norm(spec.expert_tensor("ffn_post_norm_1", layer)),
             norm(spec.expert_tensor("ffn_pre_norm_2", layer)),
             norm(spec.expert_tensor("ffn_post_norm_2", layer)),
-            (gain * np.float32(1.0 / np.sqrt(d))).astype(np.float32),
+            router_gain(store, spec, layer, source),
             spec.norm_eps,
         )
     elif store.has(spec.expert_tensor("ffn_gate_shexp", layer)):

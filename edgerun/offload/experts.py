@@ -33,8 +33,10 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,6 +44,7 @@ from edgerun.arch.spec import ATTENTION_ROLES
 from edgerun.errors import InvalidArgumentError, ModelFormatError
 from edgerun.model.weights import ResidentStore
 from edgerun.offload.io import ALIGN, DirectReader, aligned_empty
+from edgerun.ops.norm import rmsnorm
 from edgerun.quant.formats import QuantTensor, QuantType, row_bytes
 
 __all__ = [
@@ -464,6 +467,17 @@ class LayerExperts:
         return out
 
 
+class NextRouter(NamedTuple):
+    """A later layer's router, applied ahead to predict the experts it will pick: its
+    matrix, and the gain and epsilon of the RMSNorm it applies to the residual stream
+    (None where it reads the FFN's input as it arrives)."""
+
+    layer: int
+    router: QuantTensor
+    gain: np.ndarray | None
+    eps: float
+
+
 class StreamedMoEFFN:
     """A MoEFFN whose routed experts stream from flash (LayerExperts), timed, with the
     next layer's likely experts prefetched from its router applied to this layer's input.
@@ -476,9 +490,9 @@ class StreamedMoEFFN:
     # experts anyway, and would fill the prefetch with nearly every expert)
     PREFETCH_ROWS = 4
 
-    def __init__(self, moe, source: LayerExperts, next_routers=()) -> None:
+    def __init__(self, moe, source: LayerExperts, next_routers: Sequence[NextRouter] = ()) -> None:
         self.moe, self.source = moe, source
-        self.next_routers = list(next_routers)  # (layer, router QuantTensor) to predict
+        self.next_routers = list(next_routers)
         self.d_model, self.d_ff, self.n_expert = moe.d_model, moe.d_ff, moe.n_expert
         stream = source.stream
         spare = stream.cache.capacity - moe.n_used  # one request's worth kept for prefetch
@@ -491,11 +505,13 @@ class StreamedMoEFFN:
 
         k = self.moe.n_used
         hint = []
-        for layer, router in self.next_routers:
-            if x.shape[0] > 1:
-                logits = qmatvec.project(router, x)
+        for layer, router, gain, eps in self.next_routers:
+            # a router beside an MLP norms the residual stream it reads (this FFN's x)
+            xr = x if gain is None else rmsnorm(x, gain, eps)
+            if xr.shape[0] > 1:
+                logits = qmatvec.project(router, xr)
             else:
-                logits = qmatvec.matvec(router, x[0])
+                logits = qmatvec.matvec(router, xr[0])
             logits = np.asarray(logits, np.float32).reshape(x.shape[0], -1)
             top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
             hint.append((layer, np.unique(top)))
@@ -558,7 +574,7 @@ class ExpertStreamStore(ResidentStore):
         self._ahead = options.prefetch_layers
 
     def ffn(self, spec, layer: int):
-        from edgerun.model.moe import is_moe_layer, moe_ffn
+        from edgerun.model.moe import is_moe_layer, moe_ffn, router_gain
 
         if not is_moe_layer(spec, self, layer):
             return super().ffn(spec, layer)
@@ -566,7 +582,12 @@ class ExpertStreamStore(ResidentStore):
         source = LayerExperts(self.experts, layer)
         moe = moe_ffn(self, spec, layer, self._source, experts=source)
         ahead = [
-            (j, self.matrix(spec.expert_tensor("ffn_gate_inp", j)))
+            NextRouter(
+                j,
+                self.matrix(spec.expert_tensor("ffn_gate_inp", j)),
+                router_gain(self, spec, j, self._source),
+                spec.norm_eps,
+            )
             for j in range(layer + 1, min(spec.n_layers, layer + 1 + self._ahead))
             if is_moe_layer(spec, self, j)
         ]

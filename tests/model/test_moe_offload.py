@@ -270,3 +270,25 @@ def test_a_hybrid_moe_streams_its_experts_beside_its_recurrent_states(name, dens
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
     assert store.stats.bytes_read > 0
     store.close()
+
+
+def test_a_router_beside_an_mlp_is_predicted_from_the_stream_it_norms():
+    """Gemma 4's experts read the residual stream, and each router norms it with its own
+    gain: the prefetch of the next layer's experts applies that norm before the router,
+    so on the stream the next layer will read it names exactly that layer's picks."""
+    from edgerun.ops.norm import rmsnorm
+
+    path = Path(__file__).resolve().parents[1] / "data" / "families" / "gemma4-moe" / "q8_0.gguf"
+    spec, _, _, store, t = _streamed(path, prefetch=True)
+    ahead = t.layers[0].ffn
+    nxt = ahead.next_routers[0]
+    moe = t.layers[nxt.layer].ffn.moe
+    np.testing.assert_array_equal(nxt.gain, moe.beside.router_gain)
+    rng = np.random.default_rng(5)
+    for _ in range(8):
+        h = (rng.standard_normal((1, spec.d_model)) * 4 + 2).astype(np.float32)
+        ahead._predict(h)
+        hint = dict(ahead.source.hint)
+        sel, _ = moe.routing(rmsnorm(h, moe.beside.router_gain, spec.norm_eps), decode=True)
+        assert sorted(hint[nxt.layer]) == sorted(sel.ravel())
+    store.close()
