@@ -739,13 +739,12 @@ def _print_per_layer_fields(s, transformer) -> None:
     if s.laurel:
         rank = transformer.layers[0].laurel.left.shape[0]
         print(f"{'laurel:':<15}low-rank residual of rank {rank} beside attention")
-    sparse = [m is not None for m in s.layer_ffn_sparsity]
-    if any(sparse):
-        cut = next(m for m in s.layer_ffn_sparsity if m is not None)
-        print(
-            f"{'act. sparsity:':<15}FFN gate cut at mean + {cut:.3g} std on layers "
-            f"{_layers(sparse)}"
+    cuts = sorted({m for m in s.layer_ffn_sparsity if m is not None})
+    if cuts:
+        on = "; ".join(
+            f"{m:.3g} on layers {_layers([x == m for x in s.layer_ffn_sparsity])}" for m in cuts
         )
+        print(f"{'act. sparsity:':<15}FFN gate cut at its mean + std times {on}")
 
 
 def _print_experts(s, transformer, file_bytes: int) -> None:
