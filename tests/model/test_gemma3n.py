@@ -225,3 +225,26 @@ def test_the_decode_step_is_the_general_path(model):
     from edgerun.model.decode_step import DecodeStep
 
     assert not DecodeStep.supports(model.transformer)
+
+
+def test_sparse_offload_is_refused_by_name():
+    """The sparse offload plan predicts a token's neurons from a calibration that knows
+    nothing of the gate's own cutoff: refused before it calibrates. In a fresh process, as
+    the budget is the process's."""
+    import subprocess
+    import sys
+
+    code = f"""
+import edgerun
+from edgerun.api import minimum_ram_budget
+from edgerun.errors import UnsupportedError
+path = {str(DATA / "q8_0.gguf")!r}
+need = minimum_ram_budget(path, n_ctx=64)
+try:
+    edgerun.load(path, n_ctx=64, threads=1, offload="sparse", ram_budget=int(need * 1.05))
+except UnsupportedError as e:
+    print(e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Gemma 3n's activation sparsity" in r.stdout
