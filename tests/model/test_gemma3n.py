@@ -162,6 +162,34 @@ def test_generate_and_a_reused_prefix(model):
     assert np.abs(again - fresh[len(prompt) - 2 :]).max() <= 1e-4 * np.ptp(fresh)
 
 
+def test_sessions_resume_and_the_scheduler_batches_them(tmp_path):
+    """A session saved and resumed continues as the uninterrupted one, and sessions the
+    batching scheduler decodes together give the sequential answers. The reference file
+    is a base model: the tiny families' chat template stands in for Gemma 3n's."""
+    from tiny_families import TEMPLATE
+    from together import send_together
+
+    from edgerun.serving.session import Session
+
+    greedy = dict(temperature=0.0, repeat_penalty=1.0)
+    m = edgerun.load(DATA / "q8_0.gguf", n_ctx=256, threads=1, kv_type="f16")
+    try:
+        m.tokenizer.chat_template = TEMPLATE
+        s = m.session()
+        s.send("Name three fruits.", max_tokens=10, **greedy)
+        resumed = Session.load(m, s.save(tmp_path / "chat.safetensors"))
+        assert resumed.cache.tokens == s.cache.tokens
+        a = s.send("Which one is red?", max_tokens=10, **greedy)
+        assert resumed.send("Which one is red?", max_tokens=10, **greedy) == a
+        prompts = ["the theme of the day", "hello world, this is the test", "x", "thethe"]
+        seq = [m.session().send(p, max_tokens=10, **greedy) for p in prompts]
+        out, most = send_together(m, prompts, max_tokens=10, **greedy)
+        assert out == seq
+        assert most > 1  # they really were decoded together
+    finally:
+        m.close()
+
+
 def test_a_pack_keeps_the_altup_parts(model, tmp_path):
     from edgerun.tools.convert import convert
 
