@@ -23,14 +23,23 @@ bound decode step does not cover these steps.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ModelFormatError
 from edgerun.ops import activations, qmatvec
 from edgerun.ops.norm import rmsnorm
 from edgerun.quant.formats import QuantTensor
 from edgerun.quant.reference import dequantize
+
+if TYPE_CHECKING:
+    from edgerun.model.weights import WeightStore
+
+# model/layer.py's Layer and Rows (layer.py builds these steps, so it is not imported here)
+Layer = Rows = Any
 
 __all__ = [
     "AltUpWeights",
@@ -54,7 +63,7 @@ def small_matrix(t: QuantTensor, shape: tuple[int, int], source: str) -> np.ndar
     return np.ascontiguousarray(dequantize(t.qtype, t.data).reshape(shape), np.float32)
 
 
-def _mm(rows_decode: bool):
+def _mm(rows_decode: bool) -> Callable[[QuantTensor, np.ndarray], np.ndarray]:
     """The projection of a pass's rows: each decode row as a one-token step computes it."""
     return qmatvec.matvec_batch if rows_decode else qmatvec.project
 
@@ -75,7 +84,7 @@ class AltUpWeights:
 
     __slots__ = ("router", "router_norm", "predict", "correct", "correct_scale", "d_model")
 
-    def __init__(self, store, spec, i: int, source: str) -> None:
+    def __init__(self, store: WeightStore, spec: ModelSpec, i: int, source: str) -> None:
         a, d = spec.altup_inputs, spec.d_model
 
         def matrix(role: str, shape: tuple[int, int]) -> np.ndarray:
@@ -111,7 +120,7 @@ class LaurelWeights:
 
     __slots__ = ("left", "right", "norm")
 
-    def __init__(self, store, spec, i: int, source: str) -> None:
+    def __init__(self, store: WeightStore, spec: ModelSpec, i: int, source: str) -> None:
         names = [spec.layer_tensor(r, i) for r in ("laurel_l", "laurel_r", "laurel_post_norm")]
         for name in names:
             if not store.has(name):
@@ -146,7 +155,7 @@ class AltUpExpand:
             )
         self.proj, self.n, self.d = proj, n_streams, d_model
 
-    def run(self, rows) -> None:
+    def run(self, rows: Rows) -> None:
         h = rows.h
         n = h.shape[0]
         target = _rms(h)
@@ -160,7 +169,7 @@ class AltUpExpand:
     def bindable(self) -> bool:
         return False
 
-    def bind(self, rows):
+    def bind(self, rows: object) -> list:
         raise NotImplementedError("AltUpExpand runs on the general path only")
 
 
@@ -169,12 +178,12 @@ class AltUpPredict:
     stream the block updates (rows.h), normed for attention (rows.x), and the Laurel
     residual of that normed input (rows.laurel)."""
 
-    def __init__(self, spec, layer, index: int) -> None:
+    def __init__(self, spec: ModelSpec, layer: Layer, index: int) -> None:
         self.altup, self.laurel = layer.altup, layer.laurel
         self.norm, self.eps = layer.attn_norm, np.float64(spec.norm_eps)
         self.active = spec.altup_active
 
-    def run(self, rows) -> None:
+    def run(self, rows: Rows) -> None:
         s = rows.streams
         m = self.altup.modalities(s[self.active], self.eps)
         n, a = m.shape
@@ -188,7 +197,7 @@ class AltUpPredict:
     def bindable(self) -> bool:
         return False
 
-    def bind(self, rows):
+    def bind(self, rows: object) -> list:
         raise NotImplementedError("AltUpPredict runs on the general path only")
 
 
@@ -199,7 +208,7 @@ class LaurelResidual:
         self.post_norm, self.norm, self.eps = post_norm, norm, np.float64(eps)
         self.scale = np.float32(1.0 / math.sqrt(2.0))
 
-    def run(self, rows) -> None:
+    def run(self, rows: Rows) -> None:
         a = rmsnorm(rows.a, self.post_norm, self.eps)
         rows.h = (rows.h + a + rows.laurel) * self.scale
         rows.x = rmsnorm(rows.h, self.norm, self.eps)
@@ -207,7 +216,7 @@ class LaurelResidual:
     def bindable(self) -> bool:
         return False
 
-    def bind(self, rows):
+    def bind(self, rows: object) -> list:
         raise NotImplementedError("LaurelResidual runs on the general path only")
 
 
@@ -216,13 +225,13 @@ class AltUpCorrect:
     then the per-layer embedding (rows.ple), gated by the corrected active stream, added
     to every stream but the first."""
 
-    def __init__(self, spec, layer, index: int) -> None:
+    def __init__(self, spec: ModelSpec, layer: Layer, index: int) -> None:
         self.layer, self.index = layer, index
         self.altup = layer.altup
         self.eps = np.float64(spec.norm_eps)
         self.active = spec.altup_active
 
-    def run(self, rows) -> None:
+    def run(self, rows: Rows) -> None:
         pred, out, w = rows.streams, rows.h, self.altup
         m = w.modalities(out, self.eps)
         k = np.einsum("np,qp->nq", m, w.correct) + np.float32(1.0)  # [n, A]
@@ -242,7 +251,7 @@ class AltUpCorrect:
     def bindable(self) -> bool:
         return False
 
-    def bind(self, rows):
+    def bind(self, rows: object) -> list:
         raise NotImplementedError("AltUpCorrect runs on the general path only")
 
 
@@ -263,7 +272,7 @@ class AltUpMerge:
         self.projs = proj.stacked(n_streams - 1)
         self.n, self.norm, self.eps = n_streams, norm, np.float64(eps)
 
-    def run(self, rows) -> None:
+    def run(self, rows: Rows) -> None:
         s = rows.streams
         target = _rms(s[0])
         mm = _mm(rows.decode)
@@ -276,5 +285,5 @@ class AltUpMerge:
     def bindable(self) -> bool:
         return False
 
-    def bind(self, rows):
+    def bind(self, rows: object) -> list:
         raise NotImplementedError("AltUpMerge runs on the general path only")
