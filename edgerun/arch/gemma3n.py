@@ -56,8 +56,11 @@ ALTUP_TENSORS = {
     "altup_proj": "altup_proj.weight",
     "altup_unembd_proj": "altup_unembd_proj.weight",
 }
-# llama.cpp's gemma3n graph when a file has no '.activation_sparsity_scale': the first 10
-# layers cut at the 0.95 quantile of a normal (its n_layer_sparsity, f_sparsity_std_mul)
+# llama.cpp's gemma3n graph, which reads neither key, where a file lacks it: without
+# '.attention.shared_kv_layers' the first 20 layers store KV (its n_layer_kv_from_start);
+# without '.activation_sparsity_scale' the first 10 layers cut at the 0.95 quantile of a
+# normal (its n_layer_sparsity, f_sparsity_std_mul)
+DEFAULT_KV_LAYERS = 20
 DEFAULT_SPARSE_LAYERS = 10
 DEFAULT_SPARSITY_STD = 1.6448533535003662
 
@@ -92,7 +95,11 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     sliding = meta_layer_pattern(meta, f"{a}.attention.sliding_window_pattern", source, n, 5)
     window = meta_int(meta, f"{a}.attention.sliding_window", source, 0, lo=0, hi=1 << 24)
     base_swa = meta_float(meta, f"{a}.rope.freq_base_swa", source, 10000.0)
-    shared = meta_int(meta, f"{a}.attention.shared_kv_layers", source, 0, lo=0, hi=n)
+    # absent (files before the key): llama.cpp's fixed layout, KV stored by the first 20
+    shared = meta_int(
+        meta, f"{a}.attention.shared_kv_layers", source, max(0, n - DEFAULT_KV_LAYERS), lo=0,
+        hi=n,
+    )  # fmt: skip
     ple = meta_int(meta, f"{a}.embedding_length_per_layer_input", source, lo=1, hi=1 << 20)
     n_altup = meta_int(meta, f"{a}.altup.num_inputs", source, 4, lo=2, hi=16)
     active = meta_int(meta, f"{a}.altup.active_idx", source, 0, lo=0, hi=n_altup - 1)

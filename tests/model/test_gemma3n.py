@@ -276,3 +276,46 @@ except UnsupportedError as e:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Gemma 3n's activation sparsity" in r.stdout
+
+
+def _metadata() -> dict:
+    from edgerun.formats.gguf import read_gguf
+
+    return dict(read_gguf(DATA / "f32.gguf").metadata)
+
+
+def test_files_without_the_layout_keys_take_llama_cpps_fixed_layout():
+    """Files converted before the converter wrote them: KV stored by the first 20 layers,
+    the first 10 layers sparse at the 0.95 quantile (as llama.cpp's graph, which reads
+    neither key)."""
+    from edgerun.arch import spec_from_gguf
+
+    meta = _metadata()
+    n = 30  # E2B's layers, every fifth one full attention (the pattern's default)
+    meta.update({"gemma3n.block_count": n, "gemma3n.feed_forward_length": 128})
+    for key in ("attention.shared_kv_layers", "activation_sparsity_scale",
+                "attention.sliding_window_pattern"):  # fmt: skip
+        del meta[f"gemma3n.{key}"]
+    s = spec_from_gguf(meta, "e2b")
+    assert s.layer_kv_source == tuple(range(20)) + (18, 18, 18, 18, 19) * 2
+    assert s.layer_ffn_sparsity == (pytest.approx(1.6448533535003662),) * 10 + (None,) * 20
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("activation_sparsity_scale", [1.0, 2.0], "should be 6 numbers"),
+        ("activation_sparsity_scale", [float("nan")] * 6, "should be 6 numbers"),
+        ("altup.num_inputs", 1, "altup.num_inputs"),
+        ("altup.active_idx", 4, "altup.active_idx"),
+        ("attention.shared_kv_layers", 6, "no earlier"),
+    ],
+)
+def test_bad_metadata_is_a_clear_error(key, value, match):
+    from edgerun.arch import spec_from_gguf
+    from edgerun.errors import ModelFormatError
+
+    meta = _metadata()
+    meta[f"gemma3n.{key}"] = value
+    with pytest.raises(ModelFormatError, match=match):
+        spec_from_gguf(meta, "bad.gguf")
