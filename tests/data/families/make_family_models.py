@@ -744,8 +744,8 @@ VARIANTS = [
             "llama.cpp's gemma3n graph fixes E2B / E4B's layout rather than reading the "
             "file's: KV shared from layer 20 on, activation sparsity on the first 10 layers "
             "at 0.95 (whatever activation_sparsity_scale says), laurel rank 64 and 256 "
-            "per-layer values; this 6-layer model has none of those (it asks every layer "
-            "below 20 for its own attn_k / attn_v, which layers 4 and 5 do not have)"
+            "per-layer values; this 6-layer model has none of those, and llama.cpp refuses "
+            "to load it (per_layer_token_embd: expected 256 values per layer, found 16)"
         ),
         llama_cpp_loads=False,
     ),
