@@ -319,3 +319,26 @@ def test_bad_metadata_is_a_clear_error(key, value, match):
     meta[f"gemma3n.{key}"] = value
     with pytest.raises(ModelFormatError, match=match):
         spec_from_gguf(meta, "bad.gguf")
+
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def main(): return 0 if x else 1\n\n  Numbers like 12345",
+    "Ünïcödé ✓ not in the vocabulary, and\ttabs",
+    "  leading spaces and trailing  ",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_the_tokenizer_agrees_with_llama_cpp(model, text):
+    """The SentencePiece vocabulary the converter writes (no space prefix, as Gemma's);
+    llama.cpp reads it with vocab_only, as it cannot load this model's weights."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(str(DATA / "f32.gguf"), n_ctx=32, vocab_only=True, verbose=False)
+    try:
+        want = llm.tokenize(text.encode(), add_bos=True, special=True)
+    finally:
+        llm.close()
+    got = model.tokenize(text)
+    assert got == want
+    assert model.detokenize(got[1:]) == text
