@@ -734,6 +734,17 @@ def _print_per_layer_fields(s, transformer) -> None:
             f"{'per-layer emb:':<15}{s.per_layer_input} per layer, table "
             f"{ple.table_bytes / 1e6:.1f} MB (a lookup: tokens read their rows from storage)"
         )
+    if s.altup_inputs:
+        print(f"{'altup:':<15}{s.altup_inputs} streams, stream {s.altup_active} through the layers")
+    if s.laurel:
+        rank = transformer.layers[0].laurel.left.shape[0]
+        print(f"{'laurel:':<15}low-rank residual of rank {rank} beside attention")
+    cuts = sorted({m for m in s.layer_ffn_sparsity if m is not None})
+    if cuts:
+        on = "; ".join(
+            f"{m:.3g} on layers {_layers([x == m for x in s.layer_ffn_sparsity])}" for m in cuts
+        )
+        print(f"{'act. sparsity:':<15}FFN gate cut at its mean + std times {on}")
 
 
 def _print_experts(s, transformer, file_bytes: int) -> None:

@@ -60,7 +60,9 @@ PLE_TENSORS = {
 }
 
 
-def _per_layer(meta: dict[str, Any], key: str, source: str, n: int, default: int | None) -> list:
+def per_layer_ints(
+    meta: dict[str, Any], key: str, source: str, n: int, default: int | None
+) -> list:
     """An integer field given once or one per layer (llama.cpp's get_key_or_arr)."""
     value = meta.get(key, default)
     if value is None:
@@ -80,7 +82,9 @@ def _per_layer(meta: dict[str, Any], key: str, source: str, n: int, default: int
     return values
 
 
-def kv_sources(sliding: tuple[bool, ...], shared: int, source: str) -> tuple[int, ...]:
+def kv_sources(
+    sliding: tuple[bool, ...], shared: int, source: str, arch: str = "gemma4"
+) -> tuple[int, ...]:
     """Each layer's KV source: itself before the shared ones, else the last earlier
     layer of its kind that stores its own."""
     n = len(sliding)
@@ -94,7 +98,7 @@ def kv_sources(sliding: tuple[bool, ...], shared: int, source: str) -> tuple[int
         if not owners:
             kind = "sliding" if sliding[i] else "full"
             raise ModelFormatError(
-                f"{source}: layer {i} shares KV ('gemma4.attention.shared_kv_layers' = "
+                f"{source}: layer {i} shares KV ('{arch}.attention.shared_kv_layers' = "
                 f"{shared}) but no earlier {kind} attention layer stores any"
             )
         out.append(owners[-1])
@@ -104,8 +108,8 @@ def kv_sources(sliding: tuple[bool, ...], shared: int, source: str) -> tuple[int
 def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     a = "gemma4"
     n = meta_int(meta, f"{a}.block_count", source, hi=4096)
-    kv_heads = _per_layer(meta, f"{a}.attention.head_count_kv", source, n, None)
-    d_ff = _per_layer(meta, f"{a}.feed_forward_length", source, n, None)
+    kv_heads = per_layer_ints(meta, f"{a}.attention.head_count_kv", source, n, None)
+    d_ff = per_layer_ints(meta, f"{a}.feed_forward_length", source, n, None)
     # common_fields reads these as one number: give it the largest, which sizes the buffers
     flat = dict(meta)
     flat[f"{a}.attention.head_count_kv"] = max(kv_heads)

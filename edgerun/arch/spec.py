@@ -230,6 +230,17 @@ class ModelSpec:
     # per-layer embeddings (Gemma 4's PLE): > 0 is each layer's width of them
     per_layer_input: int = 0
     layer_output_scale: bool = False  # each layer's output times its own scalar (Gemma 4)
+    # Gemma 3n's AltUp (altup_inputs > 0): the residual stream is altup_inputs streams of
+    # d_model; each layer predicts them all from each other, runs the active one
+    # (altup_active) through attention and FFN, and corrects the others by what it did
+    # (model/altup.py)
+    altup_inputs: int = 0
+    altup_active: int = 0
+    laurel: bool = False  # a low-rank residual beside attention (Gemma 3n's Laurel block)
+    # per layer: the FFN gate's activation sparsity as the standard deviations above its
+    # mean where it is cut (Gemma 3n's gaussian top-k: relu(g - mean - std * this)); None
+    # on a dense layer; empty: every layer dense
+    layer_ffn_sparsity: tuple[float | None, ...] = ()
     layer_tensors: dict[str, str] = field(default_factory=lambda: dict(LAYER_TENSORS))
     global_tensors: dict[str, str] = field(default_factory=lambda: dict(GLOBAL_TENSORS))
 
@@ -261,6 +272,10 @@ class ModelSpec:
     def rope_freqs_of(self, i: int) -> bool:
         """Whether layer i's RoPE divides by the file's rope_freqs (when it has them)."""
         return self.layer_rope_freqs[i] if self.layer_rope_freqs else True
+
+    def ffn_sparsity_of(self, i: int) -> float | None:
+        """Layer i's FFN gate cutoff in standard deviations above the mean (None: dense)."""
+        return self.layer_ffn_sparsity[i] if self.layer_ffn_sparsity else None
 
     def kv_source(self, i: int) -> int:
         """The layer whose keys and values layer i attends to (i: its own)."""
@@ -913,6 +928,21 @@ def _validate_layered(spec: ModelSpec, bad: Callable[[str, str, Any], Exception]
     ple = spec.per_layer_input
     if isinstance(ple, bool) or not isinstance(ple, int) or not 0 <= ple <= _MAX_WIDTH:
         raise bad("per_layer_input", f"an integer in 0..{_MAX_WIDTH}", ple)
+    a = spec.altup_inputs
+    if isinstance(a, bool) or not isinstance(a, int) or a not in (0, *range(2, 17)):
+        raise bad("altup_inputs", "0 or an integer in 2..16", a)
+    act = spec.altup_active
+    if isinstance(act, bool) or not isinstance(act, int) or not 0 <= act < max(a, 1):
+        raise bad("altup_active", f"an integer in 0..{max(a, 1) - 1}", act)
+    if not isinstance(spec.laurel, bool) or (spec.laurel and not a):
+        raise bad("laurel", "true or false (true only with AltUp streams)", spec.laurel)
+    if len(spec.layer_ffn_sparsity) not in (0, n):
+        raise bad("layer_ffn_sparsity", f"empty or {n} entries", len(spec.layer_ffn_sparsity))
+    for m in spec.layer_ffn_sparsity:
+        if m is not None and (
+            isinstance(m, bool) or not isinstance(m, float) or not math.isfinite(m)
+        ):
+            raise bad("layer_ffn_sparsity", "finite floats or None per layer", m)
 
 
 def role_rows(spec: ModelSpec, role: str) -> int:

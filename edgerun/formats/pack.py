@@ -126,6 +126,8 @@ def spec_from_json(d: Any, source: str) -> ModelSpec:
                 v = tuple(int(t) for t in v)
             elif name in ("layer_rope_bases",):
                 v = tuple(float(t) for t in v)
+            elif name == "layer_ffn_sparsity":  # None on a dense layer
+                v = tuple(None if t is None else float(t) for t in v)
             elif name in ("fused_tensors", "layer_mixers"):
                 v = tuple(str(t) for t in v)
             elif name in ("layer_nope", "layer_rope_freqs"):

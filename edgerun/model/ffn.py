@@ -18,7 +18,7 @@ from edgerun.ops import qmatvec
 from edgerun.ops.activations import glu
 from edgerun.quant.formats import QuantTensor
 
-__all__ = ["FFNExecutor", "DenseFFN", "check_shapes", "decode_rows"]
+__all__ = ["FFNExecutor", "DenseFFN", "check_shapes", "decode_rows", "gaussian_topk"]
 
 
 class FFNExecutor(Protocol):
@@ -52,10 +52,21 @@ def check_shapes(tensors, source: str) -> None:
             )
 
 
-class DenseFFN:
-    """down(act(gate x) * up x) on three resident quantized matrices."""
+def gaussian_topk(g: np.ndarray, std_above: float) -> np.ndarray:
+    """Gemma 3n's activation sparsity of gate rows g [n, d_ff]: relu(g - cutoff) with the
+    cutoff each row's mean plus std_above of its standard deviations (the population's,
+    as transformers' _gaussian_topk; a normal's quantile keeps the top share of a row)."""
+    g64 = g.astype(np.float64)
+    mean = g64.mean(axis=-1, keepdims=True)
+    std = np.sqrt(np.mean((g64 - mean) ** 2, axis=-1, keepdims=True))
+    return np.maximum(g64 - (mean + std * std_above), 0.0).astype(np.float32)
 
-    __slots__ = ("gate", "up", "down", "activation", "d_model", "d_ff")
+
+class DenseFFN:
+    """down(act(gate x) * up x) on three resident quantized matrices; sparsity (not None,
+    Gemma 3n): the gate rows first through gaussian_topk with that many deviations."""
+
+    __slots__ = ("gate", "up", "down", "activation", "d_model", "d_ff", "sparsity")
 
     def __init__(
         self,
@@ -65,7 +76,9 @@ class DenseFFN:
         activation: str,
         expected: tuple[int, int] | None = None,
         source: str = "model",
+        sparsity: float | None = None,
     ) -> None:
+        self.sparsity = sparsity
         d_ff, d_model = expected if expected is not None else gate.shape
         check_shapes(
             ((gate, (d_ff, d_model)), (up, (d_ff, d_model)), (down, (d_model, d_ff))), source
@@ -76,10 +89,14 @@ class DenseFFN:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         gate, up = qmatvec.project_many((self.gate, self.up), x)
+        if self.sparsity is not None:
+            gate = gaussian_topk(gate, self.sparsity)
         return qmatvec.project(self.down, glu(gate, up, self.activation))
 
     def decode_batch(self, x: np.ndarray) -> np.ndarray:
         """Rows of different sequences' decode steps: weights read once, each row equal to
         the one-token result (qmatvec.matvec_batch)."""
         gate, up = qmatvec.matvec_batch_many((self.gate, self.up), x)
+        if self.sparsity is not None:
+            gate = gaussian_topk(gate, self.sparsity)
         return qmatvec.matvec_batch(self.down, glu(gate, up, self.activation))

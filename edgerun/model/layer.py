@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec
+from edgerun.model.altup import AltUpCorrect, AltUpPredict, LaurelResidual
 from edgerun.model.ffn import DenseFFN, FFNExecutor, decode_rows
 from edgerun.model.state_cache import LayerState, RecurrentMixer
 from edgerun.model.weights import AttentionProjections, ResidentProjections
@@ -92,6 +93,9 @@ class Layer:
         "ple_proj",
         "ple_post_norm",
         "out_scale",
+        # Gemma 3n: the AltUp parts and the Laurel block (model/altup.py; None without)
+        "altup",
+        "laurel",
     )
 
     attn_proj: AttentionProjections | None  # None in a recurrent layer
@@ -120,7 +124,10 @@ class Rows:
     layer without RoPE). states(layer) gives a recurrent layer's (ins, outs) states
     (state_cache.PassStates: one pair for a prompt, one per row for decode rows)."""
 
-    __slots__ = ("h", "x", "a", "positions", "decode", "attend", "rope", "states", "ple")
+    __slots__ = (
+        "h", "x", "a", "positions", "decode", "attend", "rope", "states", "ple", "streams",
+        "laurel",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -141,6 +148,10 @@ class Rows:
         self.rope = rope
         # per-layer embeddings [n, n_layers, width] (model/per_layer.py), None without
         self.ple: np.ndarray | None = None
+        # Gemma 3n: the AltUp streams [A, n, d_model] and the layer's Laurel residual
+        # (model/altup.py), None without
+        self.streams: np.ndarray | None = None
+        self.laurel: np.ndarray | None = None
 
 
 class BoundRows:
@@ -466,7 +477,7 @@ class FeedForward:
         # the bound buffers are spec.d_ff wide: a layer of its own width (Gemma 4's
         # double-wide FFNs) takes the general path
         ffn = self.layer.ffn
-        return type(ffn) is DenseFFN and ffn.d_ff == self.spec.d_ff
+        return type(ffn) is DenseFFN and ffn.d_ff == self.spec.d_ff and ffn.sparsity is None
 
     def bind(self, rows: BoundRows) -> list[Call | object]:
         ffn = self.layer.ffn
@@ -529,6 +540,17 @@ def layer_steps(
             AddAttention(),
             FeedForward(spec, layer),
             Residual(None, next_norm, eps, scale, kind),
+        ]
+    if spec.altup_inputs:  # Gemma 3n: AltUp streams around the block, Laurel beside it
+        # (the transformer adds the streams' expansion before the first layer and their
+        # merge after the last: AltUpExpand, AltUpMerge)
+        return [
+            AltUpPredict(spec, layer, index),
+            mixer,
+            LaurelResidual(layer.post_attn_norm, layer.ffn_norm, eps),
+            FeedForward(spec, layer),
+            Residual(layer.post_ffn_norm, None, eps, scale, kind),
+            AltUpCorrect(spec, layer, index),
         ]
     if spec.per_layer_input or spec.layer_output_scale:  # Gemma 4
         # experts beside the MLP read the stream and norm each part's input themselves

@@ -13,6 +13,7 @@ import numpy as np
 
 from edgerun.arch.spec import ModelSpec
 from edgerun.errors import ModelFormatError
+from edgerun.model.altup import AltUpExpand, AltUpMerge, AltUpWeights, LaurelWeights
 from edgerun.model.decode_step import DecodeStep
 from edgerun.model.ffn import DenseFFN, FFNExecutor
 from edgerun.model.kvcache import (
@@ -95,6 +96,8 @@ class Transformer:
                 setattr(layer, slot, store.vector(spec.layer_tensor(role, i)) if wanted else None)
             self._optional_biases(layer, i)
             self._per_layer_parts(layer, i)
+            layer.altup = AltUpWeights(store, spec, i, source) if spec.altup_inputs else None
+            layer.laurel = LaurelWeights(store, spec, i, source) if spec.laurel else None
             layer.ffn = store.ffn(spec, i)
             self._check_shapes(layer, i, source)
             # q, k, v, o stay for shape checks and footprints; the projections go through
@@ -112,6 +115,12 @@ class Transformer:
         self.program: list[list[Step]] = [
             layer_steps(spec, layer, i, self._norm_after(i)) for i, layer in enumerate(self.layers)
         ]
+        if spec.altup_inputs:  # Gemma 3n: the AltUp streams open and close the program
+            a, d = spec.altup_inputs, spec.d_model
+            proj, unembd = (self._global_matrix(r) for r in ("altup_proj", "altup_unembd_proj"))
+            self.program[0].insert(0, AltUpExpand(proj, a, d, source))
+            merge = AltUpMerge(unembd, a, d, self.output_norm, spec.norm_eps, source)
+            self.program[-1].append(merge)
         # A store may stream the head's rows under a budget (offload/store.py): logits
         # then come from its executor, asked for after the layers (the stream's order)
         head_of = getattr(store, "head_executor", None)
@@ -252,6 +261,13 @@ class Transformer:
         name = self.spec.layer_tensor(role, i)
         if not self.store.has(name):
             raise ModelFormatError(f"{self._source}: tensor '{name}' (layer {i}) is missing")
+        return self.store.matrix(name)
+
+    def _global_matrix(self, role: str) -> QuantTensor:
+        """A model-wide matrix of a role, a clear error where the file lacks it."""
+        name = self.spec.global_tensors[role]
+        if not self.store.has(name):
+            raise ModelFormatError(f"{self._source}: tensor '{name}' is missing")
         return self.store.matrix(name)
 
     def _per_layer_parts(self, layer: Layer, i: int) -> None:

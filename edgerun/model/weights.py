@@ -223,6 +223,7 @@ class ResidentStore:
             spec.activation,
             expected=(spec.d_ff_of(layer), spec.d_model),
             source=self._source,
+            sparsity=spec.ffn_sparsity_of(layer),
         )
 
     def resident_bytes(self) -> int:

@@ -560,6 +560,13 @@ class Loader:
                 self.store.flash_reader.throttle = self.device_profile.throttle()
             self.transformer = Transformer(self.spec, self.store, str(self.path))
         elif self.plan.mode != "resident":
+            if any(m is not None for m in self.spec.layer_ffn_sparsity):
+                raise UnsupportedError(
+                    f"{self.path}: offload mode 'sparse' predicts which FFN neurons a token "
+                    "needs, and this model's FFNs cut their gates by their own statistics "
+                    "(Gemma 3n's activation sparsity), which that prediction does not "
+                    "compute; leave --offload out (dense streaming under the budget)"
+                )
             m = registry.find_by_file(self.path)
             bundle, cal = prepare(
                 self.path,

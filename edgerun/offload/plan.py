@@ -968,10 +968,16 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
     # Gemma 4's per-layer embedding gate and projection: matrices every token multiplies,
     # held with the attention (their table is a lookup: per_layer_table_bytes)
     attn_extra += tuple(r for r in ("ple_gate", "ple_proj") if r in spec.layer_tensors)
+    # Gemma 3n's AltUp router and coefficients and Laurel's low-rank pair: the same
+    attn_extra += tuple(
+        r for r in ("altup_router", "altup_predict_coef", "altup_correct_coef", "laurel_l",
+                    "laurel_r") if r in spec.layer_tensors
+    )  # fmt: skip
     norm_roles = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm")
     norm_roles += tuple(
-        r for r in ("ple_post_norm", "layer_output_scale") if r in spec.layer_tensors
-    )
+        r for r in ("ple_post_norm", "layer_output_scale", "altup_router_norm",
+                    "altup_correct_scale", "laurel_post_norm") if r in spec.layer_tensors
+    )  # fmt: skip
     attention = norms = dense_ffn = 0
     att_fmt: dict[str, int] = {}
     ffn_fmt: dict[str, int] = {}
@@ -1004,7 +1010,8 @@ def footprint(spec, reader, kv_type: str = "f32", down_format: str = "Q8_0") -> 
     head = size.get(g["output"], 0)
     norms += size.get(g["output_norm"], 0)
     per_layer_table = size.get(g.get("ple_token_embd", ""), 0)
-    for role in ("ple_model_proj", "ple_proj_norm"):  # resident beside the attention
+    # resident beside the attention (Gemma 3n's AltUp projections too)
+    for role in ("ple_model_proj", "ple_proj_norm", "altup_proj", "altup_unembd_proj"):
         name = g.get(role, "")
         if name in names:
             attention += size[name]

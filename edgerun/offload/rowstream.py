@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgerun.errors import InvalidArgumentError
+from edgerun.model.ffn import gaussian_topk
 from edgerun.offload.io import ALIGN, DirectReader, aligned_empty
 from edgerun.ops import qmatvec
 from edgerun.ops.activations import glu
@@ -364,9 +365,11 @@ class StreamedFFN:
         activation: str,
         stream: RowStream,
         stats: StreamStats,
+        sparsity: float | None = None,
     ) -> None:
         self.gate, self.up, self.down = gate, up, down
         self.activation = activation
+        self.sparsity = sparsity  # Gemma 3n's gate sparsity (model/ffn.gaussian_topk)
         self.stream = stream
         self.stats = stats
         self.d_ff, self.d_model = gate.template.shape
@@ -376,6 +379,8 @@ class StreamedFFN:
         g = self.gate.project(s, x, st)
         u = self.up.project(s, x, st)
         t0 = time.perf_counter()
+        if self.sparsity is not None:
+            g = gaussian_topk(g, self.sparsity)
         h = glu(g, u, self.activation)
         st.compute_s += time.perf_counter() - t0
         return self.down.project(s, h, st)
@@ -389,6 +394,8 @@ class StreamedFFN:
         g = self.gate.project(s, x, st, decode=True)
         u = self.up.project(s, x, st, decode=True)
         t0 = time.perf_counter()
+        if self.sparsity is not None:
+            g = gaussian_topk(g, self.sparsity)
         h = glu(g, u, self.activation)
         st.compute_s += time.perf_counter() - t0
         return self.down.project(s, h, st, decode=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgerun.arch.spec import ModelSpec
-from edgerun.errors import InvalidArgumentError, ModelFormatError
+from edgerun.errors import InvalidArgumentError, ModelFormatError, UnsupportedError
 from edgerun.model.ffn import FFNExecutor
 from edgerun.model.weights import ResidentStore
 from edgerun.offload.bundle import Bundle, ensure_bundle
@@ -276,6 +276,12 @@ class OffloadStore(ResidentStore):
 
     def ffn(self, spec: ModelSpec, layer: int) -> FFNExecutor:
         self.check_vectors(spec, layer)  # as ResidentStore.ffn: norms against the spec
+        if spec.ffn_sparsity_of(layer) is not None:  # its predictor skips other neurons
+            raise UnsupportedError(
+                f"{self._source}: layer {layer}'s FFN cuts its gate by its own statistics "
+                "(Gemma 3n's activation sparsity), which the sparse offload plan does not "
+                "compute; run it resident or under a dense streaming plan"
+            )
         p, o = self.plan, self.options
         from edgerun.quant.formats import QuantTensor
 
@@ -671,14 +677,16 @@ class DenseStreamStore(ResidentStore):
         d_ff = spec.d_ff_of(layer)  # a layer's own width (Gemma 4's double-wide FFNs)
         if layer in self.skip:  # replaced by a device executor: mapped views, never read
             return DenseFFN(
-                *views, spec.activation, expected=(d_ff, spec.d_model), source=self._source
-            )
+                *views, spec.activation, expected=(d_ff, spec.d_model), source=self._source,
+                sparsity=spec.ffn_sparsity_of(layer),
+            )  # fmt: skip
         ff, dm = (d_ff, spec.d_model), (spec.d_model, d_ff)
         check_shapes(zip(views, (ff, ff, dm)), self._source)  # before any row is read
         h = min(d_ff, self.held_neurons)
         h_down = self._share_rows(h, spec.d_model)
         gate, up, down = (self._split(n, k) for n, k in zip(names, (h, h, h_down)))
-        return StreamedFFN(gate, up, down, spec.activation, self.row_stream, self.stats)
+        return StreamedFFN(gate, up, down, spec.activation, self.row_stream, self.stats,
+                           spec.ffn_sparsity_of(layer))  # fmt: skip
 
     @property
     def flash_reader(self):

@@ -65,6 +65,7 @@ FAMILIES_TESTED = [
     "lfm2moe",
     "gemma4",
     "gemma4-moe",
+    "gemma3n",
     "qwen35",
     "qwen35moe",
     "granitehybrid",
