@@ -443,10 +443,12 @@ def _deq_row(kind, row, dst):
     """deq_row's body, inlined where kind is a constant: the other formats' branches are
     pruned before typing, so only that format's dequantiser compiles."""
     cols = dst.shape[0]
+    # kind as a plain int64 (not the literal a constant kind is typed as): deq_grid and
+    # _deq_new compile once for all of their formats, not once per format
     if kind >= KIND_IQ2_XXS:
-        deq_grid(kind, row, dst)
+        deq_grid(np.int64(kind), row, dst)
     elif kind >= KIND_Q5_1:
-        _deq_new(kind, row, dst)
+        _deq_new(np.int64(kind), row, dst)
     elif kind == KIND_F32:
         for j in range(cols):
             dst[j] = _bitsf32(row, 4 * j)
