@@ -144,7 +144,7 @@ class DecodeStep:
         model = self.model
         r = self._bound(1, [cache])
         head = (qmatvec.matvec, (model.output, r.x[0]))
-        embed = (model.embed, (model.check_ids([0]),))  # a K-quant's row dequantiser: 6 s
+        embed = (model.embed, (model.check_ids([0]),))  # its format's row dequantiser
         calls: dict = {"embed": embed, "head": head}
         for kernel, args in r.calls:
             if isinstance(kernel, Dispatcher):

@@ -168,15 +168,8 @@ def _gemm(kind: int) -> Callable:
     return gemm
 
 
-def _embedding_rows(kind: int) -> Callable:
-    def embedding_rows(data, ids, out):
-        _p.embedding_rows_kernel(kind, data, ids, out)
-
-    return embedding_rows
-
-
 def _portable(kind: int) -> dict:
-    return {"gemm": _gemm(kind), "embedding_rows": _embedding_rows(kind)}
+    return {"gemm": _gemm(kind), "embedding_rows": _p.embedding_rows_kernel(kind)}
 
 
 TRAITS: dict[QuantType, Traits] = {

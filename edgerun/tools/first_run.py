@@ -133,7 +133,8 @@ class FirstRun:
         until the first step may run."""
         decode = [*DECODE_KERNEL_PARTS, "decode"] if "decode" in parts else []
         later = [p for p in parts if p not in decode and p != "tokenizer"]
-        self.pool.submit([*decode, *later], first=True)
+        self.pool.submit(decode, first=True)
+        self.pool.submit(later)  # behind the decode step's: the first token waits for none
         engine = model.engine
         if decode:
             self.first_step = list(DECODE_KERNEL_PARTS)

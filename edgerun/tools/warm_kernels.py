@@ -13,6 +13,10 @@ Two modes:
   engine.WarmUp counts them; S: seconds since its start).
   Its compiles hold runtime/numba_cache_lock's per-function lock: its siblings write
   the same cache.
+  With EDGERUN_COMPILE_LOG=FILE in the environment each child appends one line per
+  compile to FILE (`pid end depth seconds part name`: the wall clock at its end, its
+  nesting depth, its own CPU seconds with the nested ones' left out, the part that ran
+  it), which benchmarks/ttft.py --cold reads to tell what compiled before the first token.
 
 Both load stand-in weights (offload/stand_in.py, unless --real-weights): the file's
 tensor table with zero pages for rows and interleaved copies, so a child holds Numba's
@@ -39,17 +43,27 @@ def _anonymous_bytes() -> int:
 
 
 def _watch_compiles(
-    ceiling: int | None, started: float, counts: list[int], announce: bool = False
+    ceiling: int | None,
+    started: float,
+    counts: list[int],
+    announce: bool = False,
+    part: list[str] | None = None,
 ) -> None:
     """Count Numba's top-level compiles into counts[0] and all of them, the nested ones
     included (what engine.WarmUp counts), into counts[1] (announce: print `fn NAME` after
     each top-level one). With a ceiling: before each one after the first, exit with PARTIAL once
     anonymous memory passed it (what was compiled is cached by then: Numba saves a
-    function as its compile ends, before the next starts)."""
+    function as its compile ends, before the next starts). part[0]: the part running now,
+    for EDGERUN_COMPILE_LOG's lines."""
     from numba.core import event
+
+    log_path = os.environ.get("EDGERUN_COMPILE_LOG")
+    log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115 - till exit
+    where = part if part is not None else ["-"]
 
     class Ceiling(event.Listener):
         depth = 0
+        cpu: list[list[float]] = []  # per open compile: its start, its nested ones' CPU
 
         def on_start(self, ev: event.Event) -> None:
             over = ceiling is not None and counts[0] > 0 and _anonymous_bytes() > ceiling
@@ -58,13 +72,24 @@ def _watch_compiles(
                 os._exit(PARTIAL)
             self.depth += 1
             counts[1] += 1
+            self.cpu.append([time.process_time(), 0.0])
 
         def on_end(self, ev: event.Event) -> None:
             self.depth -= 1
+            t0, nested = self.cpu.pop()
+            spent = time.process_time() - t0
+            if self.cpu:
+                self.cpu[-1][1] += spent
+            func = getattr(ev.data.get("dispatcher"), "py_func", None)
+            name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
+            if log is not None:
+                own = spent - nested
+                log.write(
+                    f"{os.getpid()} {time.time():.3f} {self.depth} {own:.3f} {where[0]} {name}\n"
+                )
             if self.depth == 0:
                 counts[0] += 1
                 if announce:
-                    func = getattr(ev.data.get("dispatcher"), "py_func", None)
                     print(f"fn {getattr(func, '__qualname__', '?')}", flush=True)
 
     event.register("numba:compile", Ceiling())
@@ -91,7 +116,7 @@ def stand_in_weights(on: bool = True) -> Iterator[None]:
         api.read_gguf, qmatvec.interleave = read, interleave
 
 
-def _serve(a: argparse.Namespace, started: float, counts: list[int]) -> int:
+def _serve(a: argparse.Namespace, started: float, counts: list[int], now: list[str]) -> int:
     import edgerun
     from edgerun.runtime.numba_cache_lock import install
 
@@ -103,6 +128,7 @@ def _serve(a: argparse.Namespace, started: float, counts: list[int]) -> int:
     for line in sys.stdin:
         part = line.strip()
         if part:
+            now[0] = part
             m.engine.warm_part(part)
             print(f"done {part} {counts[1]} {time.perf_counter() - started:.1f}", flush=True)
     print(f"compiled {counts[1]} {time.perf_counter() - started:.1f}", flush=True)
@@ -139,9 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     started = time.perf_counter()
     counts = [0, 0]
-    _watch_compiles(a.stop_above, started, counts, announce=a.serve)
+    now = ["load"]  # the part running
+    _watch_compiles(a.stop_above, started, counts, announce=a.serve, part=now)
     if a.serve:
-        return _serve(a, started, counts)
+        return _serve(a, started, counts, now)
     from edgerun.api import load
 
     # the budgeted parent runs the row kernels (interleaved copies are resident-only)

@@ -89,13 +89,15 @@ print(json.dumps(dict(warm=warm, after=signatures(), held=m.store.held_neurons))
 # A stand-in child speaking tools/warm_kernels.py --serve's lines (no Numba: fast), which
 # exits with status 3 when handed the part "die".
 _FAKE_CHILD = """
-import sys
+import sys, time
+delay = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0  # seconds a part takes
 print("loaded 2 0.1", flush=True)
 n = 2
 for line in sys.stdin:
     part = line.strip()
     if part == "die":
         sys.exit(3)
+    time.sleep(delay)
     print(f"fn kernel_{part}", flush=True)
     n += 3
     print(f"done {part} {n} 0.2", flush=True)
@@ -218,6 +220,74 @@ def test_first_run_prints_whole_lines_off_a_terminal(fake_model):
     assert sorted(run.pool.state.done) == ["decode", "prompt", "tokenizer"]
     assert warm.processes == run.pool.processes and warm.compiled == run.pool.compiled()
     assert "processes" in str(warm)
+
+
+def test_the_first_token_waits_for_no_prompt_kernel(fake_model):
+    """A first answer's children compile the decode step's kernels before the prompt's
+    ("prompt", "gemm"): the first token waits for the decode step's alone (the prompt
+    takes one-token steps meanwhile). One child, so the parts run in the queue's order."""
+    import io
+    from types import SimpleNamespace
+
+    from edgerun.generate.engine import DECODE_KERNEL_PARTS
+    from edgerun.tools.first_run import FirstRun
+
+    cmd = [sys.executable, "-c", _FAKE_CHILD, "0.2"]
+    started = ["tokenizer", *DECODE_KERNEL_PARTS, "decode", "prompt"]  # as `generate` does
+    run = FirstRun.start(fake_model, "f32", started, stream=io.StringIO(), workers=1, command=cmd)
+    assert run is not None
+    run.wait_loaded()
+    transformer = SimpleNamespace(decode_kernels=lambda cache: [None] * len(DECODE_KERNEL_PARTS))
+    engine = SimpleNamespace(new_cache=lambda n: None, transformer=transformer)
+    model = SimpleNamespace(engine=engine, warm_up=lambda parts: None)
+    # a prompt long enough for the GEMMs (SmolLM2's README question: Engine.answer_parts)
+    run.warm(model, ("tokenizer", "prompt", "gemm", "decode"))
+    assert run.first_step == list(DECODE_KERNEL_PARTS)
+    engine.kernels_pending()  # the first one-token step's wait
+    st = run.pool.state
+    assert set(DECODE_KERNEL_PARTS) <= set(st.done)
+    assert "prompt" not in st.done and "gemm" not in st.done  # still to come
+    run.wait_all()
+    run.finish()
+    order = list(st.done)
+    assert order.index("gemm") > order.index("decode") > max(map(order.index, DECODE_KERNEL_PARTS))
+
+
+def test_an_embedding_kernel_compiles_its_own_format_alone(tmp_path):
+    """The decode step's embedding kernel of one format compiles that format's
+    dequantiser, not every format's (deq_row, its grid and newer formats' branches),
+    and gives the reference's rows. On an empty cache, in a process of its own."""
+    code = """
+import json
+import numpy as np
+from numba.core import event
+from edgerun.ops import qmatvec
+from edgerun.quant.formats import QuantTensor, QuantType, row_bytes
+from edgerun.quant.reference import dequantize
+
+rng = np.random.default_rng(0)
+names, equal = [], []
+class Names(event.Listener):
+    def on_start(self, ev):
+        names.append(ev.data["dispatcher"].py_func.__qualname__)
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Names())
+for q in (QuantType.Q8_0, QuantType.Q4_K):
+    data = rng.integers(0, 256, (8, row_bytes(q, 256)), dtype=np.uint8)
+    rows = qmatvec.embedding_rows(QuantTensor("w", q, (8, 256), data), np.array([5, 2]))
+    ref = dequantize(q, data)[[5, 2]]  # random f16 scales: some inf or NaN, in both
+    equal.append(bool(np.array_equal(rows, ref, equal_nan=True)))
+print(json.dumps(dict(names=names, equal=equal)))
+"""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))  # cold
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["equal"] == [True, True]
+    kernels = [n for n in res["names"] if "embedding_rows" in n]
+    assert len(kernels) == 2, res["names"]  # one a format
+    assert not {"deq_row", "_deq_new", "deq_grid"} & set(res["names"]), res["names"]
 
 
 # -- Numba's cache written by several processes (runtime/numba_cache_lock.py)

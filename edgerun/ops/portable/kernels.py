@@ -330,9 +330,11 @@ def iq4xs_scale(blk, j):
     return (lo | (((sh >> (2 * j)) & 3) << 4)) - 32
 
 
-@njit(inline="always")
+@njit(cache=True, nogil=True)
 def _deq_new(kind, row, dst):
-    """deq_row for DEQ_KINDS (the formats read through a dequantized row)."""
+    """deq_row for DEQ_KINDS (the formats read through a dequantized row). Not inlined:
+    Numba copies an inlined function's IR at each call site, which a kernel for one of
+    deq_row's other formats would pay for before pruning this branch."""
     cols = dst.shape[0]
     if kind == KIND_Q5_1:
         for b in range(cols // 32):
@@ -433,11 +435,20 @@ def mv_deq(kind, data, x, out):
 @njit(cache=True, nogil=True)
 def deq_row(kind, row, dst):
     """Dequantize one row of raw bytes into dst (float32 [cols]), same float ops as reference."""
+    _deq_row(kind, row, dst)
+
+
+@njit(inline="always")
+def _deq_row(kind, row, dst):
+    """deq_row's body, inlined where kind is a constant: the other formats' branches are
+    pruned before typing, so only that format's dequantiser compiles."""
     cols = dst.shape[0]
+    # kind as a plain int64 (not the literal a constant kind is typed as): deq_grid and
+    # _deq_new compile once for all of their formats, not once per format
     if kind >= KIND_IQ2_XXS:
-        deq_grid(kind, row, dst)
+        deq_grid(np.int64(kind), row, dst)
     elif kind >= KIND_Q5_1:
-        _deq_new(kind, row, dst)
+        _deq_new(np.int64(kind), row, dst)
     elif kind == KIND_F32:
         for j in range(cols):
             dst[j] = _bitsf32(row, 4 * j)
@@ -531,10 +542,20 @@ def _bitsf32(row, i):
     return u2f(u)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def embedding_rows_kernel(kind, data, ids, out):
-    for i in prange(ids.shape[0]):
-        deq_row(kind, data[ids[i]], out[i])
+def embedding_rows_kernel(kind: int):
+    """The kernel embedding_rows(data, ids, out) of one format: out[i] = row ids[i] of
+    data dequantized. One compiled kernel per format: kind is a constant of each, so the
+    inlined dequantiser keeps that format's branch alone, where a kernel taking kind as an
+    argument compiled every format's (a first run's decode step waits for it: SmolLM2's
+    Q8_0 embedding took 21.5 s of compile CPU that way). Numba's cache keys each by its
+    kind (a closure's cell)."""
+
+    @njit(cache=True, nogil=True)
+    def embedding_rows(data, ids, out):
+        for i in range(ids.shape[0]):
+            _deq_row(kind, data[ids[i]], out[i])
+
+    return embedding_rows
 
 
 # --------------------------------------------------------------------------- matmul
