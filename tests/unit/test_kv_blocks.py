@@ -1,7 +1,7 @@
 """KV caches of q8_0 / q4_0 blocks (ops/kv_blocks.py): rows rotated (R x) then quantised
-into ggml's blocks (q4_0's scale searched for the least error), every attention kernel reading them in place against the float64
-reference on the same dequantised values; batched decode rows equal single ones bit for
-bit."""
+into ggml's blocks (q4_0's scale searched for the least error), every attention kernel
+reading them in place against the float64 reference on the same dequantised values;
+batched decode rows equal single ones bit for bit."""
 
 from __future__ import annotations
 
