@@ -23,8 +23,9 @@ Head sizes 64, 128 and 256 take it (`supports`).
 
 Keys and values are addressed in values (position * head_dim + column) whatever the
 cache holds: f32 and f16 rows are read in place; q8_0 / q4_0 blocks (ops/kv_blocks.py)
-are dequantised as a job reaches them, 16 key rows at a time into an L1 buffer that
-every head of the group scores, and the chunk's value rows into a buffer of the job's.
+are read in place too (ops/kv_dot.py): keys scored in int16 multiply-adds against the
+job's query rounded to int16 where the CPU has an int8 dot, else in float; value blocks
+widened in registers, once for two or three heads of the group.
 Those blocks hold rotated rows (kv_blocks: R k, R v): the query is rotated once before
 the jobs and the merged output turned back once after them.
 """
@@ -57,7 +58,14 @@ from edgerun.ops.kv_blocks import (
     unrotate_output,
     values,
 )
-from edgerun.ops.kv_dot import block_axpy2, scores16_blocks
+from edgerun.ops.kv_dot import (
+    INT_DOT,
+    block_axpy2,
+    block_axpy3,
+    quantize_query,
+    scores16_blocks,
+    scores16_iblocks,
+)
 
 CHUNK = 256  # most positions a job scores (a multiple of 16)
 JOBS = 8  # fewest jobs a sequence is cut into, where each gets MIN_CHUNK positions
@@ -208,6 +216,29 @@ def _score_keys(HD, q, qb, group, kf, kr, nk, chunk, scale, sc):
 
 @overload(_score_keys, inline="always", prefer_literal=True)
 def _score_keys_impl(HD, q, qb, group, kf, kr, nk, chunk, scale, sc):
+    if (
+        kf.dtype in (types.int8, types.uint8)
+        and INT_DOT
+        and getattr(HD, "literal_value", 1) % 64 == 0
+    ):
+        bb = BLOCK_BYTES[np.dtype(kf.dtype.name)]
+
+        def int_blocks(HD, q, qb, group, kf, kr, nk, chunk, scale, sc):
+            hd = HD
+            nb = hd // BLOCK
+            rb = nb * bb  # a row's bytes
+            kb = kr // BLOCK * bb
+            qw = np.empty(group * hd, np.int16)
+            qd = np.empty(group * nb, np.float32)
+            for g in range(group):
+                quantize_query(q, qb + g * hd, hd, qw[g * hd :], qd[g * nb :])
+            for tb in range(0, nk, 16):
+                nv = min(16, nk - tb)
+                for g in range(group):
+                    scores16_iblocks(HD, qw, g * hd, qd, g * nb, kf, kb + tb * rb, nv, scale,
+                                     sc, g * chunk + tb)  # fmt: skip
+
+        return int_blocks
     if kf.dtype in (types.int8, types.uint8):  # q8_0 / q4_0 blocks, read in place
         bb = BLOCK_BYTES[np.dtype(kf.dtype.name)]
 
@@ -250,7 +281,23 @@ def _weigh_values_impl(HD, po, o0, group, sc, chunk, vf, vr, nk):
             rb = hd // BLOCK * bb
             vb = vr // BLOCK * bb
             a0, a1, b0, b1 = stack16(), stack16(), stack16(), stack16()
+            c0, c1 = stack16(), stack16()
             one = np.float32(1.0)
+            if group % 3 == 0:  # three heads a pass (block_axpy3)
+                for g in range(0, group, 3):
+                    for blk in range(hd // BLOCK):
+                        for a in (a0, a1, b0, b1, c0, c1):
+                            zero16(a)
+                        at = vb + blk * bb
+                        for t in range(nk):
+                            block_axpy3(a0, a1, b0, b1, c0, c1, sc[g * chunk + t],
+                                        sc[(g + 1) * chunk + t], sc[(g + 2) * chunk + t], vf,
+                                        at + t * rb)  # fmt: skip
+                        c = blk * BLOCK
+                        for h, x0, x1 in ((g, a0, a1), (g + 1, b0, b1), (g + 2, c0, c1)):
+                            store16(po, o0 + h * hd + c, x0, one)
+                            store16(po, o0 + h * hd + c + 16, x1, one)
+                return
             for g in range(0, group, 2):
                 h = min(g + 1, group - 1)  # an odd group's last head pairs with itself
                 for blk in range(hd // BLOCK):

@@ -104,7 +104,8 @@ def test_quantised_cache_bytes_are_exact_fractions_of_f16(kv_type, ratio) -> Non
 @pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
 def test_quantised_cache_stores_ggml_blocks(kv_type) -> None:
     """Rows are ggml's blocks of the rotated values R x (quant/legacy's reference
-    quantiser; ops/kv_blocks.rotate_rows applies R)."""
+    quantiser; ops/kv_blocks.rotate_rows applies R): q8_0's byte for byte, q4_0's in
+    ggml's layout with a scale no worse than ggml's in any block."""
     from edgerun.ops.kv_blocks import rotate_rows
     from edgerun.quant.legacy import Q4_0, Q8_0
 
@@ -119,7 +120,13 @@ def test_quantised_cache_stores_ggml_blocks(kv_type) -> None:
         rx = x.transpose(1, 0, 2).reshape(-1, 64).copy()
         rotate_rows(rx)
         want = fmt.quantize_blocks(rx.reshape(-1, 32)).reshape(2, 3, -1)
-        assert np.array_equal(got[2, :, 5:8].view(np.uint8), want)
+        rows = got[2, :, 5:8].view(np.uint8)
+        if kv_type == "q8_0":
+            assert np.array_equal(rows, want)
+        else:
+            err = ((fmt.dequantize_blocks(rows.reshape(-1, 18)) - rx.reshape(-1, 32)) ** 2).sum(1)
+            ggml = ((fmt.dequantize_blocks(want.reshape(-1, 18)) - rx.reshape(-1, 32)) ** 2).sum(1)
+            assert np.all(err <= ggml * 1.0001 + 1e-30)
         assert not got[2, :, :5].any() and not got[1].any()
 
 
