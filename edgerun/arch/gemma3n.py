@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from edgerun.arch.gemma3 import gemma_switches
 from edgerun.arch.gemma4 import PLE_TENSORS, kv_sources, per_layer_ints
 from edgerun.arch.spec import (
     GLOBAL_TENSORS,
@@ -105,15 +106,8 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     active = meta_int(meta, f"{a}.altup.active_idx", source, 0, lo=0, hi=n_altup - 1)
     return ModelSpec(
         **fields,
-        rope_style="neox",
-        activation="gelu_tanh",
-        qk_norm=True,
-        post_norms=True,
-        embed_scale=math.sqrt(fields["d_model"]),
+        **gemma_switches(meta, a, source, fields["d_model"]),
         attention_scale=1.0,
-        final_logit_softcap=meta_float(
-            meta, f"{a}.final_logit_softcapping", source, 0.0, lo_open=False
-        ),
         layer_windows=tuple(window if s else 0 for s in sliding),
         layer_rope_bases=tuple(base_swa if s else fields["rope_base"] for s in sliding),
         layer_d_ff=tuple(d_ff) if len(set(d_ff)) > 1 else (),

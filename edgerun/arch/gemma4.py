@@ -29,9 +29,9 @@ scaled per expert (ffn_down_exps.scale), gate and up fused in one tensor.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from edgerun.arch.gemma3 import gemma_switches
 from edgerun.arch.spec import (
     GLOBAL_TENSORS,
     LAYER_TENSORS,
@@ -146,15 +146,8 @@ def spec_from_gguf(meta: dict[str, Any], source: str) -> ModelSpec:
     fields.update(head_dim=max(head_dims), rope_dim=max(rope_full, rope_swa))
     return ModelSpec(
         **fields,
-        rope_style="neox",
-        activation="gelu_tanh",
-        qk_norm=True,
-        post_norms=True,
-        embed_scale=math.sqrt(fields["d_model"]),
+        **gemma_switches(meta, a, source, fields["d_model"]),
         attention_scale=1.0,
-        final_logit_softcap=meta_float(
-            meta, f"{a}.final_logit_softcapping", source, 0.0, lo_open=False
-        ),
         layer_windows=tuple(window if s else 0 for s in sliding),
         layer_rope_bases=tuple(base_swa if s else fields["rope_base"] for s in sliding),
         layer_head_dims=head_dims,
