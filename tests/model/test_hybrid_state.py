@@ -59,7 +59,9 @@ def test_one_token_steps_follow_the_prompt_pass(hybrid):
     full_cache, step_cache = KVCache(hybrid.spec, 64), KVCache(hybrid.spec, 64)
     full = tr.forward(ids, full_cache, all_logits=True)
     steps = np.stack([tr.forward([t], step_cache) for t in ids])
-    assert np.allclose(full, steps, atol=1e-4 * np.ptp(full))
+    # the prompt's GEMM and the steps' matvecs quantize activations in blocks of their own:
+    # on the avx2 path they round apart by up to 2.1e-4 of the spread (Qwen3.5)
+    assert np.allclose(full, steps, atol=4e-4 * np.ptp(full))
     assert (full.argmax(-1) == steps.argmax(-1)).all()
     for k, a in _states(full_cache).items():
         # the prompt's matmuls and the steps' matvecs round apart; deeper layers' states
